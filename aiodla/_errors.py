@@ -1,0 +1,136 @@
+"""The exceptions aiodla raises, named by cause.
+
+Every exception aiodla raises on purpose derives from :class:`AiodlaError`::
+
+    AiodlaError
+    ├── InputError                 bad request input, raised before anything is queued
+    │   ├── InputValueError        (also ValueError) names, shapes, NaN into integers
+    │   └── InputTypeError         (also TypeError)  not an array, dtype that cannot cast
+    ├── ModelError                 (also ValueError) the loadable or its descriptors
+    │   └── LoadableFormatError    malformed emulator loadable bytes
+    ├── ConfigurationError         (also ValueError) a bad engine or runtime option
+    ├── RuntimeUnavailableError    no runtime can serve this model on this machine
+    ├── QueueFullError             ``infer_nowait`` with the admission queue full
+    ├── RequestTimeoutError        (also TimeoutError) a request's deadline passed
+    ├── EngineClosedError          *you* closed the engine (or it never opened)
+    ├── EngineDeadError            the device broke the engine; ``__cause__`` says how
+    ├── TaskError                  one DLA task failed; ``.status`` and ``.core``
+    └── DeviceError                a cuDLA or CUDA call failed; ``.status`` / ``.cuda_error``
+
+"Closed" and "dead" follow trio's closed/broken split: a closed engine is a normal
+end that your code caused; a dead engine is a fault (a poisoned CUDA context) after
+which only a process restart helps.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "AiodlaError",
+    "ConfigurationError",
+    "DeviceError",
+    "EngineClosedError",
+    "EngineDeadError",
+    "InputError",
+    "InputTypeError",
+    "InputValueError",
+    "LoadableFormatError",
+    "ModelError",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "RuntimeUnavailableError",
+    "TaskError",
+    "status_name",
+]
+
+
+def status_name(status: int) -> str:
+    """The cudla.Status member name for ``status``, or its number when unknown."""
+    from cuda.bindings import cudla
+
+    try:
+        member: enum.Enum = cudla.Status(int(status))
+    except ValueError:
+        return f"cudlaStatus {int(status)}"
+    return member.name
+
+
+class AiodlaError(Exception):
+    """Base class of every error aiodla raises on purpose."""
+
+
+class InputError(AiodlaError):
+    """A request's input does not fit the model; nothing was queued."""
+
+
+class InputValueError(InputError, ValueError):
+    """A wrong, missing or extra tensor name, a wrong shape, or a value that cannot be stored."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An input that is not an array, or whose dtype cannot be cast safely."""
+
+
+class ModelError(AiodlaError, ValueError):
+    """The model cannot be served: a bad loadable or inconsistent tensor descriptors."""
+
+
+class LoadableFormatError(ModelError):
+    """Emulator loadable bytes that are malformed, truncated or hostile."""
+
+
+class ConfigurationError(AiodlaError, ValueError):
+    """An engine or runtime option is out of range; the message names the option."""
+
+
+class RuntimeUnavailableError(AiodlaError):
+    """No runtime on this machine can serve the model (for example, no libcudla)."""
+
+
+class QueueFullError(AiodlaError):
+    """``infer_nowait`` found the admission queue full."""
+
+
+class RequestTimeoutError(AiodlaError, TimeoutError):
+    """The request's deadline passed before its result was ready."""
+
+
+class EngineClosedError(AiodlaError):
+    """The engine is closed (by you), or was never opened."""
+
+
+class EngineDeadError(AiodlaError):
+    """The device broke the engine; the original error is ``__cause__``.
+
+    A sticky CUDA error such as ``cudaErrorExternalDevice`` poisons the process's CUDA
+    context: NVIDIA's guidance is to restart the process.
+    """
+
+
+class TaskError(AiodlaError):
+    """A DLA task finished with an error status; only this request failed."""
+
+    def __init__(self, message: str, *, status: int, core: int) -> None:
+        super().__init__(message)
+        self.status = int(status)
+        self.core = core
+
+    @property
+    def status_name(self) -> str:
+        return status_name(self.status)
+
+
+class DeviceError(AiodlaError):
+    """A cuDLA or CUDA call failed outside a task (opening, registering, closing...)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        cuda_error: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.cuda_error = cuda_error

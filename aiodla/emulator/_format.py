@@ -1,0 +1,296 @@
+"""The emulator loadable: a small binary model format for machines without a DLA.
+
+Both the emulated runtime and the GPU stand-in ``libcudla.so.1`` read it, byte for
+byte the same. Everything is little-endian; offsets are in bytes from the start.
+
+Header (64 bytes)::
+
+    offset  type      field
+    0       char[8]   magic, the ASCII bytes "AIODLAEM" (no terminator)
+    8       uint32    version, 1
+    12      uint32    header_size, 64 (bytes before the parameters)
+    16      uint32    num_inputs,  1..64
+    20      uint32    num_outputs, 1..64, equal to num_inputs (input i feeds output i)
+    24      uint32    op: 1 = affine, 2 = mean_hw
+    28      uint32    param_count, 2
+    32      float64   latency: seconds one task occupies one DLA core, 0 <= latency <= 3600
+    40      uint64    total_size: the exact length of the whole loadable
+    48      uint64    reserved, 0
+    56      uint64    reserved, 0
+
+Then ``param_count`` float64 parameters at offset ``header_size``: ``scale``, ``bias``.
+
+Then ``num_inputs + num_outputs`` tensor records of 168 bytes each, inputs first, at
+offset ``header_size + 8 * param_count``. A record is C's
+``cudlaModuleTensorDescriptor`` exactly (natural alignment, no packing pragma)::
+
+    0    char[81]     name, NUL-terminated inside the 81 bytes, non-empty,
+                      printable ASCII, unique among all tensors of the loadable
+    88   uint64       size   (bytes of the tensor's buffer)
+    96   uint64       n
+    104  uint64       c
+    112  uint64       h
+    120  uint64       w
+    128  uint8        dataFormat   (NCHW 1, NHWC 2, NCxHWx 3)
+    129  uint8        dataType     (FLOAT 1, HALF 2, INT16 3, INT8 4, UINT8 5, UINT16 6)
+    130  uint8        dataCategory (IMAGE 0, FEATURE 2)
+    131  uint8        pixelFormat
+    132  uint8        pixelMapping (pitch linear 0)
+    136  uint32[8]    stride: pixel, line, surface, batch strides in bytes, then 4 zeros
+
+Bytes 81..87 and 133..135 are padding and are written as zero.
+``total_size == header_size + 8 * param_count + 168 * (num_inputs + num_outputs)``.
+Element addressing inside a tensor's buffer is the one formula of ``aiodla._tensors``::
+
+    offset(n, c, h, w) = n*stride[3] + (c / L)*stride[2] + h*stride[1] + w*stride[0]
+                         + (c % L)*E      where E = element size, L = stride[0] / E
+
+Operations, for each pair i, computed in IEEE binary64 on the *stored* values (integer
+tensors are not dequantized; the DLA knows no scales), with no fused multiply-add:
+
+- ``affine``: ``y = (scale * x) + bias`` elementwise; output shape == input shape.
+- ``mean_hw``: ``s`` = the sum over h then w (row-major order, sequential, starting
+  from 0.0) of ``x[n, c]``; ``m = s / (h * w)``; ``y = (scale * m) + bias``; output
+  shape ``(n, c, 1, 1)``.
+
+``y`` is then stored in the output's type: float types round to nearest even (directly
+from binary64); integer types round half to even, saturate to the type's range, and
+store 0 for NaN. Every output depends on its own request's input only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from .._errors import LoadableFormatError, ModelError
+from .._tensors import NAME_MAX_BYTES, TensorDescriptor, TensorSpec, specs_by_name
+
+__all__ = [
+    "DESCRIPTOR_DTYPE",
+    "HEADER_SIZE",
+    "MAGIC",
+    "OPS",
+    "RECORD_SIZE",
+    "EmulatorModel",
+    "is_emulator_loadable",
+    "make_loadable",
+    "parse_loadable",
+]
+
+MAGIC = b"AIODLAEM"
+VERSION = 1
+HEADER_SIZE = 64
+RECORD_SIZE = 168
+MAX_TENSORS = 64
+MAX_LATENCY = 3600.0
+OPS = {"affine": 1, "mean_hw": 2}
+_OP_NAMES = {code: name for name, code in OPS.items()}
+_PARAM_NAMES = ("scale", "bias")
+
+_HEADER = struct.Struct("<8sIIIIIIdQQQ")
+assert _HEADER.size == HEADER_SIZE
+
+# The record as numpy sees it: identical to cuda.bindings.cudla.module_tensor_descriptor_dtype.
+DESCRIPTOR_DTYPE = np.dtype(
+    {
+        "names": [
+            "name", "size_", "n", "c", "h", "w", "data_format", "data_type",
+            "data_category", "pixel_format", "pixel_mapping", "stride",
+        ],
+        "formats": [
+            ("i1", (81,)), "<u8", "<u8", "<u8", "<u8", "<u8", "u1", "u1", "u1", "u1", "u1",
+            ("<u4", (8,)),
+        ],
+        "offsets": [0, 88, 96, 104, 112, 120, 128, 129, 130, 131, 132, 136],
+        "itemsize": RECORD_SIZE,
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class EmulatorModel:
+    """A parsed emulator loadable."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    op: str
+    latency: float
+    scale: float = 1.0
+    bias: float = 0.0
+
+    @property
+    def descriptors(self) -> tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]]:
+        return (
+            tuple(spec.to_descriptor() for spec in self.inputs),
+            tuple(spec.to_descriptor() for spec in self.outputs),
+        )
+
+
+def is_emulator_loadable(data: bytes | bytearray | memoryview) -> bool:
+    """True when ``data`` starts with the emulator loadable's magic."""
+    return bytes(data[: len(MAGIC)]) == MAGIC
+
+
+def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+    if op not in OPS:
+        raise ModelError(f"op {op!r} is unknown; expected one of {sorted(OPS)}")
+    if not inputs or len(inputs) != len(outputs):
+        raise ModelError(
+            f"op {op!r} pairs input i with output i: got {len(inputs)} inputs and "
+            f"{len(outputs)} outputs"
+        )
+    if len(inputs) + len(outputs) > 2 * MAX_TENSORS:
+        raise ModelError(f"at most {MAX_TENSORS} input/output pairs")
+    specs_by_name([*inputs, *outputs])
+    for source, target in zip(inputs, outputs):
+        n, c, h, w = source.shape
+        expected = source.shape if op == "affine" else (n, c, 1, 1)
+        if target.shape != expected:
+            raise ModelError(
+                f"op {op!r}: output {target.name!r} must have shape {expected} for input "
+                f"{source.name!r} of shape {source.shape}, got {target.shape}"
+            )
+
+
+def make_loadable(
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    op: str = "affine",
+    latency: float = 0.001,
+    *,
+    scale: float = 1.0,
+    bias: float = 0.0,
+) -> bytes:
+    """Build emulator loadable bytes (see the module docstring for the format).
+
+    ``inputs`` and ``outputs`` are TensorSpecs, paired by position; ``latency`` is the
+    seconds one task occupies one core; ``scale`` and ``bias`` parametrize the op.
+    """
+    inputs, outputs = tuple(inputs), tuple(outputs)
+    for spec in (*inputs, *outputs):
+        if not isinstance(spec, TensorSpec):
+            raise TypeError(f"inputs and outputs must be TensorSpec, got {type(spec).__name__}")
+    _check_op(op, inputs, outputs)
+    latency = float(latency)
+    if not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY):
+        raise ModelError(f"latency={latency!r} must be seconds in [0, {MAX_LATENCY}]")
+    params = (float(scale), float(bias))
+    for name, value in zip(_PARAM_NAMES, params):
+        if not math.isfinite(value):
+            raise ModelError(f"{name}={value!r} must be finite")
+    count = len(inputs) + len(outputs)
+    total = HEADER_SIZE + 8 * len(params) + RECORD_SIZE * count
+    header = _HEADER.pack(
+        MAGIC, VERSION, HEADER_SIZE, len(inputs), len(outputs), OPS[op], len(params),
+        latency, total, 0, 0,
+    )
+    records = np.zeros(count, dtype=DESCRIPTOR_DTYPE)
+    for record, spec in zip(records, (*inputs, *outputs)):
+        desc = spec.to_descriptor()
+        name = desc.name.encode("ascii")
+        record["name"][: len(name)] = np.frombuffer(name, dtype=np.int8)
+        record["size_"] = desc.size
+        record["n"], record["c"], record["h"], record["w"] = desc.n, desc.c, desc.h, desc.w
+        record["data_format"] = desc.data_format
+        record["data_type"] = desc.data_type
+        record["data_category"] = desc.data_category
+        record["pixel_format"] = desc.pixel_format
+        record["pixel_mapping"] = desc.pixel_mapping
+        record["stride"] = desc.stride
+    data = header + struct.pack(f"<{len(params)}d", *params) + records.tobytes()
+    assert len(data) == total
+    return data
+
+
+def _fail(problem: str) -> LoadableFormatError:
+    return LoadableFormatError(f"not a valid emulator loadable: {problem}")
+
+
+def _read_record(raw: np.void, index: int) -> TensorDescriptor:
+    name_bytes = raw["name"].tobytes()
+    end = name_bytes.find(b"\0")
+    if end < 0:
+        raise _fail(f"tensor record {index}: name is not NUL-terminated within 81 bytes")
+    name = name_bytes[:end]
+    if not name or end > NAME_MAX_BYTES or not all(0x20 < b < 0x7F for b in name):
+        raise _fail(f"tensor record {index}: name {name!r} must be 1-80 printable ASCII bytes")
+    return TensorDescriptor(
+        name=name.decode("ascii"),
+        size=int(raw["size_"]),
+        n=int(raw["n"]),
+        c=int(raw["c"]),
+        h=int(raw["h"]),
+        w=int(raw["w"]),
+        data_format=int(raw["data_format"]),
+        data_type=int(raw["data_type"]),
+        data_category=int(raw["data_category"]),
+        pixel_format=int(raw["pixel_format"]),
+        pixel_mapping=int(raw["pixel_mapping"]),
+        stride=tuple(int(s) for s in raw["stride"]),
+    )
+
+
+# Shapes larger than this cannot be real DLA tensors (the DLA caps c, h, w at 8192).
+_MAX_DIM = 1 << 16
+_MAX_TENSOR_BYTES = 1 << 34
+
+
+def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
+    """Parse emulator loadable bytes; malformed or hostile bytes raise LoadableFormatError.
+
+    Every size is checked against ``len(data)`` before it is used, so no read goes out
+    of bounds whatever the header claims.
+    """
+    data = bytes(data)
+    if len(data) < HEADER_SIZE:
+        raise _fail(f"{len(data)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    (magic, version, header_size, num_inputs, num_outputs, op_code, param_count,
+     latency, total_size, reserved0, reserved1) = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise _fail(f"bad magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise _fail(f"version {version} is not supported (this aiodla reads version {VERSION})")
+    if header_size != HEADER_SIZE:
+        raise _fail(f"header_size {header_size}, expected {HEADER_SIZE}")
+    if reserved0 or reserved1:
+        raise _fail("reserved header fields must be zero")
+    if not (1 <= num_inputs <= MAX_TENSORS and 1 <= num_outputs <= MAX_TENSORS):
+        raise _fail(
+            f"tensor counts {num_inputs} inputs / {num_outputs} outputs must each be "
+            f"1..{MAX_TENSORS}"
+        )
+    if op_code not in _OP_NAMES:
+        raise _fail(f"op code {op_code} is unknown; expected one of {sorted(_OP_NAMES)}")
+    if param_count != len(_PARAM_NAMES):
+        raise _fail(f"param_count {param_count}, expected {len(_PARAM_NAMES)}")
+    if not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY):
+        raise _fail(f"latency {latency!r} must be seconds in [0, {MAX_LATENCY}]")
+    records_at = header_size + 8 * param_count
+    expected = records_at + RECORD_SIZE * (num_inputs + num_outputs)
+    if total_size != expected:
+        raise _fail(f"total_size {total_size} does not match the {expected} bytes its counts need")
+    if len(data) != expected:
+        raise _fail(f"{len(data)} bytes, but its header describes {expected} (truncated or padded)")
+    scale, bias = struct.unpack_from("<2d", data, header_size)
+    if not (math.isfinite(scale) and math.isfinite(bias)):
+        raise _fail(f"parameters scale={scale!r} bias={bias!r} must be finite")
+    records = np.frombuffer(
+        data, dtype=DESCRIPTOR_DTYPE, count=num_inputs + num_outputs, offset=records_at
+    )
+    descriptors = [_read_record(records[i], i) for i in range(len(records))]
+    for desc in descriptors:
+        if max(desc.n, desc.c, desc.h, desc.w) > _MAX_DIM or desc.size > _MAX_TENSOR_BYTES:
+            raise _fail(f"tensor {desc.name!r}: dimensions or size beyond any DLA tensor")
+    specs = [TensorSpec.from_descriptor(desc) for desc in descriptors]
+    inputs, outputs = tuple(specs[:num_inputs]), tuple(specs[num_inputs:])
+    op = _OP_NAMES[op_code]
+    try:
+        _check_op(op, inputs, outputs)
+    except ModelError as exc:
+        raise _fail(str(exc)) from None
+    return EmulatorModel(inputs, outputs, op, float(latency), float(scale), float(bias))

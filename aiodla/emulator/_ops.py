@@ -1,0 +1,52 @@
+"""The emulator loadable's operations, computed exactly as the format defines them.
+
+Used by the emulated runtime; the GPU stand-in implements the same arithmetic in CUDA
+and the shared test vectors hold both to the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._tensors import TensorSpec
+from ._format import EmulatorModel
+
+__all__ = ["compute_logical", "run_model", "to_storage"]
+
+
+def to_storage(values: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """binary64 results to the stored element type, by the format's rounding rules."""
+    if dtype.kind == "f":
+        return values.astype(dtype)
+    info = np.iinfo(dtype)
+    rounded = np.rint(np.where(np.isnan(values), 0.0, values))
+    return np.clip(rounded, info.min, info.max).astype(dtype)
+
+
+def compute_logical(model: EmulatorModel, index: int, stored: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Output ``index`` in binary64 from the stored values of input ``index``."""
+    x = stored.astype(np.float64)
+    if model.op == "mean_hw":
+        n, c, h, w = x.shape
+        # cumsum adds sequentially, so the order matches the stand-in's loop exactly.
+        total = np.cumsum(x.reshape(n, c, h * w), axis=2)[:, :, -1]
+        x = (total / float(h * w)).reshape(n, c, 1, 1)
+    # Two separate roundings, never a fused multiply-add (the format says so).
+    scaled = np.multiply(x, model.scale)
+    return np.add(scaled, model.bias)
+
+
+def run_model(model: EmulatorModel, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """Run one task: read each input buffer, write each output buffer in its layout."""
+    for index, (source, target) in enumerate(zip(model.inputs, model.outputs)):
+        stored = source.unpack(inputs[index], dequantize=False)
+        result = to_storage(compute_logical(model, index, stored), target.numpy_dtype)
+        _raw(target).pack(result, out=outputs[index])
+
+
+def _raw(spec: TensorSpec) -> TensorSpec:
+    # Results are already stored values: packing must not quantize them again.
+    return spec if spec.scale is None else spec.with_scale(None)

@@ -1,0 +1,35 @@
+"""Runtimes behind the engine's seam: the emulated one and the CUDA one.
+
+``CudaRuntime`` is imported lazily: it needs ``cuda.bindings.runtime`` and, to do
+anything, a GPU and ``libcudla.so.1``.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from ._emulated import EmulatedCudlaError as EmulatedCudlaError
+from ._emulated import EmulatedRuntime as EmulatedRuntime
+from ._emulated import TaskGate as TaskGate
+from ._protocol import CudaCallError as CudaCallError
+from ._protocol import HostBuffer as HostBuffer
+from ._protocol import Runtime as Runtime
+
+if TYPE_CHECKING:
+    from ._cuda import CudaRuntime as CudaRuntime
+
+__all__ = (
+    "CudaCallError",
+    "CudaRuntime",
+    "EmulatedCudlaError",
+    "EmulatedRuntime",
+    "HostBuffer",
+    "Runtime",
+    "TaskGate",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CudaRuntime":
+        from ._cuda import CudaRuntime
+
+        return CudaRuntime
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

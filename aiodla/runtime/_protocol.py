@@ -1,0 +1,159 @@
+"""The seam between the engine and the device: the ``Runtime`` protocol.
+
+The engine never imports ``cuda.bindings`` itself; it drives cuDLA and CUDA only
+through the calls below. Two implementations exist: the emulated runtime (pure Python
+and numpy) and the CUDA runtime (``cuda.bindings.cudla`` + ``cuda.bindings.runtime``).
+
+Conventions every runtime follows:
+
+- Handles (devices, modules, registrations, streams, events, device pointers) are
+  plain ``int``. Host buffers are :class:`HostBuffer` (pointer + numpy view).
+- A failing cuDLA call raises ``cuda.bindings.cudla.CudlaError`` (or a subclass) whose
+  ``status`` is the ``cudlaStatus``. ``get_last_error`` returns the status instead.
+- A failing CUDA call raises :class:`CudaCallError`; ``sticky`` says the CUDA context
+  is poisoned (the process must restart). ``query_event`` returns ``False`` while the
+  work is not done ("not ready" is a state, not an error).
+- Every call may be made from any thread; ``make_current`` must be called once on a
+  thread before that thread's first CUDA call (the poller does so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .._tensors import TensorDescriptor
+
+__all__ = [
+    "CUDA_ERROR_NAMES",
+    "STICKY_CUDA_ERRORS",
+    "CudaCallError",
+    "HostBuffer",
+    "Runtime",
+]
+
+# cudaError_t values the engine reasons about (from CUDA's driver_types.h).
+CUDA_ERROR_NAMES = {
+    1: "cudaErrorInvalidValue",
+    2: "cudaErrorMemoryAllocation",
+    3: "cudaErrorInitializationError",
+    35: "cudaErrorInsufficientDriver",
+    100: "cudaErrorNoDevice",
+    214: "cudaErrorECCUncorrectable",
+    400: "cudaErrorInvalidResourceHandle",
+    600: "cudaErrorNotReady",
+    700: "cudaErrorIllegalAddress",
+    702: "cudaErrorLaunchTimeout",
+    714: "cudaErrorHardwareStackError",
+    715: "cudaErrorIllegalInstruction",
+    716: "cudaErrorMisalignedAddress",
+    717: "cudaErrorInvalidAddressSpace",
+    718: "cudaErrorInvalidPc",
+    719: "cudaErrorLaunchFailure",
+    911: "cudaErrorExternalDevice",
+    999: "cudaErrorUnknown",
+}
+# Errors after which every CUDA call in the process fails (the context is lost).
+STICKY_CUDA_ERRORS = frozenset({214, 700, 702, 714, 715, 716, 717, 718, 719, 911})
+
+
+class CudaCallError(Exception):
+    """A CUDA runtime call failed; ``code`` is the ``cudaError_t`` value."""
+
+    def __init__(self, call: str, code: int, name: str | None = None) -> None:
+        self.call = call
+        self.code = int(code)
+        self.name = name or CUDA_ERROR_NAMES.get(self.code, f"cudaError {self.code}")
+        super().__init__(f"{call} failed: {self.name} ({self.code})")
+
+    @property
+    def sticky(self) -> bool:
+        """True when the error poisoned the CUDA context for the whole process."""
+        return self.code in STICKY_CUDA_ERRORS
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostBuffer:
+    """Pinned (page-locked) host memory: its address and a writable uint8 view."""
+
+    ptr: int
+    array: np.ndarray[Any, np.dtype[np.uint8]]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the engine needs from cuDLA (hybrid mode) and the CUDA runtime."""
+
+    name: str
+
+    # -- discovery ---------------------------------------------------------------------
+    def version(self) -> int:
+        """cuDLA version as ``1000000 * major + 1000 * minor + patch``."""
+        ...
+
+    def device_count(self) -> int:
+        """How many DLA cores this runtime can drive."""
+        ...
+
+    def make_current(self) -> None:
+        """Make the CUDA device current on the calling thread."""
+        ...
+
+    # -- cuDLA ---------------------------------------------------------------------------
+    def create_device(self, core: int) -> int: ...
+    def destroy_device(self, device: int) -> None: ...
+    def load_module(self, device: int, loadable: bytes) -> int: ...
+    def unload_module(self, module: int) -> None: ...
+    def module_tensors(
+        self, module: int
+    ) -> tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]:
+        """The module's input and output tensor descriptors, in order."""
+        ...
+
+    def mem_register(self, device: int, ptr: int, nbytes: int) -> int:
+        """Register device memory with the DLA; returns the pointer tasks must use."""
+        ...
+
+    def mem_unregister(self, device: int, registered: int) -> None: ...
+    def make_task(self, module: int, inputs: Sequence[int], outputs: Sequence[int]) -> Any:
+        """Build a reusable task from registered pointers (opaque to the engine)."""
+        ...
+
+    def submit_task(self, device: int, task: Any, stream: int) -> None:
+        """Enqueue the task on ``stream`` (hybrid mode: no wait or signal events)."""
+        ...
+
+    def get_last_error(self, device: int) -> int:
+        """The status of the device's failed task since the last call, 0 when none."""
+        ...
+
+    def set_task_timeout(self, device: int, milliseconds: int) -> None: ...
+
+    # -- CUDA ----------------------------------------------------------------------------
+    def create_stream(self) -> int: ...
+    def destroy_stream(self, stream: int) -> None: ...
+    def synchronize_stream(self, stream: int) -> None: ...
+    def create_event(self) -> int: ...
+    def destroy_event(self, event: int) -> None: ...
+    def record_event(self, event: int, stream: int) -> None: ...
+    def query_event(self, event: int) -> bool:
+        """True when all work before the event's last record is done."""
+        ...
+
+    def malloc(self, nbytes: int) -> int: ...
+    def free(self, ptr: int) -> None: ...
+    def host_alloc(self, nbytes: int) -> HostBuffer: ...
+    def host_free(self, buffer: HostBuffer) -> None: ...
+    def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None: ...
+    def copy_to_host(self, dst: HostBuffer, src: int, nbytes: int, stream: int) -> None: ...
+
+    def close(self) -> None:
+        """Release what the runtime itself holds (threads, libraries); idempotent."""
+        ...
