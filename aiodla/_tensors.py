@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -61,6 +62,7 @@ import numpy.typing as npt
 from ._errors import InputTypeError, InputValueError, ModelError
 
 __all__ = [
+    "BoundTensor",
     "DataCategory",
     "DataFormat",
     "DataType",
@@ -286,20 +288,20 @@ class TensorSpec:
                 int(DataCategory.IMAGE if fmt == "hwc4" else DataCategory.FEATURE),
             )
 
-    # -- derived facts ---------------------------------------------------------------
+    # -- derived facts (cached: the engine reads them per request) ----------------------
 
-    @property
+    @functools.cached_property
     def numpy_dtype(self) -> np.dtype[Any]:
         """The element type stored in DLA memory."""
         return np.dtype(self.dtype)
 
-    @property
+    @functools.cached_property
     def lanes(self) -> int:
         """Channel lanes stored at each pixel (1 for nchw, 16 for chw16, ...)."""
         assert self.strides is not None
         return self.strides[0] // self.numpy_dtype.itemsize
 
-    @property
+    @functools.cached_property
     def groups(self) -> int:
         """Channel groups of ``lanes`` channels each: ``ceil(c / lanes)``."""
         return math.ceil(self.shape[1] / self.lanes)
@@ -310,11 +312,11 @@ class TensorSpec:
         assert self.nbytes is not None
         return self.nbytes
 
-    @property
+    @functools.cached_property
     def is_integer(self) -> bool:
         return self.numpy_dtype.kind in "iu"
 
-    @property
+    @functools.cached_property
     def result_dtype(self) -> np.dtype[Any]:
         """The dtype ``unpack`` returns: float32 for quantized tensors with a scale."""
         if self.is_integer and self.scale is not None:
@@ -407,25 +409,10 @@ class TensorSpec:
 
     # -- layout views ----------------------------------------------------------------
 
-    def _lane_view(self, buffer: Any) -> np.ndarray[Any, Any]:
-        """The buffer seen as ``(n, groups, h, w, lanes)`` elements, padding lanes included."""
-        assert self.strides is not None
-        pixel, line, surface, batch = self.strides
-        n, _, h, w = self.shape
-        raw = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer
-        if raw.dtype != np.uint8 or raw.ndim != 1:
-            raw = raw.reshape(-1).view(np.uint8)
-        if raw.nbytes < self.size:
-            raise ModelError(
-                f"tensor {self.name!r}: buffer of {raw.nbytes} bytes < the {self.size} it needs"
-            )
-        return np.ndarray(
-            shape=(n, self.groups, h, w, self.lanes),
-            dtype=self.numpy_dtype,
-            buffer=raw,
-            offset=0,
-            strides=(batch, surface, line, pixel, self.numpy_dtype.itemsize),
-        )
+    def bind(self, buffer: Any, *, zero: bool = True) -> BoundTensor:
+        """This tensor fixed to one buffer (a slot's pinned memory, say), with its views
+        computed once: packing and unpacking are then one or two numpy copies."""
+        return BoundTensor(self, buffer, zero=zero)
 
     def _is_dense(self) -> bool:
         """True when every byte of the buffer holds a real element (no padding at all)."""
@@ -476,6 +463,10 @@ class TensorSpec:
                         f"tensor needs a quantization scale (Engine(..., scales="
                         f"{{{self.name!r}: ...}})), or pass already-quantized {self.dtype}"
                     )
+                if np.isnan(array).any():
+                    raise InputValueError(
+                        f"input {self.name!r}: NaN cannot be stored in an {self.dtype} tensor"
+                    )
             elif not np.can_cast(array.dtype, target, "safe"):
                 raise InputTypeError(
                     f"input {self.name!r}: {array.dtype} cannot be cast safely to {self.dtype}"
@@ -486,39 +477,23 @@ class TensorSpec:
             )
         return array
 
-    def pack(self, array: npt.ArrayLike, out: Any = None) -> np.ndarray[Any, Any]:
+    def pack(
+        self, array: npt.ArrayLike, out: Any = None, *, validate: bool = True
+    ) -> np.ndarray[Any, Any]:
         """Write ``array`` (logical NCHW) in this tensor's DLA layout.
 
         Writes straight into ``out`` (any writable buffer of at least ``size`` bytes,
-        such as a slot's pinned host buffer) when given, else into a new uint8 array.
-        Float into integer tensors is quantized with ``scale``: round to nearest even,
-        saturate. Returns the uint8 view of the written bytes.
+        such as a slot's pinned host buffer) when given, else into a new uint8 array;
+        every byte is written, padding as zeros. Float into integer tensors is
+        quantized with ``scale``: round to nearest even, saturate. Returns the uint8
+        view of the written bytes. ``validate=False`` skips :meth:`check_array` for an
+        array that already passed it.
         """
-        source = self.check_array(array)
-        if out is None:
-            target = np.empty(self.size, dtype=np.uint8)
-        else:
-            target = out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=np.uint8)
-            target = target.reshape(-1).view(np.uint8)[: self.size]
-        if self.is_integer and source.dtype.kind == "f":
-            source = self.quantize(source)
-        lanes_view = self._lane_view(target)
-        if not self._is_dense():
-            target[: self.size] = 0
-        n, c, h, w = self.shape
-        lanes = self.lanes
-        full = c // lanes
-        # (n, c, h, w) -> (n, groups, lanes, h, w) -> (n, groups, h, w, lanes)
-        if full:
-            grouped = source[:, : full * lanes].reshape(n, full, lanes, h, w)
-            np.copyto(lanes_view[:, :full], grouped.transpose(0, 1, 3, 4, 2), casting="unsafe")
-        rest = c - full * lanes
-        if rest:
-            tail = source[:, full * lanes :].reshape(n, 1, rest, h, w)
-            np.copyto(
-                lanes_view[:, full:, :, :, :rest], tail.transpose(0, 1, 3, 4, 2), casting="unsafe"
-            )
-        return target[: self.size]
+        source = self.check_array(array) if validate else np.asarray(array)
+        target = np.empty(self.size, dtype=np.uint8) if out is None else out
+        bound = BoundTensor(self, target, zero=not self._is_dense())
+        bound.write(source)
+        return bound.raw
 
     def unpack(self, buffer: Any, *, dequantize: bool = True) -> np.ndarray[Any, Any]:
         """Read this tensor's DLA bytes into a fresh logical NCHW array.
@@ -526,28 +501,16 @@ class TensorSpec:
         Integer tensors with a ``scale`` come back as float32 ``scale * stored`` unless
         ``dequantize`` is false.
         """
-        lanes_view = self._lane_view(buffer)
-        n, c, h, w = self.shape
-        out_dtype = self.result_dtype if dequantize else self.numpy_dtype
-        result = np.empty(self.shape, dtype=out_dtype)
-        lanes = self.lanes
-        grouped = lanes_view.transpose(0, 1, 4, 2, 3).reshape(n, self.groups * lanes, h, w)
-        if dequantize and out_dtype != self.numpy_dtype:
-            assert self.scale is not None
-            np.multiply(grouped[:, :c], np.float32(self.scale), out=result, casting="unsafe")
-        else:
-            np.copyto(result, grouped[:, :c])
-        return result
+        return BoundTensor(self, buffer, zero=False).read(dequantize=dequantize)
 
     def quantize(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Float values to this integer type: ``round_half_even(x / scale)``, saturated."""
         if self.scale is None:
             raise InputTypeError(f"input {self.name!r}: quantizing needs a scale")
-        if not np.isfinite(array).all():
-            if np.isnan(array).any():
-                raise InputValueError(
-                    f"input {self.name!r}: NaN cannot be stored in an {self.dtype} tensor"
-                )
+        if np.isnan(array).any():
+            raise InputValueError(
+                f"input {self.name!r}: NaN cannot be stored in an {self.dtype} tensor"
+            )
         info = np.iinfo(self.numpy_dtype)
         scaled = np.divide(array, self.scale, dtype=np.float64)
         np.rint(scaled, out=scaled)
@@ -558,6 +521,88 @@ class TensorSpec:
         """A one-line human description: name, shape, dtype and format."""
         n, c, h, w = self.shape
         return f"{self.name}: {n}x{c}x{h}x{w} {self.dtype} {self.format}"
+
+
+def _raw_bytes(buffer: Any, spec: TensorSpec) -> np.ndarray[Any, Any]:
+    raw = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raw = raw.reshape(-1).view(np.uint8)
+    if raw.nbytes < spec.size:
+        raise ModelError(
+            f"tensor {spec.name!r}: buffer of {raw.nbytes} bytes < the {spec.size} it needs"
+        )
+    return raw[: spec.size]
+
+
+class BoundTensor:
+    """A TensorSpec fixed to one buffer, its element views computed once.
+
+    The views map logical ``(n, c, h, w)`` onto the lanes of the layout: one 4-D view
+    when the channels have one stride (nchw, or all channels in one lane group), else
+    a 5-D view of the full lane groups plus a 4-D view of the last, partial group.
+    Padding bytes are zeroed once (``zero=True``) and never written again, since only
+    element lanes are ever stored through the views.
+    """
+
+    __slots__ = ("_pieces", "raw", "spec")
+
+    def __init__(self, spec: TensorSpec, buffer: Any, *, zero: bool = True) -> None:
+        assert spec.strides is not None
+        self.spec = spec
+        self.raw = _raw_bytes(buffer, spec)
+        if zero:
+            self.raw[:] = 0
+        pixel, line, surface, batch = spec.strides
+        n, c, h, w = spec.shape
+        lanes, groups, esize = spec.lanes, spec.groups, spec.numpy_dtype.itemsize
+        view = np.ndarray(
+            shape=(n, groups, h, w, lanes),
+            dtype=spec.numpy_dtype,
+            buffer=self.raw,
+            strides=(batch, surface, line, pixel, esize),
+        )
+        # (view, first channel, channels, lane groups or 0 for a 4-D view)
+        pieces: list[tuple[np.ndarray[Any, Any], int, int, int]] = []
+        if lanes == 1:
+            pieces.append((view[..., 0], 0, c, 0))
+        elif groups == 1:
+            pieces.append((view[:, 0, :, :, :c].transpose(0, 3, 1, 2), 0, c, 0))
+        else:
+            full = c // lanes
+            pieces.append((view[:, :full].transpose(0, 1, 4, 2, 3), 0, full * lanes, full))
+            if c > full * lanes:
+                rest = view[:, full, :, :, : c - full * lanes].transpose(0, 3, 1, 2)
+                pieces.append((rest, full * lanes, c - full * lanes, 0))
+        self._pieces = tuple(pieces)
+
+    def write(self, source: np.ndarray[Any, Any]) -> None:
+        """Store a validated logical array (quantizing floats into integer tensors)."""
+        spec = self.spec
+        if spec.is_integer and source.dtype.kind == "f":
+            source = spec.quantize(source)
+        n, _, h, w = spec.shape
+        for view, first, count, groups in self._pieces:
+            part = source[:, first : first + count]
+            if groups:
+                part = part.reshape(n, groups, count // groups, h, w)
+            np.copyto(view, part, casting="unsafe")
+
+    def read(self, *, dequantize: bool = True) -> np.ndarray[Any, Any]:
+        """A fresh logical array of the stored values (dequantized when a scale is set)."""
+        spec = self.spec
+        n, _, h, w = spec.shape
+        dtype = spec.result_dtype if dequantize else spec.numpy_dtype
+        result = np.empty(spec.shape, dtype=dtype)
+        scale = np.float32(spec.scale) if dtype != spec.numpy_dtype else None
+        for view, first, count, groups in self._pieces:
+            part = result[:, first : first + count]
+            if groups:
+                part = part.reshape(n, groups, count // groups, h, w)
+            if scale is None:
+                np.copyto(part, view)
+            else:
+                np.multiply(view, scale, out=part, casting="unsafe")
+        return result
 
 
 def _is_dtype_like(value: object) -> bool:

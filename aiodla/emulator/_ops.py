@@ -14,7 +14,7 @@ import numpy as np
 from .._tensors import TensorSpec
 from ._format import EmulatorModel
 
-__all__ = ["compute_logical", "run_model", "to_storage"]
+__all__ = ["ModelRunner", "compute_logical", "run_model", "to_storage"]
 
 
 def to_storage(values: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
@@ -41,10 +41,27 @@ def compute_logical(model: EmulatorModel, index: int, stored: np.ndarray[Any, An
 
 def run_model(model: EmulatorModel, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
     """Run one task: read each input buffer, write each output buffer in its layout."""
-    for index, (source, target) in enumerate(zip(model.inputs, model.outputs)):
-        stored = source.unpack(inputs[index], dequantize=False)
-        result = to_storage(compute_logical(model, index, stored), target.numpy_dtype)
-        _raw(target).pack(result, out=outputs[index])
+    ModelRunner(model, inputs, outputs)()
+
+
+class ModelRunner:
+    """One task's buffers, bound once; calling it runs the model on them."""
+
+    def __init__(self, model: EmulatorModel, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        self.model = model
+        # The output buffers' padding is zeroed here, once: only element lanes are
+        # written afterwards, so every byte matches a fresh pack.
+        self._pairs = [
+            (_raw(source).bind(inputs[i], zero=False), _raw(target).bind(outputs[i]))
+            for i, (source, target) in enumerate(zip(model.inputs, model.outputs))
+        ]
+
+    def __call__(self) -> None:
+        model = self.model
+        for index, (source, target) in enumerate(self._pairs):
+            stored = source.read(dequantize=False)
+            result = compute_logical(model, index, stored)
+            target.write(to_storage(result, target.spec.numpy_dtype))
 
 
 def _raw(spec: TensorSpec) -> TensorSpec:

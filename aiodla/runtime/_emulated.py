@@ -4,15 +4,21 @@ For machines with no DLA and no GPU (laptops, CI). It is *strict*: every misuse 
 real library rejects raises the ``cudla.Status`` the real one would, so engine bugs
 show up here before they reach a Jetson.
 
-Model:
+Model ("eager timeline, lazy data"):
 
-- A stream is a FIFO worker thread. Operations run in enqueue order.
-- Each DLA core is a serial resource shared by its streams, with its own exact
-  timeline: a task starts at ``max(core free, stream reached it, enqueued, released)``
-  and ends exactly ``latency`` seconds later on that timeline, however late the worker
-  thread's sleep wakes. So measured throughput can be held against ``cores / latency``.
-- Copies are instantaneous unless ``copy_bandwidth`` (bytes per second) is set.
-- Events mark stream positions; ``query_event`` is true once the worker passed them.
+- Each DLA core is a serial resource with its own exact timeline. When a task is
+  submitted, it is placed on its core's timeline at once: it starts at
+  ``max(core free, its stream reached it, submitted, gate released)`` and ends exactly
+  ``latency`` seconds later. Tasks of one core take their places in submission order.
+  So measured throughput can be held against ``cores / latency``.
+- A stream is a FIFO of operations, each stamped with the virtual time it completes.
+  Copies are instantaneous unless ``copy_bandwidth`` (bytes per second) is set.
+- Nothing runs in the background: an operation's effect (a copy, a task's outputs, an
+  event completing, a status latched) happens when somebody looks — ``query_event``,
+  ``synchronize_stream``, ``get_last_error``, a destroy — and the clock has passed its
+  time. Observed from outside this is what a device does; it needs no thread, so the
+  emulator adds no hand-offs of the GIL. ``device_time`` says how much CPU that work
+  took in whichever thread looked (benchmarks subtract it from aiodla's host cost).
 - "Device pointers" are addresses of bounds-checked numpy buffers; registration hands
   out a different address, so a task given an unregistered pointer fails as on a DLA.
 - ``get_last_error`` latches the status of a failed task until it is read.
@@ -27,8 +33,8 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import functools
 import itertools
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +46,7 @@ from cuda.bindings import cudla
 from .._errors import ConfigurationError, LoadableFormatError
 from .._tensors import TensorDescriptor
 from ..emulator._format import EmulatorModel, parse_loadable
-from ..emulator._ops import run_model
+from ..emulator._ops import ModelRunner
 from ._protocol import CudaCallError, HostBuffer
 
 __all__ = ["EmulatedCudlaError", "EmulatedRuntime", "TaskGate"]
@@ -90,19 +96,27 @@ def _reject(name: str, detail: str) -> EmulatedCudlaError:
 
 
 class TaskGate:
-    """Holds a core's tasks before they start, until the test releases them."""
+    """Holds a core's tasks before they start, until the test releases them.
+
+    ``held`` counts the tasks submitted to the core while the gate stood. Tests use it
+    to reach "a task is in flight on the DLA" without sleeping.
+    """
 
     def __init__(self, runtime: EmulatedRuntime, core: int) -> None:
         self._runtime = runtime
         self.core = core
-        self._released = threading.Event()
+        self._released = False
         self._condition = threading.Condition()
         self._held = 0
 
     @property
     def held(self) -> int:
-        """Tasks now waiting at the gate."""
+        """Tasks waiting at the gate."""
         return self._held
+
+    @property
+    def released(self) -> bool:
+        return self._released
 
     def wait_for_held(self, count: int = 1, timeout: float = 10.0) -> bool:
         """Block until ``count`` tasks wait at the gate; False on timeout."""
@@ -110,21 +124,15 @@ class TaskGate:
             return self._condition.wait_for(lambda: self._held >= count, timeout)
 
     def release(self) -> None:
-        """Let held and future tasks of this core run; the gate is then gone."""
-        self._runtime._remove_gate(self)
-        self._released.set()
+        """Let the held tasks (and later ones) start now; the gate is then gone."""
+        if not self._released:
+            self._released = True
+            self._runtime._release_gate(self)
 
-    def _pass(self, stop: threading.Event) -> None:
+    def _arrived(self) -> None:
         with self._condition:
             self._held += 1
             self._condition.notify_all()
-        try:
-            while not self._released.wait(0.05):
-                if stop.is_set():
-                    return
-        finally:
-            with self._condition:
-                self._held -= 1
 
     def __enter__(self) -> TaskGate:
         return self
@@ -136,7 +144,6 @@ class TaskGate:
 @dataclasses.dataclass(eq=False)
 class _Core:
     index: int
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     free_at: float = 0.0
     busy_time: float = 0.0
     tasks_started: int = 0
@@ -144,6 +151,8 @@ class _Core:
     hung: bool = False
     failures: collections.deque[int] = dataclasses.field(default_factory=collections.deque)
     gate: TaskGate | None = None
+    # Streams stopped at a task of this held core, in the order those tasks came.
+    blocked: collections.deque[_Stream] = dataclasses.field(default_factory=collections.deque)
     handles: int = 0
 
 
@@ -170,6 +179,9 @@ class _Task:
     module: int
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    # What submit_task resolved last time, valid while no memory or module changed
+    # (the runtime's ``_generation``): validation is then a comparison, not a search.
+    resolved: tuple[int, int, EmulatorModel, ModelRunner] | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -177,51 +189,36 @@ class _Event:
     handle: int
     recorded: int = 0
     completed: int = 0
+    stream: _Stream | None = None
+
+
+class _Operation:
+    """One stream operation: the virtual time it completes at, and its effect.
+
+    ``at`` is None while the operation waits behind a task of a held core. A task's
+    operation also carries ``device`` (its core) and the ``model`` it runs.
+    """
+
+    __slots__ = ("at", "device", "effect")
+
+    def __init__(self, effect: Callable[[], None], device: _Device | None = None) -> None:
+        self.at: float | None = None
+        self.effect = effect
+        self.device = device
 
 
 class _Stream:
-    """A FIFO worker thread with its own position on the emulated timeline."""
+    """A FIFO of operations with its own position on the emulated timeline."""
 
-    def __init__(self, runtime: EmulatedRuntime, handle: int) -> None:
+    __slots__ = ("clock", "handle", "operations", "unplaced")
+
+    def __init__(self, handle: int) -> None:
         self.handle = handle
-        self.clock = 0.0
-        self.pending = 0
-        self._runtime = runtime
-        self._queue: queue.SimpleQueue[Callable[[_Stream], None] | None] = queue.SimpleQueue()
-        self._idle = threading.Condition()
-        self._thread = threading.Thread(
-            target=self._run, name=f"aiodla-emulated-stream-{handle}", daemon=True
-        )
-        self._thread.start()
-
-    def enqueue(self, operation: Callable[[_Stream], None]) -> None:
-        with self._idle:
-            self.pending += 1
-        self._queue.put(operation)
-
-    def _run(self) -> None:
-        while True:
-            operation = self._queue.get()
-            if operation is None:
-                return
-            try:
-                if not self._runtime._stop.is_set():
-                    operation(self)
-            finally:
-                with self._idle:
-                    self.pending -= 1
-                    if not self.pending:
-                        self._idle.notify_all()
-
-    def synchronize(self) -> None:
-        with self._idle:
-            self._idle.wait_for(lambda: not self.pending or self._runtime._stop.is_set())
-
-    def stop(self) -> None:
-        self._queue.put(None)
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        self.clock = 0.0  # when the last placed operation completes
+        self.operations: collections.deque[_Operation] = collections.deque()
+        # The tail of ``operations`` not on the timeline yet: a held task and what
+        # follows it. Usually empty.
+        self.unplaced: collections.deque[tuple[_Operation, float]] = collections.deque()
 
 
 @dataclasses.dataclass(eq=False)
@@ -240,6 +237,9 @@ class EmulatedRuntime:
     """
 
     name = "emulated"
+    # Seconds the poller pauses between sweeps near a completion. Emulated events are
+    # cheap to query but each sweep takes the GIL from the event loop.
+    poll_pause = 100e-6
 
     def __init__(
         self,
@@ -248,7 +248,7 @@ class EmulatedRuntime:
         copy_bandwidth: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(cores, int) or cores < 1:
+        if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
             raise ConfigurationError(f"{cores=} must be an int >= 1")
         if copy_bandwidth is not None and not copy_bandwidth > 0:
             raise ConfigurationError(f"{copy_bandwidth=} must be > 0 bytes per second")
@@ -256,11 +256,12 @@ class EmulatedRuntime:
         self._clock = clock
         self._cores = [_Core(index) for index in range(cores)]
         self._lock = threading.RLock()
-        self._stop = threading.Event()
+        self._placed = threading.Condition(self._lock)  # a held core was released
         self._ids = itertools.count(0x1000)
         self._devices: dict[int, _Device] = {}
         self._modules: dict[int, _Module] = {}
         self._streams: dict[int, _Stream] = {}
+        self._retired: list[_Stream] = []  # destroyed streams whose work still runs
         self._events: dict[int, _Event] = {}
         self._device_memory: dict[int, np.ndarray[Any, Any]] = {}
         self._device_starts: list[int] = []
@@ -268,32 +269,40 @@ class EmulatedRuntime:
         self._host_memory: dict[int, HostBuffer] = {}
         self._poisoned: CudaCallError | None = None
         self._call_failures: list[_CallFailure] = []
-        self._call_counts: collections.Counter[str] = collections.Counter()
+        self._generation = 0  # bumped by every change to memory, registrations, modules
+        self._ranges: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
+        self.device_time = 0.0
+        """CPU seconds spent doing the emulated device's work (copies, tasks)."""
 
     # -- test controls -------------------------------------------------------------------
 
     def fail_next_task(self, core: int, status: int = 0x40000001) -> None:
-        """The next task to start on ``core`` fails with ``status`` (a cudlaStatus)."""
+        """The next task submitted to ``core`` fails with ``status`` (a cudlaStatus);
+        its outputs are not written."""
         self._core(core).failures.append(int(cudla.Status(int(status))))
 
     def hang_core(self, core: int, hung: bool = True) -> None:
-        """Tasks on ``core`` hang until the device's task timeout, then fail with
-        ``ERROR_DLA_ERR_ENGINE_TIMEOUT``; ``hung=False`` ends that for later tasks."""
+        """Tasks submitted to ``core`` from now hang until the device's task timeout,
+        then fail with ``ERROR_DLA_ERR_ENGINE_TIMEOUT``; ``hung=False`` ends that."""
         self._core(core).hung = hung
 
     def hold(self, core: int) -> TaskGate:
-        """Hold every task of ``core`` before it starts, until the gate is released."""
+        """Hold every task submitted to ``core`` before it starts, until released."""
         target = self._core(core)
         with self._lock:
-            if target.gate is not None:
-                return target.gate
-            target.gate = TaskGate(self, core)
+            if target.gate is None:
+                target.gate = TaskGate(self, core)
             return target.gate
 
-    def _remove_gate(self, gate: TaskGate) -> None:
+    def _release_gate(self, gate: TaskGate) -> None:
         with self._lock:
-            if self._cores[gate.core].gate is gate:
-                self._cores[gate.core].gate = None
+            core = self._cores[gate.core]
+            if core.gate is gate:
+                core.gate = None
+            now = self._clock()
+            while core.blocked:
+                self._place(core.blocked.popleft(), now)
+            self._placed.notify_all()
 
     def poison(self, code: int = _EXTERNAL_DEVICE) -> None:
         """Poison the CUDA context: from now every CUDA call raises a sticky error."""
@@ -312,7 +321,7 @@ class EmulatedRuntime:
         ``error`` is an exception, or a number: a cudlaStatus for cuDLA calls, a
         cudaError_t for CUDA calls. ``core`` limits it to calls about that DLA core.
         """
-        if not hasattr(self, call):
+        if not callable(getattr(self, call, None)) or call.startswith("_"):
             raise ConfigurationError(f"{call=} is not a runtime method")
         if isinstance(error, int):
             error = (
@@ -336,11 +345,11 @@ class EmulatedRuntime:
             }
 
     def core_busy_time(self, core: int) -> float:
-        """Seconds of task time the core's timeline has accumulated."""
+        """Seconds of task time on the core's timeline."""
         return self._core(core).busy_time
 
     def core_tasks(self, core: int) -> int:
-        """Tasks completed on ``core``."""
+        """Tasks that finished on ``core`` (as observed so far)."""
         return self._core(core).tasks_completed
 
     # -- helpers -------------------------------------------------------------------------
@@ -369,31 +378,95 @@ class EmulatedRuntime:
             raise CudaCallError(call, self._poisoned.code)
         self._check_injected(call)
 
-    def _new_handle(self) -> int:
-        return next(self._ids)
-
     def _device(self, device: int) -> _Device:
         try:
             return self._devices[device]
-        except KeyError:
-            raise _reject("invalid_device", f"device handle {device:#x} is not live") from None
+        except (KeyError, TypeError):
+            raise _reject("invalid_device", f"device handle {device!r} is not live") from None
 
-    def _stream(self, stream: int) -> _Stream:
+    def _stream(self, stream: int, call: str) -> _Stream:
         try:
             return self._streams[stream]
-        except KeyError:
-            raise CudaCallError("stream", _INVALID_HANDLE) from None
+        except (KeyError, TypeError):
+            raise CudaCallError(call, _INVALID_HANDLE) from None
 
     def _device_range(self, ptr: int, nbytes: int, call: str) -> np.ndarray[Any, Any]:
         """The bytes ``[ptr, ptr + nbytes)`` of one live device allocation."""
+        cached = self._ranges.get((ptr, nbytes))
+        if cached is not None:
+            return cached
         with self._lock:
             index = bisect.bisect_right(self._device_starts, ptr) - 1
-            if index >= 0:
+            if index >= 0 and nbytes > 0:
                 start = self._device_starts[index]
                 memory = self._device_memory[start]
                 if ptr + nbytes <= start + memory.nbytes:
-                    return memory[ptr - start : ptr - start + nbytes]
+                    view = memory[ptr - start : ptr - start + nbytes]
+                    self._ranges[(ptr, nbytes)] = view
+                    return view
         raise CudaCallError(call, _INVALID_VALUE)
+
+    def _changed(self) -> None:
+        """Memory, a registration or a module changed: cached lookups are stale."""
+        self._generation += 1
+        self._ranges.clear()
+
+    # -- the timeline ----------------------------------------------------------------------
+
+    def _push(self, stream: _Stream, operation: _Operation, duration: float = 0.0) -> None:
+        """Append an operation and place it on the timeline unless a held task is ahead."""
+        with self._lock:
+            stream.operations.append(operation)
+            stream.unplaced.append((operation, duration))
+            if len(stream.unplaced) == 1:
+                self._place(stream, self._clock())
+
+    def _place(self, stream: _Stream, now: float) -> None:
+        """Stamp the stream's unplaced operations with completion times, in order,
+        until one is a task of a held core (that stream then waits for the gate)."""
+        unplaced = stream.unplaced
+        while unplaced:
+            operation, duration = unplaced[0]
+            device = operation.device
+            if device is None:
+                stream.clock = max(stream.clock, now) + duration
+            else:
+                if device.core.gate is not None:
+                    device.core.blocked.append(stream)
+                    return
+                self._start_task(operation, device, stream, now)
+            operation.at = stream.clock
+            unplaced.popleft()
+
+    def _start_task(self, operation: _Operation, device: _Device, stream: _Stream, now: float) -> None:
+        core = device.core
+        start = max(core.free_at, stream.clock, now)
+        status = core.failures.popleft() if core.failures else 0
+        duration = operation.effect.duration  # type: ignore[attr-defined]
+        if core.hung:
+            duration, status = device.timeout, _STATUS_VALUES["engine_timeout"]
+        operation.effect.status = status  # type: ignore[attr-defined]
+        core.tasks_started += 1
+        core.busy_time += duration
+        core.free_at = stream.clock = start + duration
+
+    def _advance(self, stream: _Stream, now: float) -> None:
+        """Apply the effects of the stream's operations whose time has come."""
+        operations = stream.operations
+        if not operations or operations[0].at is None or operations[0].at > now:
+            return
+        with self._lock:
+            began = time.thread_time()
+            while operations and operations[0].at is not None and operations[0].at <= now:
+                operations.popleft().effect()
+            self.device_time += time.thread_time() - began
+
+    def _advance_all(self) -> None:
+        now = self._clock()
+        with self._lock:
+            for stream in (*self._streams.values(), *self._retired):
+                self._advance(stream, now)
+            self._retired = [s for s in self._retired if s.operations]
 
     # -- discovery -----------------------------------------------------------------------
 
@@ -417,11 +490,12 @@ class EmulatedRuntime:
             if target.handles >= MAX_HANDLES_PER_CORE:
                 raise _reject("out_of_resources", f"core {core} has 16 device handles already")
             target.handles += 1
-            handle = self._new_handle()
+            handle = next(self._ids)
             self._devices[handle] = _Device(handle, target)
             return handle
 
     def destroy_device(self, device: int) -> None:
+        self._advance_all()
         with self._lock:
             target = self._device(device)
             if target.tasks_in_flight:
@@ -446,23 +520,26 @@ class EmulatedRuntime:
         with self._lock:
             if target.module is not None:
                 raise _reject("unsupported_operation", "one loadable per device handle")
-            handle = self._new_handle()
+            handle = next(self._ids)
             self._modules[handle] = _Module(handle, target, model)
+            self._changed()
             target.module = handle
             return handle
 
     def _module(self, module: int) -> _Module:
         try:
             return self._modules[module]
-        except KeyError:
-            raise _reject("invalid_module", f"module {module:#x} is not loaded") from None
+        except (KeyError, TypeError):
+            raise _reject("invalid_module", f"module {module!r} is not loaded") from None
 
     def unload_module(self, module: int) -> None:
+        self._advance_all()
         with self._lock:
             loaded = self._module(module)
             if loaded.device.tasks_in_flight:
                 raise _reject("invalid_param", f"unload of module {module:#x} with tasks in flight")
             del self._modules[module]
+            self._changed()
             loaded.device.module = None
 
     def module_tensors(
@@ -487,16 +564,19 @@ class EmulatedRuntime:
             if any(raw == ptr for raw, _ in target.registrations.values()):
                 raise _reject("memory_registered", f"{ptr:#x} is registered already")
             registered = ptr | _REGISTERED_TAG
+            self._changed()
             target.registrations[registered] = (ptr, nbytes)
             return registered
 
     def mem_unregister(self, device: int, registered: int) -> None:
+        self._advance_all()
         target = self._device(device)
         with self._lock:
             if registered not in target.registrations:
-                raise _reject("invalid_address", f"{registered:#x} is not registered here")
+                raise _reject("invalid_address", f"{registered!r} is not registered here")
             if target.tasks_in_flight:
                 raise _reject("invalid_param", "unregister while tasks are in flight")
+            self._changed()
             del target.registrations[registered]
 
     def make_task(self, module: int, inputs: Sequence[int], outputs: Sequence[int]) -> _Task:
@@ -510,7 +590,25 @@ class EmulatedRuntime:
         target = self._device(device)
         self._check_injected("submit_task", target.core.index)
         if self._poisoned is not None:
-            raise _reject_cuda()
+            raise EmulatedCudlaError(cudla.Status(6), "the CUDA context is poisoned")
+        if not isinstance(task, _Task):
+            raise _reject("invalid_param", f"{task!r} is not a task of this runtime")
+        resolved = task.resolved
+        if resolved is None or resolved[0] != self._generation or resolved[1] != device:
+            resolved = task.resolved = self._resolve_task(target, task)
+        _, _, model, runner = resolved
+        queue = self._stream(stream, "submit_task")
+        effect = _TaskEffect(self, target, model, runner)
+        with self._lock:
+            target.tasks_in_flight += 1
+            if target.core.gate is not None:
+                target.core.gate._arrived()
+        self._push(queue, _Operation(effect, target))
+
+    def _resolve_task(
+        self, target: _Device, task: _Task
+    ) -> tuple[int, int, EmulatorModel, ModelRunner]:
+        """Validate the task against the device as cuDLA would; its tensors' buffers."""
         loaded = self._module(task.module)
         if loaded.device is not target:
             raise _reject("invalid_module", "the task's module is loaded on another device")
@@ -525,19 +623,9 @@ class EmulatedRuntime:
         views_out = [
             self._registered_view(target, p, s) for p, s in zip(task.outputs, model.outputs)
         ]
-        queue_ = self._stream(stream)
-        enqueued = self._clock()
-        with self._lock:
-            target.tasks_in_flight += 1
-
-        def run_task(on: _Stream) -> None:
-            self._run_task(target, model, views_in, views_out, on, enqueued)
-
-        queue_.enqueue(run_task)
+        return self._generation, target.handle, model, ModelRunner(model, views_in, views_out)
 
     def _registered_view(self, device: _Device, registered: int, spec: Any) -> np.ndarray[Any, Any]:
-        if type(registered) is not int:
-            raise _reject("invalid_address", f"tensor pointer {registered!r} is not an int")
         entry = device.registrations.get(registered)
         if entry is None:
             raise _reject(
@@ -551,44 +639,9 @@ class EmulatedRuntime:
             )
         return self._device_range(raw, spec.size, "submit_task")
 
-    def _run_task(
-        self,
-        device: _Device,
-        model: EmulatorModel,
-        inputs: list[np.ndarray[Any, Any]],
-        outputs: list[np.ndarray[Any, Any]],
-        stream: _Stream,
-        enqueued: float,
-    ) -> None:
-        core = device.core
-        gate = core.gate
-        released = 0.0
-        if gate is not None:
-            gate._pass(self._stop)
-            released = self._clock()
-        with core.lock:
-            start = max(core.free_at, stream.clock, enqueued, released)
-            status = core.failures.popleft() if core.failures else 0
-            duration = model.latency
-            if core.hung:
-                duration, status = device.timeout, _STATUS_VALUES["engine_timeout"]
-            end = start + duration
-            core.free_at = end
-            core.busy_time += duration
-            core.tasks_started += 1
-        if not status:
-            run_model(model, inputs, outputs)
-        delay = end - self._clock()
-        if delay > 0:
-            self._stop.wait(delay)
-        stream.clock = end
-        with self._lock:
-            if status:
-                device.last_error = status
-            device.tasks_in_flight -= 1
-            core.tasks_completed += 1
-
     def get_last_error(self, device: int) -> int:
+        # No advancing here: as on a DLA, a status is known once its stream was
+        # synchronized or its event observed (cudla.h says to check after that).
         target = self._device(device)
         with self._lock:
             status, target.last_error = target.last_error, 0
@@ -605,28 +658,41 @@ class EmulatedRuntime:
     def create_stream(self) -> int:
         self._cuda("create_stream")
         with self._lock:
-            handle = self._new_handle()
-            self._streams[handle] = _Stream(self, handle)
+            handle = next(self._ids)
+            self._streams[handle] = _Stream(handle)
             return handle
 
     def destroy_stream(self, stream: int) -> None:
-        # As cudaStreamDestroy: returns at once; queued work still runs to completion.
+        # As cudaStreamDestroy: returns at once; queued work still completes.
         with self._lock:
             target = self._streams.pop(stream, None)
-        if target is None:
-            raise CudaCallError("destroy_stream", _INVALID_HANDLE)
-        target.stop()
+            if target is None:
+                raise CudaCallError("destroy_stream", _INVALID_HANDLE)
+            if target.operations:
+                self._retired.append(target)
 
     def synchronize_stream(self, stream: int) -> None:
         self._cuda("synchronize_stream")
-        self._stream(stream).synchronize()
+        target = self._stream(stream, "synchronize_stream")
+        while True:
+            with self._lock:
+                if not target.operations:
+                    break
+                last = target.operations[-1].at
+                if last is None:  # behind a held task: wait for its gate
+                    self._placed.wait(0.05)
+                    continue
+            delay = last - self._clock()
+            if delay > 0:
+                time.sleep(delay)
+            self._advance(target, self._clock())
         if self._poisoned is not None:
             raise CudaCallError("synchronize_stream", self._poisoned.code)
 
     def create_event(self) -> int:
         self._cuda("create_event")
         with self._lock:
-            handle = self._new_handle()
+            handle = next(self._ids)
             self._events[handle] = _Event(handle)
             return handle
 
@@ -640,13 +706,16 @@ class EmulatedRuntime:
         target = self._events.get(event)
         if target is None:
             raise CudaCallError("record_event", _INVALID_HANDLE)
-        target.recorded += 1
-        generation = target.recorded
+        queue = self._stream(stream, "record_event")
+        with self._lock:
+            target.recorded += 1
+            target.stream = queue
+            generation = target.recorded
 
-        def complete(on: _Stream) -> None:
-            target.completed = generation
+        def complete() -> None:
+            target.completed = max(target.completed, generation)
 
-        self._stream(stream).enqueue(complete)
+        self._push(queue, _Operation(complete))
 
     def query_event(self, event: int) -> bool:
         if self._poisoned is not None:
@@ -654,6 +723,11 @@ class EmulatedRuntime:
         target = self._events.get(event)
         if target is None:
             raise CudaCallError("query_event", _INVALID_HANDLE)
+        if target.completed >= target.recorded:
+            return True
+        stream = target.stream
+        if stream is not None:
+            self._advance(stream, self._clock())
         return target.completed >= target.recorded
 
     def malloc(self, nbytes: int) -> int:
@@ -662,8 +736,10 @@ class EmulatedRuntime:
             raise CudaCallError("malloc", _INVALID_VALUE)
         with self._lock:
             address = self._next_address
-            self._next_address += -(-nbytes // _DEVICE_ALIGNMENT) * _DEVICE_ALIGNMENT + _DEVICE_ALIGNMENT
+            span = -(-nbytes // _DEVICE_ALIGNMENT) * _DEVICE_ALIGNMENT
+            self._next_address += span + _DEVICE_ALIGNMENT  # a gap: overruns never alias
             self._device_memory[address] = np.zeros(nbytes, dtype=np.uint8)
+            self._changed()
             bisect.insort(self._device_starts, address)
             return address
 
@@ -674,6 +750,7 @@ class EmulatedRuntime:
             for device in self._devices.values():
                 if any(raw == ptr for raw, _ in device.registrations.values()):
                     raise CudaCallError("free", _INVALID_VALUE)
+            self._changed()
             del self._device_memory[ptr]
             self._device_starts.remove(ptr)
 
@@ -696,55 +773,53 @@ class EmulatedRuntime:
                 raise CudaCallError("host_free", _INVALID_VALUE)
 
     def _host(self, buffer: HostBuffer, nbytes: int, call: str) -> np.ndarray[Any, Any]:
-        if self._host_memory.get(buffer.ptr) is not buffer or nbytes > buffer.nbytes:
+        if self._host_memory.get(buffer.ptr) is not buffer or not 0 < nbytes <= buffer.nbytes:
             raise CudaCallError(call, _INVALID_VALUE)
         return buffer.array[:nbytes]
 
-    def _copy(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], stream: int) -> None:
-        nbytes = dst.nbytes
-        enqueued = self._clock()
-        bandwidth = self.copy_bandwidth
-
-        def copy(on: _Stream) -> None:
-            on.clock = max(on.clock, enqueued)
-            if bandwidth:
-                on.clock += nbytes / bandwidth
-                delay = on.clock - self._clock()
-                if delay > 0:
-                    self._stop.wait(delay)
-            np.copyto(dst, src)
-
-        self._stream(stream).enqueue(copy)
+    def _copy(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], stream: int, call: str) -> None:
+        queue = self._stream(stream, call)
+        duration = dst.nbytes / self.copy_bandwidth if self.copy_bandwidth else 0.0
+        self._push(queue, _Operation(functools.partial(np.copyto, dst, src)), duration)
 
     def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None:
         self._cuda("copy_to_device")
-        self._copy(
-            self._device_range(dst, nbytes, "copy_to_device"),
-            self._host(src, nbytes, "copy_to_device"),
-            stream,
-        )
+        target = self._device_range(dst, nbytes, "copy_to_device")
+        self._copy(target, self._host(src, nbytes, "copy_to_device"), stream, "copy_to_device")
 
     def copy_to_host(self, dst: HostBuffer, src: int, nbytes: int, stream: int) -> None:
         self._cuda("copy_to_host")
-        self._copy(
-            self._host(dst, nbytes, "copy_to_host"),
-            self._device_range(src, nbytes, "copy_to_host"),
-            stream,
-        )
+        source = self._device_range(src, nbytes, "copy_to_host")
+        self._copy(self._host(dst, nbytes, "copy_to_host"), source, stream, "copy_to_host")
 
     def close(self) -> None:
-        """Stop every stream worker; tasks sleeping on the timeline end at once."""
-        self._stop.set()
+        """Nothing runs in the background; pending operations are simply dropped."""
         with self._lock:
-            streams = list(self._streams.values())
-        for stream in streams:
-            stream.stop()
-        for stream in streams:
-            stream.join(1.0)
+            self._placed.notify_all()
 
 
-def _reject_cuda() -> EmulatedCudlaError:
-    return EmulatedCudlaError(cudla.Status(6), "the CUDA context is poisoned")
+class _TaskEffect:
+    """A task's effect: compute its outputs (unless it failed), latch its status."""
+
+    __slots__ = ("device", "duration", "runner", "runtime", "status")
+
+    def __init__(
+        self, runtime: EmulatedRuntime, device: _Device, model: EmulatorModel, runner: ModelRunner
+    ) -> None:
+        self.runtime = runtime
+        self.device = device
+        self.runner = runner
+        self.duration = model.latency
+        self.status = 0
+
+    def __call__(self) -> None:
+        device = self.device
+        if not self.status and self.runtime._poisoned is None:
+            self.runner()
+        if self.status:
+            device.last_error = self.status
+        device.tasks_in_flight -= 1
+        device.core.tasks_completed += 1
 
 
 _CUDLA_CALLS = frozenset(

@@ -24,14 +24,17 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from cuda.bindings import cudla
 
 from .._tensors import TensorDescriptor
 
 __all__ = [
     "CUDA_ERROR_NAMES",
+    "CudlaError",
     "STICKY_CUDA_ERRORS",
     "CudaCallError",
     "HostBuffer",
+    "cudla_status",
     "Runtime",
 ]
 
@@ -58,6 +61,21 @@ CUDA_ERROR_NAMES = {
 }
 # Errors after which every CUDA call in the process fails (the context is lost).
 STICKY_CUDA_ERRORS = frozenset({214, 700, 702, 714, 715, 716, 717, 718, 719, 911})
+
+
+# What a failing cuDLA call raises (the runtimes raise it or a subclass). Re-exported so
+# the engine can catch it without importing cuda.bindings itself.
+CudlaError: type[Exception] = cudla.CudlaError
+
+
+def cudla_status(error: BaseException) -> int | None:
+    """The cudlaStatus a cuDLA failure carries, or None for any other exception."""
+    if not isinstance(error, CudlaError):
+        return None
+    status = getattr(error, "status", None)
+    if status is None and error.args and isinstance(error.args[0], int):
+        status = error.args[0]  # bindings whose CudlaError keeps the code only in args
+    return None if status is None else int(status)
 
 
 class CudaCallError(Exception):

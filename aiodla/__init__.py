@@ -1,0 +1,51 @@
+"""aiodla: asyncio-native concurrent inference on NVIDIA's Deep Learning Accelerator."""
+
+from ._engine import Engine as Engine
+from ._engine import EngineState as EngineState
+from ._errors import AiodlaError as AiodlaError
+from ._errors import ConfigurationError as ConfigurationError
+from ._errors import DeviceError as DeviceError
+from ._errors import EngineClosedError as EngineClosedError
+from ._errors import EngineDeadError as EngineDeadError
+from ._errors import InputError as InputError
+from ._errors import InputTypeError as InputTypeError
+from ._errors import InputValueError as InputValueError
+from ._errors import LoadableFormatError as LoadableFormatError
+from ._errors import ModelError as ModelError
+from ._errors import QueueFullError as QueueFullError
+from ._errors import RequestTimeoutError as RequestTimeoutError
+from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
+from ._errors import TaskError as TaskError
+from ._options import EngineOptions as EngineOptions
+from ._statistics import CoreStatistics as CoreStatistics
+from ._statistics import EngineStatistics as EngineStatistics
+from ._statistics import LatencySummary as LatencySummary
+from ._tensors import TensorSpec as TensorSpec
+from .runtime import EmulatedRuntime as EmulatedRuntime
+
+__version__ = "0.1.0.dev0"
+
+__all__ = (
+    "AiodlaError",
+    "ConfigurationError",
+    "CoreStatistics",
+    "DeviceError",
+    "EmulatedRuntime",
+    "Engine",
+    "EngineClosedError",
+    "EngineDeadError",
+    "EngineOptions",
+    "EngineState",
+    "EngineStatistics",
+    "InputError",
+    "InputTypeError",
+    "InputValueError",
+    "LatencySummary",
+    "LoadableFormatError",
+    "ModelError",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "RuntimeUnavailableError",
+    "TaskError",
+    "TensorSpec",
+)

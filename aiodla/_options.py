@@ -1,0 +1,80 @@
+"""Engine options: one frozen dataclass, validated in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from ._errors import ConfigurationError
+
+__all__ = ["EngineOptions"]
+
+DEFAULT_OFFLOAD_BYTES = 256 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """How an :class:`~aiodla.Engine` runs.
+
+    ``cores``: the DLA cores to use (Orin has 0 and 1). ``streams_per_core``: slots per
+    core, so copies of one request overlap the DLA work of another. ``max_queue``: how
+    many requests may wait for a slot before ``infer_nowait`` refuses more (``infer``
+    waits its turn instead). ``task_timeout``: seconds before the DLA aborts a task
+    (cuDLA's own default, 30 s, when None). ``close_timeout``: seconds ``aclose`` lets
+    in-flight tasks finish. ``scales``: INT8/INT16 quantization step per tensor name.
+    ``offload_bytes``: packing or unpacking more bytes than this per request runs in a
+    worker thread instead of on the event loop. ``latency_window``: how many recent
+    requests the latency percentiles cover.
+    """
+
+    cores: tuple[int, ...] = (0, 1)
+    streams_per_core: int = 2
+    max_queue: int = 1024
+    task_timeout: float | None = None
+    close_timeout: float = 10.0
+    scales: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    offload_bytes: int = DEFAULT_OFFLOAD_BYTES
+    latency_window: int = 4096
+
+    def __post_init__(self) -> None:
+        cores = self.cores
+        if isinstance(cores, int) or not isinstance(cores, Iterable):
+            raise ConfigurationError(f"{cores=} must be a sequence of DLA core numbers")
+        cores = tuple(cores)
+        if not cores or any(type(c) is not int or c < 0 for c in cores):
+            raise ConfigurationError(f"{cores=} must be one or more ints >= 0")
+        if len(set(cores)) != len(cores):
+            raise ConfigurationError(f"{cores=} names a core twice")
+        object.__setattr__(self, "cores", cores)
+        _whole(self.streams_per_core, "streams_per_core", 1, 16)
+        _whole(self.max_queue, "max_queue", 0, None)
+        _whole(self.offload_bytes, "offload_bytes", 0, None)
+        _whole(self.latency_window, "latency_window", 1, None)
+        if self.task_timeout is not None:
+            timeout = self.task_timeout
+            if not _finite(timeout) or not 0.001 <= timeout <= 1000:
+                raise ConfigurationError(
+                    f"task_timeout={timeout!r} must be seconds in [0.001, 1000] (cuDLA's range)"
+                )
+        if not _finite(self.close_timeout) or self.close_timeout < 0:
+            raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")
+        scales = dict(self.scales)
+        for name, scale in scales.items():
+            if not isinstance(name, str) or not _finite(scale) or not scale > 0:
+                raise ConfigurationError(
+                    f"scales[{name!r}]={scale!r} must be a finite number > 0 for a tensor name"
+                )
+            scales[name] = float(scale)
+        object.__setattr__(self, "scales", MappingProxyType(scales))
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: object, name: str, low: int, high: int | None) -> None:
+    if type(value) is not int or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigurationError(f"{name}={value!r} must be an int {bound}")

@@ -1,0 +1,137 @@
+"""The poller: one thread that notices finished slots and tells the event loop.
+
+It sweeps the CUDA events of in-flight slots and hands every completion found in one
+sweep to the loop with a single ``call_soon_threadsafe``. It never touches futures or
+scheduler state. It knows when each slot should finish (the engine's estimate from the
+core's service time and queue): far from that time it sleeps; close to it, it polls
+with short pauses; when a slot is overdue it backs off, so a hung core costs little.
+
+A wake-up that reaches a closed loop is dropped: after close nothing listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ._scheduler import Slot
+from .runtime._protocol import Runtime
+
+__all__ = ["Poller"]
+
+logger = logging.getLogger("aiodla")
+
+# Start polling this long before a slot's expected completion; estimates are rough.
+SPIN_WINDOW = 300e-6
+# Longest pause between sweeps once a slot is overdue (a hung core, a slow task).
+MAX_BACKOFF = 2e-3
+# With nothing in flight, sleep at most this long between checks of the stop flag.
+IDLE_WAIT = 0.5
+
+
+class Poller:
+    """Polls in-flight slots' events on a dedicated thread."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[list[Slot]], None],
+        fail: Callable[[BaseException], None],
+        *,
+        pause: float,
+        name: str = "aiodla-poller",
+    ) -> None:
+        self._runtime = runtime
+        self._loop = loop
+        self._deliver = deliver
+        self._fail = fail
+        self._pause = pause
+        self._incoming: collections.deque[Slot] = collections.deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._wake_at = float("inf")  # when the poller means to sweep next
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.sweeps = 0
+        self.wakeups = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def watch(self, slot: Slot) -> None:
+        """Poll ``slot`` from now on (loop thread). Wakes the poller only if it would
+        otherwise sleep past the slot's expected completion."""
+        self._incoming.append(slot)
+        if slot.expected_done - SPIN_WINDOW < self._wake_at:
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Ask the thread to end (any thread); ``join`` waits for it."""
+        self._stopping = True
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _post(self, callback: Callable[..., None], argument: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, argument)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            self._stopping = True
+
+    def _run(self) -> None:
+        try:
+            self._runtime.make_current()
+            self._sweep_until_stopped()
+        except BaseException as exc:  # any failure here makes the engine dead
+            logger.error("aiodla: poller stopped: %s", exc)
+            self._post(self._fail, exc)
+
+    def _sweep_until_stopped(self) -> None:
+        in_flight: list[Slot] = []
+        query = self._runtime.query_event
+        clock = time.monotonic
+        incoming = self._incoming
+        while not self._stopping:
+            while incoming:
+                in_flight.append(incoming.popleft())
+            if not in_flight:
+                self._sleep(IDLE_WAIT)
+                continue
+            self.sweeps += 1
+            done = [slot for slot in in_flight if query(slot.event)]
+            if done:
+                in_flight = [slot for slot in in_flight if slot not in done]
+                self.wakeups += 1
+                self._post(self._deliver, done)
+                if not in_flight:
+                    continue
+            now = clock()
+            earliest = min(slot.expected_done for slot in in_flight)
+            ahead = earliest - SPIN_WINDOW - now
+            if ahead > 0:
+                self._sleep(ahead)
+            elif now > earliest + SPIN_WINDOW:
+                # Overdue: back off in proportion, so a hung task is polled rarely.
+                self._sleep(min(MAX_BACKOFF, max(self._pause, (now - earliest) / 8)))
+            elif self._pause:
+                self._sleep(self._pause)
+            else:
+                time.sleep(0)  # let the loop thread have the GIL between sweeps
+
+    def _sleep(self, seconds: float) -> None:
+        # Publish the wake-up time *before* looking at the incoming slots: ``watch``
+        # appends before it reads ``_wake_at``, so one of the two always sees the other.
+        self._wake_at = time.monotonic() + seconds
+        if not self._incoming and self._wake.wait(seconds):
+            self._wake.clear()
+        self._wake_at = 0.0  # awake: the next sweep drains the incoming slots anyway
