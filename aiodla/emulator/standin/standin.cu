@@ -1,0 +1,1081 @@
+/* aiodla's GPU stand-in for libcudla.so.1: cuDLA hybrid mode over the CUDA runtime.
+ *
+ * THIS IS A TEST DOUBLE, NOT A DLA DRIVER. It reads aiodla's emulator loadables (the
+ * format in aiodla/emulator/_format.py), never NVIDIA's, and runs each DLA task as a
+ * CUDA kernel so the real CUDA path of aiodla (cuda.bindings.cudla + .runtime) can run
+ * end to end on any NVIDIA GPU. What it reproduces of cuDLA:
+ *
+ * - the 13 entry points, C ABI, SONAME libcudla.so.1, callable from any thread;
+ * - hybrid mode: a task is a kernel launched on the stream given to cudlaSubmitTask,
+ *   so it orders itself with the caller's copies and events on that stream;
+ * - DLA cores (2, or AIODLA_STANDIN_CORES in 1..16) that run one task at a time: the
+ *   tasks of one core are serialized across streams and threads in submission order
+ *   by a per-core host mutex and a per-core CUDA event chain (each task waits for the
+ *   core's previous task, then records the core's event);
+ * - the service time (the loadable's latency) is spent on the GPU, spinning on
+ *   %globaltimer, never on the host;
+ * - the validation rules of cudla.h, as aiodla's emulated runtime applies them;
+ * - cudlaGetLastError: a failed task writes its status into mapped pinned memory, so it
+ *   reaches the host without any synchronization, and it stays latched until read.
+ *
+ * Test controls (aiodlaStandin* exports, wrapped by aiodla.emulator._standin): fail the
+ * next task started on a core; hang a core (its tasks run until the device's task
+ * timeout, then fail with cudlaErrorDlaErrEngineTimeout); hold a core's tasks at a gate
+ * on the GPU; inject a status into the next call of an entry point; count live handles.
+ *
+ * Built with -DAIODLA_STANDIN_HOST_FAKE, the same code runs each task on the calling
+ * host thread at submit time over host memory from aiodlaStandinFakeAlloc: a CPU-only
+ * build that lets CI drive the entry points and the bindings without a GPU.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#ifndef AIODLA_STANDIN_HOST_FAKE
+#include <cuda_runtime.h>
+#endif
+
+#include "cudla_abi.h"
+#include "loadable.h"
+#include "task_math.h"
+
+namespace aiodla_standin {
+
+constexpr uint32_t kMaxCores = 16;
+constexpr uint32_t kDefaultCores = 2;
+constexpr uint32_t kHandlesPerCore = 16;        /* cudla.h: at most 16 handles per DLA */
+constexpr uint32_t kSlots = kMaxCores * kHandlesPerCore;
+constexpr uint32_t kFailRing = 64;
+constexpr uint32_t kDefaultTimeoutMs = 30000;   /* cuDLA's default task timeout */
+constexpr uint32_t kMaxTimeoutMs = 1000000;     /* 1000 s */
+constexpr uint64_t kRegisteredTag = 1ull << 56; /* as the emulated runtime: never a raw address */
+constexpr uint64_t kRegistrationAlignment = 32;
+constexpr uint32_t kThreads = 256;
+constexpr uint32_t kAbiVersion = 1;
+constexpr uint64_t kCudlaVersion = 1002001;     /* what the emulated runtime reports */
+constexpr uint32_t kDeviceVersion = 2;
+constexpr uint32_t kEngineTimeout = cudlaErrorDlaErrEngineTimeout;
+
+/* Shared with the GPU through mapped pinned memory. Each word has one writer: the host
+ * writes the flags and the failure ring's head; the task running on a core writes the
+ * rest, and a core runs one task at a time, so plain volatile read-modify-writes are
+ * enough (system-scope atomics on host memory are not available over PCIe). */
+struct CoreControl {
+    uint32_t hold;        /* host: tasks wait at the gate while set */
+    uint32_t held;        /* GPU: 1 while a task waits at the gate */
+    uint32_t hung;        /* host: tasks run until the timeout, then fail */
+    uint32_t fail_head;   /* host: failures pushed */
+    uint32_t fail_tail;   /* GPU: failures consumed */
+    uint32_t reserved[3];
+    uint32_t fail_ring[kFailRing];
+    unsigned long long tasks_completed;
+    unsigned long long busy_ns;
+};
+
+struct SlotControl {      /* one per live device handle */
+    uint32_t error_status;
+    uint32_t error_seq;   /* bumped after error_status is written */
+    unsigned long long completed;
+};
+
+struct Control {
+    uint32_t shutdown;    /* host: every waiting task ends now */
+    uint32_t reserved;
+    CoreControl cores[kMaxCores];
+    SlotControl slots[kSlots];
+};
+
+template <class T>
+AIODLA_HD inline T vload(const T* p) {
+    return *static_cast<const volatile T*>(p);
+}
+
+template <class T>
+AIODLA_HD inline void vstore(T* p, T value) {
+    *static_cast<volatile T*>(p) = value;
+}
+
+AIODLA_HD inline void fence_system() {
+#ifdef __CUDA_ARCH__
+    __threadfence_system();
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+AIODLA_HD inline unsigned long long now_ns() {
+#ifdef __CUDA_ARCH__
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#else
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<unsigned long long>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+#endif
+}
+
+/* Back off while spinning: the GPU thread sleeps briefly so a long hang or gate does not
+ * hammer PCIe with reads of host memory. */
+AIODLA_HD inline void back_off(unsigned long long remaining_ns) {
+#ifdef __CUDA_ARCH__
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(remaining_ns > 4000 ? 2000u : 200u);
+#endif
+#else
+    (void)remaining_ns;
+    std::this_thread::yield();
+#endif
+}
+
+struct TaskArgs {
+    const ModuleTable* table;  /* device memory */
+    CoreControl* core;         /* device view of mapped memory */
+    SlotControl* slot;
+    const uint32_t* shutdown;
+    unsigned long long latency_ns;
+    unsigned long long timeout_ns;
+    const uint8_t* inputs[kMaxPairs];
+    uint8_t* outputs[kMaxPairs];
+};
+
+struct TaskStart {
+    uint32_t status;
+    unsigned long long start;
+    unsigned long long duration;
+};
+
+/* One thread of the task: the gate, the start time and the injected faults. */
+AIODLA_HD inline TaskStart begin_task(const TaskArgs& a) {
+    CoreControl* core = a.core;
+    TaskStart t;
+    t.status = 0;
+    t.start = 0;
+    t.duration = a.latency_ns;
+    if (vload(&core->hold)) {
+        vstore(&core->held, 1u);
+        fence_system();
+        const unsigned long long since = now_ns();
+        /* The gate is bounded by the task timeout, as any DLA task is, so a test that
+         * forgets to release a core cannot leave a kernel spinning forever. */
+        while (vload(&core->hold) && !vload(a.shutdown)) {
+            const unsigned long long waited = now_ns() - since;
+            if (waited >= a.timeout_ns) {
+                vstore(&core->held, 0u);
+                fence_system();
+                t.status = kEngineTimeout;
+                t.start = now_ns();
+                t.duration = 0;
+                return t;
+            }
+            back_off(a.timeout_ns - waited);
+        }
+        vstore(&core->held, 0u);
+        fence_system();
+    }
+    t.start = now_ns();
+    const uint32_t head = vload(&core->fail_head);
+    const uint32_t tail = vload(&core->fail_tail);
+    if (head != tail) {
+        fence_system();  /* read the ring entry only after seeing the head that covers it */
+        t.status = vload(&core->fail_ring[tail % kFailRing]);
+        vstore(&core->fail_tail, tail + 1);
+    }
+    if (vload(&core->hung)) {
+        t.status = kEngineTimeout;
+        t.duration = a.timeout_ns;
+    }
+    return t;
+}
+
+/* One thread of the task: spend the rest of the service time, then publish the end. */
+AIODLA_HD inline void finish_task(const TaskArgs& a, const TaskStart& t) {
+    const unsigned long long end = t.start + t.duration;
+    for (;;) {
+        const unsigned long long now = now_ns();
+        if (now >= end || vload(a.shutdown)) break;
+        back_off(end - now);
+    }
+    CoreControl* core = a.core;
+    SlotControl* slot = a.slot;
+    if (t.status) {
+        vstore(&slot->error_status, t.status);
+        fence_system();
+        vstore(&slot->error_seq, vload(&slot->error_seq) + 1);
+    }
+    vstore(&core->tasks_completed, vload(&core->tasks_completed) + 1);
+    vstore(&core->busy_ns, vload(&core->busy_ns) + t.duration);
+    fence_system();  /* the output and status words before the completion count */
+    vstore(&slot->completed, vload(&slot->completed) + 1);
+    fence_system();
+}
+
+/* One block: a task is one serial unit whose phases are separated by __syncthreads, and
+ * emulator tensors are small enough that one block's threads cover them quickly. */
+__global__ void __launch_bounds__(kThreads) task_kernel(const TaskArgs args) {
+    __shared__ TaskStart started;
+    if (threadIdx.x == 0) started = begin_task(args);
+    __syncthreads();
+    if (started.status == 0) {
+        const ModuleTable& table = *args.table;
+        const uint32_t pairs = table.pairs;
+        for (uint32_t p = 0; p < pairs; ++p) {
+            zero_buffer(args.outputs[p], table.outputs[p].size, threadIdx.x, blockDim.x);
+            __syncthreads();
+            compute_pair(table, p, args.inputs[p], args.outputs[p], threadIdx.x, blockDim.x);
+            __syncthreads();
+        }
+    }
+    if (threadIdx.x == 0) finish_task(args, started);
+}
+
+/* The same task, run to the end on the calling host thread (host-fake builds). */
+inline void run_task_on_host(const TaskArgs& args) {
+    const TaskStart started = begin_task(args);
+    if (started.status == 0) {
+        const ModuleTable& table = *args.table;
+        for (uint32_t p = 0; p < table.pairs; ++p) {
+            zero_buffer(args.outputs[p], table.outputs[p].size, 0, 1);
+            compute_pair(table, p, args.inputs[p], args.outputs[p], 0, 1);
+        }
+    }
+    finish_task(args, started);
+}
+
+/* ------------------------------------------------------------------------------------
+ * The few CUDA facilities the stand-in needs, and their host fakes.
+ * ---------------------------------------------------------------------------------- */
+
+enum class Launch { kFailed, kLaunched, kLaunchedUnchained };
+
+#ifndef AIODLA_STANDIN_HOST_FAKE
+
+/* The stand-in links the CUDA runtime statically: its handles are the driver's, so the
+ * streams and events of cuda.bindings.runtime (another cudart in the same process) are
+ * valid here as long as both run in the device's primary context, which the runtime
+ * API always uses. A failed call's error is cleared so it never leaks into a later one. */
+inline bool cuda_ok(cudaError_t result) {
+    if (result == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    return false;
+}
+
+struct Platform {
+    static bool current_device(int* device) { return cuda_ok(cudaGetDevice(device)); }
+
+    static bool use_device(int device) {
+        int current = -1;
+        if (cuda_ok(cudaGetDevice(&current)) && current == device) return true;
+        return cuda_ok(cudaSetDevice(device));
+    }
+
+    using AddressRange = int (*)(unsigned long long*, size_t*, unsigned long long);
+
+    static AddressRange address_range() {
+        static const AddressRange resolved = [] {
+            void* fn = nullptr;
+            cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+            if (!cuda_ok(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                          cudaEnableDefault, &found)) ||
+                found != cudaDriverEntryPointSuccess) {
+                return static_cast<AddressRange>(nullptr);
+            }
+            return reinterpret_cast<AddressRange>(fn);
+        }();
+        return resolved;
+    }
+
+    /* True when [ptr, ptr + size) lies inside one device allocation (cudaMalloc). */
+    static bool device_allocation(uint64_t ptr, uint64_t size) {
+        cudaPointerAttributes attributes;
+        if (!cuda_ok(cudaPointerGetAttributes(&attributes, reinterpret_cast<const void*>(ptr)))) {
+            return false;
+        }
+        if (attributes.type != cudaMemoryTypeDevice) return false;
+        const AddressRange range = address_range();
+        if (!range) return true;  /* a driver without the entry point: trust the start */
+        unsigned long long base = 0;
+        size_t bytes = 0;
+        if (range(&base, &bytes, ptr) != 0) return false;
+        return ptr >= base && ptr + size <= base + bytes;
+    }
+
+    static bool mapped_host_alloc(size_t size, void** host, void** device) {
+        if (!cuda_ok(cudaHostAlloc(host, size, cudaHostAllocMapped | cudaHostAllocPortable))) {
+            return false;
+        }
+        memset(*host, 0, size);
+        if (!cuda_ok(cudaHostGetDevicePointer(device, *host, 0))) {
+            cudaFreeHost(*host);
+            return false;
+        }
+        return true;
+    }
+
+    /* Copy `size` bytes from `host` into device memory (*memory, allocated when null).
+     * The copy runs on a private non-blocking stream, so it never waits behind tasks
+     * held or hung on a core. On failure *memory may still hold an allocation. */
+    static bool upload(void** memory, const void* host, size_t size) {
+        static std::mutex mutex;
+        static std::map<int, cudaStream_t> streams;
+        int device = 0;
+        if (!current_device(&device)) return false;
+        if (!*memory && !cuda_ok(cudaMalloc(memory, size))) {
+            *memory = nullptr;
+            return false;
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        cudaStream_t& stream = streams[device];
+        if (!stream && !cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking))) {
+            stream = nullptr;
+            return false;
+        }
+        return cuda_ok(cudaMemcpyAsync(*memory, host, size, cudaMemcpyHostToDevice, stream)) &&
+               cuda_ok(cudaStreamSynchronize(stream));
+    }
+
+    static bool event_create(void** event) {
+        cudaEvent_t created = nullptr;
+        if (!cuda_ok(cudaEventCreateWithFlags(&created, cudaEventDisableTiming))) return false;
+        *event = created;
+        return true;
+    }
+
+    static void event_destroy(void* event) {
+        cuda_ok(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+    }
+
+    static Launch launch(void* stream, void* core_event, const TaskArgs& args) {
+        cudaStream_t on = static_cast<cudaStream_t>(stream);
+        cudaEvent_t chain = static_cast<cudaEvent_t>(core_event);
+        if (!cuda_ok(cudaStreamWaitEvent(on, chain, 0))) return Launch::kFailed;
+        task_kernel<<<1, kThreads, 0, on>>>(args);
+        if (!cuda_ok(cudaGetLastError())) return Launch::kFailed;
+        if (!cuda_ok(cudaEventRecord(chain, on))) return Launch::kLaunchedUnchained;
+        return Launch::kLaunched;
+    }
+};
+
+#else  /* AIODLA_STANDIN_HOST_FAKE */
+
+struct Platform {
+    static std::mutex& allocations_mutex() {
+        static std::mutex mutex;
+        return mutex;
+    }
+    static std::map<uint64_t, uint64_t>& allocations() {  /* start -> size */
+        static std::map<uint64_t, uint64_t> live;
+        return live;
+    }
+
+    static bool current_device(int* device) {
+        *device = 0;
+        return true;
+    }
+    static bool use_device(int) { return true; }
+
+    static bool device_allocation(uint64_t ptr, uint64_t size) {
+        std::lock_guard<std::mutex> lock(allocations_mutex());
+        auto it = allocations().upper_bound(ptr);
+        if (it == allocations().begin()) return false;
+        --it;
+        return ptr >= it->first && ptr + size <= it->first + it->second;
+    }
+
+    static bool mapped_host_alloc(size_t size, void** host, void** device) {
+        *host = calloc(1, size);
+        *device = *host;
+        return *host != nullptr;
+    }
+
+    static bool upload(void** memory, const void* host, size_t size) {
+        if (!*memory) *memory = malloc(size);
+        if (!*memory) return false;
+        memcpy(*memory, host, size);
+        return true;
+    }
+
+    static bool event_create(void** event) {
+        *event = new int(0);
+        return true;
+    }
+    static void event_destroy(void* event) { delete static_cast<int*>(event); }
+
+    static Launch launch(void*, void*, const TaskArgs& args) {
+        run_task_on_host(args);
+        return Launch::kLaunched;
+    }
+};
+
+#endif  /* AIODLA_STANDIN_HOST_FAKE */
+
+/* ------------------------------------------------------------------------------------
+ * Library state. One mutex guards the handle tables; a per-core mutex orders launches.
+ * ---------------------------------------------------------------------------------- */
+
+struct Registration {
+    uint64_t raw;
+    uint64_t size;
+};
+
+struct DeviceState {
+    uint32_t core = 0;
+    int cuda_device = 0;
+    uint32_t slot = 0;
+    uint64_t module = 0;
+    std::unordered_map<uint64_t, Registration> registrations;  /* by registered address */
+    uint64_t submitted = 0;
+    uint32_t seen_error_seq = 0;
+    uint32_t timeout_ms = kDefaultTimeoutMs;
+};
+
+struct ModuleState {
+    uint64_t device = 0;
+    ParsedModule parsed;
+    ModuleTable* table = nullptr;  /* device memory */
+};
+
+struct CoreState {
+    std::mutex launch;
+    void* chain = nullptr;  /* the event of the core's last submitted task */
+    int cuda_device = -1;
+    uint32_t handles = 0;
+};
+
+struct Library {
+    std::mutex mutex;
+    uint32_t cores = kDefaultCores;
+    CoreState core[kMaxCores];
+    std::unordered_map<uint64_t, DeviceState> devices;
+    std::unordered_map<uint64_t, ModuleState> modules;
+    std::vector<ModuleTable*> spare_tables;  /* reused, never freed: cudaFree may synchronize */
+    uint64_t next_handle = 0xd1a00010;
+    bool slot_used[kSlots] = {};
+    Control* control = nullptr;         /* host view */
+    Control* control_device = nullptr;  /* device view */
+    std::mutex control_mutex;           /* creating the control block, pushing failures */
+    std::mutex injected_mutex;
+    std::unordered_map<std::string, uint32_t> injected;
+    std::atomic<bool> any_injected{false};
+
+    Library() {
+        const char* text = getenv("AIODLA_STANDIN_CORES");
+        if (text && *text) {
+            char* end = nullptr;
+            const unsigned long value = strtoul(text, &end, 10);
+            if (end && *end == '\0' && value >= 1 && value <= kMaxCores) {
+                cores = static_cast<uint32_t>(value);
+            }
+        }
+    }
+};
+
+/* Never destroyed: entry points may run from other libraries' exit paths. */
+inline Library& library() {
+    static Library* instance = new Library();
+    return *instance;
+}
+
+inline bool ensure_control(Library& lib) {
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    if (lib.control) return true;
+    void* host = nullptr;
+    void* device = nullptr;
+    if (!Platform::mapped_host_alloc(sizeof(Control), &host, &device)) return false;
+    lib.control_device = static_cast<Control*>(device);
+    __atomic_store_n(&lib.control, static_cast<Control*>(host), __ATOMIC_RELEASE);
+    return true;
+}
+
+inline Control* control_if_any(Library& lib) {
+    return __atomic_load_n(&lib.control, __ATOMIC_ACQUIRE);
+}
+
+inline bool take_injected(const char* call, cudlaStatus* status) {
+    Library& lib = library();
+    if (!lib.any_injected.load(std::memory_order_acquire)) return false;
+    std::lock_guard<std::mutex> lock(lib.injected_mutex);
+    auto it = lib.injected.find(call);
+    if (it == lib.injected.end()) return false;
+    *status = static_cast<cudlaStatus>(it->second);
+    lib.injected.erase(it);
+    lib.any_injected.store(!lib.injected.empty(), std::memory_order_release);
+    return true;
+}
+
+#define AIODLA_INJECTION_POINT(call)                   \
+    do {                                               \
+        cudlaStatus injected_status_;                  \
+        if (aiodla_standin::take_injected(call, &injected_status_)) { \
+            return injected_status_;                   \
+        }                                              \
+    } while (0)
+
+inline uint64_t handle_value(const void* handle) {
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(handle));
+}
+
+inline uint64_t in_flight(const Library& lib, const DeviceState& device) {
+    return device.submitted - vload(&lib.control->slots[device.slot].completed);
+}
+
+}  // namespace aiodla_standin
+
+using namespace aiodla_standin;
+
+/* ------------------------------------------------------------------------------------
+ * The 13 entry points.
+ * ---------------------------------------------------------------------------------- */
+
+extern "C" cudlaStatus cudlaGetVersion(uint64_t* const version) {
+    AIODLA_INJECTION_POINT("cudlaGetVersion");
+    if (!version) return cudlaErrorInvalidParam;
+    *version = kCudlaVersion;
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaDeviceGetCount(uint64_t* const pNumDevices) {
+    AIODLA_INJECTION_POINT("cudlaDeviceGetCount");
+    if (!pNumDevices) return cudlaErrorInvalidParam;
+    *pNumDevices = library().cores;
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaCreateDevice(const uint64_t device, cudlaDevHandle* const devHandle,
+                                         const uint32_t flags) {
+    AIODLA_INJECTION_POINT("cudlaCreateDevice");
+    Library& lib = library();
+    if (!devHandle) return cudlaErrorInvalidParam;
+    if (flags == CUDLA_STANDALONE) return cudlaErrorUnsupportedOperation;
+    if (flags != CUDLA_CUDA_DLA) return cudlaErrorInvalidParam;
+    if (device >= lib.cores) return cudlaErrorInvalidParam;
+    if (!ensure_control(lib)) return cudlaErrorCuda;
+    int cuda_device = 0;
+    if (!Platform::current_device(&cuda_device)) return cudlaErrorCuda;
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    CoreState& core = lib.core[device];
+    if (core.handles >= kHandlesPerCore) return cudlaErrorOutOfResources;
+    if (core.handles && core.cuda_device != cuda_device) return cudlaErrorInvalidDevice;
+    uint32_t slot = 0;
+    while (slot < kSlots && lib.slot_used[slot]) ++slot;
+    if (slot == kSlots) return cudlaErrorOutOfResources;
+    if (!core.handles) {
+        /* The chain event lives in the CUDA context of the core's handles; a fresh one
+         * after every last handle goes keeps it in the context now current. */
+        if (!Platform::event_create(&core.chain)) return cudlaErrorCuda;
+        core.cuda_device = cuda_device;
+    }
+    SlotControl& words = lib.control->slots[slot];
+    vstore(&words.error_status, 0u);
+    vstore(&words.error_seq, 0u);
+    vstore(&words.completed, 0ull);
+    lib.slot_used[slot] = true;
+    core.handles += 1;
+    const uint64_t handle = lib.next_handle;
+    lib.next_handle += 0x10;
+    DeviceState& state = lib.devices[handle];
+    state.core = static_cast<uint32_t>(device);
+    state.cuda_device = cuda_device;
+    state.slot = slot;
+    *devHandle = reinterpret_cast<cudlaDevHandle>(static_cast<uintptr_t>(handle));
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaDestroyDevice(const cudlaDevHandle devHandle) {
+    AIODLA_INJECTION_POINT("cudlaDestroyDevice");
+    Library& lib = library();
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto it = lib.devices.find(handle_value(devHandle));
+    if (it == lib.devices.end()) return cudlaErrorInvalidDevice;
+    DeviceState& device = it->second;
+    if (in_flight(lib, device)) return cudlaErrorInvalidParam;
+    if (device.module || !device.registrations.empty()) return cudlaErrorInvalidParam;
+    CoreState& core = lib.core[device.core];
+    lib.slot_used[device.slot] = false;
+    core.handles -= 1;
+    if (!core.handles) {
+        Platform::event_destroy(core.chain);
+        core.chain = nullptr;
+        core.cuda_device = -1;
+    }
+    lib.devices.erase(it);
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaModuleLoadFromMemory(const cudlaDevHandle devHandle,
+                                                 const uint8_t* const pModule,
+                                                 const size_t moduleSize, cudlaModule* const hModule,
+                                                 const uint32_t flags) {
+    AIODLA_INJECTION_POINT("cudlaModuleLoadFromMemory");
+    Library& lib = library();
+    if (!hModule) return cudlaErrorInvalidParam;
+    if (flags != CUDLA_MODULE_DEFAULT && flags != CUDLA_MODULE_ENABLE_FAULT_DIAGNOSTICS) {
+        return cudlaErrorInvalidParam;
+    }
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto found = lib.devices.find(handle_value(devHandle));
+    if (found == lib.devices.end()) return cudlaErrorInvalidDevice;
+    ModuleState module;
+    std::string why;
+    if (!parse_loadable(pModule, moduleSize, &module.parsed, &why)) return cudlaErrorInvalidModule;
+    DeviceState& device = found->second;
+    if (device.module) return cudlaErrorUnsupportedOperation;  /* one loadable per handle */
+    if (!Platform::use_device(device.cuda_device)) return cudlaErrorCuda;
+    void* table = nullptr;
+    if (!lib.spare_tables.empty()) {
+        table = lib.spare_tables.back();
+        lib.spare_tables.pop_back();
+    }
+    if (!Platform::upload(&table, &module.parsed.table, sizeof(ModuleTable))) {
+        if (table) lib.spare_tables.push_back(static_cast<ModuleTable*>(table));
+        return cudlaErrorCuda;
+    }
+    module.table = static_cast<ModuleTable*>(table);
+    module.device = found->first;
+    const uint64_t handle = lib.next_handle;
+    lib.next_handle += 0x10;
+    device.module = handle;
+    lib.modules.emplace(handle, std::move(module));
+    *hModule = reinterpret_cast<cudlaModule>(static_cast<uintptr_t>(handle));
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaModuleGetAttributes(const cudlaModule hModule,
+                                                const cudlaModuleAttributeType attrType,
+                                                cudlaModuleAttribute* const attribute) {
+    AIODLA_INJECTION_POINT("cudlaModuleGetAttributes");
+    Library& lib = library();
+    if (!attribute) return cudlaErrorInvalidParam;
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto found = lib.modules.find(handle_value(hModule));
+    if (found == lib.modules.end()) return cudlaErrorInvalidModule;
+    const ParsedModule& parsed = found->second.parsed;
+    switch (attrType) {
+        case CUDLA_NUM_INPUT_TENSORS:
+            attribute->numInputTensors = static_cast<uint32_t>(parsed.inputs.size());
+            return cudlaSuccess;
+        case CUDLA_NUM_OUTPUT_TENSORS:
+            attribute->numOutputTensors = static_cast<uint32_t>(parsed.outputs.size());
+            return cudlaSuccess;
+        case CUDLA_INPUT_TENSOR_DESCRIPTORS:
+            /* As the real library: the caller owns the array, sized by the count query. */
+            if (!attribute->inputTensorDesc) return cudlaErrorInvalidParam;
+            memcpy(attribute->inputTensorDesc, parsed.inputs.data(),
+                   parsed.inputs.size() * sizeof(cudlaModuleTensorDescriptor));
+            return cudlaSuccess;
+        case CUDLA_OUTPUT_TENSOR_DESCRIPTORS:
+            if (!attribute->outputTensorDesc) return cudlaErrorInvalidParam;
+            memcpy(attribute->outputTensorDesc, parsed.outputs.data(),
+                   parsed.outputs.size() * sizeof(cudlaModuleTensorDescriptor));
+            return cudlaSuccess;
+        case CUDLA_NUM_OUTPUT_TASK_STATISTICS:
+            attribute->numOutputTensors = 0;  /* the stand-in keeps no task statistics */
+            return cudlaSuccess;
+        case CUDLA_OUTPUT_TASK_STATISTICS_DESCRIPTORS:
+            return cudlaSuccess;  /* zero descriptors to copy */
+        default:
+            return cudlaErrorInvalidAttribute;
+    }
+}
+
+extern "C" cudlaStatus cudlaModuleUnload(const cudlaModule hModule, const uint32_t flags) {
+    AIODLA_INJECTION_POINT("cudlaModuleUnload");
+    Library& lib = library();
+    (void)flags;
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto found = lib.modules.find(handle_value(hModule));
+    if (found == lib.modules.end()) return cudlaErrorInvalidModule;
+    DeviceState& device = lib.devices.at(found->second.device);
+    if (in_flight(lib, device)) return cudlaErrorInvalidParam;
+    lib.spare_tables.push_back(found->second.table);
+    device.module = 0;
+    lib.modules.erase(found);
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaMemRegister(const cudlaDevHandle devHandle, const uint64_t* const ptr,
+                                        const size_t size, uint64_t** const devPtr,
+                                        const uint32_t flags) {
+    AIODLA_INJECTION_POINT("cudlaMemRegister");
+    Library& lib = library();
+    if (!devPtr) return cudlaErrorInvalidParam;
+    if (flags != CUDLA_READ_WRITE_PERM && flags != CUDLA_READ_ONLY_PERM) {
+        return cudlaErrorInvalidParam;
+    }
+    const uint64_t raw = handle_value(ptr);
+    int cuda_device = 0;
+    {
+        std::lock_guard<std::mutex> lock(lib.mutex);
+        auto found = lib.devices.find(handle_value(devHandle));
+        if (found == lib.devices.end()) return cudlaErrorInvalidDevice;
+        cuda_device = found->second.cuda_device;
+    }
+    if (raw % kRegistrationAlignment || size == 0) return cudlaErrorInvalidAddress;
+    if (!Platform::use_device(cuda_device)) return cudlaErrorCuda;
+    if (!Platform::device_allocation(raw, size)) return cudlaErrorInvalidAddress;
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto found = lib.devices.find(handle_value(devHandle));
+    if (found == lib.devices.end()) return cudlaErrorInvalidDevice;  /* destroyed meanwhile */
+    DeviceState& device = found->second;
+    for (const auto& entry : device.registrations) {
+        if (entry.second.raw == raw) return cudlaErrorMemoryRegistered;
+    }
+    const uint64_t registered = raw | kRegisteredTag;
+    device.registrations[registered] = Registration{raw, size};
+    *devPtr = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(registered));
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaMemUnregister(const cudlaDevHandle devHandle,
+                                          const uint64_t* const devPtr) {
+    AIODLA_INJECTION_POINT("cudlaMemUnregister");
+    Library& lib = library();
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto found = lib.devices.find(handle_value(devHandle));
+    if (found == lib.devices.end()) return cudlaErrorInvalidDevice;
+    DeviceState& device = found->second;
+    auto registration = device.registrations.find(handle_value(devPtr));
+    if (registration == device.registrations.end()) return cudlaErrorInvalidAddress;
+    if (in_flight(lib, device)) return cudlaErrorInvalidParam;
+    device.registrations.erase(registration);
+    return cudlaSuccess;
+}
+
+extern "C" cudlaStatus cudlaSubmitTask(const cudlaDevHandle devHandle,
+                                       const cudlaTask* const ptrToTasks, const uint32_t numTasks,
+                                       void* const stream, const uint32_t flags) {
+    AIODLA_INJECTION_POINT("cudlaSubmitTask");
+    Library& lib = library();
+    std::vector<TaskArgs> launches;
+    uint32_t core_index = 0;
+    uint64_t handle = handle_value(devHandle);
+    int cuda_device = 0;
+    {
+        std::lock_guard<std::mutex> lock(lib.mutex);
+        auto found = lib.devices.find(handle);
+        if (found == lib.devices.end()) return cudlaErrorInvalidDevice;
+        DeviceState& device = found->second;
+        if (!ptrToTasks || numTasks == 0) return cudlaErrorInvalidParam;
+        if (flags & (CUDLA_SUBMIT_NOOP | CUDLA_SUBMIT_DIAGNOSTICS_TASK)) {
+            return cudlaErrorUnsupportedOperation;  /* standalone-mode features */
+        }
+        if (flags & ~static_cast<uint32_t>(CUDLA_SUBMIT_SKIP_LOCK_ACQUIRE)) {
+            return cudlaErrorInvalidParam;
+        }
+        launches.reserve(numTasks);
+        for (uint32_t i = 0; i < numTasks; ++i) {
+            const cudlaTask& task = ptrToTasks[i];
+            /* Hybrid mode: CUDA streams order the work, never NvSci fences. */
+            if (task.waitEvents || task.signalEvents) return cudlaErrorUnsupportedOperation;
+            if (!task.inputTensor || !task.outputTensor) return cudlaErrorUnsupportedOperation;
+            auto module = lib.modules.find(handle_value(task.moduleHandle));
+            if (module == lib.modules.end()) return cudlaErrorInvalidModule;
+            if (module->second.device != handle) return cudlaErrorInvalidModule;
+            const ParsedModule& parsed = module->second.parsed;
+            if (task.numInputTensors != parsed.inputs.size() ||
+                task.numOutputTensors != parsed.outputs.size()) {
+                return cudlaErrorInvalidParam;
+            }
+            TaskArgs args;
+            memset(&args, 0, sizeof args);
+            for (uint32_t k = 0; k < 2 * parsed.table.pairs; ++k) {
+                const bool is_input = k < parsed.table.pairs;
+                const uint32_t index = is_input ? k : k - parsed.table.pairs;
+                const uint64_t pointer =
+                    handle_value(is_input ? task.inputTensor[index] : task.outputTensor[index]);
+                const uint64_t needed = is_input ? parsed.table.inputs[index].size
+                                                 : parsed.table.outputs[index].size;
+                auto registration = device.registrations.find(pointer);
+                if (registration == device.registrations.end()) return cudlaErrorInvalidAddress;
+                if (registration->second.size < needed) return cudlaErrorInvalidParam;
+                uint8_t* raw = reinterpret_cast<uint8_t*>(
+                    static_cast<uintptr_t>(registration->second.raw));
+                if (is_input) {
+                    args.inputs[index] = raw;
+                } else {
+                    args.outputs[index] = raw;
+                }
+            }
+            args.table = module->second.table;
+            args.core = &lib.control_device->cores[device.core];
+            args.slot = &lib.control_device->slots[device.slot];
+            args.shutdown = &lib.control_device->shutdown;
+            args.latency_ns = static_cast<unsigned long long>(llround(parsed.latency * 1e9));
+            args.timeout_ns = static_cast<unsigned long long>(device.timeout_ms) * 1000000ull;
+            launches.push_back(args);
+        }
+        /* Counted before the launch so destroy, unload and unregister see the tasks as in
+         * flight from now on; taken back below for any that never launched. */
+        device.submitted += numTasks;
+        core_index = device.core;
+        cuda_device = device.cuda_device;
+    }
+    CoreState& core = lib.core[core_index];
+    uint32_t launched = 0;
+    bool chained = true;
+    {
+        std::lock_guard<std::mutex> order(core.launch);
+        if (Platform::use_device(cuda_device)) {
+            for (const TaskArgs& args : launches) {
+                const Launch result = Platform::launch(stream, core.chain, args);
+                if (result == Launch::kFailed) break;
+                launched += 1;
+                if (result == Launch::kLaunchedUnchained) {
+                    chained = false;
+                    break;
+                }
+            }
+        }
+    }
+    if (launched < numTasks) {
+        std::lock_guard<std::mutex> lock(lib.mutex);
+        auto found = lib.devices.find(handle);
+        if (found != lib.devices.end()) found->second.submitted -= numTasks - launched;
+    }
+    return (launched == numTasks && chained) ? cudlaSuccess : cudlaErrorCuda;
+}
+
+extern "C" cudlaStatus cudlaDeviceGetAttribute(const cudlaDevHandle devHandle,
+                                               const cudlaDevAttributeType attrib,
+                                               cudlaDevAttribute* const pAttribute) {
+    AIODLA_INJECTION_POINT("cudlaDeviceGetAttribute");
+    Library& lib = library();
+    if (!pAttribute) return cudlaErrorInvalidParam;
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    if (lib.devices.find(handle_value(devHandle)) == lib.devices.end()) {
+        return cudlaErrorInvalidDevice;
+    }
+    switch (attrib) {
+        case CUDLA_UNIFIED_ADDRESSING:
+            pAttribute->unifiedAddressingSupported = 1;
+            return cudlaSuccess;
+        case CUDLA_DEVICE_VERSION:
+            pAttribute->deviceVersion = kDeviceVersion;
+            return cudlaSuccess;
+        default:
+            return cudlaErrorInvalidAttribute;
+    }
+}
+
+extern "C" cudlaStatus cudlaGetLastError(const cudlaDevHandle devHandle) {
+    AIODLA_INJECTION_POINT("cudlaGetLastError");
+    Library& lib = library();
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto found = lib.devices.find(handle_value(devHandle));
+    if (found == lib.devices.end()) return cudlaErrorInvalidDevice;
+    DeviceState& device = found->second;
+    SlotControl& words = lib.control->slots[device.slot];
+    for (;;) {
+        const uint32_t seq = vload(&words.error_seq);
+        if (seq == device.seen_error_seq) return cudlaSuccess;
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        const uint32_t status = vload(&words.error_status);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        /* A task that failed while we read would have bumped seq: read again, so the
+         * status returned is the latest one and is latched exactly once. */
+        if (vload(&words.error_seq) != seq) continue;
+        device.seen_error_seq = seq;
+        return static_cast<cudlaStatus>(status);
+    }
+}
+
+extern "C" cudlaStatus cudlaSetTaskTimeoutInMs(const cudlaDevHandle devHandle,
+                                               const uint32_t timeout) {
+    AIODLA_INJECTION_POINT("cudlaSetTaskTimeoutInMs");
+    Library& lib = library();
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    auto found = lib.devices.find(handle_value(devHandle));
+    if (found == lib.devices.end()) return cudlaErrorInvalidDevice;
+    if (timeout == 0 || timeout > kMaxTimeoutMs) return cudlaErrorInvalidParam;
+    found->second.timeout_ms = timeout;
+    return cudlaSuccess;
+}
+
+/* ------------------------------------------------------------------------------------
+ * Test controls.
+ * ---------------------------------------------------------------------------------- */
+
+extern "C" uint32_t aiodlaStandinAbiVersion(void) { return kAbiVersion; }
+
+extern "C" uint32_t aiodlaStandinIsHostFake(void) {
+#ifdef AIODLA_STANDIN_HOST_FAKE
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+extern "C" uint64_t aiodlaStandinCores(void) { return library().cores; }
+
+/* The next task *started* on `core` fails with `status` and writes no output. The ring
+ * is read by the task itself when it starts, so tasks already queued on the core take
+ * the failure in the order they run, as on the emulated runtime. */
+extern "C" int aiodlaStandinFailNextTask(uint64_t core, uint32_t status) {
+    Library& lib = library();
+    if (core >= lib.cores || status == 0) return cudlaErrorInvalidParam;
+    if (!ensure_control(lib)) return cudlaErrorCuda;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    CoreControl& words = lib.control->cores[core];
+    const uint32_t head = vload(&words.fail_head);
+    if (head - vload(&words.fail_tail) >= kFailRing) return cudlaErrorOutOfResources;
+    vstore(&words.fail_ring[head % kFailRing], status);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    vstore(&words.fail_head, head + 1);
+    return cudlaSuccess;
+}
+
+/* The next call of entry point `function` (e.g. "cudlaMemRegister") returns `status`
+ * without doing anything; any 32-bit value, so tests can return codes cudla.h lacks. */
+extern "C" int aiodlaStandinFailNextCall(const char* function, uint32_t status) {
+    static const char* const known[] = {
+        "cudlaGetVersion", "cudlaDeviceGetCount", "cudlaCreateDevice", "cudlaMemRegister",
+        "cudlaModuleLoadFromMemory", "cudlaModuleGetAttributes", "cudlaModuleUnload",
+        "cudlaSubmitTask", "cudlaDeviceGetAttribute", "cudlaMemUnregister",
+        "cudlaGetLastError", "cudlaDestroyDevice", "cudlaSetTaskTimeoutInMs",
+    };
+    if (!function) return cudlaErrorInvalidParam;
+    bool found = false;
+    for (const char* name : known) found = found || !strcmp(name, function);
+    if (!found) return cudlaErrorInvalidParam;
+    Library& lib = library();
+    std::lock_guard<std::mutex> lock(lib.injected_mutex);
+    lib.injected[function] = status;
+    lib.any_injected.store(true, std::memory_order_release);
+    return cudlaSuccess;
+}
+
+extern "C" int aiodlaStandinHangCore(uint64_t core, int hung) {
+    Library& lib = library();
+    if (core >= lib.cores) return cudlaErrorInvalidParam;
+    if (!ensure_control(lib)) return cudlaErrorCuda;
+    vstore(&lib.control->cores[core].hung, hung ? 1u : 0u);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return cudlaSuccess;
+}
+
+extern "C" int aiodlaStandinHoldCore(uint64_t core, int hold) {
+    Library& lib = library();
+    if (core >= lib.cores) return cudlaErrorInvalidParam;
+    if (!ensure_control(lib)) return cudlaErrorCuda;
+    vstore(&lib.control->cores[core].hold, hold ? 1u : 0u);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return cudlaSuccess;
+}
+
+/* Tasks waiting at the core's gate now: 0 or 1, since a core starts one task at a time
+ * and the others queue behind it on the GPU. -1 for a core that does not exist. */
+extern "C" int aiodlaStandinHeldTasks(uint64_t core) {
+    Library& lib = library();
+    if (core >= lib.cores) return -1;
+    Control* control = control_if_any(lib);
+    return control ? static_cast<int>(vload(&control->cores[core].held)) : 0;
+}
+
+extern "C" uint64_t aiodlaStandinCoreTasks(uint64_t core) {
+    Library& lib = library();
+    Control* control = control_if_any(lib);
+    if (core >= lib.cores || !control) return 0;
+    return vload(&control->cores[core].tasks_completed);
+}
+
+extern "C" uint64_t aiodlaStandinCoreBusyNs(uint64_t core) {
+    Library& lib = library();
+    Control* control = control_if_any(lib);
+    if (core >= lib.cores || !control) return 0;
+    return vload(&control->cores[core].busy_ns);
+}
+
+extern "C" void aiodlaStandinLiveHandles(uint64_t* devices, uint64_t* modules,
+                                         uint64_t* registrations) {
+    Library& lib = library();
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    uint64_t registered = 0;
+    for (const auto& entry : lib.devices) registered += entry.second.registrations.size();
+    if (devices) *devices = lib.devices.size();
+    if (modules) *modules = lib.modules.size();
+    if (registrations) *registrations = registered;
+}
+
+/* End every gate and hang now (called at interpreter exit, while memory is still mapped):
+ * kernels still waiting finish at once instead of holding the process's exit. */
+extern "C" void aiodlaStandinShutdown(void) {
+    Library& lib = library();
+    Control* control = control_if_any(lib);
+    if (!control) return;
+    for (uint32_t core = 0; core < kMaxCores; ++core) {
+        vstore(&control->cores[core].hold, 0u);
+        vstore(&control->cores[core].hung, 0u);
+    }
+    vstore(&control->shutdown, 1u);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* The parser alone, on the host: cudlaSuccess or cudlaErrorInvalidModule and a sentence. */
+extern "C" int aiodlaStandinCheckLoadable(const void* data, size_t size, char* message,
+                                          size_t messageSize) {
+    ParsedModule parsed;
+    std::string why;
+    const bool ok = parse_loadable(static_cast<const uint8_t*>(data), size, &parsed, &why);
+    if (message && messageSize) {
+        snprintf(message, messageSize, "%s", ok ? "" : why.c_str());
+    }
+    return ok ? cudlaSuccess : cudlaErrorInvalidModule;
+}
+
+/* One task of `data` on host buffers, with the kernel's own element code. */
+extern "C" int aiodlaStandinRunOnHost(const void* data, size_t size, const void* const* inputs,
+                                      void* const* outputs) {
+    ParsedModule parsed;
+    std::string why;
+    if (!parse_loadable(static_cast<const uint8_t*>(data), size, &parsed, &why)) {
+        return cudlaErrorInvalidModule;
+    }
+    if (!inputs || !outputs) return cudlaErrorInvalidParam;
+    const ModuleTable& table = parsed.table;
+    for (uint32_t p = 0; p < table.pairs; ++p) {
+        if (!inputs[p] || !outputs[p]) return cudlaErrorInvalidParam;
+        uint8_t* out = static_cast<uint8_t*>(outputs[p]);
+        zero_buffer(out, table.outputs[p].size, 0, 1);
+        compute_pair(table, p, static_cast<const uint8_t*>(inputs[p]), out, 0, 1);
+    }
+    return cudlaSuccess;
+}
+
+extern "C" void* aiodlaStandinFakeAlloc(size_t size) {
+#ifdef AIODLA_STANDIN_HOST_FAKE
+    /* 256-byte aligned and zeroed, as cudaMalloc memory is aligned */
+    if (size == 0) return nullptr;
+    void* memory = nullptr;
+    if (posix_memalign(&memory, 256, size) != 0) return nullptr;
+    memset(memory, 0, size);
+    std::lock_guard<std::mutex> lock(Platform::allocations_mutex());
+    Platform::allocations()[reinterpret_cast<uintptr_t>(memory)] = size;
+    return memory;
+#else
+    (void)size;
+    return nullptr;  /* real builds register real cudaMalloc memory */
+#endif
+}
+
+extern "C" int aiodlaStandinFakeFree(void* ptr) {
+#ifdef AIODLA_STANDIN_HOST_FAKE
+    std::lock_guard<std::mutex> lock(Platform::allocations_mutex());
+    auto found = Platform::allocations().find(reinterpret_cast<uintptr_t>(ptr));
+    if (found == Platform::allocations().end()) return cudlaErrorInvalidAddress;
+    Platform::allocations().erase(found);
+    free(ptr);
+    return cudlaSuccess;
+#else
+    (void)ptr;
+    return cudlaErrorUnsupportedOperation;
+#endif
+}

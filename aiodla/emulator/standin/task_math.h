@@ -1,0 +1,317 @@
+/* The arithmetic of one emulator-loadable task, shared by the GPU kernel and the host.
+ *
+ * Everything here is __host__ __device__ so the very same code runs in the stand-in's
+ * kernel and in aiodlaStandinRunOnHost, which CI compares with the emulated runtime's
+ * bytes on machines without a GPU. The rules are aiodla/emulator/_format.py's:
+ *
+ * - stored values are read as IEEE binary64 (exact for every element type);
+ * - affine:  y = (scale * x) + bias, two roundings, never a fused multiply-add;
+ * - mean_hw: s = x[0,0] + x[0,1] + ... in row-major (h, then w) order, sequentially;
+ *            m = s / (h * w); y = (scale * m) + bias;
+ * - float outputs round to nearest even straight from binary64 (never via float32 for
+ *   half, which would round twice); integer outputs rint (half to even), saturate, and
+ *   store 0 for NaN;
+ * - element (n, c, h, w) lives at n*s3 + (c/L)*s2 + h*s1 + w*s0 + (c%L)*E, and every
+ *   byte of an output buffer is written: padding lanes, rows, surfaces and tail are 0.
+ *
+ * The sum starts from the first element rather than from +0.0: that is what numpy's
+ * cumsum in aiodla/emulator/_ops.py does, and it differs from "0.0 + ..." only in the
+ * sign of an all-negative-zero sum.
+ *
+ * Elements are read and written byte by byte: strides are byte counts that need not be
+ * multiples of the element size, and a misaligned wide access would be a sticky CUDA
+ * error that kills the whole process's context.
+ */
+#ifndef AIODLA_STANDIN_TASK_MATH_H
+#define AIODLA_STANDIN_TASK_MATH_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#ifdef __CUDACC__
+#define AIODLA_HD __host__ __device__
+#else
+#define AIODLA_HD
+#endif
+
+namespace aiodla_standin {
+
+constexpr uint32_t kMaxPairs = 64;
+constexpr uint32_t kOpAffine = 1;
+constexpr uint32_t kOpMeanHw = 2;
+
+/* cudla.h dataType values. */
+constexpr uint32_t kTypeFloat = 1;
+constexpr uint32_t kTypeHalf = 2;
+constexpr uint32_t kTypeInt16 = 3;
+constexpr uint32_t kTypeInt8 = 4;
+constexpr uint32_t kTypeUint8 = 5;
+constexpr uint32_t kTypeUint16 = 6;
+
+/* One tensor's layout, already validated by the loadable parser. */
+struct TensorLayout {
+    uint64_t size;  /* bytes of the buffer the layout spans, tail included */
+    uint32_t n, c, h, w;
+    uint32_t pixel, line, surface, batch;  /* stride[0..3] in bytes */
+    uint32_t lanes;                        /* pixel / esize */
+    uint32_t type;                         /* cudla dataType */
+    uint32_t esize;                        /* element size in bytes */
+    uint32_t reserved;
+};
+
+/* What the kernel needs of a module: lives in device memory while the module is loaded. */
+struct ModuleTable {
+    uint32_t op;
+    uint32_t pairs;
+    double scale;
+    double bias;
+    TensorLayout inputs[kMaxPairs];
+    TensorLayout outputs[kMaxPairs];
+};
+
+AIODLA_HD inline uint64_t element_offset(const TensorLayout& t, uint64_t n, uint64_t c,
+                                         uint64_t h, uint64_t w) {
+    return n * t.batch + (c / t.lanes) * t.surface + h * t.line + w * t.pixel +
+           (c % t.lanes) * t.esize;
+}
+
+AIODLA_HD inline double dmul(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dmul_rn(a, b);
+#else
+    return a * b;  /* built with -ffp-contract=off, so never fused */
+#endif
+}
+
+AIODLA_HD inline double dadd(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+AIODLA_HD inline double ddiv(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __ddiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
+AIODLA_HD inline uint64_t double_bits(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
+}
+
+AIODLA_HD inline double bits_double(uint64_t bits) {
+    double x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+AIODLA_HD inline float bits_float(uint32_t bits) {
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+AIODLA_HD inline uint32_t float_bits(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
+}
+
+/* IEEE binary16 bits to binary64, exactly. */
+AIODLA_HD inline double half_to_double(uint16_t h) {
+    const uint64_t sign = static_cast<uint64_t>(h >> 15) << 63;
+    const uint32_t exponent = (h >> 10) & 0x1f;
+    const uint64_t mantissa = h & 0x3ff;
+    if (exponent == 0x1f) {  /* inf or NaN: keep the payload's top bits, as numpy does */
+        return bits_double(sign | (0x7ffull << 52) | (mantissa << 42));
+    }
+    if (exponent == 0) {
+        /* zero or subnormal: mantissa * 2^-24, exact in binary64 */
+        const double magnitude = static_cast<double>(mantissa) * 5.9604644775390625e-08;
+        return sign ? -magnitude : magnitude;
+    }
+    return bits_double(sign | (static_cast<uint64_t>(exponent - 15 + 1023) << 52) |
+                       (mantissa << 42));
+}
+
+/* binary64 to binary16 bits, one rounding to nearest even (no detour through float). */
+AIODLA_HD inline uint16_t double_to_half(double x) {
+    const uint64_t bits = double_bits(x);
+    const uint16_t sign = static_cast<uint16_t>((bits >> 48) & 0x8000);
+    const uint32_t exponent = static_cast<uint32_t>((bits >> 52) & 0x7ff);
+    const uint64_t mantissa = bits & ((1ull << 52) - 1);
+    if (exponent == 0x7ff) {
+        if (mantissa == 0) return sign | 0x7c00;
+        /* NaN: keep the payload's top bits and never let it become inf (numpy's rule). */
+        const uint16_t payload = static_cast<uint16_t>(mantissa >> 42);
+        return sign | 0x7c00 | (payload ? payload : 1);
+    }
+    if (exponent == 0) return sign;  /* zero or binary64 subnormal: far below half's range */
+    const int e = static_cast<int>(exponent) - 1023;
+    if (e > 15) return sign | 0x7c00;
+    if (e >= -14) {
+        uint64_t kept = mantissa >> 42;
+        const uint64_t rest = mantissa & ((1ull << 42) - 1);
+        const uint64_t halfway = 1ull << 41;
+        if (rest > halfway || (rest == halfway && (kept & 1))) kept += 1;
+        /* A carry out of the mantissa bumps the exponent, reaching inf exactly at 65520. */
+        return sign | static_cast<uint16_t>((static_cast<uint64_t>(e + 15) << 10) + kept);
+    }
+    /* Half subnormal: the value is m * 2^(e-52) with m the 53-bit significand, and the
+     * result counts units of 2^-24, so shift m right by 28 - e (>= 43) bits. */
+    const uint64_t significand = mantissa | (1ull << 52);
+    const int shift = 28 - e;
+    if (shift > 53) return sign;  /* below half the smallest subnormal */
+    uint64_t kept = significand >> shift;
+    const uint64_t rest = significand & ((1ull << shift) - 1);
+    const uint64_t halfway = 1ull << (shift - 1);
+    if (rest > halfway || (rest == halfway && (kept & 1))) kept += 1;
+    return sign | static_cast<uint16_t>(kept);  /* kept == 0x400 is the smallest normal */
+}
+
+AIODLA_HD inline float double_to_float(double x) {
+#ifdef __CUDA_ARCH__
+    return __double2float_rn(x);
+#else
+    return static_cast<float>(x);
+#endif
+}
+
+AIODLA_HD inline double round_half_even(double x) {
+    return rint(x);
+}
+
+/* Little-endian bytes at p, element type `type`, to binary64. */
+AIODLA_HD inline double load_element(const uint8_t* p, uint32_t type) {
+    switch (type) {
+        case kTypeFloat: {
+            const uint32_t bits = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                                  (static_cast<uint32_t>(p[2]) << 16) |
+                                  (static_cast<uint32_t>(p[3]) << 24);
+            return static_cast<double>(bits_float(bits));
+        }
+        case kTypeHalf:
+            return half_to_double(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+        case kTypeInt16:
+            return static_cast<double>(static_cast<int16_t>(static_cast<uint16_t>(p[0] | (p[1] << 8))));
+        case kTypeInt8:
+            return static_cast<double>(static_cast<int8_t>(p[0]));
+        case kTypeUint8:
+            return static_cast<double>(p[0]);
+        default: /* kTypeUint16 */
+            return static_cast<double>(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+    }
+}
+
+AIODLA_HD inline int64_t saturate(double x, double low, double high) {
+    if (x != x) return 0;  /* NaN stores 0 */
+    const double r = round_half_even(x);
+    if (r <= low) return static_cast<int64_t>(low);
+    if (r >= high) return static_cast<int64_t>(high);
+    return static_cast<int64_t>(r);
+}
+
+/* binary64 to the element type's bytes at p, by the format's rounding rules. */
+AIODLA_HD inline void store_element(uint8_t* p, uint32_t type, double y) {
+    switch (type) {
+        case kTypeFloat: {
+            const uint32_t bits = float_bits(double_to_float(y));
+            p[0] = static_cast<uint8_t>(bits);
+            p[1] = static_cast<uint8_t>(bits >> 8);
+            p[2] = static_cast<uint8_t>(bits >> 16);
+            p[3] = static_cast<uint8_t>(bits >> 24);
+            return;
+        }
+        case kTypeHalf: {
+            const uint16_t bits = double_to_half(y);
+            p[0] = static_cast<uint8_t>(bits);
+            p[1] = static_cast<uint8_t>(bits >> 8);
+            return;
+        }
+        case kTypeInt16: {
+            const uint16_t v = static_cast<uint16_t>(static_cast<int16_t>(saturate(y, -32768.0, 32767.0)));
+            p[0] = static_cast<uint8_t>(v);
+            p[1] = static_cast<uint8_t>(v >> 8);
+            return;
+        }
+        case kTypeInt8:
+            p[0] = static_cast<uint8_t>(static_cast<int8_t>(saturate(y, -128.0, 127.0)));
+            return;
+        case kTypeUint8:
+            p[0] = static_cast<uint8_t>(saturate(y, 0.0, 255.0));
+            return;
+        default: { /* kTypeUint16 */
+            const uint16_t v = static_cast<uint16_t>(saturate(y, 0.0, 65535.0));
+            p[0] = static_cast<uint8_t>(v);
+            p[1] = static_cast<uint8_t>(v >> 8);
+            return;
+        }
+    }
+}
+
+/* Zero the whole output buffer; worker `index` of `count` takes every count-th chunk.
+ * Registered buffers are 32-byte aligned, so 16-byte stores are safe for the body. */
+AIODLA_HD inline void zero_buffer(uint8_t* out, uint64_t size, uint32_t index, uint32_t count) {
+    const uint64_t chunks = size / 16;
+    const bool aligned = (reinterpret_cast<uintptr_t>(out) % 16) == 0;
+    if (aligned) {
+        for (uint64_t i = index; i < chunks; i += count) {
+            uint64_t* q = reinterpret_cast<uint64_t*>(out + 16 * i);
+            q[0] = 0;
+            q[1] = 0;
+        }
+    } else {
+        for (uint64_t i = index; i < chunks; i += count) {
+            for (int b = 0; b < 16; ++b) out[16 * i + b] = 0;
+        }
+    }
+    for (uint64_t i = chunks * 16 + index; i < size; i += count) out[i] = 0;
+}
+
+/* One input/output pair's elements; call after zero_buffer(out) has finished everywhere. */
+AIODLA_HD inline void compute_pair(const ModuleTable& table, uint32_t pair, const uint8_t* in,
+                                   uint8_t* out, uint32_t index, uint32_t count) {
+    const TensorLayout& src = table.inputs[pair];
+    const TensorLayout& dst = table.outputs[pair];
+    const uint64_t C = src.c, H = src.h, W = src.w;
+    if (table.op == kOpMeanHw) {
+        const uint64_t planes = static_cast<uint64_t>(src.n) * C;
+        const double area = static_cast<double>(H * W);
+        for (uint64_t item = index; item < planes; item += count) {
+            const uint64_t n = item / C, c = item % C;
+            double sum = 0.0;
+            bool first = true;
+            for (uint64_t h = 0; h < H; ++h) {
+                for (uint64_t w = 0; w < W; ++w) {
+                    const double x = load_element(in + element_offset(src, n, c, h, w), src.type);
+                    sum = first ? x : dadd(sum, x);
+                    first = false;
+                }
+            }
+            const double y = dadd(dmul(ddiv(sum, area), table.scale), table.bias);
+            store_element(out + element_offset(dst, n, c, 0, 0), dst.type, y);
+        }
+        return;
+    }
+    const uint64_t total = static_cast<uint64_t>(src.n) * C * H * W;
+    for (uint64_t item = index; item < total; item += count) {
+        const uint64_t w = item % W;
+        const uint64_t h = (item / W) % H;
+        const uint64_t c = (item / (W * H)) % C;
+        const uint64_t n = item / (W * H * C);
+        const double x = load_element(in + element_offset(src, n, c, h, w), src.type);
+        const double y = dadd(dmul(x, table.scale), table.bias);
+        store_element(out + element_offset(dst, n, c, h, w), dst.type, y);
+    }
+}
+
+}  // namespace aiodla_standin
+
+#endif /* AIODLA_STANDIN_TASK_MATH_H */

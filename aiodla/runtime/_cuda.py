@@ -1,0 +1,350 @@
+"""The CUDA runtime: cuDLA hybrid mode through ``cuda.bindings.cudla`` and ``.runtime``.
+
+It drives the real ``libcudla.so.1`` on a Jetson, or aiodla's GPU stand-in on any
+NVIDIA GPU, in the order of NVIDIA's cuDLAHybridMode sample: make the CUDA device
+current, create the DLA device in ``CUDA_DLA`` mode, load the loadable, read its tensor
+descriptors, ``cudaMalloc`` and register the buffers, build one ``cudla.Task`` per slot,
+and submit it into a CUDA stream between the slot's copies.
+
+Conventions (see ``_protocol``): handles are plain ints. cuDLA failures raise
+``cudla.CudlaError`` with ``.status``; a status outside ``cudla.Status`` (which the
+bindings cannot even turn into a ``CudlaError``: they raise ``ValueError``) becomes
+:class:`UnknownCudlaStatusError`, still a ``CudlaError``. CUDA failures raise
+:class:`CudaCallError` naming the call and the error; ``cudaErrorNotReady`` from an
+event query is "not done yet", not an error.
+
+This module and the stand-in's build are the only places that touch
+``cuda.bindings.runtime``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+from cuda.bindings import cudla
+from cuda.bindings import runtime as _rt
+
+from .._tensors import TensorDescriptor
+from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer
+
+__all__ = ["CudaRuntime", "UnknownCudlaStatusError", "check_cuda", "probe"]
+
+_T = TypeVar("_T")
+
+_SUCCESS = 0
+_NOT_READY = 600
+_INVALID_VALUE = 1
+_INVALID_PARAM = 1  # cudlaErrorInvalidParam
+_UINT32_MAX = 0xFFFFFFFF
+_NOT_A_STATUS = re.compile(r"^\s*(-?\d+) is not a valid")
+
+NO_LIBCUDLA = "no cuDLA runtime (libcudla.so.1) was found"
+
+
+class UnknownCudlaStatusError(cudla.CudlaError):  # type: ignore[misc]
+    """A cuDLA call returned a status that ``cudla.Status`` does not define."""
+
+    def __init__(self, status: int, call: str) -> None:
+        # CudlaError.__init__ looks the status up in cudla.Status and would raise
+        # ValueError, so set what it sets without calling it.
+        Exception.__init__(self, f"{call} failed with cudlaStatus {status} (not in cudla.Status)")
+        self.status = int(status)
+        self.call = call
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.call))
+
+
+class InvalidCudlaArgumentError(cudla.CudlaError):  # type: ignore[misc]
+    """A value the C signature cannot carry (e.g. a timeout beyond uint32): InvalidParam."""
+
+    def __init__(self, call: str, detail: str) -> None:
+        super().__init__(int(cudla.Status(_INVALID_PARAM)))
+        self.call = call
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}: {self.call}: {self.detail}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.detail))
+
+
+def _cudla_call(call: str, function: Callable[..., _T], *args: Any) -> _T:
+    """Call a ``cuda.bindings.cudla`` function; a status outside ``cudla.Status`` surfaces
+    from the bindings as ``ValueError``, which becomes :class:`UnknownCudlaStatusError`."""
+    try:
+        return function(*args)
+    except cudla.CudlaError:
+        raise
+    except ValueError as exc:
+        match = _NOT_A_STATUS.match(str(exc))
+        if match is None:
+            raise
+        raise UnknownCudlaStatusError(int(match.group(1)), call) from None
+
+
+def _error_name(error: Any) -> str:
+    name = getattr(error, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    return CUDA_ERROR_NAMES.get(int(error), f"cudaError {int(error)}")
+
+
+def cuda_error(call: str, error: Any) -> CudaCallError:
+    """The :class:`CudaCallError` for ``error`` (a ``cudaError_t`` or its int) in ``call``."""
+    return CudaCallError(call, int(error), _error_name(error))
+
+
+def check_cuda(call: str, result: Any) -> Any:
+    """Unwrap a ``cuda.bindings.runtime`` result: ``(err,)`` gives None, ``(err, value)``
+    gives value, longer tuples the rest as a tuple; a failing ``err`` raises
+    :class:`CudaCallError` naming ``call`` and the error."""
+    error = result[0]
+    if error != _SUCCESS:
+        raise cuda_error(call, error)
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return tuple(result[1:])
+
+
+def probe() -> tuple[bool, str]:
+    """Can this machine's cuDLA drive at least one DLA core? ``(usable, reason)``.
+
+    Never raises: the reason says, for a person, what is missing ("no cuDLA runtime
+    (libcudla.so.1) was found", no CUDA device, ...) or what was found.
+    """
+    try:
+        try:
+            cores = int(_cudla_call("cudlaDeviceGetCount", cudla.device_get_count))
+        except Exception as exc:
+            if _is_not_found(exc):
+                return False, NO_LIBCUDLA
+            return False, f"libcudla.so.1 could not be used: {exc}"
+        if cores < 1:
+            return False, "libcudla.so.1 reports no DLA cores"
+        error, devices = _rt.cudaGetDeviceCount()[:2]
+        if error != _SUCCESS:
+            return False, f"cuDLA hybrid mode needs a CUDA device: {_error_name(error)}"
+        if devices < 1:
+            return False, "cuDLA hybrid mode needs a CUDA device, and none was found"
+        return True, f"libcudla.so.1 reports {cores} DLA core{'s' if cores != 1 else ''}"
+    except Exception as exc:  # never raise: "auto" must always get an answer
+        return False, f"probing cuDLA failed: {type(exc).__name__}: {exc}"
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    try:
+        from cuda.pathfinder import DynamicLibNotFoundError
+    except ImportError:  # an older pathfinder: recognise it by name
+        return type(exc).__name__ == "DynamicLibNotFoundError"
+    return isinstance(exc, DynamicLibNotFoundError)
+
+
+class CudaRuntime:
+    """cuDLA hybrid mode and the CUDA calls aiodla needs, on CUDA device ``device``.
+
+    Creating it calls nothing; :meth:`make_current` (which the engine calls on each of
+    its threads) sets the device. Every cuDLA call works in the CUDA context current
+    on the calling thread, as cuDLA's hybrid mode requires.
+    """
+
+    name = "cuda"
+
+    def __init__(self, device: int = 0) -> None:
+        if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+            from .._errors import ConfigurationError
+
+            raise ConfigurationError(f"{device=} must be a CUDA device index >= 0")
+        self.device = device
+        self._lock = threading.Lock()
+        self._host_buffers: dict[int, HostBuffer] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<CudaRuntime device={self.device}>"
+
+    # -- discovery ---------------------------------------------------------------------
+
+    def version(self) -> int:
+        return int(_cudla_call("cudlaGetVersion", cudla.get_version))
+
+    def device_count(self) -> int:
+        return int(_cudla_call("cudlaDeviceGetCount", cudla.device_get_count))
+
+    def make_current(self) -> None:
+        check_cuda("cudaSetDevice", _rt.cudaSetDevice(self.device))
+
+    # -- cuDLA -------------------------------------------------------------------------
+
+    def create_device(self, core: int) -> int:
+        # Hybrid mode binds the DLA handle to the CUDA context current now.
+        self.make_current()
+        return int(
+            _cudla_call("cudlaCreateDevice", cudla.create_device, core, int(cudla.Mode.CUDA_DLA))
+        )
+
+    def destroy_device(self, device: int) -> None:
+        _cudla_call("cudlaDestroyDevice", cudla.destroy_device, device)
+
+    def load_module(self, device: int, loadable: bytes) -> int:
+        blob = bytes(loadable)
+        return int(
+            _cudla_call(
+                "cudlaModuleLoadFromMemory",
+                cudla.module_load_from_memory,
+                device,
+                blob,
+                len(blob),
+                0,
+            )
+        )
+
+    def unload_module(self, module: int) -> None:
+        _cudla_call("cudlaModuleUnload", cudla.module_unload, module, 0)
+
+    def module_tensors(
+        self, module: int
+    ) -> tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]:
+        kinds = cudla.ModuleAttributeType
+        result = []
+        for attribute in (kinds.INPUT_TENSOR_DESCRIPTORS, kinds.OUTPUT_TENSOR_DESCRIPTORS):
+            # The bindings query the count, size the array and copy each record out.
+            records = _cudla_call(
+                "cudlaModuleGetAttributes", cudla.module_get_attributes, module, int(attribute)
+            )
+            result.append(tuple(TensorDescriptor.from_cudla(record) for record in records))
+        return result[0], result[1]
+
+    def mem_register(self, device: int, ptr: int, nbytes: int) -> int:
+        return int(_cudla_call("cudlaMemRegister", cudla.mem_register, device, ptr, nbytes, 0))
+
+    def mem_unregister(self, device: int, registered: int) -> None:
+        _cudla_call("cudlaMemUnregister", cudla.mem_unregister, device, registered)
+
+    def make_task(self, module: int, inputs: Sequence[int], outputs: Sequence[int]) -> Any:
+        for pointer in (*inputs, *outputs):
+            if type(pointer) is not int:
+                raise TypeError(
+                    f"tensor pointers must be Python ints, got {type(pointer).__name__}"
+                )
+        task = cudla.Task()
+        task.module_handle = module
+        # The Task keeps these pointer arrays alive for as long as it lives.
+        task.input_tensor = list(inputs)
+        task.output_tensor = list(outputs)
+        task.wait_events = 0
+        task.signal_events = 0
+        return task
+
+    def submit_task(self, device: int, task: Any, stream: int) -> None:
+        # task.ptr: the cudlaTask's address; every bindings release takes it as an int.
+        _cudla_call("cudlaSubmitTask", cudla.submit_task, device, task.ptr, 1, stream, 0)
+
+    def get_last_error(self, device: int) -> int:
+        return int(cudla.get_last_error(device))
+
+    def set_task_timeout(self, device: int, milliseconds: int) -> None:
+        if not 0 <= milliseconds <= _UINT32_MAX:
+            raise InvalidCudlaArgumentError(
+                "cudlaSetTaskTimeoutInMs", f"{milliseconds} ms does not fit in 32 bits"
+            )
+        _cudla_call("cudlaSetTaskTimeoutInMs", cudla.set_task_timeout_in_ms, device, milliseconds)
+
+    # -- CUDA --------------------------------------------------------------------------
+
+    def create_stream(self) -> int:
+        stream = check_cuda(
+            "cudaStreamCreateWithFlags", _rt.cudaStreamCreateWithFlags(_rt.cudaStreamNonBlocking)
+        )
+        return int(stream)
+
+    def destroy_stream(self, stream: int) -> None:
+        check_cuda("cudaStreamDestroy", _rt.cudaStreamDestroy(stream))
+
+    def synchronize_stream(self, stream: int) -> None:
+        check_cuda("cudaStreamSynchronize", _rt.cudaStreamSynchronize(stream))
+
+    def create_event(self) -> int:
+        event = check_cuda(
+            "cudaEventCreateWithFlags", _rt.cudaEventCreateWithFlags(_rt.cudaEventDisableTiming)
+        )
+        return int(event)
+
+    def destroy_event(self, event: int) -> None:
+        check_cuda("cudaEventDestroy", _rt.cudaEventDestroy(event))
+
+    def record_event(self, event: int, stream: int) -> None:
+        check_cuda("cudaEventRecord", _rt.cudaEventRecord(event, stream))
+
+    def query_event(self, event: int) -> bool:
+        error = _rt.cudaEventQuery(event)[0]
+        if error == _SUCCESS:
+            return True
+        if error == _NOT_READY:
+            return False
+        raise cuda_error("cudaEventQuery", error)
+
+    def malloc(self, nbytes: int) -> int:
+        if nbytes <= 0:
+            # cudaMalloc(0) "succeeds" with a null pointer; no caller means that.
+            raise CudaCallError("cudaMalloc", _INVALID_VALUE)
+        return int(check_cuda("cudaMalloc", _rt.cudaMalloc(nbytes)))
+
+    def free(self, ptr: int) -> None:
+        check_cuda("cudaFree", _rt.cudaFree(ptr))
+
+    def host_alloc(self, nbytes: int) -> HostBuffer:
+        if nbytes <= 0:
+            raise CudaCallError("cudaHostAlloc", _INVALID_VALUE)
+        pointer = int(
+            check_cuda("cudaHostAlloc", _rt.cudaHostAlloc(nbytes, _rt.cudaHostAllocPortable))
+        )
+        storage = (ctypes.c_ubyte * nbytes).from_address(pointer)
+        buffer = HostBuffer(pointer, np.ctypeslib.as_array(storage))
+        with self._lock:
+            self._host_buffers[pointer] = buffer
+        return buffer
+
+    def host_free(self, buffer: HostBuffer) -> None:
+        # Freeing pinned memory twice would corrupt the driver's tables; refuse instead.
+        with self._lock:
+            if self._host_buffers.get(buffer.ptr) is not buffer:
+                raise CudaCallError("cudaFreeHost", _INVALID_VALUE)
+            del self._host_buffers[buffer.ptr]
+        check_cuda("cudaFreeHost", _rt.cudaFreeHost(buffer.ptr))
+
+    def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None:
+        if not 0 < nbytes <= src.nbytes:
+            raise CudaCallError("cudaMemcpyAsync", _INVALID_VALUE)
+        check_cuda(
+            "cudaMemcpyAsync",
+            _rt.cudaMemcpyAsync(
+                dst, src.ptr, nbytes, _rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream
+            ),
+        )
+
+    def copy_to_host(self, dst: HostBuffer, src: int, nbytes: int, stream: int) -> None:
+        if not 0 < nbytes <= dst.nbytes:
+            raise CudaCallError("cudaMemcpyAsync", _INVALID_VALUE)
+        check_cuda(
+            "cudaMemcpyAsync",
+            _rt.cudaMemcpyAsync(
+                dst.ptr, src, nbytes, _rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream
+            ),
+        )
+
+    def close(self) -> None:
+        """Nothing to stop: the CUDA runtime holds no threads of its own. Idempotent.
+
+        Handles the engine created are the engine's to release; pinned buffers still
+        allocated here stay valid (the engine frees them in its close).
+        """
+        self._closed = True

@@ -1,0 +1,162 @@
+"""A host-only stand-in for the parts of ``cuda.bindings.runtime`` that aiodla uses.
+
+For dry runs of tests/gpu on machines without a GPU (``AIODLA_GPU_TESTS=host-fake``):
+paired with the host-fake build of the cuDLA stand-in, which runs each task on the
+submitting thread, every call completes before it returns, so streams are plain
+numbers, events are always complete, and copies are ``memmove``. Results have the
+shapes of the real bindings' results: ``(cudaError_t,)`` or ``(cudaError_t, value)``.
+
+It proves the test and runtime *logic* (handle flow, bytes, error mapping); anything
+about concurrency, timing or the GPU itself needs the real run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+from typing import Any
+
+from cuda.bindings import runtime as _real
+
+from aiodla.emulator._standin import StandinControls
+
+cudaError_t = _real.cudaError_t
+cudaMemcpyKind = _real.cudaMemcpyKind
+cudaDeviceAttr = _real.cudaDeviceAttr
+cudaStreamNonBlocking = _real.cudaStreamNonBlocking
+cudaEventDisableTiming = _real.cudaEventDisableTiming
+cudaEventBlockingSync = _real.cudaEventBlockingSync
+cudaHostAllocPortable = _real.cudaHostAllocPortable
+cudaHostAllocDefault = _real.cudaHostAllocDefault
+
+_OK = cudaError_t.cudaSuccess
+_INVALID_VALUE = cudaError_t.cudaErrorInvalidValue
+_INVALID_DEVICE = cudaError_t.cudaErrorInvalidDevice
+_INVALID_HANDLE = cudaError_t.cudaErrorInvalidResourceHandle
+_NO_MEMORY = cudaError_t.cudaErrorMemoryAllocation
+
+_MAX_FAKE_ALLOCATION = 1 << 32
+
+
+class HostFakeRuntime:
+    """Module-like object: assign it to ``aiodla.runtime._cuda._rt``."""
+
+    cudaError_t = cudaError_t
+    cudaMemcpyKind = cudaMemcpyKind
+    cudaDeviceAttr = cudaDeviceAttr
+    cudaStreamNonBlocking = cudaStreamNonBlocking
+    cudaEventDisableTiming = cudaEventDisableTiming
+    cudaEventBlockingSync = cudaEventBlockingSync
+    cudaHostAllocPortable = cudaHostAllocPortable
+    cudaHostAllocDefault = cudaHostAllocDefault
+
+    def __init__(self, controls: StandinControls) -> None:
+        self._controls = controls
+        self._ids = itertools.count(0x5000)
+        self._lock = threading.Lock()
+        self.streams: set[int] = set()
+        self.events: set[int] = set()
+        self.device_memory: set[int] = set()
+        self.host_memory: dict[int, Any] = {}
+
+    def _new(self, table: set[int]) -> int:
+        with self._lock:
+            handle = next(self._ids)
+            table.add(handle)
+            return handle
+
+    @staticmethod
+    def _drop(table: set[int], handle: int) -> tuple[Any]:
+        if handle not in table:
+            return (_INVALID_HANDLE,)
+        table.discard(handle)
+        return (_OK,)
+
+    # -- devices ---------------------------------------------------------------------
+
+    def cudaGetDeviceCount(self) -> tuple[Any, int]:
+        return (_OK, 1)
+
+    def cudaSetDevice(self, device: int) -> tuple[Any]:
+        return (_OK,) if device == 0 else (_INVALID_DEVICE,)
+
+    def cudaDeviceSynchronize(self) -> tuple[Any]:
+        return (_OK,)
+
+    def cudaDeviceGetAttribute(self, attribute: Any, device: int) -> tuple[Any, int]:
+        return (_OK, 0)
+
+    # -- streams and events ----------------------------------------------------------
+
+    def cudaStreamCreateWithFlags(self, flags: int) -> tuple[Any, int]:
+        return (_OK, self._new(self.streams))
+
+    def cudaStreamDestroy(self, stream: int) -> tuple[Any]:
+        return self._drop(self.streams, int(stream))
+
+    def cudaStreamSynchronize(self, stream: int) -> tuple[Any]:
+        return (_OK,) if int(stream) in self.streams or int(stream) == 0 else (_INVALID_HANDLE,)
+
+    def cudaEventCreateWithFlags(self, flags: int) -> tuple[Any, int]:
+        return (_OK, self._new(self.events))
+
+    def cudaEventDestroy(self, event: int) -> tuple[Any]:
+        return self._drop(self.events, int(event))
+
+    def cudaEventRecord(self, event: int, stream: int) -> tuple[Any]:
+        return (_OK,) if int(event) in self.events else (_INVALID_HANDLE,)
+
+    def cudaEventQuery(self, event: int) -> tuple[Any]:
+        return (_OK,) if int(event) in self.events else (_INVALID_HANDLE,)
+
+    def cudaEventSynchronize(self, event: int) -> tuple[Any]:
+        return self.cudaEventQuery(event)
+
+    # -- memory ----------------------------------------------------------------------
+
+    def cudaMalloc(self, nbytes: int) -> tuple[Any, int]:
+        if nbytes <= 0:
+            return (_OK, 0)
+        if nbytes > _MAX_FAKE_ALLOCATION:
+            return (_NO_MEMORY, 0)
+        pointer = self._controls.fake_alloc(nbytes)
+        with self._lock:
+            self.device_memory.add(pointer)
+        return (_OK, pointer)
+
+    def cudaFree(self, pointer: int) -> tuple[Any]:
+        with self._lock:
+            if pointer not in self.device_memory:
+                return (_INVALID_VALUE,)
+            self.device_memory.discard(pointer)
+        self._controls.fake_free(pointer)
+        return (_OK,)
+
+    def cudaHostAlloc(self, nbytes: int, flags: int) -> tuple[Any, int]:
+        storage = (ctypes.c_ubyte * (nbytes + 64))()
+        pointer = ctypes.addressof(storage)
+        pointer += -pointer % 64
+        with self._lock:
+            self.host_memory[pointer] = storage
+        return (_OK, pointer)
+
+    def cudaFreeHost(self, pointer: int) -> tuple[Any]:
+        with self._lock:
+            if self.host_memory.pop(pointer, None) is None:
+                return (_INVALID_VALUE,)
+        return (_OK,)
+
+    def cudaMemcpyAsync(
+        self, dst: int, src: int, nbytes: int, kind: Any, stream: int
+    ) -> tuple[Any]:
+        ctypes.memmove(dst, src, nbytes)
+        return (_OK,)
+
+    def live(self) -> dict[str, int]:
+        return {
+            "streams": len(self.streams),
+            "events": len(self.events),
+            "device_memory": len(self.device_memory),
+            "host_memory": len(self.host_memory),
+        }
