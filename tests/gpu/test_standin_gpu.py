@@ -120,7 +120,7 @@ class TestValidation:
             )
             assert status_of(runtime.mem_register, setup.device, pointer, 0) == INVALID_ADDRESS
             assert (
-                status_of(runtime.mem_register, setup.device, pointer, 4096 + 32) == INVALID_ADDRESS
+                status_of(runtime.mem_register, setup.device, pointer, 2 * 4096) == INVALID_ADDRESS
             )
             host = runtime.host_alloc(4096)
             try:

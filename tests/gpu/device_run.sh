@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# One run on the GPU machine: versions, the stand-in build, tests/gpu with coverage of
+# aiodla/runtime/_cuda.py, then the GPU benchmark. Run from the repository root:
+#
+#     bash tests/gpu/device_run.sh
+#
+# Everything worth keeping goes under $OUT (default ./device-out): the build log, the
+# pytest log and JUnit XML, the coverage reports, the benchmark's JSON and log.
+# A failing step never stops the later ones; the summary at the end says what failed.
+# Bounded to about 8 minutes in all (each step has its own time limit).
+
+set -u
+set -o pipefail
+export PYTHONUNBUFFERED=1
+
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+REPO="$PWD"
+STANDIN_DIR=/tmp/aiodla-standin
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export COVERAGE_FILE=/tmp/aiodla-gpu.coverage
+declare -A STATUS
+
+step() {  # step NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, remember the exit code
+    local name="$1" limit="$2"
+    shift 2
+    echo
+    echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s) ==="
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    local rc=$?
+    STATUS[$name]=$rc
+    echo "=== $name: exit $rc"
+}
+
+echo "=== versions"
+{
+    python3 --version
+    python3 -c "import cuda.bindings, numpy; print('cuda-bindings', cuda.bindings.__version__); print('numpy', numpy.__version__)"
+    python3 -c "import pytest; print('pytest', pytest.__version__)"
+    nvcc --version | tail -n 2
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+} 2>&1 | tee "$OUT/versions.log"
+
+if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
+    echo "=== installing carried wheels: $(ls .whl)"
+    if python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; then
+        export PYTHONPATH="$PYTHONPATH:/tmp/site"
+        STATUS[wheels]=0
+    else
+        STATUS[wheels]=1
+    fi
+fi
+
+step build 240 python3 -m aiodla.emulator.standin_build "$STANDIN_DIR"
+if [ "${STATUS[build]}" = 0 ] && [ -f "$STANDIN_DIR/libcudla.so.1" ]; then
+    export AIODLA_STANDIN_LIB="$STANDIN_DIR/libcudla.so.1"  # tests and benchmark reuse it
+fi
+
+# pyproject's addopts carry --strict-config and pytest-timeout's `timeout` key: without
+# that plugin here, drop them rather than fail on configuration.
+PYTEST_ARGS=(-p no:cacheprovider -rA)
+if python3 -c "import pytest_timeout" 2> /dev/null; then
+    PYTEST_ARGS+=(--timeout=240)
+else
+    PYTEST_ARGS+=(-o "addopts=-ra --strict-markers" -W "ignore::pytest.PytestConfigWarning")
+fi
+step pytest 330 python3 -m pytest tests/gpu "${PYTEST_ARGS[@]}" \
+    --junitxml="$OUT/pytest-gpu.xml" \
+    --cov=aiodla --cov-branch --cov-report=term-missing:skip-covered \
+    --cov-report=xml:"$OUT/coverage.xml"
+python3 -m coverage report -m --include='aiodla/runtime/_cuda.py' 2>&1 | tee "$OUT/coverage-cuda.txt"
+python3 -m coverage report -m --include='aiodla/*' > "$OUT/coverage-all.txt" 2>&1
+
+step bench 200 python3 benchmarks/bench_gpu.py "$OUT/bench-gpu.json"
+
+echo
+echo "=== summary"
+for name in wheels build pytest bench; do
+    [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
+done
+echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" | tail -n 1)"
+echo "_cuda.py: $(grep -E 'aiodla/runtime/_cuda.py' "$OUT/coverage-cuda.txt" | tail -n 1)"
+grep -E 'x ideal|aiodla p50 / floor' "$OUT/bench.log" 2> /dev/null | sed 's/^/bench:  /'
+echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
