@@ -13,7 +13,11 @@ Build it once with one command::
 How loading works: ``cuda.bindings.cudla`` resolves each entry point with
 ``dlsym(RTLD_DEFAULT, ...)`` first, and only then asks ``cuda.pathfinder``, which in turn
 returns any library already loaded under the SONAME ``libcudla.so.1``
-(``dlopen(..., RTLD_NOLOAD)``). Loading the stand-in with ``RTLD_GLOBAL`` satisfies both.
+(``dlopen("libcudla.so.1", RTLD_NOLOAD)``, which matches a loaded object's SONAME even
+when it was opened by path and ``RTLD_LOCAL``). Loading the stand-in with
+``RTLD_GLOBAL`` satisfies both. The flip side: once any library with that SONAME is in
+a process, that process's cuDLA is the stand-in; aiodla's own CPU tests load the real
+build only in subprocesses, and the CPU-only ``host_fake`` build under another SONAME.
 
 The C runtime is linked statically (``-cudart static``): the library then needs no
 ``libcudart.so`` on the loader path, loads (for its host-only helpers) on machines with

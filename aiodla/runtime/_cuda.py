@@ -13,8 +13,8 @@ bindings cannot even turn into a ``CudlaError``: they raise ``ValueError``) beco
 :class:`CudaCallError` naming the call and the error; ``cudaErrorNotReady`` from an
 event query is "not done yet", not an error.
 
-This module and the stand-in's build are the only places that touch
-``cuda.bindings.runtime``.
+Within the package, this module and the stand-in's build are the only places that
+touch ``cuda.bindings.runtime``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,15 @@ from cuda.bindings import runtime as _rt
 from .._tensors import TensorDescriptor
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer
 
-__all__ = ["CudaRuntime", "UnknownCudlaStatusError", "check_cuda", "probe"]
+__all__ = [
+    "NO_LIBCUDLA",
+    "CudaRuntime",
+    "InvalidCudlaArgumentError",
+    "UnknownCudlaStatusError",
+    "check_cuda",
+    "cuda_error",
+    "probe",
+]
 
 _T = TypeVar("_T")
 
