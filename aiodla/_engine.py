@@ -137,6 +137,7 @@ class Engine:
         self._offload_unpack = False
         self._closed = asyncio.Event()
         self._open_done = asyncio.Event()
+        self._closing: asyncio.Future[None] | None = None
         self._drained: asyncio.Event | None = None
         self._latency = LatencyWindow(self._options.latency_window)
         self._submitted = 0
@@ -204,8 +205,9 @@ class Engine:
         try:
             await anyio.to_thread.run_sync(self._open_blocking)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._release_blocking, ())
+            # Release in a thread of its own that a second cancellation cannot stop.
+            await asyncio.shield(asyncio.ensure_future(
+                anyio.to_thread.run_sync(self._release_blocking, ())))
             self._state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
@@ -370,47 +372,49 @@ class Engine:
         do not finish in time fail with it too. A core whose task never finished (hung)
         keeps its memory and device handle, since the DLA may still write there.
 
-        Cancellation: closing is shielded; it always completes.
+        Cancellation: closing runs in its own task; cancelling ``aclose`` stops the
+        wait, not the close, and a later ``aclose`` waits for the same close.
         """
         if self._state is EngineState.NEW:
             self._state = EngineState.CLOSED
             self._closed.set()
             return
         if self._state is EngineState.OPENING:
-            with anyio.CancelScope(shield=True):
-                await self._open_done.wait()
-        if self._state in (EngineState.CLOSING, EngineState.CLOSED):
-            with anyio.CancelScope(shield=True):
-                await self._closed.wait()
-            return
+            await asyncio.shield(self._open_done.wait())
+        if self._closing is None:
+            if self._state is EngineState.CLOSED:  # the open failed and cleaned up
+                return
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         self._state = EngineState.CLOSING
-        with anyio.CancelScope(shield=True):
-            for request in self._scheduler.drain():
+        for request in self._scheduler.drain():
+            self._finish(request, error=EngineClosedError(
+                "the engine was closed while the request waited"))
+        if not self.dead and self._scheduler.idle_slots < len(self._slots):
+            self._drained = asyncio.Event()
+            with anyio.move_on_after(self._options.close_timeout):
+                await self._drained.wait()
+        hung = tuple(sorted({s.core.core for s in self._slots if s not in s.core.idle}))
+        for slot in self._slots:
+            request = slot.request
+            if request is not None and request.state is not RequestState.DONE:
                 self._finish(request, error=EngineClosedError(
-                    "the engine was closed while the request waited"))
-            if not self.dead and self._scheduler.idle_slots < len(self._slots):
-                self._drained = asyncio.Event()
-                with anyio.move_on_after(self._options.close_timeout):
-                    await self._drained.wait()
-            hung = tuple(sorted({s.core.core for s in self._slots if s not in s.core.idle}))
-            for slot in self._slots:
-                request = slot.request
-                if request is not None and request.state is not RequestState.DONE:
-                    self._finish(request, error=EngineClosedError(
-                        "the engine was closed before the DLA finished the request"))
-            poller = self._poller
-            if poller is not None:
-                poller.stop()
-                await anyio.to_thread.run_sync(poller.join)
-            if hung and not self.dead:
-                logger.warning(
-                    "aiodla: core(s) %s still had tasks running at close; their memory "
-                    "and device handles are left allocated", hung
-                )
-            await anyio.to_thread.run_sync(self._release_blocking, () if self.dead else hung)
-            self._state = EngineState.CLOSED
-            self._closed.set()
-            logger.debug("aiodla: closed %r", self)
+                    "the engine was closed before the DLA finished the request"))
+        poller = self._poller
+        if poller is not None:
+            poller.stop()
+            await anyio.to_thread.run_sync(poller.join)
+        if hung and not self.dead:
+            logger.warning(
+                "aiodla: core(s) %s still had tasks running at close; their memory "
+                "and device handles are left allocated", hung
+            )
+        await anyio.to_thread.run_sync(self._release_blocking, () if self.dead else hung)
+        self._state = EngineState.CLOSED
+        self._closed.set()
+        logger.debug("aiodla: closed %r", self)
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         state = getattr(self, "_state", EngineState.CLOSED)

@@ -16,6 +16,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from ._scheduler import Slot
@@ -48,8 +49,10 @@ class Poller:
     ) -> None:
         self._runtime = runtime
         self._loop = loop
-        self._deliver = deliver
-        self._fail = fail
+        # Weak: the thread must not keep a dropped engine alive (it could never warn
+        # that it was not closed, and the thread would run forever).
+        self._deliver = weakref.WeakMethod(deliver)  # type: ignore[arg-type]
+        self._fail = weakref.WeakMethod(fail)  # type: ignore[arg-type]
         self._pause = pause
         self._incoming: collections.deque[Slot] = collections.deque()
         self._wake = threading.Event()
@@ -82,7 +85,11 @@ class Poller:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def _post(self, callback: Callable[..., None], argument: object) -> None:
+    def _post(self, target: weakref.WeakMethod[Callable[..., None]], argument: object) -> None:
+        callback = target()
+        if callback is None:  # the engine was dropped
+            self._stopping = True
+            return
         try:
             self._loop.call_soon_threadsafe(callback, argument)
         except RuntimeError:  # the loop is closed: nobody is left to tell

@@ -42,7 +42,8 @@ class EngineStatistics:
     ``submitted`` counts requests admitted to the queue; each ends as exactly one of
     ``completed``, ``failed``, ``cancelled`` or ``timed_out`` — or is still ``queued``
     or ``in_flight``. ``rejected`` counts ``infer_nowait`` calls refused for a full queue;
-    they were never submitted.
+    they were never submitted. A request whose result was ready when its caller was
+    cancelled counts as completed.
     """
 
     state: str

@@ -1,0 +1,45 @@
+"""Models and helpers the tests share (imported as ``support``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from aiodla import TensorSpec
+from aiodla.emulator import make_loadable
+
+X = TensorSpec("x", (1, 3, 8, 8), "float16", "chw16")
+Y = TensorSpec("y", (1, 3, 8, 8), "float32", "nchw")
+
+
+def affine_model(latency: float = 0.001, *, scale: float = 2.0, bias: float = 0.5) -> bytes:
+    """One float16 CHW16 input, one float32 output: y = scale * x + bias."""
+    return make_loadable([X], [Y], "affine", latency, scale=scale, bias=bias)
+
+
+def two_pair_model(latency: float = 0.001) -> bytes:
+    """Two inputs and two outputs, mean over H and W."""
+    inputs = [TensorSpec("a", (1, 4, 6, 6), "float16", "chw16"),
+              TensorSpec("b", (2, 3, 5, 7), "float32", "nhwc")]
+    outputs = [TensorSpec("mean_a", (1, 4, 1, 1), "float32", "nchw"),
+               TensorSpec("mean_b", (2, 3, 1, 1), "float16", "nchw")]
+    return make_loadable(inputs, outputs, "mean_hw", latency, scale=3.0, bias=-1.0)
+
+
+def expected_affine(x: np.ndarray[Any, Any], scale: float = 2.0, bias: float = 0.5) -> np.ndarray[Any, Any]:
+    """What the affine model returns for ``x``, computed independently of aiodla."""
+    stored = x.astype(np.float16).astype(np.float64)
+    return (stored * scale + bias).astype(np.float32)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Yield to the loop until ``predicate()`` holds; fail the test after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.001)

@@ -1,0 +1,302 @@
+"""The engine end to end on the emulated runtime: results, inputs, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import aiodla
+from aiodla import (
+    AiodlaError,
+    ConfigurationError,
+    EmulatedRuntime,
+    Engine,
+    EngineClosedError,
+    EngineState,
+    InputTypeError,
+    InputValueError,
+    ModelError,
+    RuntimeUnavailableError,
+    TensorSpec,
+)
+from aiodla.emulator import make_loadable
+from support import X, affine_model, expected_affine, two_pair_model
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+class TestResults:
+    @pytest.mark.loop_variants
+    @pytest.mark.asyncio
+    async def test_single_input_returns_array(self, engine: Engine) -> None:
+        x = rng().standard_normal(X.shape).astype(np.float32)
+        y = await engine.infer(x)
+        assert isinstance(y, np.ndarray)
+        assert y.dtype == np.float32 and y.shape == X.shape
+        np.testing.assert_array_equal(y, expected_affine(x))
+
+    @pytest.mark.asyncio
+    async def test_results_are_fresh_arrays(self, engine: Engine) -> None:
+        x = np.ones(X.shape, np.float32)
+        first = await engine.infer(x)
+        second = await engine.infer(x * 3)
+        assert first.base is None or not np.shares_memory(first, second)
+        first[...] = 0  # writing a result harms nothing else
+        np.testing.assert_array_equal(second, expected_affine(x * 3))
+        np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
+
+    @pytest.mark.asyncio
+    async def test_several_inputs_and_outputs(self, runtime: EmulatedRuntime) -> None:
+        async with Engine(two_pair_model(), runtime=runtime) as engine:
+            assert [s.name for s in engine.inputs] == ["a", "b"]
+            assert [s.name for s in engine.outputs] == ["mean_a", "mean_b"]
+            a = rng(1).standard_normal((1, 4, 6, 6)).astype(np.float16)
+            b = rng(2).standard_normal((2, 3, 5, 7)).astype(np.float32)
+            out = await engine.infer({"a": a, "b": b})
+        assert set(out) == {"mean_a", "mean_b"}
+        assert out["mean_a"].dtype == np.float32 and out["mean_b"].dtype == np.float16
+        expect_a = a.astype(np.float64).mean(axis=(2, 3), keepdims=True) * 3.0 - 1.0
+        expect_b = b.astype(np.float64).mean(axis=(2, 3), keepdims=True) * 3.0 - 1.0
+        np.testing.assert_allclose(out["mean_a"], expect_a, rtol=1e-6)
+        np.testing.assert_allclose(out["mean_b"], expect_b, rtol=1e-3, atol=1e-3)
+
+    @pytest.mark.loop_variants
+    @pytest.mark.asyncio
+    async def test_no_cross_talk_between_concurrent_requests(self, runtime: EmulatedRuntime) -> None:
+        async with Engine(affine_model(latency=0.0005), runtime=runtime, max_queue=10_000) as engine:
+            inputs = [rng(i).standard_normal(X.shape).astype(np.float32) * i for i in range(400)]
+            outputs = await asyncio.gather(*(engine.infer(x) for x in inputs))
+            stats = engine.statistics()
+        for x, y in zip(inputs, outputs):
+            np.testing.assert_array_equal(y, expected_affine(x))
+        assert stats.completed == 400 and stats.failed == 0
+        assert all(core.completed > 100 for core in stats.cores)  # both cores served
+
+    @pytest.mark.asyncio
+    async def test_model_from_a_path(self, runtime: EmulatedRuntime, tmp_path: os.PathLike[str]) -> None:
+        path = os.path.join(tmp_path, "model.bin")
+        with open(path, "wb") as file:
+            file.write(affine_model())
+        async with Engine(path, runtime=runtime) as engine:
+            x = np.ones(X.shape, np.float16)
+            np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
+
+
+class TestBadInputs:
+    """Each bad input raises before anything is queued, and the engine keeps serving."""
+
+    @pytest.mark.parametrize(
+        ("value", "error", "words"),
+        [
+            (np.ones((1, 3, 8, 9), np.float32), InputValueError, "expected shape (1, 3, 8, 8)"),
+            (np.ones((3, 8, 8), np.float32), InputValueError, "expected shape"),
+            (np.ones(X.shape, np.complex64), InputTypeError, "complex64"),
+            (np.array([["a"]]), InputTypeError, "numeric"),
+            (np.ones(X.shape, dtype=object), InputTypeError, "object"),
+            ("not an array", InputTypeError, "numeric"),
+            ({"x": np.ones(X.shape), "z": np.ones(X.shape)}, InputValueError, "unknown ['z']"),
+            ({"q": np.ones(X.shape)}, InputValueError, "missing ['x']"),
+        ],
+    )
+    @pytest.mark.asyncio
+    async def test_rejected_with_a_clear_error(self, engine: Engine, value: object, error: type, words: str) -> None:
+        with pytest.raises(error) as caught:
+            await engine.infer(value)
+        assert isinstance(caught.value, AiodlaError)
+        assert words in str(caught.value)
+        stats = engine.statistics()
+        assert stats.submitted == 0 and stats.queued == 0 and stats.in_flight == 0
+        x = np.ones(X.shape, np.float32)
+        np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
+
+    @pytest.mark.asyncio
+    async def test_errors_are_value_or_type_errors(self, engine: Engine) -> None:
+        with pytest.raises(ValueError, match="'x'"):
+            await engine.infer(np.ones((1, 1, 1, 1)))
+        with pytest.raises(TypeError, match="'x'"):
+            await engine.infer(np.ones(X.shape, np.complex128))
+
+    @pytest.mark.asyncio
+    async def test_multi_input_model_needs_a_mapping(self, runtime: EmulatedRuntime) -> None:
+        async with Engine(two_pair_model(), runtime=runtime) as engine:
+            with pytest.raises(InputTypeError, match=r"2 inputs \['a', 'b'\]"):
+                await engine.infer(np.ones((1, 4, 6, 6)))
+
+    @pytest.mark.parametrize("timeout", [-1.0, float("nan"), "soon", True])
+    @pytest.mark.asyncio
+    async def test_bad_timeout(self, engine: Engine, timeout: object) -> None:
+        with pytest.raises(ConfigurationError, match="timeout"):
+            await engine.infer(np.ones(X.shape), timeout=timeout)  # type: ignore[arg-type]
+        assert engine.statistics().submitted == 0
+
+
+class TestLifecycle:
+    @pytest.mark.asyncio
+    async def test_states_and_idempotent_close(self, runtime: EmulatedRuntime) -> None:
+        engine = Engine(affine_model(), runtime=runtime)
+        assert engine.state is EngineState.NEW
+        with pytest.raises(EngineClosedError, match="not open"):
+            await engine.infer(np.ones(X.shape))
+        async with engine:
+            assert engine.state is EngineState.OPEN
+        assert engine.state is EngineState.CLOSED
+        await engine.aclose()
+        await engine.aclose()
+        with pytest.raises(EngineClosedError, match="closed"):
+            await engine.infer(np.ones(X.shape))
+        with pytest.raises(EngineClosedError, match="Cannot reopen"):
+            await engine.open()
+        assert all(v == 0 for v in runtime.live_handles().values())
+
+    @pytest.mark.asyncio
+    async def test_open_twice_is_refused(self, engine: Engine) -> None:
+        with pytest.raises(AiodlaError, match="open it once"):
+            await engine.open()
+
+    @pytest.mark.asyncio
+    async def test_close_never_opened(self) -> None:
+        engine = Engine(affine_model(), runtime="emulated")
+        await engine.aclose()
+        assert engine.state is EngineState.CLOSED
+
+    @pytest.mark.asyncio
+    async def test_concurrent_closes(self, runtime: EmulatedRuntime) -> None:
+        engine = Engine(affine_model(), runtime=runtime)
+        await engine.open()
+        await asyncio.gather(engine.aclose(), engine.aclose(), engine.aclose())
+        assert engine.state is EngineState.CLOSED
+        assert all(v == 0 for v in runtime.live_handles().values())
+
+    def test_dropped_unclosed_engine_warns(self, runtime: EmulatedRuntime) -> None:
+        async def leak() -> None:
+            engine = Engine(affine_model(), runtime=runtime)
+            await engine.open()
+
+        with pytest.warns(ResourceWarning, match="unclosed engine"):
+            asyncio.run(leak())
+            gc.collect()
+
+    def test_dropped_new_engine_is_silent(self) -> None:
+        Engine(affine_model())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            gc.collect()
+
+    @pytest.mark.asyncio
+    async def test_owned_runtime_is_closed(self) -> None:
+        async with Engine(affine_model(), runtime="emulated") as engine:
+            runtime = engine.runtime
+            assert isinstance(runtime, EmulatedRuntime)
+        assert all(v == 0 for v in runtime.live_handles().values())
+
+    @pytest.mark.asyncio
+    async def test_engine_bound_to_its_loop(self, engine: Engine) -> None:
+        def other_loop() -> None:
+            asyncio.run(engine.infer(np.ones(X.shape)))
+
+        with pytest.raises(AiodlaError, match="another event loop"):
+            await asyncio.to_thread(other_loop)
+
+
+class TestOpening:
+    @pytest.mark.asyncio
+    async def test_missing_model_file(self, tmp_path: os.PathLike[str]) -> None:
+        engine = Engine(os.path.join(tmp_path, "nope.bin"), runtime="emulated")
+        with pytest.raises(ModelError, match="cannot read model .*nope.bin"):
+            await engine.open()
+        assert engine.state is EngineState.CLOSED
+
+    @pytest.mark.asyncio
+    async def test_empty_model(self) -> None:
+        with pytest.raises(ModelError, match="empty"):
+            await Engine(b"", runtime="emulated").open()
+
+    def test_model_of_wrong_type(self) -> None:
+        with pytest.raises(ConfigurationError, match="path or the loadable's bytes"):
+            Engine(42)  # type: ignore[arg-type]
+
+    @pytest.mark.asyncio
+    async def test_dla_loadable_without_cudla(self) -> None:
+        with pytest.raises(RuntimeUnavailableError) as caught:
+            await Engine(b"\x01\x02NVDLA-loadable", runtime="auto").open()
+        assert str(caught.value) == (
+            "this is a DLA loadable and no cuDLA runtime (libcudla.so.1) was found; "
+            "run on a Jetson or use an emulator loadable"
+        )
+
+    @pytest.mark.asyncio
+    async def test_dla_loadable_on_the_emulated_runtime(self) -> None:
+        with pytest.raises(RuntimeUnavailableError, match="emulator loadables only"):
+            await Engine(b"\x01\x02NVDLA-loadable", runtime="emulated").open()
+
+    @pytest.mark.asyncio
+    async def test_auto_picks_the_emulator_for_emulator_loadables(self) -> None:
+        async with Engine(affine_model(), runtime="auto") as engine:
+            assert isinstance(engine.runtime, EmulatedRuntime)
+
+    @pytest.mark.parametrize("choice", ["gpu", 3])
+    @pytest.mark.asyncio
+    async def test_unknown_runtime_choice(self, choice: object) -> None:
+        with pytest.raises(ConfigurationError, match="runtime="):
+            await Engine(affine_model(), runtime=choice).open()  # type: ignore[arg-type]
+
+    @pytest.mark.asyncio
+    async def test_core_that_does_not_exist(self, runtime: EmulatedRuntime) -> None:
+        with pytest.raises(ConfigurationError, match="DLA core 2 does not exist"):
+            await Engine(affine_model(), cores=[0, 2], runtime=runtime).open()
+        assert all(v == 0 for v in runtime.live_handles().values())
+
+    @pytest.mark.asyncio
+    async def test_scale_for_unknown_tensor(self, runtime: EmulatedRuntime) -> None:
+        with pytest.raises(ConfigurationError, match="'nope'"):
+            await Engine(affine_model(), runtime=runtime, scales={"nope": 0.1}).open()
+        assert all(v == 0 for v in runtime.live_handles().values())
+
+    @pytest.mark.asyncio
+    async def test_scale_for_float_tensor(self, runtime: EmulatedRuntime) -> None:
+        with pytest.raises(ConfigurationError, match="only integer"):
+            await Engine(affine_model(), runtime=runtime, scales={"x": 0.1}).open()
+
+    @pytest.mark.asyncio
+    async def test_single_core_engine(self, runtime: EmulatedRuntime) -> None:
+        async with Engine(affine_model(), cores=[1], streams_per_core=3, runtime=runtime) as engine:
+            await asyncio.gather(*(engine.infer(np.ones(X.shape)) for _ in range(10)))
+            stats = engine.statistics()
+        assert [c.core for c in stats.cores] == [1]
+        assert stats.cores[0].completed == 10
+        assert runtime.core_tasks(0) == 0 and runtime.core_tasks(1) == 10
+
+
+class TestQuantized:
+    @pytest.mark.asyncio
+    async def test_int8_with_scales(self, runtime: EmulatedRuntime) -> None:
+        q_in = TensorSpec("q", (1, 40, 2, 3), "int8", "chw32")
+        q_out = TensorSpec("r", (1, 40, 2, 3), "int8", "chw32")
+        model = make_loadable([q_in], [q_out], "affine", 0.0, scale=1.0, bias=1.0)
+        async with Engine(model, runtime=runtime, scales={"q": 0.5, "r": 0.25}) as engine:
+            x = np.linspace(-10, 10, 240, dtype=np.float32).reshape(1, 40, 2, 3)
+            y = await engine.infer(x)
+            assert y.dtype == np.float32
+            stored = np.clip(np.rint(x / 0.5), -128, 127) + 1
+            np.testing.assert_array_equal(y, (np.clip(stored, -128, 127) * 0.25).astype(np.float32))
+            raw = np.arange(-120, 120, dtype=np.int8).reshape(1, 40, 2, 3)
+            np.testing.assert_array_equal(await engine.infer(raw), ((raw.astype(np.int16) + 1) * 0.25).astype(np.float32))
+            with pytest.raises(InputValueError, match="NaN"):
+                await engine.infer(np.full(q_in.shape, np.nan, np.float32))
+            with pytest.raises(InputTypeError, match="cannot be cast safely"):
+                await engine.infer(np.ones(q_in.shape, np.int32))
+
+
+def test_public_names() -> None:
+    assert isinstance(aiodla.__all__, tuple)
+    for name in aiodla.__all__:
+        assert getattr(aiodla, name) is not None
+    public = {n for n in dir(aiodla) if not n.startswith("_")} - {"emulator", "runtime"}
+    assert public == set(aiodla.__all__)

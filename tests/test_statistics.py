@@ -1,0 +1,66 @@
+"""statistics() and repr(): what an operator reads, backed by the requests made."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from aiodla import EmulatedRuntime, Engine
+from aiodla._statistics import LatencyWindow
+from support import X, affine_model, wait_until
+
+ONES = np.ones(X.shape, np.float32)
+
+
+@pytest.mark.asyncio
+async def test_counts_follow_the_requests(engine: Engine, runtime: EmulatedRuntime) -> None:
+    before = engine.statistics()
+    assert before.state == "open" and before.submitted == before.completed == 0
+    assert [c.idle_slots for c in before.cores] == [2, 2]
+    await asyncio.gather(*(engine.infer(ONES) for _ in range(50)))
+    stats = engine.statistics()
+    assert stats.submitted == stats.completed == 50
+    assert sum(c.completed for c in stats.cores) == 50
+    assert runtime.core_tasks(0) + runtime.core_tasks(1) == 50
+    assert stats.latency.count == 50
+    assert 0 < stats.latency.p50 <= stats.latency.p90 <= stats.latency.p99 <= stats.latency.max
+    assert all(core.busy_time > 0 for core in stats.cores)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.completed = 0  # type: ignore[misc]
+
+
+@pytest.mark.asyncio
+async def test_repr_shows_slots_and_queue(engine: Engine, runtime: EmulatedRuntime) -> None:
+    assert repr(engine) == "<Engine open [cores 2: 0 busy slots, 4 idle | 0 in flight, 0 queued]>"
+    gates = [runtime.hold(0), runtime.hold(1)]
+    tasks = [asyncio.create_task(engine.infer(ONES)) for _ in range(7)]
+    await wait_until(lambda: engine.statistics().queued == 3)
+    assert repr(engine) == "<Engine open [cores 2: 4 busy slots, 0 idle | 4 in flight, 3 queued]>"
+    stats = engine.statistics()
+    assert [c.busy_slots for c in stats.cores] == [2, 2] and stats.in_flight == 4
+    for gate in gates:
+        gate.release()
+    await asyncio.gather(*tasks)
+
+
+@pytest.mark.asyncio
+async def test_repr_before_and_after() -> None:
+    engine = Engine(affine_model(), runtime="emulated")
+    assert repr(engine) == "<Engine new>"
+    async with engine:
+        pass
+    assert repr(engine).startswith("<Engine closed [cores 2:")
+    assert engine.statistics().state == "closed"
+
+
+def test_latency_window_keeps_the_most_recent() -> None:
+    window = LatencyWindow(4)
+    assert window.summary().count == 0
+    for value in (10.0, 1.0, 2.0, 3.0, 4.0):
+        window.add(value)
+    summary = window.summary()
+    assert summary.count == 4 and summary.max == 4.0 and summary.mean == 2.5
+    assert summary.p50 == pytest.approx(2.5)
