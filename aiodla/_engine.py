@@ -212,6 +212,8 @@ class Engine:
             self._closed.set()
             self._open_done.set()
             raise
+        # The loop thread enqueues device work: the device must be current here too.
+        self._runtime.make_current()  # type: ignore[union-attr]
         self._poller = Poller(
             self._runtime,  # type: ignore[arg-type]
             self._loop,
@@ -356,6 +358,11 @@ class Engine:
         return handle
 
     def _release_blocking(self, keep: tuple[int, ...]) -> None:
+        if self._runtime is not None and len(self._resources):
+            try:
+                self._runtime.make_current()
+            except Exception as exc:  # a poisoned context: release what still can be
+                logger.warning("aiodla: making the device current to close failed: %s", exc)
         failures = self._resources.release_all(keep)
         if failures:
             logger.warning("aiodla: %d release(s) failed while closing", len(failures))

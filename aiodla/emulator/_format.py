@@ -49,9 +49,9 @@ Operations, for each pair i, computed in IEEE binary64 on the *stored* values (i
 tensors are not dequantized; the DLA knows no scales), with no fused multiply-add:
 
 - ``affine``: ``y = (scale * x) + bias`` elementwise; output shape == input shape.
-- ``mean_hw``: ``s`` = the sum over h then w (row-major order, sequential, starting
-  from 0.0) of ``x[n, c]``; ``m = s / (h * w)``; ``y = (scale * m) + bias``; output
-  shape ``(n, c, 1, 1)``.
+- ``mean_hw``: ``s`` = the sum of ``x[n, c]`` over h then w, in row-major order,
+  sequentially: the first element, then each next one added to the running sum;
+  ``m = s / (h * w)``; ``y = (scale * m) + bias``; output shape ``(n, c, 1, 1)``.
 
 ``y`` is then stored in the output's type: float types round to nearest even (directly
 from binary64); integer types round half to even, saturate to the type's range, and
@@ -286,7 +286,10 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
     for desc in descriptors:
         if max(desc.n, desc.c, desc.h, desc.w) > _MAX_DIM or desc.size > _MAX_TENSOR_BYTES:
             raise _fail(f"tensor {desc.name!r}: dimensions or size beyond any DLA tensor")
-    specs = [TensorSpec.from_descriptor(desc) for desc in descriptors]
+    try:
+        specs = [TensorSpec.from_descriptor(desc) for desc in descriptors]
+    except ModelError as exc:
+        raise _fail(str(exc)) from None
     inputs, outputs = tuple(specs[:num_inputs]), tuple(specs[num_inputs:])
     op = _OP_NAMES[op_code]
     try:

@@ -20,7 +20,9 @@ __all__ = ["ModelRunner", "compute_logical", "run_model", "to_storage"]
 def to_storage(values: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """binary64 results to the stored element type, by the format's rounding rules."""
     if dtype.kind == "f":
-        return values.astype(dtype)
+        # Overflow to inf is the format's defined result, not an error.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return values.astype(dtype)
     info = np.iinfo(dtype)
     rounded = np.rint(np.where(np.isnan(values), 0.0, values))
     return np.clip(rounded, info.min, info.max).astype(dtype)
@@ -49,18 +51,21 @@ class ModelRunner:
 
     def __init__(self, model: EmulatorModel, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         self.model = model
-        # The output buffers' padding is zeroed here, once: only element lanes are
-        # written afterwards, so every byte matches a fresh pack.
         self._pairs = [
-            (_raw(source).bind(inputs[i], zero=False), _raw(target).bind(outputs[i]))
+            (_raw(source).bind(inputs[i], zero=False), _raw(target).bind(outputs[i], zero=False))
             for i, (source, target) in enumerate(zip(model.inputs, model.outputs))
         ]
+        # Device buffers are shared with copies on the stream, so a task writes every
+        # byte of its outputs each time (padding as zeros), as the format says.
+        self._padded = [not target.spec._is_dense() for _, target in self._pairs]
 
     def __call__(self) -> None:
         model = self.model
         for index, (source, target) in enumerate(self._pairs):
             stored = source.read(dequantize=False)
             result = compute_logical(model, index, stored)
+            if self._padded[index]:
+                target.raw[:] = 0
             target.write(to_storage(result, target.spec.numpy_dtype))
 
 
