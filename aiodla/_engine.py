@@ -450,6 +450,11 @@ class Engine:
 
     def _prepare(self, inputs: Any) -> tuple[np.ndarray[Any, Any], ...]:
         specs = self._inputs
+        if type(inputs) is np.ndarray and len(specs) == 1:
+            spec = specs[0]
+            if inputs.dtype == spec.numpy_dtype and inputs.shape == spec.shape:
+                return (inputs,)  # the common case, valid as it stands
+            return (spec.check_array(inputs),)
         if isinstance(inputs, Mapping):
             names = set(inputs)
             if names != self._input_names:
@@ -620,16 +625,23 @@ class Engine:
     def _on_completions(self, slots: list[Slot]) -> None:
         if self._state is EngineState.CLOSED:
             return  # a late wake-up after close: nothing is left to touch
+        self._poller.unconsumed = False  # type: ignore[union-attr]
         runtime = self._runtime
         assert runtime is not None
         now = time.monotonic()
+        # One status read per core and batch: cuDLA latches a failed task's status
+        # until it is read, so it belongs to the first of the core's tasks seen here.
+        statuses: dict[int, int] = {}
         for slot in slots:
             core = slot.core
             request = slot.request
-            try:
-                status = runtime.get_last_error(core.device)
-            except Exception as exc:
-                status = cudla_status(exc) or -1
+            status = statuses.get(core.device)
+            if status is None:
+                try:
+                    status = runtime.get_last_error(core.device)
+                except Exception as exc:
+                    status = cudla_status(exc) or -1
+            statuses[core.device] = 0
             started = max(slot.submitted_at, core.last_completion)
             if request is not None:
                 elapsed = now - started

@@ -163,6 +163,10 @@ async def aiodla_throughput(
         np.testing.assert_array_equal(result, reference(data, x))
         await asyncio.gather(*(engine.infer(x) for _ in range(4 * concurrency)))  # warm up
         busy = [controls.core_busy_time(core) for core in CORES]
+        poller = next(t for t in threading.enumerate() if t.name == "aiodla-poller")
+        assert poller.ident is not None
+        poller_clock = time.pthread_getcpuclockid(poller.ident)
+        loop_cpu, poller_cpu = time.thread_time(), time.clock_gettime(poller_clock)
         done = 0
         stop = False
 
@@ -178,8 +182,16 @@ async def aiodla_throughput(
         stop = True
         await asyncio.gather(*workers)
         elapsed = time.perf_counter() - began
+        loop_cpu = time.thread_time() - loop_cpu
+        poller_cpu = time.clock_gettime(poller_clock) - poller_cpu
         busy_time = sum(controls.core_busy_time(c) - b for c, b in zip(CORES, busy, strict=True))
-    return {"rate": done / elapsed, "device_utilization": busy_time / (len(CORES) * elapsed)}
+    return {
+        "rate": done / elapsed,
+        "device_utilization": busy_time / (len(CORES) * elapsed),
+        # CPU seconds per request of the event loop's thread and of the poller's.
+        "loop_cpu": loop_cpu / max(done, 1),
+        "poller_cpu": poller_cpu / max(done, 1),
+    }
 
 
 async def aiodla_light(
@@ -429,6 +441,8 @@ def summary(raw: dict[str, Any]) -> dict[str, Any]:
             "aiodla": summarize(aiodla_rates),
             "aiodla_over_ideal": summarize([r / ideal for r in aiodla_rates]),
             "device_utilization": summarize([r["device_utilization"] for r in entry["aiodla"]]),
+            "loop_cpu": summarize([r["loop_cpu"] for r in entry["aiodla"]]),
+            "poller_cpu": summarize([r["poller_cpu"] for r in entry["aiodla"]]),
             "seed": summarize(entry["seed"]),
             "threaded": summarize(entry["threaded"]),
         }
@@ -472,6 +486,8 @@ def table(report: dict[str, Any]) -> str:
         spread = f"[{util['min']:.3f}..{util['max']:.3f}]"
         label = "  stand-in busy time / (2 cores x wall)"
         lines.append(f"{label:<48}{util['median']:>14.3f}{spread:>26}")
+        micro("  aiodla event-loop thread CPU per request", entry["loop_cpu"])
+        micro("  aiodla poller thread CPU per request", entry["poller_cpu"])
         rate(
             "  seed loop (1 core, blocking)",
             entry["seed"],
