@@ -17,9 +17,17 @@ from ._errors import RequestTimeoutError as RequestTimeoutError
 from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
 from ._errors import TaskError as TaskError
 from ._options import EngineOptions as EngineOptions
+from ._session import FrameResult as FrameResult
+from ._session import LatestFrameStream as LatestFrameStream
+from ._session import StreamClosedError as StreamClosedError
+from ._session import StreamState as StreamState
+from ._session import StreamStatistics as StreamStatistics
 from ._statistics import CoreStatistics as CoreStatistics
+from ._statistics import EngineHealth as EngineHealth
 from ._statistics import EngineStatistics as EngineStatistics
+from ._statistics import Histogram as Histogram
 from ._statistics import LatencySummary as LatencySummary
+from ._statistics import StageTimes as StageTimes
 from ._tensors import TensorSpec as TensorSpec
 from .runtime import EmulatedRuntime as EmulatedRuntime
 
@@ -34,18 +42,26 @@ __all__ = (
     "Engine",
     "EngineClosedError",
     "EngineDeadError",
+    "EngineHealth",
     "EngineOptions",
     "EngineState",
     "EngineStatistics",
+    "FrameResult",
+    "Histogram",
     "InputError",
     "InputTypeError",
     "InputValueError",
     "LatencySummary",
+    "LatestFrameStream",
     "LoadableFormatError",
     "ModelError",
     "QueueFullError",
     "RequestTimeoutError",
     "RuntimeUnavailableError",
+    "StageTimes",
+    "StreamClosedError",
+    "StreamState",
+    "StreamStatistics",
     "TaskError",
     "TensorSpec",
 )

@@ -20,6 +20,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -43,7 +44,14 @@ from ._options import EngineOptions
 from ._poller import Poller
 from ._resources import ResourceStack
 from ._scheduler import CoreState, Request, RequestState, Scheduler, Slot, TensorBinding
-from ._statistics import CoreStatistics, EngineStatistics, LatencyWindow
+from ._statistics import (
+    CoreStatistics,
+    EngineHealth,
+    EngineStatistics,
+    HistogramRecorder,
+    LatencyWindow,
+    StageTimes,
+)
 from ._tensors import TensorDescriptor, TensorSpec, specs_by_name
 from .emulator._format import is_emulator_loadable, parse_loadable
 from .runtime._protocol import CudaCallError, Runtime, cudla_status
@@ -55,6 +63,8 @@ logger = logging.getLogger("aiodla")
 
 # Until a core has completed tasks, poll as if one task took this long.
 DEFAULT_SERVICE_TIME = 0.001
+# How EngineStatistics.failures names the causes of failed requests.
+FAILURE_REASONS = ("task", "device", "closed", "dead", "other")
 
 
 class EngineState(enum.Enum):
@@ -102,6 +112,9 @@ class Engine:
         scales: Mapping[str, float] | None = None,
         offload_bytes: int | None = None,
         latency_window: int = 4096,
+        max_consecutive_faults: int | None = None,
+        probe_interval: float = 1.0,
+        stage_times: bool = False,
     ) -> None:
         if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)):
             raise ConfigurationError(
@@ -116,6 +129,9 @@ class Engine:
             close_timeout=close_timeout,
             scales=dict(scales or {}),
             latency_window=latency_window,
+            max_consecutive_faults=max_consecutive_faults,
+            probe_interval=probe_interval,
+            stage_times=stage_times,
             **extra,
         )
         self._model = model
@@ -139,7 +155,16 @@ class Engine:
         self._open_done = asyncio.Event()
         self._closing: asyncio.Future[None] | None = None
         self._drained: asyncio.Event | None = None
-        self._latency = LatencyWindow(self._options.latency_window)
+        window = self._options.latency_window
+        self._latency = LatencyWindow(window)
+        self._queue_wait = LatencyWindow(window)
+        self._latency_histogram = HistogramRecorder()
+        self._queue_wait_histogram = HistogramRecorder()
+        self._stage_windows = (
+            (LatencyWindow(window), LatencyWindow(window), LatencyWindow(window))
+            if self._options.stage_times else None
+        )
+        self._failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
         self._submitted = 0
         self._completed = 0
         self._failed = 0
@@ -245,8 +270,8 @@ class Engine:
         runtime, owned = select_runtime(self._runtime_choice, data)
         self._runtime, self._owns_runtime = runtime, owned
         options = self._options
-        runtime.make_current()
-        available = runtime.device_count()
+        self._call("make_current", runtime.make_current)
+        available = self._call("device_count", runtime.device_count)
         for core in options.cores:
             if core >= available:
                 raise ConfigurationError(
@@ -262,6 +287,9 @@ class Engine:
                 service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
                 learn_service_time=stated is None,
             )
+            if options.stage_times:
+                core.dla_times = LatencyWindow(options.latency_window)
+                core.dla_histogram = HistogramRecorder()
             self._cores.append(core)
             where = f"core {core_number}"
             core.device = self._create(where, core_number, runtime.create_device,
@@ -315,7 +343,13 @@ class Engine:
         assert runtime is not None
         where = f"core {core.core} slot {index}"
         stream = self._create(where, core.core, runtime.create_stream, runtime.destroy_stream)
-        event = self._create(where, core.core, runtime.create_event, runtime.destroy_event)
+        timed = self._options.stage_times
+        event = self._create(where, core.core, runtime.create_event, runtime.destroy_event, timed)
+        timing = None
+        if timed:
+            marks = [self._create(where, core.core, runtime.create_event, runtime.destroy_event, True)
+                     for _ in range(3)]
+            timing = (marks[0], marks[1], marks[2])
         bindings = []
         for spec in (*self._inputs, *self._outputs):
             what = f"{where} tensor {spec.name!r}"
@@ -329,7 +363,7 @@ class Engine:
         inputs, outputs = bindings[: len(self._inputs)], bindings[len(self._inputs) :]
         task = self._call(f"{where}: make_task", runtime.make_task, core.module,
                           [b.registered for b in inputs], [b.registered for b in outputs])
-        slot = Slot(core, index, stream, event, task, inputs, outputs)
+        slot = Slot(core, index, stream, event, task, inputs, outputs, timing=timing)
         core.slots.append(slot)
         core.idle.append(slot)
         self._slots.append(slot)
@@ -394,8 +428,15 @@ class Engine:
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
 
+    def _cancel_probes(self) -> None:
+        for core in self._cores:
+            if core.probe is not None:
+                core.probe.cancel()
+                core.probe = None
+
     async def _close(self) -> None:
         self._state = EngineState.CLOSING
+        self._cancel_probes()
         for request in self._scheduler.drain():
             self._finish(request, error=EngineClosedError(
                 "the engine was closed while the request waited"))
@@ -554,6 +595,9 @@ class Engine:
     def _start(self, request: Request, slot: Slot) -> None:
         slot.request = request
         request.slot = slot
+        waited = time.monotonic() - request.started
+        self._queue_wait.add(waited)
+        self._queue_wait_histogram.add(waited)
         if request.deadline is not None and self._loop.time() >= request.deadline:  # type: ignore[union-attr]
             self._release(slot)
             self._finish(request, timed_out=True)
@@ -571,15 +615,22 @@ class Engine:
             return
         self._enqueue(slot, request)
 
-    def _enqueue(self, slot: Slot, request: Request) -> None:
+    def _enqueue(self, slot: Slot, request: Request | None) -> None:
         runtime = self._runtime
         assert runtime is not None
         stream = slot.stream
         core = slot.core
+        timing = slot.timing
         try:
+            if timing is not None:
+                runtime.record_event(timing[0], stream)
             for binding in slot.inputs:
                 runtime.copy_to_device(binding.device_ptr, binding.host, binding.spec.size, stream)
+            if timing is not None:
+                runtime.record_event(timing[1], stream)
             runtime.submit_task(core.device, slot.task, stream)
+            if timing is not None:
+                runtime.record_event(timing[2], stream)
             for binding in slot.outputs:
                 runtime.copy_to_host(binding.host, binding.device_ptr, binding.spec.size, stream)
             runtime.record_event(slot.event, stream)
@@ -590,10 +641,11 @@ class Engine:
         slot.submitted_at = now
         core.expected_free = max(now, core.expected_free) + core.service_time
         slot.expected_done = core.expected_free
-        request.state = RequestState.IN_FLIGHT
+        if request is not None:
+            request.state = RequestState.IN_FLIGHT
         self._poller.watch(slot)  # type: ignore[union-attr]
 
-    def _enqueue_failed(self, slot: Slot, request: Request, exc: Exception) -> None:
+    def _enqueue_failed(self, slot: Slot, request: Request | None, exc: Exception) -> None:
         if isinstance(exc, CudaCallError) and exc.sticky:
             self._die(exc)
             return
@@ -608,7 +660,13 @@ class Engine:
         else:
             error = AiodlaError(f"{where}: submitting the request failed: {exc!r}")
         error.__cause__ = exc
-        self._finish(request, error=error)
+        if request is not None:
+            self._finish(request, error=error)
+        else:
+            logger.warning("aiodla: %s", error)
+        if slot.probing:  # the probe never ran: try again later
+            slot.probing = False
+            self._schedule_probe(slot.core)
         # Some copies may be queued on the stream already: the slot is reusable only
         # after they ran, so mark the stream's end and let the poller return the slot.
         slot.request = None
@@ -622,43 +680,26 @@ class Engine:
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
 
-    def _on_completions(self, slots: list[Slot]) -> None:
+    def _on_completions(self, finished: list[tuple[Slot, int]]) -> None:
+        """Slots the poller saw done, each with its core's cuDLA status read then."""
         if self._state is EngineState.CLOSED:
             return  # a late wake-up after close: nothing is left to touch
         self._poller.unconsumed = False  # type: ignore[union-attr]
-        runtime = self._runtime
-        assert runtime is not None
         now = time.monotonic()
-        # One status read per core and batch: cuDLA latches a failed task's status
-        # until it is read, so it belongs to the first of the core's tasks seen here.
-        statuses: dict[int, int] = {}
-        for slot in slots:
+        for slot, status in finished:
             core = slot.core
             request = slot.request
-            status = statuses.get(core.device)
-            if status is None:
-                try:
-                    status = runtime.get_last_error(core.device)
-                except Exception as exc:
-                    status = cudla_status(exc) or -1
-            statuses[core.device] = 0
-            started = max(slot.submitted_at, core.last_completion)
-            if request is not None:
-                elapsed = now - started
-                core.busy_time += elapsed
-                if core.learn_service_time:
-                    core.observed.append(elapsed)
-                    core.service_time = min(core.observed)
-            core.last_completion = now
+            if request is not None or slot.probing:  # a task ran (not a recycled slot)
+                self._account_task(slot, status, now)
+            if slot.probing:
+                slot.probing = False
+                self._release(slot)
+                self._probe_done(core, status)
+                continue
             if request is None or request.future.done():
-                if status:
-                    core.failed += 1
-                elif request is not None:
-                    core.completed += 1
                 self._release(slot)
                 continue
             if status:
-                core.failed += 1
                 self._release(slot)
                 self._finish(
                     request,
@@ -669,7 +710,6 @@ class Engine:
                     ),
                 )
                 continue
-            core.completed += 1
             if self._offload_unpack:
                 request.state = RequestState.UNPACKING
                 request.future.set_result(_Stage.UNPACK)
@@ -678,6 +718,91 @@ class Engine:
             self._release(slot)
             self._finish(request, result=outputs)
         self._transition()
+
+    def _account_task(self, slot: Slot, status: int, now: float) -> None:
+        """Count one finished DLA task: busy time, stage times, the fault policy."""
+        core = slot.core
+        elapsed = now - max(slot.submitted_at, core.last_completion)
+        core.last_completion = now
+        core.busy_time += elapsed
+        core.busy_window.add(now, elapsed)
+        if slot.timing is not None:
+            self._record_stages(slot)
+        if not status:
+            core.completed += 1
+            core.consecutive_failures = 0
+            if core.learn_service_time:
+                core.observed.append(elapsed)
+                core.service_time = min(core.observed)
+            return
+        core.failed += 1
+        core.consecutive_failures += 1
+        logger.warning("aiodla: a DLA task failed on core %d: %s (%d in a row)",
+                       core.core, status_name(status), core.consecutive_failures)
+        limit = self._options.max_consecutive_faults
+        if (
+            limit is not None
+            and core.in_rotation
+            and core.consecutive_failures >= limit
+            and any(other.in_rotation for other in self._cores if other is not core)
+        ):
+            core.in_rotation = False
+            logger.warning(
+                "aiodla: core %d is out of rotation after %d consecutive faults; "
+                "probing it every %g s", core.core, core.consecutive_failures,
+                self._options.probe_interval,
+            )
+            self._schedule_probe(core)
+
+    def _record_stages(self, slot: Slot) -> None:
+        assert slot.timing is not None and self._stage_windows is not None
+        runtime = self._runtime
+        assert runtime is not None
+        before_copy, before_task, after_task = slot.timing
+        try:
+            stages = (
+                runtime.elapsed_time(before_copy, before_task),
+                runtime.elapsed_time(before_task, after_task),
+                runtime.elapsed_time(after_task, slot.event),
+            )
+        except Exception as exc:  # a timing read is never worth failing a request
+            logger.debug("aiodla: stage times unavailable: %s", exc)
+            return
+        for window, seconds in zip(self._stage_windows, stages):
+            window.add(seconds)
+        core = slot.core
+        if core.dla_times is not None and core.dla_histogram is not None:
+            core.dla_times.add(stages[1])
+            core.dla_histogram.add(stages[1])
+
+    # -- the fault policy: probing a core out of rotation ------------------------------------
+
+    def _schedule_probe(self, core: CoreState) -> None:
+        assert self._loop is not None
+        core.probe = self._loop.call_later(self._options.probe_interval, self._probe, core)
+
+    def _probe(self, core: CoreState) -> None:
+        """Run one task on a core out of rotation; success brings it back."""
+        core.probe = None
+        if self._state is not EngineState.OPEN or self.dead or core.in_rotation:
+            return
+        if not core.idle:  # its slots are still busy (a hung task): try again later
+            self._schedule_probe(core)
+            return
+        slot = self._scheduler.take(core)
+        slot.probing = True
+        for binding in slot.inputs:
+            binding.bound.write(np.zeros(binding.spec.shape, binding.spec.numpy_dtype))
+        logger.info("aiodla: probing core %d", core.core)
+        self._enqueue(slot, None)
+
+    def _probe_done(self, core: CoreState, status: int) -> None:
+        if status:
+            self._schedule_probe(core)
+            return
+        core.in_rotation = True
+        core.consecutive_failures = 0
+        logger.warning("aiodla: core %d is back in rotation (a probe task succeeded)", core.core)
 
     def _unpack(self, slot: Slot) -> Any:
         outputs = slot.outputs
@@ -713,9 +838,12 @@ class Engine:
             error = RequestTimeoutError("the request's timeout passed before its result was ready")
         elif error is not None:
             self._failed += 1
+            self._failures[_failure_reason(error)] += 1
         else:
             self._completed += 1
-            self._latency.add(time.monotonic() - request.started)
+            latency = time.monotonic() - request.started
+            self._latency.add(latency)
+            self._latency_histogram.add(latency)
         if not future.done():
             if error is not None:
                 future.set_exception(error)
@@ -811,7 +939,8 @@ class Engine:
         if self._dead_cause is not None or self._state is EngineState.CLOSED:
             return
         self._dead_cause = cause
-        logger.error("aiodla: engine dead: %s", cause)
+        logger.error("aiodla: engine dead: %s; restart the process to use the DLA again", cause)
+        self._cancel_probes()
         for request in self._scheduler.drain():
             self._finish(request, error=self._not_serving_error())
         for slot in self._slots:
@@ -824,7 +953,8 @@ class Engine:
     # -- observation ---------------------------------------------------------------------------
 
     def statistics(self) -> EngineStatistics:
-        """A snapshot of counts, per-core figures and latency percentiles."""
+        """A snapshot of counts, per-core figures, latency percentiles and histograms."""
+        now = time.monotonic()
         cores = tuple(
             CoreStatistics(
                 core=core.core,
@@ -834,9 +964,18 @@ class Engine:
                 busy_slots=len(core.slots) - len(core.idle),
                 idle_slots=len(core.idle),
                 busy_time=core.busy_time,
+                busy_fraction=core.busy_window.fraction(now),
+                in_rotation=core.in_rotation,
+                consecutive_failures=core.consecutive_failures,
+                dla_time=None if core.dla_times is None else core.dla_times.summary(),
+                dla_histogram=None if core.dla_histogram is None else core.dla_histogram.snapshot(),
             )
             for core in self._cores
         )
+        stages = None
+        if self._stage_windows is not None:
+            copy_in, dla, copy_out = (window.summary() for window in self._stage_windows)
+            stages = StageTimes(copy_in, dla, copy_out)
         state = "dead" if self.dead and self._state is not EngineState.CLOSED else self._state.value
         return EngineStatistics(
             state=state,
@@ -850,7 +989,30 @@ class Engine:
             in_flight=sum(core.outstanding for core in self._cores),
             cores=cores,
             latency=self._latency.summary(),
+            queue_wait=self._queue_wait.summary(),
+            latency_histogram=self._latency_histogram.snapshot(),
+            queue_wait_histogram=self._queue_wait_histogram.snapshot(),
+            failures=MappingProxyType(dict(self._failures)),
+            stages=stages,
         )
+
+    def health(self) -> EngineHealth:
+        """``ok``; ``degraded`` with a core out of rotation; ``dead`` once the device
+        broke the engine (restart the process); ``closed`` when not serving."""
+        if self._dead_cause is not None:
+            return EngineHealth("dead", f"the device broke the engine: {self._dead_cause}")
+        if self._state is not EngineState.OPEN:
+            return EngineHealth("closed", f"the engine is {self._state.value}")
+        out = tuple(core.core for core in self._cores if not core.in_rotation)
+        if out:
+            serving = [core.core for core in self._cores if core.in_rotation]
+            return EngineHealth(
+                "degraded",
+                f"core(s) {list(out)} out of rotation after repeated task faults; "
+                f"core(s) {serving} serve every request",
+                out,
+            )
+        return EngineHealth("ok", f"serving on core(s) {[core.core for core in self._cores]}")
 
     def __repr__(self) -> str:
         state = "dead" if self.dead else self._state.value
@@ -863,3 +1025,16 @@ class Engine:
             f"<Engine {state} [cores {len(self._cores)}: {busy} busy slots, {idle} idle | "
             f"{in_flight} in flight, {self._scheduler.waiting} queued]>"
         )
+
+
+def _failure_reason(error: BaseException) -> str:
+    """The ``EngineStatistics.failures`` key for an error a request failed with."""
+    if isinstance(error, TaskError):
+        return "task"
+    if isinstance(error, DeviceError):
+        return "device"
+    if isinstance(error, EngineClosedError):
+        return "closed"
+    if isinstance(error, EngineDeadError):
+        return "dead"
+    return "other"

@@ -26,7 +26,11 @@ class EngineOptions:
     in-flight tasks finish. ``scales``: INT8/INT16 quantization step per tensor name.
     ``offload_bytes``: packing or unpacking more bytes than this per request runs in a
     worker thread instead of on the event loop. ``latency_window``: how many recent
-    requests the latency percentiles cover.
+    requests the latency percentiles cover. ``max_consecutive_faults``: after this many
+    failed tasks in a row, a core leaves rotation (while another core serves) until a
+    probe task, tried every ``probe_interval`` seconds, succeeds; None keeps every core
+    in rotation. ``stage_times``: measure copy-in, DLA and copy-out time of every request
+    with timing events (a few microseconds of host time per request).
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -37,6 +41,9 @@ class EngineOptions:
     scales: Mapping[str, float] = dataclasses.field(default_factory=dict)
     offload_bytes: int = DEFAULT_OFFLOAD_BYTES
     latency_window: int = 4096
+    max_consecutive_faults: int | None = None
+    probe_interval: float = 1.0
+    stage_times: bool = False
 
     def __post_init__(self) -> None:
         cores = self.cores
@@ -58,6 +65,12 @@ class EngineOptions:
                 raise ConfigurationError(
                     f"task_timeout={timeout!r} must be seconds in [0.001, 1000] (cuDLA's range)"
                 )
+        if self.max_consecutive_faults is not None:
+            _whole(self.max_consecutive_faults, "max_consecutive_faults", 1, None)
+        if not _finite(self.probe_interval) or not self.probe_interval > 0:
+            raise ConfigurationError(f"probe_interval={self.probe_interval!r} must be seconds > 0")
+        if not isinstance(self.stage_times, bool):
+            raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if not _finite(self.close_timeout) or self.close_timeout < 0:
             raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")
         scales = dict(self.scales)

@@ -1,7 +1,10 @@
 """The poller: one thread that notices finished slots and tells the event loop.
 
 It sweeps the CUDA events of in-flight slots and hands every completion found in one
-sweep to the loop with a single ``call_soon_threadsafe``. It never touches futures or
+sweep to the loop with a single ``call_soon_threadsafe``. With each completion it reads
+the core's cuDLA status at once: cuDLA latches the status of the core's most recent
+failed task, so reading it as each task is seen done ties a failure to its own task
+(read later, after the core's next task ended too, it could belong to either). It never touches futures or
 scheduler state. It knows when each slot should finish (the engine's estimate from the
 core's service time and queue): far from that time it sleeps; close to it, it polls
 with short pauses; when a slot is overdue it backs off, so a hung core costs little.
@@ -20,7 +23,7 @@ import weakref
 from collections.abc import Callable
 
 from ._scheduler import Slot
-from .runtime._protocol import Runtime
+from .runtime._protocol import Runtime, cudla_status
 
 __all__ = ["Poller"]
 
@@ -44,7 +47,7 @@ class Poller:
         self,
         runtime: Runtime,
         loop: asyncio.AbstractEventLoop,
-        deliver: Callable[[list[Slot]], None],
+        deliver: Callable[[list[tuple[Slot, int]]], None],
         fail: Callable[[BaseException], None],
         *,
         pause: float,
@@ -119,6 +122,7 @@ class Poller:
     def _sweep_until_stopped(self) -> None:
         in_flight: list[Slot] = []
         query = self._runtime.query_event
+        status_of = self._status
         clock = time.monotonic
         incoming = self._incoming
         while not self._stopping:
@@ -128,9 +132,10 @@ class Poller:
                 self._sleep(IDLE_WAIT)
                 continue
             self.sweeps += 1
-            done = [slot for slot in in_flight if query(slot.event)]
+            done = [(slot, status_of(slot)) for slot in in_flight if query(slot.event)]
             if done:
-                in_flight = [slot for slot in in_flight if slot not in done]
+                finished = {id(slot) for slot, _ in done}
+                in_flight = [slot for slot in in_flight if id(slot) not in finished]
                 self.wakeups += 1
                 self.unconsumed = True
                 self._post(self._deliver, done)
@@ -150,6 +155,12 @@ class Poller:
                 self._sleep(self._pause)
             else:
                 time.sleep(0)  # let the loop thread have the GIL between sweeps
+
+    def _status(self, slot: Slot) -> int:
+        try:
+            return self._runtime.get_last_error(slot.core.device)
+        except Exception as exc:  # a status that cannot be read is a failed task
+            return cudla_status(exc) or -1
 
     def _sleep(self, seconds: float) -> None:
         # Publish the wake-up time *before* looking at the incoming slots: ``watch``

@@ -16,6 +16,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
 from ._tensors import BoundTensor, TensorSpec
 from .runtime._protocol import HostBuffer
 
@@ -81,6 +82,14 @@ class CoreState:
     observed: collections.deque[float] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=32)
     )
+    # Fault policy: out of rotation, no request is assigned here; probes test the core.
+    in_rotation: bool = True
+    consecutive_failures: int = 0
+    probe: asyncio.TimerHandle | None = None
+    # Observability.
+    busy_window: BusyWindow = dataclasses.field(default_factory=BusyWindow)
+    dla_times: LatencyWindow | None = None
+    dla_histogram: HistogramRecorder | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -97,6 +106,8 @@ class Slot:
     request: Request | None = None
     submitted_at: float = 0.0
     expected_done: float = 0.0
+    timing: tuple[int, int, int] | None = None  # events before copy-in, task, copy-out
+    probing: bool = False  # the slot runs a probe task for a core out of rotation
 
     def __repr__(self) -> str:
         return f"<Slot core {self.core.core} #{self.index}>"
@@ -143,26 +154,33 @@ class Scheduler:
     def next_assignment(self) -> tuple[Request, Slot] | None:
         """Pop the first live request and the slot it gets, or None if either is missing."""
         while self._idle_total and self._line:
+            core = self._best_core()
+            if core is None:
+                return None
             request = self._line.popleft()
             if request.future.done():
                 self._dead -= 1
                 continue
-            return request, self._take_slot()
+            return request, self.take(core)
         return None
 
-    def _take_slot(self) -> Slot:
+    def _best_core(self) -> CoreState | None:
+        """The core in rotation with an idle slot and the least outstanding work."""
         best: CoreState | None = None
         for core in self.cores:
-            if core.idle and (
+            if core.idle and core.in_rotation and (
                 best is None
                 or (core.outstanding, core.assigned_total) < (best.outstanding, best.assigned_total)
             ):
                 best = core
-        assert best is not None
-        best.outstanding += 1
-        best.assigned_total += 1
+        return best
+
+    def take(self, core: CoreState) -> Slot:
+        """Take an idle slot of ``core`` (which must have one)."""
+        core.outstanding += 1
+        core.assigned_total += 1
         self._idle_total -= 1
-        return best.idle.popleft()
+        return core.idle.popleft()
 
     def release(self, slot: Slot) -> None:
         """The slot's work is over; it is idle again."""

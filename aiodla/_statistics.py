@@ -1,17 +1,42 @@
-"""Engine statistics: frozen snapshots, and the latency window they are built from."""
+"""Engine statistics: frozen snapshots, and the recorders they are built from.
+
+Only the event loop's thread records; ``Engine.statistics()`` copies the recorders into
+frozen dataclasses, so a snapshot never changes under its reader.
+"""
 
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["CoreStatistics", "EngineStatistics", "LatencySummary", "LatencyWindow"]
+__all__ = [
+    "LATENCY_BUCKETS",
+    "BusyWindow",
+    "CoreStatistics",
+    "EngineHealth",
+    "EngineStatistics",
+    "Histogram",
+    "HistogramRecorder",
+    "LatencySummary",
+    "LatencyWindow",
+    "StageTimes",
+]
+
+# Upper bounds (seconds) of histogram buckets: DLA tasks last about 1-5 ms, requests
+# queue for up to seconds under overload.
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class LatencySummary:
-    """Request latency (seconds, from ``infer`` to result) over the recent window."""
+    """Durations (seconds) over the recent window: count and percentiles."""
 
     count: int
     p50: float
@@ -22,17 +47,50 @@ class LatencySummary:
 
 
 @dataclasses.dataclass(frozen=True)
+class Histogram:
+    """All durations since the engine opened, in cumulative buckets (Prometheus style).
+
+    ``counts[i]`` is how many were ``<= bounds[i]``; ``count`` is the total (the
+    implicit ``+Inf`` bucket) and ``sum`` their sum in seconds.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    sum: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTimes:
+    """Where a request's device time went (only with ``stage_times=True``)."""
+
+    copy_in: LatencySummary
+    dla: LatencySummary
+    copy_out: LatencySummary
+
+
+@dataclasses.dataclass(frozen=True)
 class CoreStatistics:
     """One DLA core as the engine sees it."""
 
     core: int
     completed: int
+    """Tasks that finished without error."""
     failed: int
+    """Tasks that finished with a DLA error status."""
     in_flight: int
     busy_slots: int
     idle_slots: int
     busy_time: float
     """Seconds the core had a task running, estimated from completion times."""
+    busy_fraction: float
+    """Share of the recent window (``BusyWindow.SECONDS``) the core was busy, 0..1."""
+    in_rotation: bool
+    """False while the core is out of rotation after repeated faults."""
+    consecutive_failures: int
+    dla_time: LatencySummary | None
+    """Measured DLA time per task (only with ``stage_times=True``)."""
+    dla_histogram: Histogram | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +101,9 @@ class EngineStatistics:
     ``completed``, ``failed``, ``cancelled`` or ``timed_out`` — or is still ``queued``
     or ``in_flight``. ``rejected`` counts ``infer_nowait`` calls refused for a full queue;
     they were never submitted. A request whose result was ready when its caller was
-    cancelled counts as completed.
+    cancelled counts as completed. ``failures`` splits ``failed`` by cause: ``task``
+    (the DLA reported an error), ``device`` (a cuDLA or CUDA call failed), ``closed``,
+    ``dead`` and ``other``.
     """
 
     state: str
@@ -57,10 +117,31 @@ class EngineStatistics:
     in_flight: int
     cores: tuple[CoreStatistics, ...]
     latency: LatencySummary
+    """From ``infer`` to result, completed requests, recent window."""
+    queue_wait: LatencySummary
+    """From ``infer`` to getting a slot, recent window."""
+    latency_histogram: Histogram
+    queue_wait_histogram: Histogram
+    failures: Mapping[str, int]
+    stages: StageTimes | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineHealth:
+    """``ok``, ``degraded`` (a core out of rotation), ``dead`` (the device broke the
+    engine), or ``closed``; ``reason`` says why in words."""
+
+    status: str
+    reason: str
+    cores_out: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
 
 
 class LatencyWindow:
-    """The last ``size`` latencies in a ring; percentiles are computed on demand."""
+    """The last ``size`` durations in a ring; percentiles are computed on demand."""
 
     def __init__(self, size: int) -> None:
         self._values = np.zeros(size, dtype=np.float64)
@@ -79,5 +160,46 @@ class LatencyWindow:
         values = self._values[: self._count]
         p50, p90, p99 = np.percentile(values, (50, 90, 99))
         return LatencySummary(
-            self._count, float(p50), float(p90), float(p99), float(values.max()), float(values.mean())
+            self._count, float(p50), float(p90), float(p99), float(values.max()),
+            float(values.mean()),
         )
+
+
+class HistogramRecorder:
+    """Counts durations into fixed buckets; O(log buckets) per observation."""
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)
+        self._sum = 0.0
+
+    def add(self, seconds: float) -> None:
+        self._counts[bisect.bisect_left(self._bounds, seconds)] += 1
+        self._sum += seconds
+
+    def snapshot(self) -> Histogram:
+        cumulative, running = [], 0
+        for count in self._counts[:-1]:
+            running += count
+            cumulative.append(running)
+        return Histogram(self._bounds, tuple(cumulative), running + self._counts[-1], self._sum)
+
+
+class BusyWindow:
+    """Busy time of one core over the last ``SECONDS`` seconds."""
+
+    SECONDS = 10.0
+
+    def __init__(self) -> None:
+        self._spans: collections.deque[tuple[float, float]] = collections.deque()
+
+    def add(self, end: float, busy: float) -> None:
+        self._spans.append((end, busy))
+
+    def fraction(self, now: float) -> float:
+        horizon = now - self.SECONDS
+        spans = self._spans
+        while spans and spans[0][0] < horizon:
+            spans.popleft()
+        busy = sum(min(duration, end - horizon) for end, duration in spans)
+        return min(1.0, busy / self.SECONDS)

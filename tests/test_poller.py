@@ -24,6 +24,9 @@ class FakeRuntime:
     def make_current(self) -> None:
         pass
 
+    def get_last_error(self, device: int) -> int:
+        return 0
+
     def query_event(self, event: int) -> bool:
         self.queries += 1
         if self.fail_with is not None:
@@ -48,10 +51,10 @@ class FakeLoop:
 
 class Sink:
     def __init__(self) -> None:
-        self.batches: list[list[Slot]] = []
+        self.batches: list[list[tuple[Slot, int]]] = []
         self.failures: list[BaseException] = []
 
-    def deliver(self, slots: list[Slot]) -> None:
+    def deliver(self, slots: list[tuple[Slot, int]]) -> None:
         self.batches.append(slots)
 
     def fail(self, error: BaseException) -> None:
@@ -85,7 +88,7 @@ def test_one_wakeup_for_all_completions_of_a_sweep() -> None:
     finally:
         poller.stop()
         poller.join(5)
-    delivered = [s.event for _, batch in loop.calls for s in batch]
+    delivered = [s.event for _, batch in loop.calls for s, _ in batch]
     assert sorted(delivered) == [0, 1, 2]
     assert len(loop.calls) == 1  # one call_soon_threadsafe for the whole sweep
     assert not poller.alive

@@ -280,11 +280,15 @@ class CudaRuntime:
     def synchronize_stream(self, stream: int) -> None:
         check_cuda("cudaStreamSynchronize", _rt.cudaStreamSynchronize(stream))
 
-    def create_event(self) -> int:
-        event = check_cuda(
-            "cudaEventCreateWithFlags", _rt.cudaEventCreateWithFlags(_rt.cudaEventDisableTiming)
-        )
+    def create_event(self, timing: bool = False) -> int:
+        # The poller's events skip timing: cheaper to record and to query.
+        flags = _rt.cudaEventDefault if timing else _rt.cudaEventDisableTiming
+        event = check_cuda("cudaEventCreateWithFlags", _rt.cudaEventCreateWithFlags(flags))
         return int(event)
+
+    def elapsed_time(self, start: int, end: int) -> float:
+        milliseconds = check_cuda("cudaEventElapsedTime", _rt.cudaEventElapsedTime(start, end))
+        return float(milliseconds) / 1000.0
 
     def destroy_event(self, event: int) -> None:
         check_cuda("cudaEventDestroy", _rt.cudaEventDestroy(event))

@@ -60,6 +60,7 @@ _EXTERNAL_DEVICE = 911  # cudaErrorExternalDevice
 _MEMORY_ALLOCATION = 2
 _INVALID_VALUE = 1
 _INVALID_HANDLE = 400
+_NOT_READY = 600
 
 
 def _status(name: str) -> Any:
@@ -187,9 +188,11 @@ class _Task:
 @dataclasses.dataclass(eq=False)
 class _Event:
     handle: int
+    timing: bool = False
     recorded: int = 0
     completed: int = 0
     stream: _Stream | None = None
+    time: float = 0.0  # the emulated time the stream reached the last completed record
 
 
 class _Operation:
@@ -273,6 +276,8 @@ class EmulatedRuntime:
         self._ranges: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
         self.device_time = 0.0
         """CPU seconds spent doing the emulated device's work (copies, tasks)."""
+        self.invalid_releases = 0
+        """Releases of handles that were not live (a double release, say): tests check 0."""
 
     # -- test controls -------------------------------------------------------------------
 
@@ -305,8 +310,29 @@ class EmulatedRuntime:
             self._placed.notify_all()
 
     def poison(self, code: int = _EXTERNAL_DEVICE) -> None:
-        """Poison the CUDA context: from now every CUDA call raises a sticky error."""
-        self._poisoned = CudaCallError("(context)", code)
+        """Poison the CUDA context: from now every CUDA call raises a sticky error, and
+        the work queued on the device is lost. Releasing a CUDA handle then raises too,
+        but the handle counts as released (the process's end reclaims it)."""
+        with self._lock:
+            self._poisoned = CudaCallError("(context)", code)
+            for stream in (*self._streams.values(), *self._retired):
+                stream.operations.clear()
+                stream.unplaced.clear()
+            for device in self._devices.values():
+                device.tasks_in_flight = 0
+            for core in self._cores:
+                core.blocked.clear()
+            self._placed.notify_all()
+
+    def _released(self, call: str) -> None:
+        """After a successful release: in a poisoned context, say it failed anyway."""
+        if self._poisoned is not None:
+            raise CudaCallError(call, self._poisoned.code)
+
+    def _bad_release(self, call: str) -> None:
+        """A release of a handle that is not live: a double release, or a stray one."""
+        self.invalid_releases += 1
+        raise CudaCallError(call, _INVALID_HANDLE if call.startswith("destroy") else _INVALID_VALUE)
 
     def fail_call(
         self,
@@ -441,11 +467,9 @@ class EmulatedRuntime:
     def _start_task(self, operation: _Operation, device: _Device, stream: _Stream, now: float) -> None:
         core = device.core
         start = max(core.free_at, stream.clock, now)
-        status = core.failures.popleft() if core.failures else 0
-        duration = operation.effect.duration  # type: ignore[attr-defined]
-        if core.hung:
-            duration, status = device.timeout, _STATUS_VALUES["engine_timeout"]
-        operation.effect.status = status  # type: ignore[attr-defined]
+        effect = operation.effect
+        assert isinstance(effect, _TaskEffect)
+        duration = device.timeout if effect.hung else effect.duration
         core.tasks_started += 1
         core.busy_time += duration
         core.free_at = stream.clock = start + duration
@@ -497,6 +521,8 @@ class EmulatedRuntime:
     def destroy_device(self, device: int) -> None:
         self._advance_all()
         with self._lock:
+            if device not in self._devices:
+                self.invalid_releases += 1
             target = self._device(device)
             if target.tasks_in_flight:
                 raise _reject(
@@ -535,6 +561,8 @@ class EmulatedRuntime:
     def unload_module(self, module: int) -> None:
         self._advance_all()
         with self._lock:
+            if module not in self._modules:
+                self.invalid_releases += 1
             loaded = self._module(module)
             if loaded.device.tasks_in_flight:
                 raise _reject("invalid_param", f"unload of module {module:#x} with tasks in flight")
@@ -573,6 +601,7 @@ class EmulatedRuntime:
         target = self._device(device)
         with self._lock:
             if registered not in target.registrations:
+                self.invalid_releases += 1
                 raise _reject("invalid_address", f"{registered!r} is not registered here")
             if target.tasks_in_flight:
                 raise _reject("invalid_param", "unregister while tasks are in flight")
@@ -599,6 +628,12 @@ class EmulatedRuntime:
         _, _, model, runner = resolved
         queue = self._stream(stream, "submit_task")
         effect = _TaskEffect(self, target, model, runner)
+        # Faults belong to the task as it is submitted, whenever it starts.
+        core = target.core
+        if core.hung:
+            effect.hung, effect.status = True, _STATUS_VALUES["engine_timeout"]
+        elif core.failures:
+            effect.status = core.failures.popleft()
         with self._lock:
             target.tasks_in_flight += 1
             if target.core.gate is not None:
@@ -667,9 +702,10 @@ class EmulatedRuntime:
         with self._lock:
             target = self._streams.pop(stream, None)
             if target is None:
-                raise CudaCallError("destroy_stream", _INVALID_HANDLE)
-            if target.operations:
+                self._bad_release("destroy_stream")
+            elif target.operations:
                 self._retired.append(target)
+        self._released("destroy_stream")
 
     def synchronize_stream(self, stream: int) -> None:
         self._cuda("synchronize_stream")
@@ -689,17 +725,29 @@ class EmulatedRuntime:
         if self._poisoned is not None:
             raise CudaCallError("synchronize_stream", self._poisoned.code)
 
-    def create_event(self) -> int:
+    def create_event(self, timing: bool = False) -> int:
         self._cuda("create_event")
         with self._lock:
             handle = next(self._ids)
-            self._events[handle] = _Event(handle)
+            self._events[handle] = _Event(handle, timing)
             return handle
 
     def destroy_event(self, event: int) -> None:
         with self._lock:
             if self._events.pop(event, None) is None:
-                raise CudaCallError("destroy_event", _INVALID_HANDLE)
+                self._bad_release("destroy_event")
+        self._released("destroy_event")
+
+    def elapsed_time(self, start: int, end: int) -> float:
+        self._cuda("elapsed_time")
+        first, last = self._events.get(start), self._events.get(end)
+        if first is None or last is None or not (first.timing and last.timing):
+            raise CudaCallError("elapsed_time", _INVALID_HANDLE)
+        if first.completed < first.recorded or last.completed < last.recorded or not (
+            first.recorded and last.recorded
+        ):
+            raise CudaCallError("elapsed_time", _NOT_READY)
+        return last.time - first.time
 
     def record_event(self, event: int, stream: int) -> None:
         self._cuda("record_event")
@@ -712,10 +760,15 @@ class EmulatedRuntime:
             target.stream = queue
             generation = target.recorded
 
-        def complete() -> None:
-            target.completed = max(target.completed, generation)
+        operation = _Operation(lambda: None)
 
-        self._push(queue, _Operation(complete))
+        def complete() -> None:
+            if generation > target.completed:
+                target.completed = generation
+                target.time = operation.at or 0.0
+
+        operation.effect = complete
+        self._push(queue, operation)
 
     def query_event(self, event: int) -> bool:
         if self._poisoned is not None:
@@ -746,13 +799,14 @@ class EmulatedRuntime:
     def free(self, ptr: int) -> None:
         with self._lock:
             if ptr not in self._device_memory:
-                raise CudaCallError("free", _INVALID_VALUE)
+                self._bad_release("free")
             for device in self._devices.values():
                 if any(raw == ptr for raw, _ in device.registrations.values()):
                     raise CudaCallError("free", _INVALID_VALUE)
             self._changed()
             del self._device_memory[ptr]
             self._device_starts.remove(ptr)
+        self._released("free")
 
     def host_alloc(self, nbytes: int) -> HostBuffer:
         self._cuda("host_alloc")
@@ -770,7 +824,8 @@ class EmulatedRuntime:
     def host_free(self, buffer: HostBuffer) -> None:
         with self._lock:
             if self._host_memory.pop(buffer.ptr, None) is None:
-                raise CudaCallError("host_free", _INVALID_VALUE)
+                self._bad_release("host_free")
+        self._released("host_free")
 
     def _host(self, buffer: HostBuffer, nbytes: int, call: str) -> np.ndarray[Any, Any]:
         if self._host_memory.get(buffer.ptr) is not buffer or not 0 < nbytes <= buffer.nbytes:
@@ -801,7 +856,7 @@ class EmulatedRuntime:
 class _TaskEffect:
     """A task's effect: compute its outputs (unless it failed), latch its status."""
 
-    __slots__ = ("device", "duration", "runner", "runtime", "status")
+    __slots__ = ("device", "duration", "hung", "runner", "runtime", "status")
 
     def __init__(
         self, runtime: EmulatedRuntime, device: _Device, model: EmulatorModel, runner: ModelRunner
@@ -811,6 +866,7 @@ class _TaskEffect:
         self.runner = runner
         self.duration = model.latency
         self.status = 0
+        self.hung = False
 
     def __call__(self) -> None:
         device = self.device

@@ -26,6 +26,7 @@ cudaMemcpyKind = _real.cudaMemcpyKind
 cudaDeviceAttr = _real.cudaDeviceAttr
 cudaStreamNonBlocking = _real.cudaStreamNonBlocking
 cudaEventDisableTiming = _real.cudaEventDisableTiming
+cudaEventDefault = _real.cudaEventDefault
 cudaEventBlockingSync = _real.cudaEventBlockingSync
 cudaHostAllocPortable = _real.cudaHostAllocPortable
 cudaHostAllocDefault = _real.cudaHostAllocDefault
@@ -47,6 +48,7 @@ class HostFakeRuntime:
     cudaDeviceAttr = cudaDeviceAttr
     cudaStreamNonBlocking = cudaStreamNonBlocking
     cudaEventDisableTiming = cudaEventDisableTiming
+    cudaEventDefault = cudaEventDefault
     cudaEventBlockingSync = cudaEventBlockingSync
     cudaHostAllocPortable = cudaHostAllocPortable
     cudaHostAllocDefault = cudaHostAllocDefault
@@ -57,6 +59,7 @@ class HostFakeRuntime:
         self._lock = threading.Lock()
         self.streams: set[int] = set()
         self.events: set[int] = set()
+        self.timing_events: set[int] = set()
         self.device_memory: set[int] = set()
         self.host_memory: dict[int, Any] = {}
 
@@ -99,7 +102,16 @@ class HostFakeRuntime:
         return (_OK,) if int(stream) in self.streams or int(stream) == 0 else (_INVALID_HANDLE,)
 
     def cudaEventCreateWithFlags(self, flags: int) -> tuple[Any, int]:
-        return (_OK, self._new(self.events))
+        event = self._new(self.events)
+        if flags == cudaEventDefault:
+            self.timing_events.add(event)
+        return (_OK, event)
+
+    def cudaEventElapsedTime(self, start: int, end: int) -> tuple[Any, float]:
+        # Host-fake tasks run on the submitting thread: no device time to measure.
+        if not {int(start), int(end)} <= self.timing_events:
+            return (_INVALID_HANDLE, 0.0)
+        return (_OK, 0.0)
 
     def cudaEventDestroy(self, event: int) -> tuple[Any]:
         return self._drop(self.events, int(event))

@@ -222,6 +222,31 @@ class TestCudlaCalls:
 
 
 class TestCudaCalls:
+    def test_timing_events_measure_a_task(self, runtime: CudaRuntime, gpu_session: Any) -> None:
+        from _setup import ModelSetup
+
+        latency = 0.005
+        setup = ModelSetup(runtime, 0, tiny_loadable(latency=latency))
+        try:
+            start, end = runtime.create_event(timing=True), runtime.create_event(timing=True)
+            plain = runtime.create_event()
+            runtime.record_event(start, setup.stream)
+            runtime.submit_task(setup.device, setup.task, setup.stream)
+            runtime.record_event(end, setup.stream)
+            runtime.record_event(plain, setup.stream)
+            runtime.synchronize_stream(setup.stream)
+            seconds = runtime.elapsed_time(start, end)
+            if gpu_session.host_fake:
+                assert seconds == 0.0
+            else:
+                assert latency * 0.98 <= seconds < latency + 0.01
+            with pytest.raises(CudaCallError, match="cudaEventElapsedTime"):
+                runtime.elapsed_time(start, plain)  # created without timing
+            for event in (start, end, plain):
+                runtime.destroy_event(event)
+        finally:
+            setup.close()
+
     def test_streams_events_memory(self, runtime: CudaRuntime) -> None:
         stream = runtime.create_stream()
         event = runtime.create_event()
