@@ -380,8 +380,11 @@ class Engine:
             status = cudla_status(exc)
             if status is None:
                 raise
+            detail = getattr(exc, "detail", None)  # the emulated runtime says what it caught
             raise DeviceError(
-                f"opening the engine: {what} failed: {status_name(status)}", status=status
+                f"opening the engine: {what} failed: {status_name(status)}"
+                + (f" ({detail})" if detail else ""),
+                status=status,
             ) from exc
 
     def _create(self, where: str, owner: int, create: Any, release: Any, *args: Any) -> Any:

@@ -194,7 +194,13 @@ class BusyWindow:
         self._spans: collections.deque[tuple[float, float]] = collections.deque()
 
     def add(self, end: float, busy: float) -> None:
-        self._spans.append((end, busy))
+        spans = self._spans
+        spans.append((end, busy))
+        # Prune here too, not only when read: an engine nobody asks for statistics
+        # must not grow this without bound.
+        horizon = end - self.SECONDS
+        while spans[0][0] < horizon:
+            spans.popleft()
 
     def fraction(self, now: float) -> float:
         horizon = now - self.SECONDS

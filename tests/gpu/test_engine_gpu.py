@@ -237,6 +237,52 @@ class TestFaults:
             assert_same(await engine.infer(arrays["x"]), expected(model, arrays))
 
 
+    async def test_faulty_core_leaves_rotation_and_returns(
+        self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
+    ) -> None:
+        data = single_model(latency=0.0005)
+        model = parse_loadable(data)
+        arrays = random_inputs(model, 6)
+        want = expected(model, arrays)
+        async with Engine(data, cores=(0, 1), streams_per_core=1, runtime=cuda_runtime,
+                          max_consecutive_faults=2, probe_interval=0.05) as engine:
+            for _ in range(50):
+                if not engine.statistics().cores[0].in_rotation:
+                    break
+                released.fail_next_task(0, DLA_INVALID_INPUT)
+                try:
+                    assert_same(await engine.infer(arrays["x"]), want)
+                except TaskError as error:
+                    assert error.core == 0
+            health = engine.health()
+            assert health.status == "degraded" and health.cores_out == (0,)
+            served = engine.statistics().cores[1].completed
+            for result in await asyncio.gather(*(engine.infer(arrays["x"]) for _ in range(20))):
+                assert_same(result, want)
+            assert engine.statistics().cores[1].completed - served == 20
+            for _ in range(200):  # probes: the one armed fault at most, then success
+                if engine.health().status == "ok":
+                    break
+                await asyncio.sleep(0.01)
+            assert engine.health().status == "ok"
+
+    async def test_stage_times(self, cuda_runtime: CudaRuntime, released: Any,
+                               real_gpu: None) -> None:
+        data = single_model(latency=0.002)
+        model = parse_loadable(data)
+        arrays = random_inputs(model, 7)
+        async with Engine(data, cores=(0,), runtime=cuda_runtime, stage_times=True) as engine:
+            for _ in range(5):
+                assert_same(await engine.infer(arrays["x"]), expected(model, arrays))
+            stats = engine.statistics()
+        assert stats.stages is not None
+        assert stats.stages.dla.count == 5
+        assert 0.002 * 0.98 <= stats.stages.dla.p50 < 0.01
+        assert 0 <= stats.stages.copy_in.p50 < 0.002 and 0 <= stats.stages.copy_out.p50 < 0.002
+        core = stats.cores[0]
+        assert core.dla_histogram is not None and core.dla_histogram.count == 5
+
+
 class TestCancellation:
     async def test_cancel_in_flight_and_queued(
         self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
@@ -314,6 +360,6 @@ class TestCancellation:
 
     async def test_health(self, cuda_runtime: CudaRuntime, released: Any) -> None:
         async with Engine(single_model(), runtime=cuda_runtime) as engine:
-            if not hasattr(engine, "health"):
-                pytest.skip("Engine.health() is not there yet")
-            assert engine.health() is not None
+            health = engine.health()
+            assert health.status == "ok" and health.ok
+        assert engine.health().status == "closed"
