@@ -1,0 +1,437 @@
+"""LatestFrameStream: newest frame wins, answers in frame order, bounded latency, closing.
+
+States are reached through the emulated runtime's gates (a held core keeps its task in
+flight), never by sleeping and hoping; only the overload tests run on the clock, since
+what they show is a property of time. After every scenario the counts must add up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from support import X, affine_model, expected_affine, two_pair_model, wait_until
+
+from aiodla import (
+    AiodlaError,
+    ConfigurationError,
+    EmulatedRuntime,
+    Engine,
+    EngineClosedError,
+    EngineDeadError,
+    FrameResult,
+    InputTypeError,
+    InputValueError,
+    LatestFrameStream,
+    RequestTimeoutError,
+    StreamClosedError,
+    StreamState,
+    StreamStatistics,
+    TaskError,
+)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def frame(i: int) -> np.ndarray[Any, Any]:
+    # Each frame carries its own number, so an answer shows which frame it belongs to.
+    return np.full(X.shape, i, np.float32)
+
+
+def accounted(s: StreamStatistics) -> bool:
+    ended = s.completed + s.failed + s.dropped + s.cancelled
+    return ended + s.pending + s.in_flight == s.submitted
+
+
+def check_answer(result: FrameResult) -> None:
+    assert result.error is None
+    np.testing.assert_array_equal(result.output, expected_affine(frame(result.index)))
+
+
+@pytest_asyncio.fixture
+async def stream(engine: Engine) -> AsyncIterator[LatestFrameStream]:
+    async with LatestFrameStream(engine, name="cam") as opened:
+        yield opened
+    assert accounted(opened.statistics())
+
+
+async def in_flight_on_held_core(
+    stream: LatestFrameStream, runtime: EmulatedRuntime, index: int = 0
+) -> list[Any]:
+    """Hold both cores and submit a frame: it is then in flight on the DLA."""
+    gates = [runtime.hold(0), runtime.hold(1)]
+    assert stream.submit(frame(index)) == index
+    await wait_until(lambda: sum(g.held for g in gates) == 1)
+    return gates
+
+
+class TestPolicy:
+    @pytest.mark.asyncio
+    async def test_a_frame_starts_at_once_and_is_answered(self, stream: LatestFrameStream) -> None:
+        assert stream.submit(frame(0), context="t=0") == 0
+        result = await stream.receive()
+        assert (result.index, result.context) == (0, "t=0")
+        check_answer(result)
+        assert result.latency > 0
+        stats = stream.statistics()
+        assert (stats.submitted, stats.completed, stats.dropped, stats.buffered) == (1, 1, 0, 0)
+        assert stats.latency.count == 1
+
+    @pytest.mark.loop_variants
+    @pytest.mark.asyncio
+    async def test_a_newer_frame_replaces_the_waiting_one(
+        self, stream: LatestFrameStream, runtime: EmulatedRuntime
+    ) -> None:
+        gates = await in_flight_on_held_core(stream, runtime)
+        for i in (1, 2, 3):
+            stream.submit(frame(i))
+        stats = stream.statistics()
+        assert (stats.in_flight, stats.pending, stats.dropped) == (1, 1, 2)
+        assert accounted(stats)
+        # One request per stream reaches the engine, however many frames arrive.
+        assert stream.engine.statistics().in_flight + stream.engine.statistics().queued == 1
+        for gate in gates:
+            gate.release()
+        answers = [await stream.receive(), await stream.receive()]
+        assert [a.index for a in answers] == [0, 3]
+        for answer in answers:
+            check_answer(answer)
+        stats = stream.statistics()
+        assert (stats.completed, stats.dropped, stats.pending, stats.in_flight) == (2, 2, 0, 0)
+
+    @pytest.mark.loop_variants
+    @pytest.mark.asyncio
+    async def test_no_frame_is_answered_out_of_order(self, stream: LatestFrameStream) -> None:
+        rng = np.random.default_rng(1)
+        answers: list[FrameResult] = []
+
+        async def read() -> None:
+            async for result in stream:
+                answers.append(result)
+
+        reader = asyncio.create_task(read())
+        for i in range(120):
+            stream.submit(frame(i))
+            if rng.random() < 0.5:
+                await asyncio.sleep(float(rng.uniform(0, 0.002)))
+        await wait_until(lambda: stream.statistics().in_flight + stream.statistics().pending == 0)
+        await stream.aclose()
+        await reader
+        indices = [a.index for a in answers]
+        assert indices == sorted(set(indices))
+        assert indices[-1] == 119  # the newest frame always gets its turn
+        for answer in answers:
+            check_answer(answer)
+        stats = stream.statistics()
+        assert stats.completed == len(answers)
+        assert stats.completed + stats.dropped == 120
+        assert accounted(stats)
+
+    @pytest.mark.asyncio
+    async def test_a_slow_reader_turns_into_drops_not_a_backlog(self, engine: Engine) -> None:
+        async with LatestFrameStream(engine, max_buffered=1) as stream:
+            stream.submit(frame(0))
+            await wait_until(lambda: stream.statistics().buffered == 1)
+            stream.submit(frame(1))
+            stream.submit(frame(2))
+            # The buffer is full: nothing new starts, the waiting frame keeps being replaced.
+            await asyncio.sleep(0.01)
+            stats = stream.statistics()
+            assert (stats.in_flight, stats.pending, stats.dropped, stats.buffered) == (0, 1, 1, 1)
+            assert [(await stream.receive()).index, (await stream.receive()).index] == [0, 2]
+            assert accounted(stream.statistics())
+
+    @pytest.mark.asyncio
+    async def test_a_multi_input_model_takes_a_mapping(self, runtime: EmulatedRuntime) -> None:
+        engine = Engine(two_pair_model(), runtime=runtime)
+        async with engine, LatestFrameStream(engine) as stream:
+            arrays = {s.name: np.ones(s.shape, np.float32) for s in engine.inputs}
+            stream.submit(arrays)
+            result = await stream.receive()
+            assert set(result.output) == {"mean_a", "mean_b"}
+            with pytest.raises(InputValueError, match="takes inputs"):
+                stream.submit({"a": arrays["a"]})
+            with pytest.raises(InputTypeError, match="2 inputs"):
+                stream.submit(arrays["a"])
+
+    @pytest.mark.asyncio
+    async def test_statistics_and_repr(self, stream: LatestFrameStream) -> None:
+        stats = stream.statistics()
+        assert (stats.name, stats.state, stats.submitted, stats.elapsed, stats.fps) == (
+            "cam", "open", 0, 0.0, 0.0)
+        stream.submit(frame(0))
+        await stream.receive()
+        stats = stream.statistics()
+        assert stats.fps > 0
+        assert stats.offered_fps > 0
+        assert stats.elapsed > 0
+        assert repr(stream).startswith("<LatestFrameStream 'cam' open: 1 frames, 1 completed")
+
+
+class TestOverload:
+    @pytest.mark.asyncio
+    async def test_latency_stays_bounded_at_twice_capacity(self, runtime: EmulatedRuntime) -> None:
+        # 2 cores x 20 ms = 100 frames/s; 4 streams x 50 fps offer 200 frames/s for 1 s.
+        # With 4 slots and one request per stream, a frame waits at most for the rest of
+        # its stream's previous run, then runs; each run takes at most 2 service times
+        # (2 requests per core), so latency <= 4 S. A queue of every frame would instead
+        # reach ~0.5 s by the end. 6 S leaves 2 S for the scheduling jitter of CI.
+        service, streams, fps, duration = 0.02, 4, 50.0, 1.0
+        async with Engine(affine_model(service), runtime=runtime) as engine:
+            cams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(streams)]
+            most_outstanding = 0
+
+            async def camera(cam: LatestFrameStream) -> None:
+                nonlocal most_outstanding
+                loop = asyncio.get_running_loop()
+                reader = asyncio.create_task(drain(cam))
+                async with cam:
+                    tick = loop.time()
+                    end = tick + duration
+                    while tick < end:
+                        cam.submit(frame(0))
+                        engine_stats = engine.statistics()
+                        most_outstanding = max(
+                            most_outstanding, engine_stats.in_flight + engine_stats.queued)
+                        tick += 1 / fps
+                        await asyncio.sleep(max(0.0, tick - loop.time()))
+                await reader
+
+            await asyncio.gather(*(camera(cam) for cam in cams))
+            stats = [cam.statistics() for cam in cams]
+        assert most_outstanding <= streams  # never a backlog in the engine
+        for s in stats:
+            assert accounted(s)
+            assert s.dropped >= s.submitted // 4, s  # about half the frames are dropped
+            assert s.completed >= 0.5 * duration / (service * streams / 2), s  # a fair share
+            assert s.latency.p99 <= 6 * service, s
+        total = sum(s.completed for s in stats)
+        assert total <= 1.1 * 2 / service * duration + streams
+
+    @pytest.mark.asyncio
+    async def test_camera_example_at_twice_capacity(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        path = EXAMPLES / "camera_fanout.py"
+        spec = importlib.util.spec_from_file_location("camera_fanout", path)
+        assert spec is not None
+        assert spec.loader is not None
+        example = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault("camera_fanout", example)
+        spec.loader.exec_module(example)
+        # 2 cores x 20 ms = 100 frames/s; 4 cameras x 50 fps = 200 frames/s offered.
+        service = 0.02
+        stats = await example.run(example.demo_model(service), cameras=4, fps=50, duration=1.0)
+        assert len(stats) == 4
+        for s in stats:
+            assert s.dropped > 0
+            assert s.completed > 0
+            assert s.latency.p99 <= 6 * service, s  # see the test above for the bound
+        printed = capsys.readouterr().out
+        assert "cam3" in printed
+        assert "dropped" in printed
+
+
+async def drain(stream: LatestFrameStream) -> None:
+    async for _ in stream:
+        pass
+
+
+class TestErrors:
+    @pytest.mark.asyncio
+    async def test_bad_frame_is_refused_before_anything_is_queued(
+        self, stream: LatestFrameStream
+    ) -> None:
+        with pytest.raises(InputValueError, match="shape"):
+            stream.submit(np.zeros((1, 3, 4, 4), np.float32))
+        with pytest.raises(InputTypeError):
+            stream.submit("not an array")
+        assert stream.statistics().submitted == 0
+        assert stream.engine.statistics().submitted == 0
+
+    @pytest.mark.asyncio
+    async def test_a_failed_task_is_answered_and_the_stream_goes_on(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        engine = Engine(affine_model(), runtime=runtime, cores=[0])
+        async with engine, LatestFrameStream(engine) as stream:
+            runtime.fail_next_task(0)
+            stream.submit(frame(0))
+            failed = await stream.receive()
+            assert isinstance(failed.error, TaskError)
+            assert failed.output is None
+            stream.submit(frame(1))
+            check_answer(await stream.receive())
+            stats = stream.statistics()
+            assert (stats.failed, stats.completed, stats.latency.count) == (1, 1, 1)
+
+    @pytest.mark.asyncio
+    async def test_a_timed_out_frame_is_answered_with_the_timeout(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
+        async with LatestFrameStream(engine, timeout=0.01) as stream:
+            gates = await in_flight_on_held_core(stream, runtime)
+            result = await stream.receive()
+            assert isinstance(result.error, RequestTimeoutError)
+            for gate in gates:
+                gate.release()
+            assert stream.statistics().failed == 1
+
+    @pytest.mark.asyncio
+    async def test_an_engine_closed_under_the_stream_ends_it(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        engine = Engine(affine_model(), runtime=runtime)
+        async with engine:
+            stream = LatestFrameStream(engine)
+            stream.submit(frame(0))
+            check_answer(await stream.receive())
+        with pytest.raises(EngineClosedError):
+            stream.submit(frame(1))
+        assert stream.state is StreamState.BROKEN
+        with pytest.raises(EngineClosedError, match="ended") as caught:
+            await stream.receive()
+        assert isinstance(caught.value.__cause__, EngineClosedError)
+        await stream.aclose()
+        assert stream.state is StreamState.CLOSED
+        assert accounted(stream.statistics())
+
+    @pytest.mark.asyncio
+    async def test_a_dead_engine_ends_the_stream_after_its_answers(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        engine = Engine(affine_model(), runtime=runtime)
+        async with engine, LatestFrameStream(engine) as stream:
+            stream.submit(frame(0))
+            await wait_until(lambda: stream.statistics().buffered == 1)
+            runtime.poison()
+            stream.submit(frame(1))
+            check_answer(await stream.receive())  # answered before the engine died
+            with pytest.raises(EngineDeadError) as caught:
+                await stream.receive()
+            assert caught.value.__cause__ is not None
+            with pytest.raises(EngineDeadError):
+                stream.submit(frame(2))
+            assert stream.statistics().failed == 1
+
+    @pytest.mark.asyncio
+    async def test_an_engine_not_yet_open_is_refused(self, runtime: EmulatedRuntime) -> None:
+        stream = LatestFrameStream(Engine(affine_model(), runtime=runtime))
+        with pytest.raises(EngineClosedError, match="not open"):
+            stream.submit(frame(0))
+        assert stream.state is StreamState.OPEN  # opening the engine later is fine
+        await stream.aclose()
+
+    @pytest.mark.asyncio
+    async def test_submit_from_another_thread_is_refused(self, stream: LatestFrameStream) -> None:
+        with pytest.raises(AiodlaError, match="call_soon_threadsafe"):
+            await asyncio.to_thread(stream.submit, frame(0))
+        assert stream.statistics().submitted == 0
+
+    @pytest.mark.parametrize(
+        ("options", "match"),
+        [
+            ({"max_buffered": 0}, "max_buffered"),
+            ({"max_buffered": True}, "max_buffered"),
+            ({"latency_window": 0}, "latency_window"),
+            ({"timeout": -1.0}, "timeout"),
+            ({"timeout": float("nan")}, "timeout"),
+        ],
+    )
+    def test_bad_options(self, options: dict[str, Any], match: str) -> None:
+        with pytest.raises(ConfigurationError, match=match):
+            LatestFrameStream(Engine(affine_model()), **options)
+
+    def test_not_an_engine(self) -> None:
+        with pytest.raises(ConfigurationError, match=r"aiodla\.Engine"):
+            LatestFrameStream("model.bin")  # type: ignore[arg-type]
+
+
+class TestClose:
+    @pytest.mark.loop_variants
+    @pytest.mark.asyncio
+    async def test_close_drops_the_waiting_frame_and_cancels_the_one_in_flight(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
+        stream = LatestFrameStream(engine)
+        gates = await in_flight_on_held_core(stream, runtime)
+        stream.submit(frame(1))
+        await stream.aclose()
+        stats = stream.statistics()
+        assert (stats.state, stats.dropped, stats.cancelled, stats.pending, stats.in_flight) == (
+            "closed", 1, 1, 0, 0)
+        assert accounted(stats)
+        assert engine.statistics().cancelled == 1
+        for gate in gates:
+            gate.release()
+        await wait_until(lambda: engine.statistics().in_flight == 0)
+
+    @pytest.mark.asyncio
+    async def test_aclose_is_idempotent_and_a_closed_stream_stays_closed(
+        self, stream: LatestFrameStream
+    ) -> None:
+        await stream.aclose()
+        await stream.aclose()
+        with pytest.raises(StreamClosedError):
+            stream.submit(frame(0))
+        with pytest.raises(StreamClosedError):
+            await stream.receive()
+        with pytest.raises(StreamClosedError, match="reopen"):
+            async with stream:
+                pass
+
+    @pytest.mark.asyncio
+    async def test_answers_buffered_at_close_can_still_be_read(
+        self, stream: LatestFrameStream
+    ) -> None:
+        stream.submit(frame(0))
+        await wait_until(lambda: stream.statistics().buffered == 1)
+        await stream.aclose()
+        assert [result.index async for result in stream] == [0]
+
+    @pytest.mark.asyncio
+    async def test_close_ends_a_waiting_reader(self, stream: LatestFrameStream) -> None:
+        reader = asyncio.create_task(drain(stream))
+        await asyncio.sleep(0)
+        await stream.aclose()
+        await asyncio.wait_for(reader, 1)
+
+    @pytest.mark.asyncio
+    async def test_a_cancelled_receive_takes_nothing(self, stream: LatestFrameStream) -> None:
+        waiting = asyncio.create_task(stream.receive())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        stream.submit(frame(0))
+        assert (await stream.receive()).index == 0
+
+    @pytest.mark.asyncio
+    async def test_a_cancelled_aclose_still_closes(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
+        stream = LatestFrameStream(engine)
+        gates = await in_flight_on_held_core(stream, runtime)
+        closing = asyncio.create_task(stream.aclose())
+        await asyncio.sleep(0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert stream.state is StreamState.CLOSED
+        await stream.aclose()  # waits for the worker the first call left behind
+        assert stream.statistics().cancelled == 1
+        for gate in gates:
+            gate.release()
+
+    @pytest.mark.asyncio
+    async def test_an_unclosed_stream_warns(self, stream: LatestFrameStream) -> None:
+        stream.submit(frame(0))
+        with pytest.warns(ResourceWarning, match="unclosed stream"):
+            stream.__del__()
