@@ -207,11 +207,19 @@ class LatestFrameStream:
     # -- context management -------------------------------------------------------------
 
     async def __aenter__(self) -> LatestFrameStream:
+        """The stream itself; a closed stream cannot be entered again.
+
+        Cancellation: it does not wait, so there is nothing to cancel.
+        """
         if self._state is StreamState.CLOSED:
             raise StreamClosedError("Cannot reopen a stream once it has been closed.")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        """Close the stream, as :meth:`aclose`.
+
+        Cancellation: as :meth:`aclose`.
+        """
         await self.aclose()
 
     async def aclose(self) -> None:
