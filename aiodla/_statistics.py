@@ -186,26 +186,28 @@ class HistogramRecorder:
 
 
 class BusyWindow:
-    """Busy time of one core over the last ``SECONDS`` seconds."""
+    """Busy time of one core over about the last ``SECONDS`` seconds.
+
+    Kept in one-second buckets, so memory stays constant whatever the task rate (a
+    list of every task of the last ten seconds held tens of thousands of entries).
+    """
 
     SECONDS = 10.0
+    _BUCKETS = 10
 
     def __init__(self) -> None:
-        self._spans: collections.deque[tuple[float, float]] = collections.deque()
+        self._busy = [0.0] * self._BUCKETS
+        self._second = [-1] * self._BUCKETS  # which whole second each bucket holds
 
     def add(self, end: float, busy: float) -> None:
-        spans = self._spans
-        spans.append((end, busy))
-        # Prune here too, not only when read: an engine nobody asks for statistics
-        # must not grow this without bound.
-        horizon = end - self.SECONDS
-        while spans[0][0] < horizon:
-            spans.popleft()
+        second = int(end)
+        index = second % self._BUCKETS
+        if self._second[index] != second:
+            self._second[index] = second
+            self._busy[index] = 0.0
+        self._busy[index] += busy
 
     def fraction(self, now: float) -> float:
-        horizon = now - self.SECONDS
-        spans = self._spans
-        while spans and spans[0][0] < horizon:
-            spans.popleft()
-        busy = sum(min(duration, end - horizon) for end, duration in spans)
+        oldest = int(now) - self._BUCKETS + 1
+        busy = sum(b for b, second in zip(self._busy, self._second) if second >= oldest)
         return min(1.0, busy / self.SECONDS)

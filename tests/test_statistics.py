@@ -64,3 +64,17 @@ def test_latency_window_keeps_the_most_recent() -> None:
     summary = window.summary()
     assert summary.count == 4 and summary.max == 4.0 and summary.mean == 2.5
     assert summary.p50 == pytest.approx(2.5)
+
+
+def test_busy_window_covers_the_last_ten_seconds() -> None:
+    from aiodla._statistics import BusyWindow
+
+    window = BusyWindow()
+    assert window.fraction(100.0) == 0.0
+    for second in range(100, 110):
+        window.add(second + 0.5, 0.5)  # busy half of every second
+    assert window.fraction(109.9) == pytest.approx(0.5)
+    assert window.fraction(115.0) == pytest.approx(0.25)  # five of the ten seconds left
+    assert window.fraction(200.0) == 0.0
+    window.add(200.1, 50.0)
+    assert window.fraction(200.2) == 1.0  # capped
