@@ -74,7 +74,7 @@ def test_busy_window_covers_the_last_ten_seconds() -> None:
     for second in range(100, 110):
         window.add(second + 0.5, 0.5)  # busy half of every second
     assert window.fraction(109.9) == pytest.approx(0.5)
-    assert window.fraction(115.0) == pytest.approx(0.25)  # five of the ten seconds left
+    assert window.fraction(115.0) == pytest.approx(0.2)  # buckets 106..115: four busy ones
     assert window.fraction(200.0) == 0.0
     window.add(200.1, 50.0)
     assert window.fraction(200.2) == 1.0  # capped
