@@ -15,11 +15,11 @@ from ._errors import ModelError as ModelError
 from ._errors import QueueFullError as QueueFullError
 from ._errors import RequestTimeoutError as RequestTimeoutError
 from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
+from ._errors import StreamClosedError as StreamClosedError
 from ._errors import TaskError as TaskError
 from ._options import EngineOptions as EngineOptions
 from ._session import FrameResult as FrameResult
 from ._session import LatestFrameStream as LatestFrameStream
-from ._session import StreamClosedError as StreamClosedError
 from ._session import StreamState as StreamState
 from ._session import StreamStatistics as StreamStatistics
 from ._statistics import CoreStatistics as CoreStatistics

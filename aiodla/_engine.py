@@ -238,7 +238,15 @@ class Engine:
             self._open_done.set()
             raise
         # The loop thread enqueues device work: the device must be current here too.
-        self._runtime.make_current()  # type: ignore[union-attr]
+        try:
+            self._call("make_current", self._runtime.make_current)  # type: ignore[union-attr]
+        except BaseException:
+            await asyncio.shield(asyncio.ensure_future(
+                anyio.to_thread.run_sync(self._release_blocking, ())))
+            self._state = EngineState.CLOSED
+            self._closed.set()
+            self._open_done.set()
+            raise
         self._poller = Poller(
             self._runtime,  # type: ignore[arg-type]
             self._loop,
@@ -521,6 +529,20 @@ class Engine:
             )
         return (specs[0].check_array(inputs),)
 
+    def check_inputs(self, inputs: Any) -> None:
+        """Raise :class:`InputError` if ``inputs`` would be refused by :meth:`infer`,
+        exactly as ``infer`` would (names, shapes, dtypes, NaN into integers)."""
+        if not self._inputs:
+            raise EngineClosedError("the engine is not open: its inputs are not known yet")
+        self._prepare(inputs)
+
+    async def wait_closed(self) -> None:
+        """Wait until the engine is closed (by ``aclose``, or after a failed open).
+
+        Cancellation: cancelling the wait has no effect on the engine.
+        """
+        await self._closed.wait()
+
     def _validate_timeout(self, timeout: float | None) -> None:
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float))
@@ -727,8 +749,11 @@ class Engine:
         core = slot.core
         elapsed = now - max(slot.submitted_at, core.last_completion)
         core.last_completion = now
-        core.busy_time += elapsed
-        core.busy_window.add(now, elapsed)
+        # Observed spans include how late the poller saw the task; a service time the
+        # loadable states is the truth for the busy figures.
+        busy = elapsed if core.learn_service_time else min(elapsed, core.service_time)
+        core.busy_time += busy
+        core.busy_window.add(now, busy)
         if slot.timing is not None:
             self._record_stages(slot)
         if not status:

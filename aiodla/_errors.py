@@ -13,6 +13,7 @@ Every exception aiodla raises on purpose derives from :class:`AiodlaError`::
     ├── QueueFullError             ``infer_nowait`` with the admission queue full
     ├── RequestTimeoutError        (also TimeoutError) a request's deadline passed
     ├── EngineClosedError          *you* closed the engine (or it never opened)
+    ├── StreamClosedError          *you* closed a LatestFrameStream
     ├── EngineDeadError            the device broke the engine; ``__cause__`` says how
     ├── TaskError                  one DLA task failed; ``.status`` and ``.core``
     └── DeviceError                a cuDLA or CUDA call failed; ``.status`` / ``.cuda_error``
@@ -40,6 +41,7 @@ __all__ = [
     "QueueFullError",
     "RequestTimeoutError",
     "RuntimeUnavailableError",
+    "StreamClosedError",
     "TaskError",
     "status_name",
 ]
@@ -98,6 +100,10 @@ class RequestTimeoutError(AiodlaError, TimeoutError):
 
 class EngineClosedError(AiodlaError):
     """The engine is closed (by you), or was never opened."""
+
+
+class StreamClosedError(AiodlaError):
+    """The stream is closed: *you* closed it (``aclose`` or leaving ``async with``)."""
 
 
 class EngineDeadError(AiodlaError):

@@ -42,6 +42,7 @@ from ._errors import (
     EngineDeadError,
     InputTypeError,
     InputValueError,
+    StreamClosedError,
 )
 from ._statistics import LatencySummary, LatencyWindow
 
@@ -54,10 +55,6 @@ __all__ = [
 ]
 
 _names = itertools.count()
-
-
-class StreamClosedError(AiodlaError):
-    """The stream is closed: *you* closed it (``aclose`` or leaving ``async with``)."""
 
 
 class StreamState(enum.Enum):
@@ -327,23 +324,7 @@ class LatestFrameStream:
         return loop
 
     def _check_frame(self, frame: Any) -> None:
-        specs = self._engine.inputs
-        if isinstance(frame, Mapping):
-            expected = {spec.name for spec in specs}
-            if set(frame) != expected:
-                raise InputValueError(
-                    f"frame: the model takes inputs {sorted(expected)}, "
-                    f"got {sorted(map(str, frame))}"
-                )
-            for spec in specs:
-                spec.check_array(frame[spec.name])
-        elif len(specs) != 1:
-            raise InputTypeError(
-                f"the model has {len(specs)} inputs {[s.name for s in specs]}: submit a "
-                "mapping of name to array"
-            )
-        else:
-            specs[0].check_array(frame)
+        self._engine.check_inputs(frame)
 
     # -- the worker: one frame at a time ------------------------------------------------------
 

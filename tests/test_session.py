@@ -156,7 +156,7 @@ class TestPolicy:
             stream.submit(arrays)
             result = await stream.receive()
             assert set(result.output) == {"mean_a", "mean_b"}
-            with pytest.raises(InputValueError, match="takes inputs"):
+            with pytest.raises(InputValueError, match="the model takes"):
                 stream.submit({"a": arrays["a"]})
             with pytest.raises(InputTypeError, match="2 inputs"):
                 stream.submit(arrays["a"])
