@@ -303,3 +303,40 @@ def test_public_names() -> None:
     # names; they are not public API.
     public = {n for n in dir(aiodla) if not n.startswith(("_", "@"))} - subpackages
     assert public == set(aiodla.__all__)
+
+
+class TestChecksAndWaits:
+    @pytest.mark.asyncio
+    async def test_check_inputs_refuses_as_infer_does(self, engine: Engine) -> None:
+        engine.check_inputs(np.ones(X.shape, np.float32))
+        engine.check_inputs({"x": np.ones(X.shape, np.float16)})
+        with pytest.raises(InputValueError, match="expected shape"):
+            engine.check_inputs(np.ones((1, 1, 1, 1)))
+        with pytest.raises(InputTypeError):
+            engine.check_inputs(np.ones(X.shape, np.complex64))
+        assert engine.statistics().submitted == 0
+
+    @pytest.mark.asyncio
+    async def test_check_inputs_before_open(self) -> None:
+        with pytest.raises(EngineClosedError, match="not open"):
+            Engine(affine_model()).check_inputs(np.ones(X.shape))
+
+    @pytest.mark.asyncio
+    async def test_wait_closed(self, runtime: EmulatedRuntime) -> None:
+        engine = Engine(affine_model(), runtime=runtime)
+        await engine.open()
+        waiter = asyncio.create_task(engine.wait_closed())
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        await engine.aclose()
+        await asyncio.wait_for(waiter, 1)
+
+    @pytest.mark.asyncio
+    async def test_device_not_current_on_the_loop_thread(self, runtime: EmulatedRuntime) -> None:
+        # The opening thread makes the device current once; the loop thread's call fails.
+        runtime.fail_call("make_current", 3, after=1)
+        engine = Engine(affine_model(), runtime=runtime)
+        with pytest.raises(aiodla.DeviceError, match="make_current failed"):
+            await engine.open()
+        assert engine.state is EngineState.CLOSED
+        assert all(v == 0 for v in runtime.live_handles().values())
