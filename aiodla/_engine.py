@@ -570,7 +570,8 @@ class Engine:
         """
         loop = self._check_serving()
         arrays = self._prepare(inputs)
-        self._validate_timeout(timeout)
+        if timeout is not None:
+            self._validate_timeout(timeout)
         scheduler = self._scheduler
         if not wait and scheduler.waiting >= self._options.max_queue and not scheduler.idle_slots:
             self._rejected += 1
@@ -584,7 +585,8 @@ class Engine:
             request.deadline = loop.time() + timeout
             request.timer = loop.call_at(request.deadline, self._expire, request)
         scheduler.enqueue(request)
-        self._transition()
+        if scheduler.idle_slots:
+            self._transition()
         try:
             outcome = await request.future
             if outcome is _Stage.PACK:
@@ -620,7 +622,8 @@ class Engine:
     def _start(self, request: Request, slot: Slot) -> None:
         slot.request = request
         request.slot = slot
-        waited = time.monotonic() - request.started
+        now = time.monotonic()
+        waited = now - request.started
         self._queue_wait.add(waited)
         self._queue_wait_histogram.add(waited)
         if request.deadline is not None and self._loop.time() >= request.deadline:  # type: ignore[union-attr]
@@ -638,9 +641,9 @@ class Engine:
             self._release(slot)
             self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
             return
-        self._enqueue(slot, request)
+        self._enqueue(slot, request, now)
 
-    def _enqueue(self, slot: Slot, request: Request | None) -> None:
+    def _enqueue(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
         runtime = self._runtime
         assert runtime is not None
         stream = slot.stream
@@ -662,7 +665,8 @@ class Engine:
         except Exception as exc:
             self._enqueue_failed(slot, request, exc)
             return
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         slot.submitted_at = now
         core.expected_free = max(now, core.expected_free) + core.service_time
         slot.expected_done = core.expected_free
@@ -741,7 +745,7 @@ class Engine:
                 continue
             outputs = self._unpack(slot)
             self._release(slot)
-            self._finish(request, result=outputs)
+            self._finish(request, result=outputs, now=now)
         self._transition()
 
     def _account_task(self, slot: Slot, status: int, now: float) -> None:
@@ -854,6 +858,7 @@ class Engine:
         result: Any = None,
         error: BaseException | None = None,
         timed_out: bool = False,
+        now: float | None = None,
     ) -> BaseException | None:
         """Deliver the request's one outcome, count it, and return the error delivered."""
         if request.state is RequestState.DONE:
@@ -869,7 +874,7 @@ class Engine:
             self._failures[_failure_reason(error)] += 1
         else:
             self._completed += 1
-            latency = time.monotonic() - request.started
+            latency = (time.monotonic() if now is None else now) - request.started
             self._latency.add(latency)
             self._latency_histogram.add(latency)
         if not future.done():

@@ -144,20 +144,24 @@ class LatencyWindow:
     """The last ``size`` durations in a ring; percentiles are computed on demand."""
 
     def __init__(self, size: int) -> None:
-        self._values = np.zeros(size, dtype=np.float64)
+        # A list, not a numpy array: storing a Python float in it is several times
+        # cheaper, and this runs for every request.
+        self._values = [0.0] * size
         self._next = 0
         self._count = 0
 
     def add(self, seconds: float) -> None:
-        self._values[self._next] = seconds
-        self._next = (self._next + 1) % self._values.size
-        if self._count < self._values.size:
-            self._count += 1
+        index = self._next
+        self._values[index] = seconds
+        index += 1
+        self._next = 0 if index == len(self._values) else index
+        if self._count < index:
+            self._count = index
 
     def summary(self) -> LatencySummary:
         if not self._count:
             return LatencySummary(0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        values = self._values[: self._count]
+        values = np.asarray(self._values[: self._count])
         p50, p90, p99 = np.percentile(values, (50, 90, 99))
         return LatencySummary(
             self._count, float(p50), float(p90), float(p99), float(values.max()),
