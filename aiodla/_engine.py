@@ -162,7 +162,8 @@ class Engine:
         self._queue_wait_histogram = HistogramRecorder()
         self._stage_windows = (
             (LatencyWindow(window), LatencyWindow(window), LatencyWindow(window))
-            if self._options.stage_times else None
+            if self._options.stage_times
+            else None
         )
         self._failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
         self._submitted = 0
@@ -231,8 +232,9 @@ class Engine:
             await anyio.to_thread.run_sync(self._open_blocking)
         except BaseException:
             # Release in a thread of its own that a second cancellation cannot stop.
-            await asyncio.shield(asyncio.ensure_future(
-                anyio.to_thread.run_sync(self._release_blocking, ())))
+            await asyncio.shield(
+                asyncio.ensure_future(anyio.to_thread.run_sync(self._release_blocking, ()))
+            )
             self._state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
@@ -241,8 +243,9 @@ class Engine:
         try:
             self._call("make_current", self._runtime.make_current)  # type: ignore[union-attr]
         except BaseException:
-            await asyncio.shield(asyncio.ensure_future(
-                anyio.to_thread.run_sync(self._release_blocking, ())))
+            await asyncio.shield(
+                asyncio.ensure_future(anyio.to_thread.run_sync(self._release_blocking, ()))
+            )
             self._state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
@@ -280,10 +283,10 @@ class Engine:
         options = self._options
         self._call("make_current", runtime.make_current)
         available = self._call("device_count", runtime.device_count)
-        for core in options.cores:
-            if core >= available:
+        for number in options.cores:
+            if number >= available:
                 raise ConfigurationError(
-                    f"DLA core {core} does not exist: the {runtime.name} runtime has "
+                    f"DLA core {number} does not exist: the {runtime.name} runtime has "
                     f"{available} core(s)"
                 )
         # An emulator loadable states its service time; a DLA loadable's is learned.
@@ -300,15 +303,22 @@ class Engine:
                 core.dla_histogram = HistogramRecorder()
             self._cores.append(core)
             where = f"core {core_number}"
-            core.device = self._create(where, core_number, runtime.create_device,
-                                       runtime.destroy_device, core_number)
+            core.device = self._create(
+                where, core_number, runtime.create_device, runtime.destroy_device, core_number
+            )
             if options.task_timeout is not None:
-                self._call(f"core {core_number}: set_task_timeout", runtime.set_task_timeout,
-                           core.device, max(1, round(options.task_timeout * 1000)))
-            core.module = self._create(where, core_number, runtime.load_module,
-                                       runtime.unload_module, core.device, data)
-            descriptors = self._call(f"core {core_number}: module_tensors",
-                                     runtime.module_tensors, core.module)
+                self._call(
+                    f"core {core_number}: set_task_timeout",
+                    runtime.set_task_timeout,
+                    core.device,
+                    max(1, round(options.task_timeout * 1000)),
+                )
+            core.module = self._create(
+                where, core_number, runtime.load_module, runtime.unload_module, core.device, data
+            )
+            descriptors = self._call(
+                f"core {core_number}: module_tensors", runtime.module_tensors, core.module
+            )
             found = (tuple(descriptors[0]), tuple(descriptors[1]))
             if reference is None:
                 reference = found
@@ -322,7 +332,9 @@ class Engine:
                 self._open_slot(core, index)
         self._scheduler = Scheduler(self._cores)
 
-    def _set_specs(self, descriptors: tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]) -> None:
+    def _set_specs(
+        self, descriptors: tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]
+    ) -> None:
         inputs = tuple(TensorSpec.from_descriptor(d) for d in descriptors[0])
         outputs = tuple(TensorSpec.from_descriptor(d) for d in descriptors[1])
         by_name = specs_by_name([*inputs, *outputs])
@@ -355,22 +367,31 @@ class Engine:
         event = self._create(where, core.core, runtime.create_event, runtime.destroy_event, timed)
         timing = None
         if timed:
-            marks = [self._create(where, core.core, runtime.create_event, runtime.destroy_event, True)
-                     for _ in range(3)]
+            marks = [
+                self._create(where, core.core, runtime.create_event, runtime.destroy_event, True)
+                for _ in range(3)
+            ]
             timing = (marks[0], marks[1], marks[2])
         bindings = []
         for spec in (*self._inputs, *self._outputs):
             what = f"{where} tensor {spec.name!r}"
             pointer = self._create(what, core.core, runtime.malloc, runtime.free, spec.size)
-            registered = self._call(f"{what}: mem_register", runtime.mem_register,
-                                    core.device, pointer, spec.size)
-            self._resources.push(f"{what}: registration", core.core,
-                                 runtime.mem_unregister, core.device, registered)
+            registered = self._call(
+                f"{what}: mem_register", runtime.mem_register, core.device, pointer, spec.size
+            )
+            self._resources.push(
+                f"{what}: registration", core.core, runtime.mem_unregister, core.device, registered
+            )
             host = self._create(what, core.core, runtime.host_alloc, runtime.host_free, spec.size)
             bindings.append(TensorBinding(spec, pointer, registered, host, spec.bind(host.array)))
         inputs, outputs = bindings[: len(self._inputs)], bindings[len(self._inputs) :]
-        task = self._call(f"{where}: make_task", runtime.make_task, core.module,
-                          [b.registered for b in inputs], [b.registered for b in outputs])
+        task = self._call(
+            f"{where}: make_task",
+            runtime.make_task,
+            core.module,
+            [b.registered for b in inputs],
+            [b.registered for b in outputs],
+        )
         slot = Slot(core, index, stream, event, task, inputs, outputs, timing=timing)
         core.slots.append(slot)
         core.idle.append(slot)
@@ -383,7 +404,9 @@ class Engine:
         except AiodlaError:
             raise
         except CudaCallError as exc:
-            raise DeviceError(f"opening the engine: {what} failed: {exc}", cuda_error=exc.code) from exc
+            raise DeviceError(
+                f"opening the engine: {what} failed: {exc}", cuda_error=exc.code
+            ) from exc
         except Exception as exc:
             status = cudla_status(exc)
             if status is None:
@@ -449,18 +472,23 @@ class Engine:
         self._state = EngineState.CLOSING
         self._cancel_probes()
         for request in self._scheduler.drain():
-            self._finish(request, error=EngineClosedError(
-                "the engine was closed while the request waited"))
+            self._finish(
+                request, error=EngineClosedError("the engine was closed while the request waited")
+            )
         if not self.dead and self._scheduler.idle_slots < len(self._slots):
             self._drained = asyncio.Event()
             with anyio.move_on_after(self._options.close_timeout):
                 await self._drained.wait()
         hung = tuple(sorted({s.core.core for s in self._slots if s not in s.core.idle}))
         for slot in self._slots:
-            request = slot.request
-            if request is not None and request.state is not RequestState.DONE:
-                self._finish(request, error=EngineClosedError(
-                    "the engine was closed before the DLA finished the request"))
+            running = slot.request
+            if running is not None and running.state is not RequestState.DONE:
+                self._finish(
+                    running,
+                    error=EngineClosedError(
+                        "the engine was closed before the DLA finished the request"
+                    ),
+                )
         poller = self._poller
         if poller is not None:
             poller.stop()
@@ -468,7 +496,8 @@ class Engine:
         if hung and not self.dead:
             logger.warning(
                 "aiodla: core(s) %s still had tasks running at close; their memory "
-                "and device handles are left allocated", hung
+                "and device handles are left allocated",
+                hung,
             )
         await anyio.to_thread.run_sync(self._release_blocking, () if self.dead else hung)
         self._state = EngineState.CLOSED
@@ -481,8 +510,11 @@ class Engine:
             return
         if self._poller is not None:
             self._poller.stop()
-        _warn(f"unclosed engine {self!r}; use 'async with' or 'await engine.aclose()'",
-              ResourceWarning, source=self)
+        _warn(
+            f"unclosed engine {self!r}; use 'async with' or 'await engine.aclose()'",
+            ResourceWarning,
+            source=self,
+        )
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -518,8 +550,7 @@ class Engine:
                 if extra:
                     parts.append(f"unknown {extra}")
                 raise InputValueError(
-                    f"inputs: {', '.join(parts)}; the model takes "
-                    f"{[s.name for s in specs]}"
+                    f"inputs: {', '.join(parts)}; the model takes {[s.name for s in specs]}"
                 )
             return tuple(spec.check_array(inputs[spec.name]) for spec in specs)
         if len(specs) != 1:
@@ -545,8 +576,10 @@ class Engine:
 
     def _validate_timeout(self, timeout: float | None) -> None:
         if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or math.isnan(timeout) or timeout < 0
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or math.isnan(timeout)
+            or timeout < 0
         ):
             raise ConfigurationError(f"timeout={timeout!r} must be seconds >= 0, or None")
 
@@ -635,7 +668,7 @@ class Engine:
             request.future.set_result(_Stage.PACK)
             return
         try:
-            for binding, array in zip(slot.inputs, request.arrays):
+            for binding, array in zip(slot.inputs, request.arrays, strict=True):
                 binding.bound.write(array)
         except Exception as exc:  # validated already: a failure here is a bug, kept local
             self._release(slot)
@@ -685,7 +718,9 @@ class Engine:
                 f"{where}: submitting the request failed: {status_name(status)}", status=status
             )
         elif isinstance(exc, CudaCallError):
-            error = DeviceError(f"{where}: submitting the request failed: {exc}", cuda_error=exc.code)
+            error = DeviceError(
+                f"{where}: submitting the request failed: {exc}", cuda_error=exc.code
+            )
         else:
             error = AiodlaError(f"{where}: submitting the request failed: {exc!r}")
         error.__cause__ = exc
@@ -769,8 +804,12 @@ class Engine:
             return
         core.failed += 1
         core.consecutive_failures += 1
-        logger.warning("aiodla: a DLA task failed on core %d: %s (%d in a row)",
-                       core.core, status_name(status), core.consecutive_failures)
+        logger.warning(
+            "aiodla: a DLA task failed on core %d: %s (%d in a row)",
+            core.core,
+            status_name(status),
+            core.consecutive_failures,
+        )
         limit = self._options.max_consecutive_faults
         if (
             limit is not None
@@ -781,13 +820,16 @@ class Engine:
             core.in_rotation = False
             logger.warning(
                 "aiodla: core %d is out of rotation after %d consecutive faults; "
-                "probing it every %g s", core.core, core.consecutive_failures,
+                "probing it every %g s",
+                core.core,
+                core.consecutive_failures,
                 self._options.probe_interval,
             )
             self._schedule_probe(core)
 
     def _record_stages(self, slot: Slot) -> None:
-        assert slot.timing is not None and self._stage_windows is not None
+        assert slot.timing is not None
+        assert self._stage_windows is not None
         runtime = self._runtime
         assert runtime is not None
         before_copy, before_task, after_task = slot.timing
@@ -800,7 +842,7 @@ class Engine:
         except Exception as exc:  # a timing read is never worth failing a request
             logger.debug("aiodla: stage times unavailable: %s", exc)
             return
-        for window, seconds in zip(self._stage_windows, stages):
+        for window, seconds in zip(self._stage_windows, stages, strict=True):
             window.add(seconds)
         core = slot.core
         if core.dla_times is not None and core.dla_histogram is not None:
@@ -915,7 +957,7 @@ class Engine:
         assert slot is not None
 
         def pack() -> None:
-            for binding, array in zip(slot.inputs, request.arrays):
+            for binding, array in zip(slot.inputs, request.arrays, strict=True):
                 binding.bound.write(array)
 
         try:
@@ -929,8 +971,10 @@ class Engine:
             raise error from exc  # type: ignore[misc]
         loop = self._loop
         assert loop is not None
-        if self._state is not EngineState.OPEN or self._dead_cause is not None or (
-            request.deadline is not None and loop.time() >= request.deadline
+        if (
+            self._state is not EngineState.OPEN
+            or self._dead_cause is not None
+            or (request.deadline is not None and loop.time() >= request.deadline)
         ):
             self._release(slot)
             if self._state is EngineState.OPEN and self._dead_cause is None:
@@ -974,12 +1018,12 @@ class Engine:
         self._dead_cause = cause
         logger.error("aiodla: engine dead: %s; restart the process to use the DLA again", cause)
         self._cancel_probes()
-        for request in self._scheduler.drain():
-            self._finish(request, error=self._not_serving_error())
+        for waiting in self._scheduler.drain():
+            self._finish(waiting, error=self._not_serving_error())
         for slot in self._slots:
-            request = slot.request
-            if request is not None and request.state is not RequestState.DONE:
-                self._finish(request, error=self._not_serving_error())
+            running = slot.request
+            if running is not None and running.state is not RequestState.DONE:
+                self._finish(running, error=self._not_serving_error())
         if self._drained is not None:
             self._drained.set()
 

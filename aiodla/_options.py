@@ -46,7 +46,7 @@ class EngineOptions:
     stage_times: bool = False
 
     def __post_init__(self) -> None:
-        cores = self.cores
+        cores: object = self.cores  # checked as given: callers pass lists, ranges, ...
         if isinstance(cores, int) or not isinstance(cores, Iterable):
             raise ConfigurationError(f"{cores=} must be a sequence of DLA core numbers")
         cores = tuple(cores)

@@ -4,10 +4,13 @@ It sweeps the CUDA events of in-flight slots and hands every completion found in
 sweep to the loop with a single ``call_soon_threadsafe``. With each completion it reads
 the core's cuDLA status at once: cuDLA latches the status of the core's most recent
 failed task, so reading it as each task is seen done ties a failure to its own task
-(read later, after the core's next task ended too, it could belong to either). It never touches futures or
-scheduler state. It knows when each slot should finish (the engine's estimate from the
-core's service time and queue): far from that time it sleeps; close to it, it polls
-with short pauses; when a slot is overdue it backs off, so a hung core costs little.
+(read later, after the core's next task ended too, it could belong to either). It
+never touches futures or scheduler state. It knows when each slot should finish (the
+engine's estimate from the core's service time and queue): far from that time it
+sleeps; close to it, it polls with short pauses (none for the CUDA runtime, whose
+queries release the GIL); while the loop has not taken the last batch it pauses, so it
+does not take the GIL from the thread that must work; when a slot is overdue it backs
+off, so a hung core costs little.
 
 A wake-up that reaches a closed loop is dropped: after close nothing listens.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -57,8 +61,8 @@ class Poller:
         self._loop = loop
         # Weak: the thread must not keep a dropped engine alive (it could never warn
         # that it was not closed, and the thread would run forever).
-        self._deliver = weakref.WeakMethod(deliver)  # type: ignore[arg-type]
-        self._fail = weakref.WeakMethod(fail)  # type: ignore[arg-type]
+        self._deliver = weakref.WeakMethod(deliver)
+        self._fail = weakref.WeakMethod(fail)
         self._pause = pause
         self._incoming: collections.deque[Slot] = collections.deque()
         # A lock used as a doorbell: the poller sleeps in acquire(timeout), ``watch``
@@ -88,10 +92,8 @@ class Poller:
         self._ring()
 
     def _ring(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # rung already, not yet answered
             self._bell.release()
-        except RuntimeError:  # rung already, not yet answered
-            pass
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():

@@ -36,7 +36,9 @@ class Request:
 
     __slots__ = ("arrays", "deadline", "future", "slot", "started", "state", "timer")
 
-    def __init__(self, arrays: tuple[Any, ...], future: asyncio.Future[Any], started: float) -> None:
+    def __init__(
+        self, arrays: tuple[Any, ...], future: asyncio.Future[Any], started: float
+    ) -> None:
         self.arrays = arrays
         self.future = future
         self.started = started
@@ -168,9 +170,14 @@ class Scheduler:
         """The core in rotation with an idle slot and the least outstanding work."""
         best: CoreState | None = None
         for core in self.cores:
-            if core.idle and core.in_rotation and (
-                best is None
-                or (core.outstanding, core.assigned_total) < (best.outstanding, best.assigned_total)
+            if (
+                core.idle
+                and core.in_rotation
+                and (
+                    best is None
+                    or (core.outstanding, core.assigned_total)
+                    < (best.outstanding, best.assigned_total)
+                )
             ):
                 best = core
         return best

@@ -31,7 +31,6 @@ import itertools
 import math
 import time
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 from ._engine import Engine, EngineState
@@ -40,8 +39,6 @@ from ._errors import (
     ConfigurationError,
     EngineClosedError,
     EngineDeadError,
-    InputTypeError,
-    InputValueError,
     StreamClosedError,
 )
 from ._statistics import LatencySummary, LatencyWindow

@@ -7,7 +7,6 @@ frozen dataclasses, so a snapshot never changes under its reader.
 from __future__ import annotations
 
 import bisect
-import collections
 import dataclasses
 from collections.abc import Mapping
 
@@ -29,8 +28,22 @@ __all__ = [
 # Upper bounds (seconds) of histogram buckets: DLA tasks last about 1-5 ms, requests
 # queue for up to seconds under overload.
 LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 
@@ -164,7 +177,11 @@ class LatencyWindow:
         values = np.asarray(self._values[: self._count])
         p50, p90, p99 = np.percentile(values, (50, 90, 99))
         return LatencySummary(
-            self._count, float(p50), float(p90), float(p99), float(values.max()),
+            self._count,
+            float(p50),
+            float(p90),
+            float(p99),
+            float(values.max()),
             float(values.mean()),
         )
 
@@ -213,5 +230,7 @@ class BusyWindow:
 
     def fraction(self, now: float) -> float:
         oldest = int(now) - self._BUCKETS + 1
-        busy = sum(b for b, second in zip(self._busy, self._second) if second >= oldest)
+        busy = sum(
+            b for b, second in zip(self._busy, self._second, strict=True) if second >= oldest
+        )
         return min(1.0, busy / self.SECONDS)

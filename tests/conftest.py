@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 from aiodla import EmulatedRuntime, Engine
+
 from support import affine_model
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]

@@ -21,6 +21,7 @@ from aiodla import (
     EngineStatistics,
     RequestTimeoutError,
 )
+
 from support import X, affine_model, expected_affine, wait_until
 
 ONES = np.ones(X.shape, np.float32)

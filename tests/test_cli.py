@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
-from support import affine_model, two_pair_model
 
 from aiodla import EmulatedRuntime, Engine, TensorSpec, _cli
 from aiodla.emulator import parse_loadable
 from aiodla.emulator._format import make_loadable
 from aiodla.runtime import _select
+
+from support import affine_model, two_pair_model
 
 NO_CUDLA = "no cuDLA runtime (libcudla.so.1) was found"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import pathlib
 import warnings
 
 import numpy as np
@@ -25,6 +26,7 @@ from aiodla import (
     TensorSpec,
 )
 from aiodla.emulator import make_loadable
+
 from support import X, affine_model, expected_affine, two_pair_model
 
 
@@ -80,10 +82,9 @@ class TestResults:
         assert all(core.completed > 100 for core in stats.cores)  # both cores served
 
     @pytest.mark.asyncio
-    async def test_model_from_a_path(self, runtime: EmulatedRuntime, tmp_path: os.PathLike[str]) -> None:
-        path = os.path.join(tmp_path, "model.bin")
-        with open(path, "wb") as file:
-            file.write(affine_model())
+    async def test_model_from_a_path(self, runtime: EmulatedRuntime, tmp_path: pathlib.Path) -> None:
+        path = tmp_path / "model.bin"
+        await asyncio.to_thread(path.write_bytes, affine_model())
         async with Engine(path, runtime=runtime) as engine:
             x = np.ones(X.shape, np.float16)
             np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
@@ -179,9 +180,12 @@ class TestLifecycle:
             engine = Engine(affine_model(), runtime=runtime)
             await engine.open()
 
-        with pytest.warns(ResourceWarning, match="unclosed engine"):
+        def drop_and_collect() -> None:
             asyncio.run(leak())
             gc.collect()
+
+        with pytest.warns(ResourceWarning, match="unclosed engine"):
+            drop_and_collect()
 
     def test_dropped_new_engine_is_silent(self) -> None:
         Engine(affine_model())
@@ -209,7 +213,7 @@ class TestOpening:
     @pytest.mark.asyncio
     async def test_missing_model_file(self, tmp_path: os.PathLike[str]) -> None:
         engine = Engine(os.path.join(tmp_path, "nope.bin"), runtime="emulated")
-        with pytest.raises(ModelError, match="cannot read model .*nope.bin"):
+        with pytest.raises(ModelError, match=r"cannot read model .*nope\.bin"):
             await engine.open()
         assert engine.state is EngineState.CLOSED
 

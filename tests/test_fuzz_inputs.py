@@ -18,6 +18,7 @@ from aiodla import (
     TensorSpec,
 )
 from aiodla.emulator import make_loadable
+
 from support import X, affine_model, expected_affine
 
 Q = TensorSpec("q", (1, 3, 4, 4), "int8", "chw32")

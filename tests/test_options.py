@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aiodla import ConfigurationError, Engine, EngineOptions
+
 from support import affine_model
 
 

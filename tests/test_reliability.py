@@ -23,6 +23,7 @@ from aiodla import (
     TaskError,
 )
 from aiodla.runtime import CudaCallError
+
 from support import X, affine_model, expected_affine, wait_until
 
 ONES = np.ones(X.shape, np.float32)

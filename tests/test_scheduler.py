@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 
 import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine, QueueFullError
 from aiodla._scheduler import CoreState, Request, Scheduler, Slot
+
 from support import X, affine_model, expected_affine, wait_until
 
 ONES = np.ones(X.shape, np.float32)
@@ -56,7 +58,7 @@ class TestPolicy:
         core1 = [s for s in slots if s.core.core == 1]
         scheduler.release(core1[0])
         scheduler.release(core1[1])
-        scheduler.release([s for s in slots if s.core.core == 0][0])
+        scheduler.release(next(s for s in slots if s.core.core == 0))
         scheduler.enqueue(request(loop, 9))
         pair = scheduler.next_assignment()
         assert pair is not None and pair[1].core.core == 1  # 0 outstanding beats 1
@@ -143,7 +145,7 @@ class TestEngineScheduling:
         for gate in gates:
             gate.release()
         await asyncio.gather(*tasks)
-        runs = collections.Counter(zip(served, served[1:]))
+        runs = collections.Counter(itertools.pairwise(served))
         assert served.count("a") == served.count("b") == 20
         assert runs[("a", "b")] + runs[("b", "a")] >= 30  # interleaved, not one after the other
 

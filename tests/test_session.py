@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 import pytest_asyncio
-from support import X, affine_model, expected_affine, two_pair_model, wait_until
 
 from aiodla import (
     AiodlaError,
@@ -36,6 +35,8 @@ from aiodla import (
     StreamStatistics,
     TaskError,
 )
+
+from support import X, affine_model, expected_affine, two_pair_model, wait_until
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

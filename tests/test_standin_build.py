@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import pytest
 from cuda.bindings import cudla
-from vectors import SplitMix64, Vector, vectors
 
 from aiodla._errors import ConfigurationError, ModelError
 from aiodla.emulator import _standin
@@ -35,6 +34,8 @@ from aiodla.emulator._standin import (
     StandinControls,
     build_standin,
 )
+
+from vectors import SplitMix64, Vector, vectors
 
 NVCC = os.environ.get("NVCC", "nvcc")
 needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason=f"{NVCC!r} is not installed")

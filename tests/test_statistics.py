@@ -10,6 +10,7 @@ import pytest
 
 from aiodla import EmulatedRuntime, Engine
 from aiodla._statistics import LatencyWindow
+
 from support import X, affine_model, wait_until
 
 ONES = np.ones(X.shape, np.float32)

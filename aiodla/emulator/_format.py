@@ -99,11 +99,31 @@ assert _HEADER.size == HEADER_SIZE
 DESCRIPTOR_DTYPE = np.dtype(
     {
         "names": [
-            "name", "size_", "n", "c", "h", "w", "data_format", "data_type",
-            "data_category", "pixel_format", "pixel_mapping", "stride",
+            "name",
+            "size_",
+            "n",
+            "c",
+            "h",
+            "w",
+            "data_format",
+            "data_type",
+            "data_category",
+            "pixel_format",
+            "pixel_mapping",
+            "stride",
         ],
         "formats": [
-            ("i1", (81,)), "<u8", "<u8", "<u8", "<u8", "<u8", "u1", "u1", "u1", "u1", "u1",
+            ("i1", (81,)),
+            "<u8",
+            "<u8",
+            "<u8",
+            "<u8",
+            "<u8",
+            "u1",
+            "u1",
+            "u1",
+            "u1",
+            "u1",
             ("<u4", (8,)),
         ],
         "offsets": [0, 88, 96, 104, 112, 120, 128, 129, 130, 131, 132, 136],
@@ -147,8 +167,8 @@ def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
     if len(inputs) + len(outputs) > 2 * MAX_TENSORS:
         raise ModelError(f"at most {MAX_TENSORS} input/output pairs")
     specs_by_name([*inputs, *outputs])
-    for source, target in zip(inputs, outputs):
-        n, c, h, w = source.shape
+    for source, target in zip(inputs, outputs, strict=True):
+        n, c = source.shape[:2]
         expected = source.shape if op == "affine" else (n, c, 1, 1)
         if target.shape != expected:
             raise ModelError(
@@ -180,20 +200,29 @@ def make_loadable(
     if not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY):
         raise ModelError(f"latency={latency!r} must be seconds in [0, {MAX_LATENCY}]")
     params = (float(scale), float(bias))
-    for name, value in zip(_PARAM_NAMES, params):
+    for name, value in zip(_PARAM_NAMES, params, strict=True):
         if not math.isfinite(value):
             raise ModelError(f"{name}={value!r} must be finite")
     count = len(inputs) + len(outputs)
     total = HEADER_SIZE + 8 * len(params) + RECORD_SIZE * count
     header = _HEADER.pack(
-        MAGIC, VERSION, HEADER_SIZE, len(inputs), len(outputs), OPS[op], len(params),
-        latency, total, 0, 0,
+        MAGIC,
+        VERSION,
+        HEADER_SIZE,
+        len(inputs),
+        len(outputs),
+        OPS[op],
+        len(params),
+        latency,
+        total,
+        0,
+        0,
     )
     records = np.zeros(count, dtype=DESCRIPTOR_DTYPE)
-    for record, spec in zip(records, (*inputs, *outputs)):
+    for record, spec in zip(records, (*inputs, *outputs), strict=True):
         desc = spec.to_descriptor()
-        name = desc.name.encode("ascii")
-        record["name"][: len(name)] = np.frombuffer(name, dtype=np.int8)
+        encoded = desc.name.encode("ascii")
+        record["name"][: len(encoded)] = np.frombuffer(encoded, dtype=np.int8)
         record["size_"] = desc.size
         record["n"], record["c"], record["h"], record["w"] = desc.n, desc.c, desc.h, desc.w
         record["data_format"] = desc.data_format
@@ -249,8 +278,19 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
     data = bytes(data)
     if len(data) < HEADER_SIZE:
         raise _fail(f"{len(data)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    (magic, version, header_size, num_inputs, num_outputs, op_code, param_count,
-     latency, total_size, reserved0, reserved1) = _HEADER.unpack_from(data, 0)
+    (
+        magic,
+        version,
+        header_size,
+        num_inputs,
+        num_outputs,
+        op_code,
+        param_count,
+        latency,
+        total_size,
+        reserved0,
+        reserved1,
+    ) = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise _fail(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:

@@ -28,7 +28,9 @@ def to_storage(values: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> np.ndarray
     return np.clip(rounded, info.min, info.max).astype(dtype)
 
 
-def compute_logical(model: EmulatorModel, index: int, stored: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def compute_logical(
+    model: EmulatorModel, index: int, stored: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
     """Output ``index`` in binary64 from the stored values of input ``index``."""
     x = stored.astype(np.float64)
     if model.op == "mean_hw":
@@ -38,7 +40,8 @@ def compute_logical(model: EmulatorModel, index: int, stored: np.ndarray[Any, An
         x = (total / float(h * w)).reshape(n, c, 1, 1)
     # Two separate roundings, never a fused multiply-add (the format says so).
     scaled = np.multiply(x, model.scale)
-    return np.add(scaled, model.bias)
+    result: np.ndarray[Any, Any] = np.add(scaled, model.bias)
+    return result
 
 
 def run_model(model: EmulatorModel, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
@@ -53,7 +56,7 @@ class ModelRunner:
         self.model = model
         self._pairs = [
             (_raw(source).bind(inputs[i], zero=False), _raw(target).bind(outputs[i], zero=False))
-            for i, (source, target) in enumerate(zip(model.inputs, model.outputs))
+            for i, (source, target) in enumerate(zip(model.inputs, model.outputs, strict=True))
         ]
         # Device buffers are shared with copies on the stream, so a task writes every
         # byte of its outputs each time (padding as zeros), as the format says.

@@ -464,7 +464,9 @@ class EmulatedRuntime:
             operation.at = stream.clock
             unplaced.popleft()
 
-    def _start_task(self, operation: _Operation, device: _Device, stream: _Stream, now: float) -> None:
+    def _start_task(
+        self, operation: _Operation, device: _Device, stream: _Stream, now: float
+    ) -> None:
         core = device.core
         start = max(core.free_at, stream.clock, now)
         effect = operation.effect
@@ -654,9 +656,13 @@ class EmulatedRuntime:
                 f"task has {len(task.inputs)} inputs/{len(task.outputs)} outputs, the module "
                 f"{len(model.inputs)}/{len(model.outputs)}",
             )
-        views_in = [self._registered_view(target, p, s) for p, s in zip(task.inputs, model.inputs)]
+        views_in = [
+            self._registered_view(target, p, s)
+            for p, s in zip(task.inputs, model.inputs, strict=True)
+        ]
         views_out = [
-            self._registered_view(target, p, s) for p, s in zip(task.outputs, model.outputs)
+            self._registered_view(target, p, s)
+            for p, s in zip(task.outputs, model.outputs, strict=True)
         ]
         return self._generation, target.handle, model, ModelRunner(model, views_in, views_out)
 
@@ -743,8 +749,10 @@ class EmulatedRuntime:
         first, last = self._events.get(start), self._events.get(end)
         if first is None or last is None or not (first.timing and last.timing):
             raise CudaCallError("elapsed_time", _INVALID_HANDLE)
-        if first.completed < first.recorded or last.completed < last.recorded or not (
-            first.recorded and last.recorded
+        if (
+            first.completed < first.recorded
+            or last.completed < last.recorded
+            or not (first.recorded and last.recorded)
         ):
             raise CudaCallError("elapsed_time", _NOT_READY)
         return last.time - first.time
@@ -832,7 +840,9 @@ class EmulatedRuntime:
             raise CudaCallError(call, _INVALID_VALUE)
         return buffer.array[:nbytes]
 
-    def _copy(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], stream: int, call: str) -> None:
+    def _copy(
+        self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], stream: int, call: str
+    ) -> None:
         queue = self._stream(stream, call)
         duration = dst.nbytes / self.copy_bandwidth if self.copy_bandwidth else 0.0
         self._push(queue, _Operation(functools.partial(np.copyto, dst, src)), duration)
@@ -880,8 +890,15 @@ class _TaskEffect:
 
 _CUDLA_CALLS = frozenset(
     {
-        "create_device", "destroy_device", "load_module", "unload_module",
-        "module_tensors", "mem_register", "mem_unregister", "submit_task",
-        "get_last_error", "set_task_timeout",
+        "create_device",
+        "destroy_device",
+        "load_module",
+        "unload_module",
+        "module_tensors",
+        "mem_register",
+        "mem_unregister",
+        "submit_task",
+        "get_last_error",
+        "set_task_timeout",
     }
 )

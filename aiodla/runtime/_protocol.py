@@ -30,12 +30,12 @@ from .._tensors import TensorDescriptor
 
 __all__ = [
     "CUDA_ERROR_NAMES",
-    "CudlaError",
     "STICKY_CUDA_ERRORS",
     "CudaCallError",
+    "CudlaError",
     "HostBuffer",
-    "cudla_status",
     "Runtime",
+    "cudla_status",
 ]
 
 # cudaError_t values the engine reasons about (from CUDA's driver_types.h).

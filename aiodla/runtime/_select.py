@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..emulator._format import is_emulator_loadable
 from .._errors import ConfigurationError, RuntimeUnavailableError
+from ..emulator._format import is_emulator_loadable
 from ._emulated import EmulatedRuntime
 from ._protocol import Runtime
 

@@ -30,7 +30,7 @@ def test_round_trip() -> None:
 
 def test_records_are_cudla_tensor_descriptors() -> None:
     """Byte for byte what C's cudlaModuleTensorDescriptor is, as the bindings see it."""
-    assert DESCRIPTOR_DTYPE == cudla.module_tensor_descriptor_dtype
+    assert cudla.module_tensor_descriptor_dtype == DESCRIPTOR_DTYPE
     data = make_loadable([A], [M], "mean_hw", 0.001)
     records = np.frombuffer(data, dtype=cudla.module_tensor_descriptor_dtype, count=2,
                             offset=HEADER_SIZE + 16)

@@ -71,9 +71,9 @@ def gpu_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuSession
     if HOST_FAKE:
         if shutil.which(NVCC) is None:
             pytest.skip(f"the host-fake dry run needs {NVCC!r} to build the stand-in")
-        from _host_fake import HostFakeRuntime
-
         import aiodla.runtime._cuda as cuda_module
+
+        from _host_fake import HostFakeRuntime
 
         path = build_standin(tmp_path_factory.mktemp("standin"), nvcc=NVCC, host_fake=True)
         controls = load_standin(path)

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _setup import ModelSetup
 from cuda.bindings import cudla
 
 from aiodla._tensors import TensorSpec
 from aiodla.emulator._format import make_loadable, parse_loadable
 from aiodla.emulator._ops import run_model
 from aiodla.runtime._cuda import CudaRuntime
+
+from _setup import ModelSetup
 
 pytestmark = pytest.mark.gpu
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _setup import ModelSetup
-from vectors import Vector, vectors
 
 from aiodla.runtime import EmulatedRuntime
 from aiodla.runtime._cuda import CudaRuntime
+
+from _setup import ModelSetup
+from vectors import Vector, vectors
 
 pytestmark = pytest.mark.gpu
 
