@@ -8,7 +8,11 @@ so cross-talk between concurrent requests shows up as wrong numbers. States such
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +20,7 @@ import pytest
 
 try:
     from aiodla import (
+        DeviceError,
         Engine,
         EngineClosedError,
         InputValueError,
@@ -281,6 +286,63 @@ class TestFaults:
         assert 0 <= stats.stages.copy_in.p50 < 0.002 and 0 <= stats.stages.copy_out.p50 < 0.002
         core = stats.cores[0]
         assert core.dla_histogram is not None and core.dla_histogram.count == 5
+
+
+    async def test_poisoned_context_makes_the_engine_dead(self, real_gpu: None,
+                                                         gpu_session: Any) -> None:
+        pytest.importorskip("cupy", reason="the test traps a kernel through cupy")
+        child = Path(__file__).with_name("_poison_child.py")
+        env = {**os.environ, "AIODLA_STANDIN_LIB": str(gpu_session.library)}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(child), env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 120)
+        assert process.returncode == 0, err.decode()[-2000:]
+        seen = json.loads(out.decode().strip().splitlines()[-1])
+        assert seen["all_dead"] and seen["refused"], seen
+        assert seen["health"] == "dead" and seen["state"] == "closed"
+        assert "cudaErrorLaunchFailure" in seen["cause"] or "cudaError" in seen["cause"]
+        assert seen["close_seconds"] < 15
+
+    async def test_module_fails_to_load(self, cuda_runtime: CudaRuntime, released: Any) -> None:
+        released.fail_next_call("cudlaModuleLoadFromMemory", 7)  # cudlaErrorUmd
+        engine = Engine(single_model(), cores=(1,), runtime=cuda_runtime)
+        with pytest.raises(DeviceError, match="core 1: load_module failed") as caught:
+            await engine.open()
+        assert caught.value.status == 7
+
+    async def test_cancellation_storm(self, cuda_runtime: CudaRuntime, released: Any,
+                                      real_gpu: None) -> None:
+        data = single_model(latency=0.0001)
+        model = parse_loadable(data)
+        arrays = random_inputs(model, 8)
+        want = expected(model, arrays)
+        rng = np.random.default_rng(3)
+        async with Engine(data, runtime=cuda_runtime, streams_per_core=4,
+                          max_queue=10_000) as engine:
+            tasks = [
+                asyncio.create_task(
+                    engine.infer(arrays["x"], timeout=0.002 if i % 9 == 0 else None))
+                for i in range(3000)
+            ]
+            for _ in range(20):
+                await asyncio.sleep(float(rng.uniform(0, 0.003)))
+                for index in rng.choice(len(tasks), 40):
+                    tasks[index].cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            for _ in range(500):
+                if engine.statistics().in_flight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            stats = engine.statistics()
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                assert isinstance(outcome, (asyncio.CancelledError, TimeoutError)), outcome
+            else:
+                assert_same(outcome, want)
+        assert stats.in_flight == 0 and stats.queued == 0
+        assert stats.completed + stats.failed + stats.cancelled + stats.timed_out == 3000
 
 
 class TestCancellation:

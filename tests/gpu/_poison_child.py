@@ -1,0 +1,64 @@
+"""Child process for the poisoned-context test: a real sticky CUDA error on the GPU.
+
+A kernel that traps poisons the process's CUDA context (cudaErrorLaunchFailure); the
+engine must then fail every request with EngineDeadError, refuse new ones, report
+``dead`` and close without hanging. Prints one JSON line with what it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from aiodla.emulator._standin import load_standin
+
+controls = load_standin(os.environ["AIODLA_STANDIN_LIB"])
+
+import cupy  # noqa: E402 - the stand-in must be loaded before anything binds libcudla
+
+from aiodla import Engine, EngineDeadError, TensorSpec  # noqa: E402
+from aiodla.emulator import make_loadable  # noqa: E402
+from aiodla.runtime import CudaRuntime  # noqa: E402
+
+X = TensorSpec("x", (1, 16, 4, 4), "float16", "chw16")
+TRAP = cupy.RawKernel('extern "C" __global__ void trap() { __trap(); }', "trap")
+
+
+async def main() -> dict[str, object]:
+    model = make_loadable([X], [X], "affine", 0.002)
+    x = np.ones(X.shape, np.float16)
+    runtime = CudaRuntime(0)
+    engine = Engine(model, runtime=runtime, cores=(0,), streams_per_core=2)
+    await engine.open()
+    gate = controls.hold(0)
+    tasks = [asyncio.create_task(engine.infer(x)) for _ in range(6)]
+    await asyncio.sleep(0.05)
+    TRAP((1,), (1,), ())  # poisons the context: every CUDA call fails from now
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    dead = [isinstance(o, EngineDeadError) for o in outcomes]
+    try:
+        await engine.infer(x)
+        refused = False
+    except EngineDeadError:
+        refused = True
+    health = engine.health()
+    began = time.monotonic()
+    await asyncio.wait_for(engine.aclose(), 30)
+    gate.release()
+    return {
+        "all_dead": all(dead),
+        "cause": str(outcomes[0]),
+        "refused": refused,
+        "health": health.status,
+        "close_seconds": time.monotonic() - began,
+        "state": engine.state.value,
+    }
+
+
+print(json.dumps(asyncio.run(main())), flush=True)
+sys.exit(0)
