@@ -2,7 +2,9 @@
 
 Installing aiodla registers a pytest plugin (``aiodla.testing.plugin``) that brings
 two fixtures; it does nothing in tests that do not use them. They need pytest-asyncio
-(strict or auto mode): mark the tests ``@pytest.mark.asyncio``.
+(strict or auto mode): mark the tests ``@pytest.mark.asyncio``. pytest loads the plugin
+by itself: naming it in ``pytest_plugins`` as well makes pytest refuse to start
+("Plugin already registered under a different name"); ``-p no:aiodla`` disables it.
 
 ``aiodla_engine``
     An async factory: ``engine = await aiodla_engine(spec, **options)`` returns an
