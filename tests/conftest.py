@@ -18,6 +18,10 @@ from aiodla import EmulatedRuntime, Engine
 
 from support import affine_model
 
+# Through pytest_plugins rather than the entry point (pyproject's addopts disables
+# that), so pytest-cov measures aiodla from its first import.
+pytest_plugins = ["aiodla.testing.plugin"]
+
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 
