@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 from aiodla import EmulatedRuntime, Engine
+from aiodla.testing import DLAControls, EngineFactory
 
 from support import affine_model
 
@@ -57,14 +58,24 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> M
 
 
 @pytest.fixture
-def runtime() -> Iterator[EmulatedRuntime]:
+def runtime(aiodla_controls: DLAControls) -> EmulatedRuntime:
+    """The emulated DLA of aiodla.testing's controls: a test that leaves a handle alive
+    fails at teardown (the project's own tests use the fixtures its users get)."""
+    return aiodla_controls.runtime
+
+
+@pytest.fixture
+def leaky_runtime() -> Iterator[EmulatedRuntime]:
+    """A runtime for the tests that leave handles alive on purpose (a hung core's)."""
     rt = EmulatedRuntime(cores=2)
     yield rt
     rt.close()
 
 
 @pytest_asyncio.fixture
-async def engine(runtime: EmulatedRuntime) -> AsyncIterator[Engine]:
-    async with Engine(affine_model(), runtime=runtime) as opened:
-        yield opened
+async def engine(aiodla_engine: EngineFactory, runtime: EmulatedRuntime) -> AsyncIterator[Engine]:
+    opened = await aiodla_engine(affine_model())
+    assert opened.runtime is runtime
+    yield opened
+    await opened.aclose()
     assert all(count == 0 for count in runtime.live_handles().values()), runtime.live_handles()

@@ -328,16 +328,16 @@ class TestCloseWithWork:
         assert all(v == 0 for v in runtime.live_handles().values())
 
     @pytest.mark.asyncio
-    async def test_drain_bound_then_closed_error(self, runtime: EmulatedRuntime) -> None:
-        engine = Engine(affine_model(), runtime=runtime, close_timeout=0.05)
+    async def test_drain_bound_then_closed_error(self, leaky_runtime: EmulatedRuntime) -> None:
+        engine = Engine(affine_model(), runtime=leaky_runtime, close_timeout=0.05)
         await engine.open()
-        busy, gates = await fill_slots(engine, runtime)
+        busy, gates = await fill_slots(engine, leaky_runtime)
         await engine.aclose()
         for task in busy:
             with pytest.raises(EngineClosedError, match="before the DLA finished"):
                 await task
         # The held tasks may still write their buffers: their cores keep them.
-        assert runtime.live_handles()["devices"] == 2
+        assert leaky_runtime.live_handles()["devices"] == 2
         for gate in gates:
             gate.release()
 

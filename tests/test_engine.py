@@ -175,9 +175,9 @@ class TestLifecycle:
         assert engine.state is EngineState.CLOSED
         assert all(v == 0 for v in runtime.live_handles().values())
 
-    def test_dropped_unclosed_engine_warns(self, runtime: EmulatedRuntime) -> None:
+    def test_dropped_unclosed_engine_warns(self, leaky_runtime: EmulatedRuntime) -> None:
         async def leak() -> None:
-            engine = Engine(affine_model(), runtime=runtime)
+            engine = Engine(affine_model(), runtime=leaky_runtime)
             await engine.open()
 
         def drop_and_collect() -> None:
