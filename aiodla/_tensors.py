@@ -687,13 +687,15 @@ def _refuse_nan(spec: TensorSpec, array: _Array) -> None:
 # -- element conversions ------------------------------------------------------------------
 #
 # A conversion stores one block of values (any strides) into ``out`` (same shape).
-# Blocks are about _BLOCK elements: small enough that a kernel's few temporaries stay
-# in the core's L2 cache between its numpy passes, large enough that the fixed cost of
-# each numpy call (about a microsecond) is small beside its work.
+# Blocks are about _BLOCK elements: a kernel's dozen numpy calls cost about 12 us
+# whatever the size, so blocks must be large for that to vanish (0.1 ns an element at
+# 2**17), yet small beside the tensor so the temporaries stay a few hundred kB and
+# mostly in cache (measured on benchmarks/bench_layouts.py: 2**15 was a third slower).
 
-_BLOCK = 1 << 15
-# Below this many elements numpy's own casts win: the kernels' dozen calls cost more.
-_SMALL = 1 << 11
+_BLOCK = 1 << 17
+# Below this many elements numpy's own casts win: the kernels' dozen calls cost more
+# (measured break-even about 7000 float32 -> float16 elements).
+_SMALL = 1 << 13
 
 _Convert = Callable[[_Array, _Array], None]
 
@@ -935,7 +937,10 @@ def _dequantizer(result: np.dtype[Any], scale: float) -> _Convert:
         return dequantize32
 
     def dequantize(values: _Array, out: _Array) -> None:
-        np.multiply(values, scale, out=out, dtype=_F64, casting="same_kind")
+        product = _SCRATCH.array("q", _F64, values.shape)
+        np.copyto(product, values, casting="safe")
+        np.multiply(product, scale, out=product)
+        np.copyto(out, product, casting="same_kind")
 
     return dequantize
 
@@ -949,10 +954,7 @@ def _write_conversion(
         return None
     if target.kind in "iu":
         if source.kind == "f":
-            if scale is None:
-                raise InputTypeError(
-                    f"a {source} array for an {target} tensor needs a quantization scale"
-                )
+            assert scale is not None  # BoundTensor._write_conversion checks it
             return _quantizer(source, target, scale)
         return _cast
     if target == _F16 and source.isnative:
@@ -1071,13 +1073,15 @@ def _plan(spec: TensorSpec, raw: _Array) -> tuple[_Block, ...]:
     blocks: list[_Block] = []
     for image in range(n):
         for first, count, lane_view, chans, rows in segments:
-            per_channel = lanes > 1 and count <= _PER_CHANNEL_MAX
+            few_lanes = lanes > 1 and count <= _PER_CHANNEL_MAX
             for c0 in range(0, count, chans):
                 c1 = min(count, c0 + chans)
                 for h0 in range(0, h, rows):
                     h1 = min(h, h0 + rows)
-                    index = (image, slice(first + c0, first + c1), slice(h0, h1))
-                    blocks.append(_Block(index, lane_view[image, c0:c1, h0:h1], per_channel))
+                    where = (image, slice(first + c0, first + c1), slice(h0, h1))
+                    # one numpy call beats several for a small block, whatever its order
+                    per_channel = few_lanes and (c1 - c0) * (h1 - h0) * w >= _SMALL
+                    blocks.append(_Block(where, lane_view[image, c0:c1, h0:h1], per_channel))
     return tuple(blocks)
 
 
@@ -1102,12 +1106,13 @@ class BoundTensor:
 
     The tensor is cut into blocks (see ``_plan``); each block knows its view of the
     element lanes in the buffer, so a write or read is a short loop of numpy copies
-    and, where the types differ, conversions through per-thread scratch arrays.
+    and, where the types differ, conversions: straight into the lanes for small
+    blocks, through per-thread scratch arrays for large ones.
     Padding bytes are zeroed once (``zero=True``) and never written again, since only
     element lanes are ever stored through the views.
     """
 
-    __slots__ = ("_blocks", "raw", "spec")
+    __slots__ = ("_blocks", "_reads", "_writes", "raw", "spec")
 
     def __init__(self, spec: TensorSpec, buffer: Any, *, zero: bool = True) -> None:
         self.spec = spec
@@ -1117,6 +1122,12 @@ class BoundTensor:
                 raise InputValueError(f"tensor {spec.name!r}: the buffer is read-only")
             self.raw[:] = 0
         self._blocks = _plan(spec, self.raw)
+        # The conversion for the last source dtype written / result dtype read: the
+        # engine writes and reads the same types request after request.
+        self._writes: tuple[np.dtype[Any], _Convert | None] | None = None
+        self._reads: dict[
+            tuple[bool, np.dtype[Any] | None], tuple[np.dtype[Any], _Convert | None]
+        ] = {}
 
     def write(self, source: _Array) -> None:
         """Store a validated logical array (see :meth:`TensorSpec.check_array`).
@@ -1129,61 +1140,87 @@ class BoundTensor:
             raise InputValueError(
                 f"input {spec.name!r}: expected shape {spec.shape} (n, c, h, w), got {source.shape}"
             )
+        cached = self._writes
+        if cached is not None and cached[0] == source.dtype:
+            convert = cached[1]
+        else:
+            convert = self._write_conversion(source.dtype)
+            self._writes = (source.dtype, convert)
+        if convert is None:
+            for where, lanes, per_channel in self._blocks:
+                _store(lanes, source[where], per_channel)
+            return
+        target = spec.numpy_dtype
+        if target.kind in "iu":
+            _refuse_nan(spec, source)
+        small = _SMALL
+        with np.errstate(all="ignore"):  # overflow to float16 infinity is by design
+            for where, lanes, per_channel in self._blocks:
+                if lanes.size < small:  # numpy's casts, straight into the lanes
+                    convert(source[where], lanes)
+                    continue
+                staged = _SCRATCH.array("stage", target, lanes.shape)
+                convert(source[where], staged)
+                _store(lanes, staged, per_channel)
+
+    def _write_conversion(self, source: np.dtype[Any]) -> _Convert | None:
+        spec = self.spec
         if not self.raw.flags.writeable:
             raise InputValueError(f"tensor {spec.name!r}: the buffer is read-only")
         target = spec.numpy_dtype
-        unsafe = not np.can_cast(source.dtype, target, "safe")
-        if source.dtype.kind in "iub" and target.kind in "iu" and unsafe:
+        if source.kind in "iub" and target.kind in "iu" and not np.can_cast(source, target, "safe"):
+            raise InputTypeError(f"input {spec.name!r}: {source} cannot be cast safely to {target}")
+        if source.kind == "f" and target.kind in "iu" and spec.scale is None:
             raise InputTypeError(
-                f"input {spec.name!r}: {source.dtype} cannot be cast safely to {target}"
+                f"input {spec.name!r}: a {source} array for an {target} tensor needs a "
+                "quantization scale"
             )
-        convert = _write_conversion(source.dtype, target, spec.scale)
-        if convert is None:
-            for index, lanes, per_channel in self._blocks:
-                _store(lanes, source[index], per_channel)
-            return
-        if target.kind in "iu":
-            _refuse_nan(spec, source)
-        with np.errstate(all="ignore"):  # overflow to float16 infinity is by design
-            for index, lanes, per_channel in self._blocks:
-                staged = _SCRATCH.array("stage", target, lanes.shape)
-                convert(source[index], staged)
-                _store(lanes, staged, per_channel)
+        return _write_conversion(source, target, spec.scale)
 
     def read(self, *, dequantize: bool = True, dtype: npt.DTypeLike | None = None) -> _Array:
         """A fresh logical array of the stored values (dequantized when a scale is set).
 
         ``dtype`` as in :meth:`TensorSpec.unpack`.
         """
+        key = (dequantize, None if dtype is None else np.dtype(dtype))
+        decided = self._reads.get(key)
+        if decided is None:
+            decided = self._reads[key] = self._read_conversion(*key)
+        result_dtype, convert = decided
+        spec = self.spec
+        result = np.empty(spec.shape, result_dtype)
+        if convert is None:
+            for where, lanes, per_channel in self._blocks:
+                _load(lanes, result[where], per_channel)
+            return result
+        stored, small = spec.numpy_dtype, _SMALL
+        with np.errstate(all="ignore"):
+            for where, lanes, per_channel in self._blocks:
+                if lanes.size < small:
+                    convert(lanes, result[where])
+                    continue
+                staged = _SCRATCH.array("stage", stored, lanes.shape)
+                _load(lanes, staged, per_channel)
+                convert(staged, result[where])
+        return result
+
+    def _read_conversion(
+        self, dequantize: bool, dtype: np.dtype[Any] | None
+    ) -> tuple[np.dtype[Any], _Convert | None]:
         spec = self.spec
         stored = spec.numpy_dtype
         scale = spec.scale if dequantize and spec.is_integer else None
         if dtype is None:
-            result_dtype = np.dtype(np.float32) if scale is not None else stored
-        else:
-            result_dtype = np.dtype(dtype)
-            if scale is not None and result_dtype.kind != "f":
-                raise InputTypeError(
-                    f"tensor {spec.name!r}: dequantized values need a float dtype, "
-                    f"got {result_dtype}"
-                )
-            if scale is None and not np.can_cast(stored, result_dtype, "safe"):
-                raise InputTypeError(
-                    f"tensor {spec.name!r}: stored {stored} values do not cast safely "
-                    f"to {result_dtype}"
-                )
-        result = np.empty(spec.shape, result_dtype)
-        convert = _read_conversion(stored, result_dtype, scale)
-        if convert is None:
-            for index, lanes, per_channel in self._blocks:
-                _load(lanes, result[index], per_channel)
-            return result
-        with np.errstate(all="ignore"):
-            for index, lanes, per_channel in self._blocks:
-                staged = _SCRATCH.array("stage", stored, lanes.shape)
-                _load(lanes, staged, per_channel)
-                convert(staged, result[index])
-        return result
+            dtype = np.dtype(np.float32) if scale is not None else stored
+        elif scale is not None and dtype.kind != "f":
+            raise InputTypeError(
+                f"tensor {spec.name!r}: dequantized values need a float dtype, got {dtype}"
+            )
+        elif scale is None and not np.can_cast(stored, dtype, "safe"):
+            raise InputTypeError(
+                f"tensor {spec.name!r}: stored {stored} values do not cast safely to {dtype}"
+            )
+        return dtype, _read_conversion(stored, dtype, scale)
 
 
 def _is_dtype_like(value: object) -> bool:
