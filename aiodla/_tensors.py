@@ -51,7 +51,7 @@ silently corrected.
     Only tells hwc4 from nhwc (above); any other value is carried, not checked.
 ``pixelFormat``
     Not used: the layout follows from the fields above. ``to_descriptor`` writes R8
-    (c == 1) or A8B8G8R8 for hwc4 and FEATURE otherwise.
+    (c == 1) or A8B8G8R8 for 8-bit hwc4 and FEATURE otherwise.
 
 Which element types each format takes is a table (``_ACCEPTED_DTYPES``): chw16 holds
 float16 only and chw32 int8 only (TensorRT's kCHW16/kCHW32), hwc4 int8, uint8 and
@@ -78,8 +78,8 @@ padding lanes, row, surface and batch padding and the tail with zeros. A
 only, so padding stays zero however often it is reused.
 
 - Into float16 and float32 tensors, values are rounded to nearest even in one step
-  from the source value (float64 sources included); beyond float16's range they
-  become infinity, and NaN stays NaN.
+  from the source value (float64 and integer sources included); beyond float16's
+  range they become infinity, and NaN stays NaN.
 - Into integer tensors, float values are quantized with the tensor's ``scale``:
   ``q = round_half_even(x / scale)`` with the quotient taken in binary64, then
   saturated to the type's range (so ±inf saturate too). NaN is an input error, and
@@ -87,12 +87,18 @@ only, so padding stays zero however often it is reused.
   are stored as they are (already quantized); only safe integer casts are taken.
 - Out of integer tensors with a scale, values come back as float32
   ``float32(scale * q)``, the product taken in binary64 and rounded once.
+  ``unpack(..., dtype=)`` asks for another type (float32 out of a float16 tensor,
+  say, widened exactly).
 
-Converting is done in blocks of about ``_BLOCK`` elements through per-thread scratch
-arrays, so no temporary of the whole tensor is ever made. numpy's own float16
+Conversions run in blocks of about ``_BLOCK`` elements through per-thread scratch
+arrays, so no temporary of the whole tensor is ever made; blocks under ``_SMALL``
+elements go through numpy's own casts straight into the buffer. numpy's float16
 conversion is scalar code on builds whose baseline lacks F16C (about 2.5 ns an
-element), so float32/float64 <-> float16 use exact vectorized float arithmetic
-instead (see :func:`_half_from_float32`); its results equal numpy's, bit for bit.
+element here), so larger blocks of float32, float64 or integers into float16, and
+float16 out to float32, use exact vectorized arithmetic instead (see
+:func:`_half_from_float32`): the results equal numpy's, bit for bit. Quantizing with
+a power-of-two scale, and dequantizing with a scale that is a float32 number, run in
+float32 because that gives the same values as binary64 (see :func:`_quantizer`).
 """
 
 from __future__ import annotations
@@ -527,7 +533,7 @@ class TensorSpec:
         """
         assert self.strides is not None
         assert self.category is not None
-        if self.format == "hwc4":
+        if self.format == "hwc4" and self.numpy_dtype.itemsize == 1:
             pixel_format = PIXEL_FORMAT_R8 if self.shape[1] == 1 else PIXEL_FORMAT_A8B8G8R8
         else:
             pixel_format = PIXEL_FORMAT_FEATURE
