@@ -390,3 +390,15 @@ def test_half_rounding_matches_numpy(controls: StandinControls) -> None:
     got = np.zeros(y.size, dtype=np.uint8)
     assert controls.run_on_host(loadable, [x.pack(stored)], [got]) == 0
     np.testing.assert_array_equal(got.view(np.float16).reshape(1, 1, 64, 64), expected)
+
+
+def test_float16_hwc4_is_accepted_by_both_parsers(controls: StandinControls) -> None:
+    """TensorRT's kDLA_HWC4 takes FP16 as well as INT8: both readers agree."""
+    from aiodla import TensorSpec
+    from aiodla.emulator import make_loadable
+
+    image = TensorSpec("image", (1, 3, 4, 4), "float16", "hwc4")
+    out = TensorSpec("out", (1, 3, 4, 4), "float16", "nchw")
+    data = make_loadable([image], [out], "affine", 0.0)
+    assert _python_accepts(data)
+    assert controls.check_loadable(data)[0] == 0

@@ -89,7 +89,7 @@ inline std::string describe(const char* format, ...) {
 inline bool format_accepts(const char* format, uint32_t type) {
     if (!strcmp(format, "chw16")) return type == kTypeHalf;
     if (!strcmp(format, "chw32")) return type == kTypeInt8;
-    if (!strcmp(format, "hwc4")) return type == kTypeInt8 || type == kTypeUint8;
+    if (!strcmp(format, "hwc4")) return type == kTypeInt8 || type == kTypeUint8 || type == kTypeHalf;
     return element_size(type) != 0;  /* nchw and nhwc take all six */
 }
 
