@@ -26,11 +26,12 @@ from aiodla.emulator import make_loadable  # noqa: E402
 from aiodla.runtime import CudaRuntime  # noqa: E402
 
 X = TensorSpec("x", (1, 16, 4, 4), "float16", "chw16")
+Y = TensorSpec("y", (1, 16, 4, 4), "float16", "nchw")
 TRAP = cupy.RawKernel('extern "C" __global__ void trap() { __trap(); }', "trap")
 
 
 async def main() -> dict[str, object]:
-    model = make_loadable([X], [X], "affine", 0.002)
+    model = make_loadable([X], [Y], "affine", 0.002)
     x = np.ones(X.shape, np.float16)
     runtime = CudaRuntime(0)
     engine = Engine(model, runtime=runtime, cores=(0,), streams_per_core=2)
