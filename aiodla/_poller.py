@@ -134,9 +134,10 @@ class Poller:
                 self._sleep(IDLE_WAIT)
                 continue
             self.sweeps += 1
-            seen = [slot for slot in in_flight if query(slot.event)]
-            if seen:
-                done = self._with_statuses(seen, status_of)
+            # The status is read right after each event is seen done: read later, after
+            # the core's next task also ended, it could belong to either.
+            done = [(slot, status_of(slot)) for slot in in_flight if query(slot.event)]
+            if done:
                 finished = {id(slot) for slot, _ in done}
                 in_flight = [slot for slot in in_flight if id(slot) not in finished]
                 self.wakeups += 1
@@ -158,27 +159,6 @@ class Poller:
                 self._sleep(self._pause)
             else:
                 time.sleep(0)  # let the loop thread have the GIL between sweeps
-
-    @staticmethod
-    def _with_statuses(
-        done: list[Slot], status_of: Callable[[Slot], int]
-    ) -> list[tuple[Slot, int]]:
-        """Pair each finished slot with a status: one read per core and sweep.
-
-        Each read is a call that lets go of the GIL, and the busy loop thread then holds
-        on to it; so a core with several finished slots in one sweep is read once, and
-        the status goes to the first of them (the one cuDLA ran first).
-        """
-        read: set[int] = set()
-        paired = []
-        for slot in done:
-            device = slot.core.device
-            if device in read:
-                paired.append((slot, 0))
-            else:
-                read.add(device)
-                paired.append((slot, status_of(slot)))
-        return paired
 
     def _status(self, slot: Slot) -> int:
         try:

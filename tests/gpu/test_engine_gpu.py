@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,13 +294,12 @@ class TestFaults:
         pytest.importorskip("cupy", reason="the test traps a kernel through cupy")
         child = Path(__file__).with_name("_poison_child.py")
         env = {**os.environ, "AIODLA_STANDIN_LIB": str(gpu_session.library)}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, str(child), env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        process = await asyncio.to_thread(
+            subprocess.run, [sys.executable, str(child)], env=env, capture_output=True,
+            text=True, timeout=120,
         )
-        out, err = await asyncio.wait_for(process.communicate(), 120)
-        assert process.returncode == 0, err.decode()[-2000:]
-        seen = json.loads(out.decode().strip().splitlines()[-1])
+        assert process.returncode == 0, process.stderr[-2000:]
+        seen = json.loads(process.stdout.strip().splitlines()[-1])
         assert seen["all_dead"] and seen["refused"], seen
         assert seen["health"] == "dead" and seen["state"] == "closed"
         assert "cudaErrorLaunchFailure" in seen["cause"] or "cudaError" in seen["cause"]
