@@ -33,7 +33,7 @@ async def main() -> dict[str, object]:
     model = make_loadable([X], [Y], "affine", 0.002)
     x = np.ones(X.shape, np.float16)
     runtime = CudaRuntime(0)
-    engine = Engine(model, runtime=runtime, cores=(0,), streams_per_core=2)
+    engine = Engine(model, runtime=runtime, cores=(0,), streams_per_core=2, task_timeout=1.0)
     await engine.open()
     gate = controls.hold(0)
     tasks = [asyncio.create_task(engine.infer(x)) for _ in range(6)]
