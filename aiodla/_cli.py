@@ -43,7 +43,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
@@ -295,47 +295,55 @@ def _read_spec(path: str) -> tuple[list[TensorDescriptor], list[TensorDescriptor
         raise CommandError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CommandError(f"{path!r} is not a JSON model spec: {exc}") from exc
-    if not isinstance(document, dict) or document.get("format") != SPEC_FORMAT:
+    return read_spec_document(document, repr(path))
+
+
+def read_spec_document(
+    document: object, source: str = "the model spec"
+) -> tuple[list[TensorDescriptor], list[TensorDescriptor], dict[str, Any]]:
+    """The descriptors (inputs, outputs) and emulator settings of a parsed model spec
+    (what ``aiodla inspect --json`` writes); ``source`` names it in errors."""
+    if not isinstance(document, Mapping) or document.get("format") != SPEC_FORMAT:
         raise CommandError(
-            f"{path!r} is not an aiodla model spec (no \"format\": \"{SPEC_FORMAT}\"); "
+            f"{source} is not an aiodla model spec (no \"format\": \"{SPEC_FORMAT}\"); "
             "write one with 'aiodla inspect MODEL --json'"
         )
     version = document.get("version")
     if version != SPEC_VERSION:
         raise CommandError(
-            f"{path!r} is model spec version {version!r}; this aiodla reads version "
+            f"{source} is model spec version {version!r}; this aiodla reads version "
             f"{SPEC_VERSION}"
         )
     tensors = []
     for key in ("inputs", "outputs"):
         entries = document.get(key)
         if not isinstance(entries, list) or not entries:
-            raise CommandError(f"{path!r}: {key!r} must be a non-empty list of tensors")
-        tensors.append([_read_descriptor(path, f"{key}[{i}]", e) for i, e in enumerate(entries)])
+            raise CommandError(f"{source}: {key!r} must be a non-empty list of tensors")
+        tensors.append([_read_descriptor(source, f"{key}[{i}]", e) for i, e in enumerate(entries)])
     emulator = document.get("emulator")
-    return tensors[0], tensors[1], emulator if isinstance(emulator, dict) else {}
+    return tensors[0], tensors[1], dict(emulator) if isinstance(emulator, Mapping) else {}
 
 
-def _read_descriptor(path: str, where: str, entry: object) -> TensorDescriptor:
+def _read_descriptor(source: str, where: str, entry: object) -> TensorDescriptor:
     fields = entry.get("descriptor") if isinstance(entry, dict) else None
     if not isinstance(fields, dict):
-        raise CommandError(f"{path!r}: {where} has no \"descriptor\" object")
+        raise CommandError(f"{source}: {where} has no \"descriptor\" object")
     missing = [name for name in DESCRIPTOR_FIELDS if name not in fields]
     if missing:
-        raise CommandError(f"{path!r}: {where}.descriptor lacks {', '.join(missing)}")
+        raise CommandError(f"{source}: {where}.descriptor lacks {', '.join(missing)}")
     name = fields["name"]
     if not isinstance(name, str) or not name:
-        raise CommandError(f"{path!r}: {where}.descriptor.name must be a non-empty string")
+        raise CommandError(f"{source}: {where}.descriptor.name must be a non-empty string")
     numbers = {}
     for field in DESCRIPTOR_FIELDS[1:-1]:
         value = fields[field]
         if not _is_count(value):
-            raise CommandError(f"{path!r}: {where}.descriptor.{field} must be an integer >= 0, "
+            raise CommandError(f"{source}: {where}.descriptor.{field} must be an integer >= 0, "
                                f"got {value!r}")
         numbers[field] = value
     stride = fields["stride"]
     if not isinstance(stride, list) or len(stride) != 8 or not all(map(_is_count, stride)):
-        raise CommandError(f"{path!r}: {where}.descriptor.stride must be 8 integers >= 0")
+        raise CommandError(f"{source}: {where}.descriptor.stride must be 8 integers >= 0")
     return TensorDescriptor(name=name, stride=tuple(stride), **numbers)
 
 

@@ -230,19 +230,10 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         try:
             await anyio.to_thread.run_sync(self._open_blocking)
-        except BaseException:
-            # Release in a thread of its own that a second cancellation cannot stop.
-            await asyncio.shield(
-                asyncio.ensure_future(anyio.to_thread.run_sync(self._release_blocking, ()))
-            )
-            self._state = EngineState.CLOSED
-            self._closed.set()
-            self._open_done.set()
-            raise
-        # The loop thread enqueues device work: the device must be current here too.
-        try:
+            # The loop thread enqueues device work: the device must be current here too.
             self._call("make_current", self._runtime.make_current)  # type: ignore[union-attr]
         except BaseException:
+            # Release in a thread of its own that a second cancellation cannot stop.
             await asyncio.shield(
                 asyncio.ensure_future(anyio.to_thread.run_sync(self._release_blocking, ()))
             )

@@ -14,15 +14,13 @@ from typing import Any
 
 from .._cli import (
     DEFAULT_LATENCY,
-    SPEC_FORMAT,
-    SPEC_VERSION,
     CommandError,
     _fitting_op,
-    _read_descriptor,
     _read_spec,
+    read_spec_document,
 )
 from .._errors import ModelError
-from .._tensors import TensorDescriptor, TensorSpec
+from .._tensors import TensorSpec
 from ..emulator._format import OPS, is_emulator_loadable, make_loadable, parse_loadable
 
 __all__ = ["ModelDescription", "emulated_model"]
@@ -30,7 +28,7 @@ __all__ = ["ModelDescription", "emulated_model"]
 ModelDescription = str | os.PathLike[str] | Mapping[str, Any] | bytes
 """A model spec file (``aiodla inspect --json``), its parsed JSON, or loadable bytes."""
 
-# How the CLI's reader names a spec that did not come from a file.
+# How errors name a spec that did not come from a file.
 _DOCUMENT = "the model spec"
 
 
@@ -109,7 +107,7 @@ def _read(
 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mapping[str, Any]]:
     try:
         if isinstance(spec, Mapping):
-            input_descs, output_descs, settings = _read_document(spec)
+            input_descs, output_descs, settings = read_spec_document(spec, _DOCUMENT)
         elif isinstance(spec, (str, os.PathLike)):
             input_descs, output_descs, settings = _read_spec(os.fspath(spec))
         else:
@@ -122,32 +120,6 @@ def _read(
     ins = tuple(TensorSpec.from_descriptor(d) for d in input_descs)
     outs = tuple(TensorSpec.from_descriptor(d) for d in output_descs)
     return ins, outs, settings
-
-
-def _read_document(
-    document: Mapping[str, Any],
-) -> tuple[list[TensorDescriptor], list[TensorDescriptor], Mapping[str, Any]]:
-    """The CLI's ``_read_spec`` for a document already parsed (it reads files only)."""
-    if document.get("format") != SPEC_FORMAT:
-        raise CommandError(
-            f"{_DOCUMENT} is not an aiodla model spec (no \"format\": \"{SPEC_FORMAT}\"); "
-            "write one with 'aiodla inspect MODEL --json'"
-        )
-    if document.get("version") != SPEC_VERSION:
-        raise CommandError(
-            f"{_DOCUMENT} is version {document.get('version')!r}; this aiodla reads "
-            f"version {SPEC_VERSION}"
-        )
-    tensors = []
-    for key in ("inputs", "outputs"):
-        entries = document.get(key)
-        if not isinstance(entries, list) or not entries:
-            raise CommandError(f"{_DOCUMENT}: {key!r} must be a non-empty list of tensors")
-        tensors.append(
-            [_read_descriptor(_DOCUMENT, f"{key}[{i}]", e) for i, e in enumerate(entries)]
-        )
-    emulator = document.get("emulator")
-    return tensors[0], tensors[1], emulator if isinstance(emulator, Mapping) else {}
 
 
 def _number(given: float | None, settings: Mapping[str, Any], key: str, default: float) -> float:
