@@ -660,7 +660,7 @@ class Engine:
             return
         try:
             for binding, array in zip(slot.inputs, request.arrays, strict=True):
-                binding.bound.write(array)
+                binding.bound.write(array, checked=True)
         except Exception as exc:  # validated already: a failure here is a bug, kept local
             self._release(slot)
             self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
@@ -949,7 +949,7 @@ class Engine:
 
         def pack() -> None:
             for binding, array in zip(slot.inputs, request.arrays, strict=True):
-                binding.bound.write(array)
+                binding.bound.write(array, checked=True)
 
         try:
             await anyio.to_thread.run_sync(pack)

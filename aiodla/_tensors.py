@@ -640,7 +640,7 @@ class TensorSpec:
         else:
             target, zero = out, not self._is_dense()
         bound = BoundTensor(self, target, zero=zero)
-        bound.write(source)
+        bound.write(source, checked=validate)
         return bound.raw
 
     def unpack(
@@ -1135,11 +1135,13 @@ class BoundTensor:
             tuple[bool, np.dtype[Any] | None], tuple[np.dtype[Any], _Convert | None]
         ] = {}
 
-    def write(self, source: _Array) -> None:
+    def write(self, source: _Array, *, checked: bool = False) -> None:
         """Store a validated logical array (see :meth:`TensorSpec.check_array`).
 
         Floats into integer tensors are quantized; other types are converted as the
-        module docstring says. Only element lanes are written.
+        module docstring says. Only element lanes are written. ``checked=True`` says
+        :meth:`TensorSpec.check_array` already passed it, so the NaN scan it made is
+        not made twice.
         """
         spec = self.spec
         if source.shape != spec.shape:
@@ -1157,7 +1159,7 @@ class BoundTensor:
                 _store(lanes, source[where], per_channel)
             return
         target = spec.numpy_dtype
-        if target.kind in "iu":
+        if target.kind in "iu" and not checked:
             _refuse_nan(spec, source)
         small = _SMALL
         with np.errstate(all="ignore"):  # overflow to float16 infinity is by design
