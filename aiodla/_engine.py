@@ -739,7 +739,14 @@ class Engine:
         """Slots the poller saw done, each with its core's cuDLA status read then."""
         if self._state is EngineState.CLOSED:
             return  # a late wake-up after close: nothing is left to touch
-        self._poller.unconsumed = False  # type: ignore[union-attr]
+        try:
+            self._handle_completions(finished)
+        finally:
+            # Runs after the callers this batch woke took their step: only then is
+            # the loop free again (see the poller's module docstring).
+            self._loop.call_soon(self._poller.consumed)  # type: ignore[union-attr]
+
+    def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
         now = time.monotonic()
         for slot, status in finished:
             core = slot.core

@@ -5,12 +5,25 @@ sweep to the loop with a single ``call_soon_threadsafe``. With each completion i
 the core's cuDLA status at once: cuDLA latches the status of the core's most recent
 failed task, so reading it as each task is seen done ties a failure to its own task
 (read later, after the core's next task ended too, it could belong to either). It
-never touches futures or scheduler state. It knows when each slot should finish (the
-engine's estimate from the core's service time and queue): far from that time it
-sleeps; close to it, it polls with short pauses (none for the CUDA runtime, whose
-queries release the GIL); while the loop has not taken the last batch it pauses, so it
-does not take the GIL from the thread that must work; when a slot is overdue it backs
-off, so a hung core costs little.
+never touches futures or scheduler state.
+
+It knows when each slot should finish (the engine's estimate from the core's service
+time and queue), and queries only slots that could be done by now. When it sweeps:
+
+* one task in flight on a core (light load): just before that task's expected end, then
+  polling with short pauses (none for the CUDA runtime, whose queries release the GIL),
+  so a result reaches its caller as soon as it can;
+* several queued on a core (a loaded engine): when the core has only ``reserve`` seconds
+  of queued work left (a few service times), so one wake-up brings the loop several
+  completions, and the loop refills the core before it runs dry. Every wake-up costs the
+  loop a thread hop and every query takes the GIL: at short service times both, per
+  completion, used to cost more than the loop had to spare;
+* a slot overdue (a hung core, a slow task): with back-off, so a hung core costs little.
+
+After posting a batch it waits, without polling, until the loop has handled it and run
+the callers it woke (``consumed``): while the loop works, every poll would take the GIL
+from it and every wake-up would add a hop; what finishes meanwhile is collected in one
+sweep when the loop is free, so batches grow with the load.
 
 A wake-up that reaches a closed loop is dropped: after close nothing listens.
 """
@@ -34,14 +47,20 @@ __all__ = ["Poller"]
 logger = logging.getLogger("aiodla")
 
 # Start polling this long before a slot's expected completion; estimates are rough.
+# Never more than half a service time early: at short service times a wider window
+# would keep the poller spinning, and taking the GIL, all the time.
 SPIN_WINDOW = 300e-6
+# A loaded core is left at least this much queued work (and at least two service
+# times) when its completions are collected: enough for the thread hop to the loop
+# (about 80 us on a virtual machine) and for the loop to refill the core's ring.
+RESERVE = 500e-6
 # Longest pause between sweeps once a slot is overdue (a hung core, a slow task).
 MAX_BACKOFF = 2e-3
 # With nothing in flight, sleep at most this long between checks of the stop flag.
 IDLE_WAIT = 0.5
-# While the loop has not yet taken the last batch, it is busy: polling faster than
-# this only takes the GIL from it.
-BUSY_PAUSE = 50e-6
+# Longest wait for the loop to handle a posted batch before sweeping anyway (a loop
+# that never answers, e.g. one that is closing, must not stall the poller).
+CONSUME_WAIT = 2e-3
 
 
 class Poller:
@@ -71,7 +90,7 @@ class Poller:
         self._bell.acquire()
         self._stopping = False
         self._wake_at = float("inf")  # when the poller means to sweep next
-        self.unconsumed = False  # a batch is posted and the loop has not taken it yet
+        self._unconsumed = False  # a batch is posted and the loop has not handled it yet
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.sweeps = 0
         self.wakeups = 0
@@ -85,6 +104,12 @@ class Poller:
         self._incoming.append(slot)
         if slot.expected_done - SPIN_WINDOW < self._wake_at:
             self._ring()
+
+    def consumed(self) -> None:
+        """The loop has handled the last batch and run what it woke (loop thread):
+        the poller may sweep again."""
+        self._unconsumed = False
+        self._ring()
 
     def stop(self) -> None:
         """Ask the thread to end (any thread); ``join`` waits for it."""
@@ -134,27 +159,29 @@ class Poller:
                 self._sleep(IDLE_WAIT)
                 continue
             self.sweeps += 1
+            now = clock()
             # The status is read right after each event is seen done: read later, after
             # the core's next task also ended, it could belong to either.
-            done = [(slot, status_of(slot)) for slot in in_flight if query(slot.event)]
+            done = [
+                (slot, status_of(slot))
+                for slot in in_flight
+                if slot.expected_done - _window(slot) <= now and query(slot.event)
+            ]
             if done:
                 finished = {id(slot) for slot, _ in done}
                 in_flight = [slot for slot in in_flight if id(slot) not in finished]
                 self.wakeups += 1
-                self.unconsumed = True
+                self._unconsumed = True
                 self._post(self._deliver, done)
-                if not in_flight:
-                    continue
-            now = clock()
-            earliest = min(slot.expected_done for slot in in_flight)
-            ahead = earliest - SPIN_WINDOW - now
+                self._await_consumed()
+                continue
+            target, window = _next_sweep(in_flight)
+            ahead = target - window - now
             if ahead > 0:
                 self._sleep(ahead)
-            elif now > earliest + SPIN_WINDOW:
+            elif now > target + window:
                 # Overdue: back off in proportion, so a hung task is polled rarely.
-                self._sleep(min(MAX_BACKOFF, max(self._pause, (now - earliest) / 8)))
-            elif self.unconsumed:
-                time.sleep(max(self._pause, BUSY_PAUSE))
+                self._sleep(min(MAX_BACKOFF, max(self._pause, (now - target) / 8)))
             elif self._pause:
                 self._sleep(self._pause)
             else:
@@ -166,6 +193,17 @@ class Poller:
         except Exception as exc:  # a status that cannot be read is a failed task
             return cudla_status(exc) or -1
 
+    def _await_consumed(self) -> None:
+        # ``watch`` must not ring meanwhile (it would only wake the poller to wait
+        # again): a wake-up time in the past tells it the poller is awake.
+        self._wake_at = 0.0
+        deadline = time.monotonic() + CONSUME_WAIT
+        while self._unconsumed and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._bell.acquire(timeout=left)
+
     def _sleep(self, seconds: float) -> None:
         # Publish the wake-up time *before* looking at the incoming slots: ``watch``
         # appends before it reads ``_wake_at``, so one of the two always sees the other.
@@ -173,3 +211,30 @@ class Poller:
         if not self._incoming:
             self._bell.acquire(timeout=seconds)
         self._wake_at = 0.0  # awake: the next sweep drains the incoming slots anyway
+
+
+def _window(slot: Slot) -> float:
+    """How early to start polling ``slot``: never more than half a service time."""
+    return min(SPIN_WINDOW, slot.core.service_time / 2)
+
+
+def _next_sweep(in_flight: list[Slot]) -> tuple[float, float]:
+    """When to sweep next, and how early polling may start around it.
+
+    For each core: its earliest expected completion, or, when more work is queued on
+    it than its reserve, the moment only the reserve is left (see the module's
+    docstring). The earliest over the cores wins.
+    """
+    by_core: dict[int, list[Slot]] = {}
+    for slot in in_flight:
+        by_core.setdefault(id(slot.core), []).append(slot)
+    best, best_window = float("inf"), SPIN_WINDOW
+    for slots in by_core.values():
+        core = slots[0].core
+        first = min(slot.expected_done for slot in slots)
+        if len(slots) > 1:
+            last = max(slot.expected_done for slot in slots)
+            first = max(first, last - max(RESERVE, 2 * core.service_time))
+        if first < best:
+            best, best_window = first, _window(slots[0])
+    return best, best_window

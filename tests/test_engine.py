@@ -25,6 +25,7 @@ from aiodla import (
     RuntimeUnavailableError,
     TensorSpec,
 )
+from aiodla import _poller as poller_module
 from aiodla.emulator import make_loadable
 
 from support import X, affine_model, expected_affine, two_pair_model
@@ -88,6 +89,26 @@ class TestResults:
         async with Engine(path, runtime=runtime) as engine:
             x = np.ones(X.shape, np.float16)
             np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
+
+
+    @pytest.mark.asyncio
+    async def test_the_poller_is_told_when_each_batch_was_handled(
+        self, runtime: EmulatedRuntime, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The poller stays quiet after a batch until the loop says it handled it; an
+        # engine that never said so would leave each next request waiting 30 s here.
+        monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
+        x = rng().standard_normal(X.shape).astype(np.float32)
+        async with Engine(affine_model(0.0005), runtime=runtime) as engine:
+
+            async def serve() -> list[np.ndarray]:
+                for _ in range(20):
+                    np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
+                return await asyncio.gather(*(engine.infer(x) for _ in range(64)))
+
+            results = await asyncio.wait_for(serve(), 10)
+        for y in results:
+            np.testing.assert_array_equal(y, expected_affine(x))
 
 
 class TestBadInputs:

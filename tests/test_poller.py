@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from aiodla import _poller as poller_module
 from aiodla._poller import MAX_BACKOFF, Poller
 from aiodla._scheduler import CoreState, Slot
 from aiodla.runtime import CudaCallError
@@ -61,8 +62,8 @@ class Sink:
         self.failures.append(error)
 
 
-def slot(event: int, expected: float) -> Slot:
-    s = Slot(CoreState(0), event, 0, event, None, [], [])
+def slot(event: int, expected: float, core: CoreState | None = None) -> Slot:
+    s = Slot(core or CoreState(0), event, 0, event, None, [], [])
     s.expected_done = expected
     return s
 
@@ -75,14 +76,14 @@ def start(runtime: FakeRuntime, loop: FakeLoop, sink: Sink, pause: float = 0.0) 
 
 def test_one_wakeup_for_all_completions_of_a_sweep() -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    far = time.monotonic() + 60
-    slots = [slot(i, far) for i in range(3)]
+    core = CoreState(0, service_time=0.2)
+    due = time.monotonic() + 0.2
+    slots = [slot(i, due, core) for i in range(3)]
     poller = start(runtime, loop, sink)
     try:
         for s in slots:
             poller.watch(s)
-        runtime.done.update({0, 1, 2})
-        poller.watch(slot(99, time.monotonic()))  # wakes the poller for a sweep now
+        runtime.done.update({0, 1, 2})  # all done before the poller's first look
         assert loop.posted.wait(5)
         time.sleep(0.05)
     finally:
@@ -92,6 +93,48 @@ def test_one_wakeup_for_all_completions_of_a_sweep() -> None:
     assert sorted(delivered) == [0, 1, 2]
     assert len(loop.calls) == 1  # one call_soon_threadsafe for the whole sweep
     assert not poller.alive
+
+
+def test_a_loaded_core_is_collected_in_batches_that_leave_it_a_reserve() -> None:
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    service = 0.05
+    core = CoreState(0, service_time=service)
+    began = time.monotonic()
+    # Eight tasks queued on one core, all already done: a poller that swept at the
+    # first expected completion would deliver them one by one.
+    slots = [slot(i, began + service * (i + 1), core) for i in range(8)]
+    runtime.done.update(range(8))
+    poller = start(runtime, loop, sink)
+    try:
+        for s in slots:
+            poller.watch(s)
+        assert loop.posted.wait(5)
+        first_delivery = time.monotonic() - began
+    finally:
+        poller.stop()
+        poller.join(5)
+    reserve = max(poller_module.RESERVE, 2 * service)
+    # Not before the core has only its reserve of queued work left...
+    assert first_delivery >= 8 * service - reserve - poller_module.SPIN_WINDOW
+    first = [s.event for s, _ in loop.calls[0][1]]
+    # ...and then every task expected by then arrives in one batch.
+    assert first == list(range(6))
+
+
+def test_light_load_is_collected_at_its_expected_completion() -> None:
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    core = CoreState(0, service_time=0.05)
+    began = time.monotonic()
+    runtime.done.add(1)
+    poller = start(runtime, loop, sink)
+    try:
+        poller.watch(slot(1, began + 0.05, core))
+        assert loop.posted.wait(5)
+        delivered_after = time.monotonic() - began
+    finally:
+        poller.stop()
+        poller.join(5)
+    assert 0.05 - 0.025 <= delivered_after < 0.05 + 0.03  # half a service time early at most
 
 
 def test_sleeps_until_close_to_the_expected_completion() -> None:
@@ -168,3 +211,62 @@ def test_watch_wakes_an_idle_poller(pause: float) -> None:
     finally:
         poller.stop()
         poller.join(5)
+
+
+def test_waits_for_the_loop_to_consume_a_batch_before_polling_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    runtime.done.add(1)
+    poller = start(runtime, loop, sink)
+    try:
+        poller.watch(slot(1, time.monotonic()))
+        assert loop.posted.wait(5)
+        loop.posted.clear()
+        runtime.done.add(2)
+        poller.watch(slot(2, time.monotonic()))  # done at once, but the loop is busy
+        queries = runtime.queries
+        time.sleep(0.1)
+        assert runtime.queries == queries and len(loop.calls) == 1  # no sweep meanwhile
+        poller.consumed()
+        assert loop.posted.wait(5)
+    finally:
+        poller.stop()
+        poller.join(5)
+    assert [[s.event for s, _ in batch] for _, batch in loop.calls] == [[1], [2]]
+
+
+def test_a_loop_that_never_consumes_does_not_stall_the_poller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(poller_module, "CONSUME_WAIT", 0.05)
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    runtime.done.add(1)
+    poller = start(runtime, loop, sink)
+    try:
+        poller.watch(slot(1, time.monotonic()))
+        assert loop.posted.wait(5)
+        loop.posted.clear()
+        runtime.done.add(2)
+        began = time.monotonic()
+        poller.watch(slot(2, began))
+        assert loop.posted.wait(5)  # never consumed: swept again after CONSUME_WAIT
+        assert time.monotonic() - began < 1.0
+    finally:
+        poller.stop()
+        poller.join(5)
+    assert len(loop.calls) == 2
+
+
+def test_stop_ends_a_wait_for_consumption(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    runtime.done.add(1)
+    poller = start(runtime, loop, sink)
+    poller.watch(slot(1, time.monotonic()))
+    assert loop.posted.wait(5)
+    began = time.monotonic()
+    poller.stop()
+    poller.join(5)
+    assert not poller.alive and time.monotonic() - began < 1.0
