@@ -167,6 +167,7 @@ async def aiodla_throughput(
         assert poller.ident is not None
         poller_clock = time.pthread_getcpuclockid(poller.ident)
         loop_cpu, poller_cpu = time.thread_time(), time.clock_gettime(poller_clock)
+        wakeups = engine._poller.wakeups  # type: ignore[union-attr]
         done = 0
         stop = False
 
@@ -184,6 +185,7 @@ async def aiodla_throughput(
         elapsed = time.perf_counter() - began
         loop_cpu = time.thread_time() - loop_cpu
         poller_cpu = time.clock_gettime(poller_clock) - poller_cpu
+        wakeups = engine._poller.wakeups - wakeups  # type: ignore[union-attr]
         busy_time = sum(controls.core_busy_time(c) - b for c, b in zip(CORES, busy, strict=True))
     return {
         "rate": done / elapsed,
@@ -191,6 +193,8 @@ async def aiodla_throughput(
         # CPU seconds per request of the event loop's thread and of the poller's.
         "loop_cpu": loop_cpu / max(done, 1),
         "poller_cpu": poller_cpu / max(done, 1),
+        # Completions the poller handed the loop per wake-up.
+        "per_wakeup": done / max(wakeups, 1),
     }
 
 
@@ -443,6 +447,7 @@ def summary(raw: dict[str, Any]) -> dict[str, Any]:
             "device_utilization": summarize([r["device_utilization"] for r in entry["aiodla"]]),
             "loop_cpu": summarize([r["loop_cpu"] for r in entry["aiodla"]]),
             "poller_cpu": summarize([r["poller_cpu"] for r in entry["aiodla"]]),
+            "per_wakeup": summarize([r["per_wakeup"] for r in entry["aiodla"]]),
             "seed": summarize(entry["seed"]),
             "threaded": summarize(entry["threaded"]),
         }
@@ -488,6 +493,10 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"{label:<48}{util['median']:>14.3f}{spread:>26}")
         micro("  aiodla event-loop thread CPU per request", entry["loop_cpu"])
         micro("  aiodla poller thread CPU per request", entry["poller_cpu"])
+        batch = entry["per_wakeup"]
+        spread = f"[{batch['min']:.1f}..{batch['max']:.1f}]"
+        label = "  completions per poller wake-up"
+        lines.append(f"{label:<48}{batch['median']:>14.1f}{spread:>26}")
         rate(
             "  seed loop (1 core, blocking)",
             entry["seed"],
