@@ -152,9 +152,11 @@ class Poller:
         status_of = self._status
         clock = time.monotonic
         incoming = self._incoming
+        plan: tuple[float, float] | None = None  # _next_sweep's answer while in_flight stands
         while not self._stopping:
             while incoming:
                 in_flight.append(incoming.popleft())
+                plan = None
             if not in_flight:
                 self._sleep(IDLE_WAIT)
                 continue
@@ -170,12 +172,15 @@ class Poller:
             if done:
                 finished = {id(slot) for slot, _ in done}
                 in_flight = [slot for slot in in_flight if id(slot) not in finished]
+                plan = None
                 self.wakeups += 1
                 self._unconsumed = True
                 self._post(self._deliver, done)
                 self._await_consumed()
                 continue
-            target, window = _next_sweep(in_flight)
+            if plan is None:
+                plan = _next_sweep(in_flight)
+            target, window = plan
             ahead = target - window - now
             if ahead > 0:
                 self._sleep(ahead)
