@@ -270,3 +270,45 @@ def test_stop_ends_a_wait_for_consumption(monkeypatch: pytest.MonkeyPatch) -> No
     poller.stop()
     poller.join(5)
     assert not poller.alive and time.monotonic() - began < 1.0
+
+
+def test_harvest_hands_the_loop_what_is_done_and_the_thread_never_posts_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    core = CoreState(0, service_time=0.001)
+    now = time.monotonic()
+    runtime.done.add(1)
+    poller = start(runtime, loop, sink)
+    try:
+        poller.watch(slot(1, now, core))
+        assert loop.posted.wait(5)  # the thread's batch; it now waits for the loop
+        runtime.done.update({2, 3})
+        poller.watch(slot(2, now, core))
+        poller.watch(slot(3, now, core))
+        poller.watch(slot(4, now, core))  # due, not done
+        poller.watch(slot(5, now + 60, core))  # done below, but not due for a minute
+        runtime.done.add(5)
+        harvested = poller.harvest()
+        assert sorted(s.event for s, _ in harvested) == [2, 3]
+        assert poller.harvest() == []
+        runtime.done.add(4)
+        loop.posted.clear()
+        poller.consumed()
+        assert loop.posted.wait(5)
+    finally:
+        poller.stop()
+        poller.join(5)
+    posted = [sorted(s.event for s, _ in batch) for _, batch in loop.calls]
+    assert posted == [[1], [4]]  # 2 and 3 went to the loop once, through harvest
+
+
+def test_harvest_yields_to_a_sweep_in_progress() -> None:
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    poller = Poller(runtime, loop, sink.deliver, sink.fail, pause=0.0)  # type: ignore[arg-type]
+    runtime.done.add(1)
+    poller.watch(slot(1, time.monotonic()))
+    with poller._sweeping:  # the poller thread is sweeping at this moment
+        assert poller.harvest() == []
+    assert [s.event for s, _ in poller.harvest()] == [1]
