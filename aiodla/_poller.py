@@ -178,14 +178,20 @@ class Poller:
                 in_flight.append(incoming.popleft())
             self._changes += 1
         query = self._runtime.query_event
-        status_of = self._status
-        # The status is read right after each event is seen done: read later, after
-        # the core's next task also ended, it could belong to either.
-        done = [
-            (slot, status_of(slot))
-            for slot in in_flight
-            if slot.expected_done - _window(slot) <= now and query(slot.event)
-        ]
+        done = []
+        # A core runs its tasks in the order they were submitted, the order of this
+        # list: past its first slot not done, a core's later slots are not queried.
+        waiting: set[int] = set()
+        for slot in in_flight:
+            core = id(slot.core)
+            if core in waiting or slot.expected_done - _window(slot) > now:
+                continue
+            if query(slot.event):
+                # The status is read right after each event is seen done: read later,
+                # after the core's next task also ended, it could belong to either.
+                done.append((slot, self._status(slot)))
+            else:
+                waiting.add(core)
         if done:
             finished = {id(slot) for slot, _ in done}
             self._in_flight = [slot for slot in in_flight if id(slot) not in finished]
