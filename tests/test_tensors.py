@@ -859,3 +859,32 @@ def test_quantize_one_value(value: float) -> None:
     assume(abs(value) < 1e5)
     got = int(spec.quantize(np.array(value).reshape(1, 1, 1, 1))[0, 0, 0, 0])
     assert got == min(max(round(value / 0.37), -32768), 32767)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "layout", "scale", "source"),
+    [
+        ((1, 16, 8, 8), "float16", "chw16", None, np.float16),
+        ((1, 5, 3, 7), "float16", "chw16", None, np.float32),
+        ((1, 3, 4, 4), "float16", "nchw", None, np.float16),
+        ((1, 20, 2, 3), "int8", "chw32", 0.05, np.float32),
+        ((1, 3, 5, 5), "uint8", "hwc4", None, np.uint8),
+        ((1, 3, 5, 5), "float16", "nhwc", None, np.float64),
+    ],
+)
+def test_one_block_fast_path_agrees_with_the_block_loop(
+    shape: tuple[int, int, int, int], dtype: str, layout: str, scale: float | None, source: Any
+) -> None:
+    spec = TensorSpec("t", shape, dtype, layout, scale=scale)
+    fast = BoundTensor(spec, np.zeros(spec.size, np.uint8))
+    slow = BoundTensor(spec, np.zeros(spec.size, np.uint8))
+    assert fast._whole is not None  # small: one block covers the tensor
+    slow._whole = None  # the general path, block by block
+    rng = np.random.default_rng(7)
+    values = rng.uniform(-4, 4, shape) if np.dtype(source).kind == "f" else rng.integers(0, 200, shape)
+    array = values.astype(source)
+    fast.write(array)
+    slow.write(array)
+    np.testing.assert_array_equal(fast.raw, slow.raw)
+    for kwargs in ({}, {"dtype": np.float64}):
+        np.testing.assert_array_equal(fast.read(**kwargs), slow.read(**kwargs))
