@@ -19,7 +19,10 @@ Measured in one run, each measurement repeated (median and min..max of the repea
 
 Usage (on the GPU machine; builds and loads the stand-in first)::
 
-    python benchmarks/bench_gpu.py [OUTPUT.json] [--repeats 5] [--seconds 0.5]
+    python benchmarks/bench_gpu.py [OUTPUT.json] [--repeats 5] [--seconds 0.5] [--loop uvloop]
+
+``--loop uvloop`` runs every asyncio measurement, aiodla's and the baselines', on uvloop
+(when installed) instead of the standard event loop.
 
 The JSON goes to ``benchmarks/results/gpu-<machine>.json`` by default, the machine
 named from nvidia-smi (or cudaGetDeviceProperties). ``--host-fake`` runs the harness on
@@ -140,6 +143,17 @@ class Slot:
 
 
 # -- measurements ------------------------------------------------------------------------------
+
+
+# The event loop every measurement runs on: asyncio's own, or uvloop's (--loop).
+LOOP_FACTORY: Any = None
+
+
+def run_on_loop(coroutine: Any) -> Any:
+    if LOOP_FACTORY is None:
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=LOOP_FACTORY) as runner:  # Python >= 3.11
+        return runner.run(coroutine)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -369,7 +383,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for _ in range(args.repeats):
                 runs["aiodla"].append(
-                    asyncio.run(
+                    run_on_loop(
                         aiodla_throughput(
                             data,
                             runtime,
@@ -381,7 +395,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                 )
                 runs["seed"].append(seed_throughput(slots[0], args.seconds))
-                rate, _ = asyncio.run(threaded(slots, args.seconds, args.concurrency, 0, service))
+                rate, _ = run_on_loop(threaded(slots, args.seconds, args.concurrency, 0, service))
                 runs["threaded"].append(rate)
         finally:
             for slot in slots:
@@ -395,17 +409,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for _ in range(args.repeats):
             light["aiodla"].append(
-                asyncio.run(aiodla_light(data, runtime, args.requests, LIGHT_SERVICE))
+                run_on_loop(aiodla_light(data, runtime, args.requests, LIGHT_SERVICE))
             )
             light["poll"].append(
-                asyncio.run(floor_light(slots[0], args.requests, LIGHT_SERVICE, blocking=False))
+                run_on_loop(floor_light(slots[0], args.requests, LIGHT_SERVICE, blocking=False))
             )
             light["block"].append(
-                asyncio.run(floor_light(slots[0], args.requests, LIGHT_SERVICE, blocking=True))
+                run_on_loop(floor_light(slots[0], args.requests, LIGHT_SERVICE, blocking=True))
             )
             light["seed"].append(seed_light(slots[0], args.requests, LIGHT_SERVICE))
             light["threaded"].append(
-                asyncio.run(threaded(slots, 0.0, 1, args.requests, LIGHT_SERVICE))[1]
+                run_on_loop(threaded(slots, 0.0, 1, args.requests, LIGHT_SERVICE))[1]
             )
     finally:
         for slot in slots:
@@ -425,6 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": args.seconds,
             "concurrency": args.concurrency,
             "streams_per_core": args.streams_per_core,
+            "loop": args.loop,
             "requests": args.requests,
             "cores": list(CORES),
             "input": INPUT.describe(),
@@ -555,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--streams-per-core", type=int, default=4)
     parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="the event loop"
+    )
+    parser.add_argument(
         "--standin",
         default=os.environ.get("AIODLA_STANDIN_LIB"),
         help="a prebuilt stand-in libcudla.so.1 (default: build one)",
@@ -564,6 +582,11 @@ def main(argv: list[str] | None = None) -> int:
         "--host-fake", action="store_true", help="smoke-test the harness without a GPU"
     )
     args = parser.parse_args(argv)
+    if args.loop == "uvloop":
+        import uvloop
+
+        global LOOP_FACTORY
+        LOOP_FACTORY = uvloop.new_event_loop
     report = run(args)
     output = (
         Path(args.output)
