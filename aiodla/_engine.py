@@ -802,11 +802,18 @@ class Engine:
     def _account_task(self, slot: Slot, status: int, now: float) -> None:
         """Count one finished DLA task: busy time, stage times, the fault policy."""
         core = slot.core
+        # A task's span as observed: from its submission, or from the end of the core's
+        # task before it, to when it was seen done. A second task of the core seen done
+        # in the same batch has no span of its own (it ended somewhere before ``now``).
+        spanned = core.last_completion != now
         elapsed = now - max(slot.submitted_at, core.last_completion)
         core.last_completion = now
         # Observed spans include how late the poller saw the task; a service time the
         # loadable states is the truth for the busy figures.
-        busy = elapsed if core.learn_service_time else min(elapsed, core.service_time)
+        if core.learn_service_time and spanned:
+            busy = elapsed
+        else:
+            busy = min(elapsed, core.service_time) if spanned else core.service_time
         core.busy_time += busy
         core.busy_window.add(now, busy)
         if slot.timing is not None:
@@ -814,7 +821,7 @@ class Engine:
         if not status:
             core.completed += 1
             core.consecutive_failures = 0
-            if core.learn_service_time:
+            if core.learn_service_time and spanned:
                 core.observed.append(elapsed)
                 core.service_time = min(core.observed)
             return

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine
+from aiodla._scheduler import CoreState, Slot
 from aiodla._statistics import DurationRecord, HistogramRecorder, LatencyWindow
 
 from support import X, affine_model, wait_until
@@ -92,3 +93,27 @@ def test_duration_record_matches_a_window_and_a_histogram_fed_apart() -> None:
     assert record.window.summary() == window.summary()
     assert record.histogram.snapshot() == histogram.snapshot()
     assert record.window.summary().count == 256  # the ring wrapped
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_tasks_of_one_core_seen_done_together_are_accounted_one_service_time_each(
+    runtime: EmulatedRuntime, learn: bool
+) -> None:
+    # Two tasks queued on one core at t0, both seen done in one batch at t0 + 2 ms:
+    # the second has no span of its own. It must neither teach the engine a service
+    # time of 0 (the poller would then poll every slot at once) nor count as idle.
+    engine = Engine(affine_model(), runtime=runtime)
+    core = CoreState(0, service_time=0.001, learn_service_time=learn)
+    t0 = 100.0
+    first, second = (Slot(core, i, 0, i, None, [], []) for i in range(2))
+    first.submitted_at = second.submitted_at = t0
+    engine._account_task(first, 0, t0 + 0.002)
+    engine._account_task(second, 0, t0 + 0.002)
+    if learn:
+        assert core.service_time == pytest.approx(0.002)
+        assert list(core.observed) == [pytest.approx(0.002)]
+        assert core.busy_time == pytest.approx(0.004)
+    else:
+        assert core.service_time == 0.001
+        assert core.busy_time == pytest.approx(0.002)
+    assert core.completed == 2
