@@ -740,29 +740,9 @@ class Engine:
         try:
             self._handle_completions(finished)
         finally:
-            # After the callers this batch woke took their step (see _after_batch).
-            self._loop.call_soon(self._after_batch)  # type: ignore[union-attr]
-
-    def _after_batch(self) -> None:
-        """The loop is done with a batch: handle what finished meanwhile at once, or
-        hand polling back to the poller thread.
-
-        Under load, tasks finish while the loop works through a batch. Sweeping here
-        hands them over without a wake-up of the poller and a hop back to the loop,
-        which at short service times cost as long as the cores' queued work lasts.
-        """
-        poller = self._poller
-        if poller is None or self._state is EngineState.CLOSED:
-            return
-        try:
-            finished = poller.harvest()
-        except Exception as exc:  # as from the poller's own sweep: the engine is dead
-            self._die(exc)
-            return
-        if finished:
-            self._on_completions(finished)  # schedules _after_batch again
-        else:
-            poller.consumed()
+            # Runs after the callers this batch woke took their step: only then is
+            # the loop free again (see the poller's module docstring).
+            self._loop.call_soon(self._poller.consumed)  # type: ignore[union-attr]
 
     def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
         now = time.monotonic()

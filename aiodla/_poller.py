@@ -8,7 +8,7 @@ failed task, so reading it as each task is seen done ties a failure to its own t
 never touches futures or scheduler state.
 
 It knows when each slot should finish (the engine's estimate from the core's service
-time and queue), and queries only slots that could be done by now. When it sweeps:
+time and queue). When it sweeps:
 
 * one task in flight on a core (light load): just before that task's expected end, then
   polling with short pauses (none for the CUDA runtime, whose queries release the GIL),
@@ -21,14 +21,15 @@ time and queue), and queries only slots that could be done by now. When it sweep
 * a slot overdue (a hung core, a slow task): with back-off, so a hung core costs little.
 
 After posting a batch it waits, without polling, until the loop has handled it and run
-the callers it woke: while the loop works, every poll would take the GIL from it and
-every wake-up would add a hop. The loop then sweeps once itself (``harvest``): what
-finished meanwhile it handles at once, with no hop at all, and only when nothing has
-finished does it hand polling back (``consumed``). Under load the loop so goes from
-batch to batch, each as large as the time the last one took; this departs from
-DESIGN.md's "the poller sweeps" on purpose, since at short service times the hops cost
-more than the cores' queued work lasts. One lock decides who sweeps; the loop never
-waits for it (a sweep in progress will post what it finds).
+the callers it woke (``consumed``): while the loop works, every poll would take the GIL
+from it and every wake-up would add a hop; what finishes meanwhile is collected in one
+sweep when the loop is free, so batches grow with the load. (The loop sweeping the
+events itself between batches was tried: on the H200 it cost the loop more than the
+hops it saved, since under full load each such sweep found one or two completions.)
+
+Each core's slots are kept in the order they were submitted, which is the order the
+core runs their tasks: a sweep queries a core's slots from the front and stops at the
+first not done, so a sweep costs a query or two per core, not one per slot.
 
 A wake-up that reaches a closed loop is dropped: after close nothing listens.
 """
@@ -42,7 +43,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ._scheduler import Slot
 from .runtime._protocol import Runtime, cudla_status
@@ -89,11 +90,6 @@ class Poller:
         self._fail = weakref.WeakMethod(fail)
         self._pause = pause
         self._incoming: collections.deque[Slot] = collections.deque()
-        # Slots being polled. The thread sweeps them, and so may the loop (``harvest``):
-        # whoever holds ``_sweeping`` owns the list; ``_changes`` counts its changes.
-        self._in_flight: list[Slot] = []
-        self._sweeping = threading.Lock()
-        self._changes = 0
         # A lock used as a doorbell: the poller sleeps in acquire(timeout), ``watch``
         # releases it. (threading.Event costs several times more per ring.)
         self._bell = threading.Lock()
@@ -114,17 +110,6 @@ class Poller:
         self._incoming.append(slot)
         if slot.expected_done - SPIN_WINDOW < self._wake_at:
             self._ring()
-
-    def harvest(self) -> list[tuple[Slot, int]]:
-        """Sweep now, on the loop thread, between two batches: what is done already is
-        handled at once, without waking the poller and a hop back. Empty when the poller
-        is sweeping at this moment (it will post what it finds)."""
-        if not self._sweeping.acquire(blocking=False):
-            return []
-        try:
-            return self._collect(time.monotonic())
-        finally:
-            self._sweeping.release()
 
     def consumed(self) -> None:
         """The loop has handled the last batch and run what it woke (loop thread):
@@ -167,59 +152,39 @@ class Poller:
             logger.error("aiodla: poller stopped: %s", exc)
             self._post(self._fail, exc)
 
-    def _collect(self, now: float) -> list[tuple[Slot, int]]:
-        """Take the incoming slots in, and out the ones done, each with its core's
-        status (the caller holds ``_sweeping``). Only slots that could be done by
-        ``now`` are queried."""
-        in_flight = self._in_flight
-        incoming = self._incoming
-        if incoming:
-            while incoming:
-                in_flight.append(incoming.popleft())
-            self._changes += 1
-        query = self._runtime.query_event
-        done = []
-        # A core runs its tasks in the order they were submitted, the order of this
-        # list: past its first slot not done, a core's later slots are not queried.
-        waiting: set[int] = set()
-        for slot in in_flight:
-            core = id(slot.core)
-            if core in waiting or slot.expected_done - _window(slot) > now:
-                continue
-            if query(slot.event):
-                # The status is read right after each event is seen done: read later,
-                # after the core's next task also ended, it could belong to either.
-                done.append((slot, self._status(slot)))
-            else:
-                waiting.add(core)
-        if done:
-            finished = {id(slot) for slot, _ in done}
-            self._in_flight = [slot for slot in in_flight if id(slot) not in finished]
-            self._changes += 1
-        return done
-
     def _sweep_until_stopped(self) -> None:
+        # Each core's slots in flight, in the order they were submitted: the order in
+        # which the core runs their tasks (poller thread only).
+        lanes: dict[int, collections.deque[Slot]] = {}
+        in_flight = 0
+        incoming = self._incoming
         clock = time.monotonic
-        planned_at = -1  # the value of _changes that ``plan`` was made for
-        plan = (0.0, 0.0)
+        plan: tuple[float, float] | None = None  # _next_sweep's answer while lanes stand
         while not self._stopping:
-            if not self._in_flight and not self._incoming:
+            while incoming:
+                slot = incoming.popleft()
+                lane = lanes.get(id(slot.core))
+                if lane is None:
+                    lane = lanes[id(slot.core)] = collections.deque()
+                lane.append(slot)
+                in_flight += 1
+                plan = None
+            if not in_flight:
                 self._sleep(IDLE_WAIT)
                 continue
             self.sweeps += 1
             now = clock()
-            with self._sweeping:
-                done = self._collect(now)
-                if not done and self._in_flight and planned_at != self._changes:
-                    planned_at, plan = self._changes, _next_sweep(self._in_flight)
+            done = self._collect(lanes.values(), now)
             if done:
+                in_flight -= len(done)
+                plan = None
                 self.wakeups += 1
                 self._unconsumed = True
                 self._post(self._deliver, done)
                 self._await_consumed()
                 continue
-            if planned_at != self._changes:
-                continue  # nothing left in flight, or the loop harvested meanwhile
+            if plan is None:
+                plan = _next_sweep(lanes.values())
             target, window = plan
             ahead = target - window - now
             if ahead > 0:
@@ -231,6 +196,25 @@ class Poller:
                 self._sleep(self._pause)
             else:
                 time.sleep(0)  # let the loop thread have the GIL between sweeps
+
+    def _collect(
+        self, lanes: Iterable[collections.deque[Slot]], now: float
+    ) -> list[tuple[Slot, int]]:
+        """Take the finished slots off the front of each core's lane, each with its
+        core's status. A core runs its tasks in order, so past its first slot not done
+        (or not due yet) nothing is queried."""
+        query = self._runtime.query_event
+        done = []
+        for lane in lanes:
+            while lane:
+                slot = lane[0]
+                if slot.expected_done - _window(slot) > now or not query(slot.event):
+                    break
+                lane.popleft()
+                # The status is read right after each event is seen done: read later,
+                # after the core's next task also ended, it could belong to either.
+                done.append((slot, self._status(slot)))
+        return done
 
     def _status(self, slot: Slot) -> int:
         try:
@@ -263,23 +247,22 @@ def _window(slot: Slot) -> float:
     return min(SPIN_WINDOW, slot.core.service_time / 2)
 
 
-def _next_sweep(in_flight: list[Slot]) -> tuple[float, float]:
+def _next_sweep(lanes: Iterable[collections.deque[Slot]]) -> tuple[float, float]:
     """When to sweep next, and how early polling may start around it.
 
-    For each core: its earliest expected completion, or, when more work is queued on
-    it than its reserve, the moment only the reserve is left (see the module's
+    For each core: when the first slot of its lane is due, or, when more work is queued
+    on it than its reserve, the moment only the reserve is left (see the module's
     docstring). The earliest over the cores wins.
     """
-    by_core: dict[int, list[Slot]] = {}
-    for slot in in_flight:
-        by_core.setdefault(id(slot.core), []).append(slot)
     best, best_window = float("inf"), SPIN_WINDOW
-    for slots in by_core.values():
-        core = slots[0].core
-        first = min(slot.expected_done for slot in slots)
-        if len(slots) > 1:
-            last = max(slot.expected_done for slot in slots)
-            first = max(first, last - max(RESERVE, 2 * core.service_time))
+    for lane in lanes:
+        if not lane:
+            continue
+        head = lane[0]
+        first = head.expected_done
+        if len(lane) > 1:
+            reserve = max(RESERVE, 2 * head.core.service_time)
+            first = max(first, lane[-1].expected_done - reserve)
         if first < best:
-            best, best_window = first, _window(slots[0])
+            best, best_window = first, _window(head)
     return best, best_window

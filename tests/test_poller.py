@@ -20,6 +20,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.done: set[int] = set()
         self.queries = 0
+        self.queried: list[int] = []
         self.fail_with: BaseException | None = None
 
     def make_current(self) -> None:
@@ -30,6 +31,7 @@ class FakeRuntime:
 
     def query_event(self, event: int) -> bool:
         self.queries += 1
+        self.queried.append(event)
         if self.fail_with is not None:
             raise self.fail_with
         return event in self.done
@@ -272,43 +274,21 @@ def test_stop_ends_a_wait_for_consumption(monkeypatch: pytest.MonkeyPatch) -> No
     assert not poller.alive and time.monotonic() - began < 1.0
 
 
-def test_harvest_hands_the_loop_what_is_done_and_the_thread_never_posts_it_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
+def test_a_core_is_queried_from_its_first_slot_and_no_further_than_the_first_not_done() -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
     core = CoreState(0, service_time=0.001)
     now = time.monotonic()
-    runtime.done.add(1)
+    runtime.done.update({2, 3, 4})  # the core's first task (1) is still running
     poller = start(runtime, loop, sink)
     try:
-        poller.watch(slot(1, now, core))
-        assert loop.posted.wait(5)  # the thread's batch; it now waits for the loop
-        runtime.done.update({2, 3})
-        poller.watch(slot(2, now, core))
-        poller.watch(slot(3, now, core))
-        poller.watch(slot(4, now, core))  # due, not done
-        poller.watch(slot(5, now + 60, core))  # done below, but not due for a minute
-        runtime.done.add(5)
-        harvested = poller.harvest()
-        assert sorted(s.event for s, _ in harvested) == [2, 3]
-        assert poller.harvest() == []
-        runtime.done.add(4)
-        loop.posted.clear()
-        poller.consumed()
+        for event in (1, 2, 3, 4):
+            poller.watch(slot(event, now, core))
+        time.sleep(0.05)
+        assert loop.calls == []
+        assert runtime.queried and set(runtime.queried) == {1}
+        runtime.done.add(1)
         assert loop.posted.wait(5)
     finally:
         poller.stop()
         poller.join(5)
-    posted = [sorted(s.event for s, _ in batch) for _, batch in loop.calls]
-    assert posted == [[1], [4]]  # 2 and 3 went to the loop once, through harvest
-
-
-def test_harvest_yields_to_a_sweep_in_progress() -> None:
-    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    poller = Poller(runtime, loop, sink.deliver, sink.fail, pause=0.0)  # type: ignore[arg-type]
-    runtime.done.add(1)
-    poller.watch(slot(1, time.monotonic()))
-    with poller._sweeping:  # the poller thread is sweeping at this moment
-        assert poller.harvest() == []
-    assert [s.event for s, _ in poller.harvest()] == [1]
+    assert [[s.event for s, _ in batch] for _, batch in loop.calls] == [[1, 2, 3, 4]]
