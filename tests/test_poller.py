@@ -215,19 +215,27 @@ def test_watch_wakes_an_idle_poller(pause: float) -> None:
         poller.join(5)
 
 
+def post_one_then_watch_another(poller: Poller, runtime: FakeRuntime, loop: FakeLoop) -> float:
+    """Slot 1 finishes and is posted; slot 2, done at once, is watched while the loop has
+    not consumed that batch. Returns when slot 2 was watched."""
+    runtime.done.add(1)
+    poller.watch(slot(1, time.monotonic()))
+    assert loop.posted.wait(5)
+    loop.posted.clear()
+    runtime.done.add(2)
+    began = time.monotonic()
+    poller.watch(slot(2, began))
+    return began
+
+
 def test_waits_for_the_loop_to_consume_a_batch_before_polling_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    runtime.done.add(1)
     poller = start(runtime, loop, sink)
     try:
-        poller.watch(slot(1, time.monotonic()))
-        assert loop.posted.wait(5)
-        loop.posted.clear()
-        runtime.done.add(2)
-        poller.watch(slot(2, time.monotonic()))  # done at once, but the loop is busy
+        post_one_then_watch_another(poller, runtime, loop)
         queries = runtime.queries
         time.sleep(0.1)
         assert runtime.queries == queries and len(loop.calls) == 1  # no sweep meanwhile
@@ -244,15 +252,9 @@ def test_a_loop_that_never_consumes_does_not_stall_the_poller(
 ) -> None:
     monkeypatch.setattr(poller_module, "CONSUME_WAIT", 0.05)
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    runtime.done.add(1)
     poller = start(runtime, loop, sink)
     try:
-        poller.watch(slot(1, time.monotonic()))
-        assert loop.posted.wait(5)
-        loop.posted.clear()
-        runtime.done.add(2)
-        began = time.monotonic()
-        poller.watch(slot(2, began))
+        began = post_one_then_watch_another(poller, runtime, loop)
         assert loop.posted.wait(5)  # never consumed: swept again after CONSUME_WAIT
         assert time.monotonic() - began < 1.0
     finally:
