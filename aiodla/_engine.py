@@ -740,9 +740,24 @@ class Engine:
         try:
             self._handle_completions(finished)
         finally:
-            # Runs after the callers this batch woke took their step: only then is
-            # the loop free again (see the poller's module docstring).
-            self._loop.call_soon(self._poller.consumed)  # type: ignore[union-attr]
+            # After the callers this batch woke took their step (see _after_batch).
+            self._loop.call_soon(self._after_batch)  # type: ignore[union-attr]
+
+    def _after_batch(self) -> None:
+        """The loop is free again: take what finished meanwhile at once if several
+        tasks should have, else hand polling back (see the poller's module docstring)."""
+        poller = self._poller
+        if poller is None or self._state is EngineState.CLOSED:
+            return
+        try:
+            finished = poller.harvest()
+        except Exception as exc:  # as from the poller's own sweep: the engine is dead
+            self._die(exc)
+            return
+        if finished:
+            self._on_completions(finished)  # which schedules _after_batch again
+        else:
+            poller.consumed()
 
     def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
         now = time.monotonic()

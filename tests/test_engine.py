@@ -111,6 +111,32 @@ class TestResults:
             np.testing.assert_array_equal(y, expected_affine(x))
 
 
+    @pytest.mark.asyncio
+    async def test_under_load_the_loop_takes_what_finished_during_a_batch(
+        self, runtime: EmulatedRuntime, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(poller_module, "HARVEST_AT_LEAST", 1)
+        x = rng().standard_normal(X.shape).astype(np.float32)
+        async with Engine(affine_model(0.0002), runtime=runtime, streams_per_core=4) as engine:
+            poller = engine._poller
+            assert poller is not None
+            harvested: list[int] = []
+            harvest = poller.harvest
+
+            def spy() -> list[tuple[object, int]]:
+                found = harvest()
+                harvested.append(len(found))
+                return found  # type: ignore[return-value]
+
+            poller.harvest = spy  # type: ignore[method-assign,assignment]
+            results = await asyncio.gather(*(engine.infer(x) for _ in range(400)))
+            stats = engine.statistics()
+        for y in results:
+            np.testing.assert_array_equal(y, expected_affine(x))
+        assert sum(harvested) > 0  # some completions never needed the poller thread
+        assert stats.completed == 400 and stats.in_flight == 0
+
+
 class TestBadInputs:
     """Each bad input raises before anything is queued, and the engine keeps serving."""
 

@@ -294,3 +294,43 @@ def test_a_core_is_queried_from_its_first_slot_and_no_further_than_the_first_not
         poller.stop()
         poller.join(5)
     assert [[s.event for s, _ in batch] for _, batch in loop.calls] == [[1, 2, 3, 4]]
+
+
+def test_harvest_takes_what_is_done_once_enough_should_be(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    core = CoreState(0, service_time=0.001)
+    now = time.monotonic()
+    poller = start(runtime, loop, sink)
+    try:
+        post_one_then_watch_another(poller, runtime, loop)  # 1 posted; 2 done, watched
+        runtime.done.add(3)
+        poller.watch(slot(3, now, core))
+        poller.watch(slot(4, now, core))  # due, not done
+        runtime.done.add(5)
+        poller.watch(slot(5, now + 60, core))  # done, but not due for a minute
+        assert poller.harvest(at_least=4) == []  # only 2, 3 and 4 should be done
+        harvested = poller.harvest(at_least=3)
+        assert [s.event for s, _ in harvested] == [2, 3]  # stops at 4, not done
+        assert poller.harvest(at_least=1) == []  # 4: queried, still running
+        runtime.done.add(4)
+        loop.posted.clear()
+        poller.consumed()
+        assert loop.posted.wait(5)
+    finally:
+        poller.stop()
+        poller.join(5)
+    posted = [[s.event for s, _ in batch] for _, batch in loop.calls]
+    assert posted == [[1], [4]]  # 2 and 3 reached the loop once, through harvest
+
+
+def test_harvest_yields_to_a_sweep_in_progress() -> None:
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    poller = Poller(runtime, loop, sink.deliver, sink.fail, pause=0.0)  # type: ignore[arg-type]
+    runtime.done.add(1)
+    poller.watch(slot(1, time.monotonic()))
+    with poller._sweeping:  # the poller thread is sweeping at this moment
+        assert poller.harvest(at_least=1) == []
+    assert [s.event for s, _ in poller.harvest(at_least=1)] == [1]

@@ -166,6 +166,30 @@ class TestDeadEngine:
             gate.release()
 
     @pytest.mark.asyncio
+    async def test_query_failure_while_the_loop_harvests(self, runtime: EmulatedRuntime) -> None:
+        # Between batches the loop may sweep the events itself; a CUDA error there kills
+        # the engine exactly as one in the poller thread does.
+        async with Engine(affine_model(), runtime=runtime) as engine:
+            assert engine._poller is not None
+
+            def harvest() -> list[object]:
+                runtime.poison(719)  # the context is lost: the device drops its work
+                raise CudaCallError("cudaEventQuery", 719)
+
+            engine._poller.harvest = harvest  # type: ignore[method-assign,assignment]
+            results = await asyncio.gather(
+                *(engine.infer(ONES) for _ in range(12)), return_exceptions=True
+            )
+            dead = [r for r in results if isinstance(r, EngineDeadError)]
+            assert len(dead) >= 4  # at least those still queued behind the 8 slots
+            assert all(isinstance(r.__cause__, CudaCallError) for r in dead)
+            assert all(isinstance(r, (np.ndarray, EngineDeadError)) for r in results)
+            assert engine.health().status == "dead"
+            with pytest.raises(EngineDeadError):
+                await engine.infer(ONES)
+        assert handles_released(runtime)
+
+    @pytest.mark.asyncio
     async def test_sticky_error_while_submitting(self, runtime: EmulatedRuntime) -> None:
         async with Engine(affine_model(), runtime=runtime) as engine:
             runtime.fail_call("copy_to_device", CudaCallError("cudaMemcpyAsync", 911))
