@@ -46,7 +46,6 @@ from ._resources import ResourceStack
 from ._scheduler import CoreState, Request, RequestState, Scheduler, Slot, TensorBinding
 from ._statistics import (
     CoreStatistics,
-    DurationRecord,
     EngineHealth,
     EngineStatistics,
     HistogramRecorder,
@@ -157,8 +156,10 @@ class Engine:
         self._closing: asyncio.Future[None] | None = None
         self._drained: asyncio.Event | None = None
         window = self._options.latency_window
-        self._latency = DurationRecord(window)
-        self._queue_wait = DurationRecord(window)
+        self._latency = LatencyWindow(window)
+        self._queue_wait = LatencyWindow(window)
+        self._latency_histogram = HistogramRecorder()
+        self._queue_wait_histogram = HistogramRecorder()
         self._stage_windows = (
             (LatencyWindow(window), LatencyWindow(window), LatencyWindow(window))
             if self._options.stage_times
@@ -648,6 +649,7 @@ class Engine:
         now = time.monotonic()
         waited = now - request.started
         self._queue_wait.add(waited)
+        self._queue_wait_histogram.add(waited)
         if request.deadline is not None and self._loop.time() >= request.deadline:  # type: ignore[union-attr]
             self._release(slot)
             self._finish(request, timed_out=True)
@@ -936,6 +938,7 @@ class Engine:
             self._completed += 1
             latency = (time.monotonic() if now is None else now) - request.started
             self._latency.add(latency)
+            self._latency_histogram.add(latency)
         if not future.done():
             if error is not None:
                 future.set_exception(error)
@@ -1082,10 +1085,10 @@ class Engine:
             queued=self._scheduler.waiting,
             in_flight=sum(core.outstanding for core in self._cores),
             cores=cores,
-            latency=self._latency.window.summary(),
-            queue_wait=self._queue_wait.window.summary(),
-            latency_histogram=self._latency.histogram.snapshot(),
-            queue_wait_histogram=self._queue_wait.histogram.snapshot(),
+            latency=self._latency.summary(),
+            queue_wait=self._queue_wait.summary(),
+            latency_histogram=self._latency_histogram.snapshot(),
+            queue_wait_histogram=self._queue_wait_histogram.snapshot(),
             failures=MappingProxyType(dict(self._failures)),
             stages=stages,
         )

@@ -206,30 +206,6 @@ class HistogramRecorder:
         return Histogram(self._bounds, tuple(cumulative), running + self._counts[-1], self._sum)
 
 
-class DurationRecord:
-    """A :class:`LatencyWindow` and a :class:`HistogramRecorder` fed together: one call
-    per observation on the request path instead of two."""
-
-    __slots__ = ("histogram", "window")
-
-    def __init__(self, size: int, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
-        self.window = LatencyWindow(size)
-        self.histogram = HistogramRecorder(bounds)
-
-    def add(self, seconds: float) -> None:
-        window = self.window
-        index = window._next
-        values = window._values
-        values[index] = seconds
-        index += 1
-        window._next = 0 if index == len(values) else index
-        if window._count < index:
-            window._count = index
-        histogram = self.histogram
-        histogram._counts[bisect.bisect_left(histogram._bounds, seconds)] += 1
-        histogram._sum += seconds
-
-
 class BusyWindow:
     """Busy time of one core over about the last ``SECONDS`` seconds.
 

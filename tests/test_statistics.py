@@ -10,7 +10,7 @@ import pytest
 
 from aiodla import EmulatedRuntime, Engine
 from aiodla._scheduler import CoreState, Slot
-from aiodla._statistics import DurationRecord, HistogramRecorder, LatencyWindow
+from aiodla._statistics import LatencyWindow
 
 from support import X, affine_model, wait_until
 
@@ -80,19 +80,6 @@ def test_busy_window_covers_the_last_ten_seconds() -> None:
     assert window.fraction(200.0) == 0.0
     window.add(200.1, 50.0)
     assert window.fraction(200.2) == 1.0  # capped
-
-
-def test_duration_record_matches_a_window_and_a_histogram_fed_apart() -> None:
-    values = [0.0004 * (i % 37) + 1e-6 * i for i in range(700)]
-    record = DurationRecord(256)
-    window, histogram = LatencyWindow(256), HistogramRecorder()
-    for value in values:
-        record.add(value)
-        window.add(value)
-        histogram.add(value)
-    assert record.window.summary() == window.summary()
-    assert record.histogram.snapshot() == histogram.snapshot()
-    assert record.window.summary().count == 256  # the ring wrapped
 
 
 @pytest.mark.parametrize("learn", [True, False])
