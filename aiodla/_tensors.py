@@ -1015,8 +1015,9 @@ _PER_CHANNEL_MAX = 4
 class _Block(NamedTuple):
     """A piece of the tensor converted and copied in one go."""
 
-    where: tuple[int, slice, slice]  # (n, channels, rows) of the logical array
-    lanes: _Array  # its elements in the buffer, shape (channels, rows, w)
+    # (n, channels, rows) of the logical array; () for a block that is the whole tensor
+    where: tuple[int, slice, slice] | tuple[()]
+    lanes: _Array  # its elements in the buffer, shape (channels, rows, w), or the tensor's
     per_channel: bool  # copy channel by channel (few lanes per pixel)
 
 
@@ -1088,21 +1089,13 @@ def _plan(spec: TensorSpec, raw: _Array) -> tuple[_Block, ...]:
                     # one numpy call beats several for a small block, whatever its order
                     per_channel = few_lanes and (c1 - c0) * (h1 - h0) * w >= _SMALL
                     blocks.append(_Block(where, lane_view[image, c0:c1, h0:h1], per_channel))
+    if len(blocks) == 1 and not blocks[0].per_channel and n == 1:
+        # One block is the whole tensor (small tensors, the common case on the request
+        # path): shaped as the tensor, a write or read is one numpy call, no indexing.
+        whole = blocks[0].lanes[np.newaxis]
+        if whole.shape == spec.shape:
+            return (_Block((), whole, False),)
     return tuple(blocks)
-
-
-def _whole_view(spec: TensorSpec, blocks: tuple[_Block, ...]) -> _Array | None:
-    """The buffer's element view with the tensor's own shape, when one plain block
-    covers the whole tensor (small tensors, the common case on the request path): a
-    write or read is then one numpy call, with no block loop and no indexing."""
-    if len(blocks) != 1:
-        return None
-    where, lanes, per_channel = blocks[0]
-    n, c, h, _ = spec.shape
-    if per_channel or n != 1 or where != (0, slice(0, c), slice(0, h)):
-        return None
-    whole = lanes[np.newaxis]
-    return whole if whole.shape == spec.shape else None
 
 
 def _store(lanes: _Array, values: _Array, per_channel: bool) -> None:
@@ -1132,7 +1125,7 @@ class BoundTensor:
     element lanes are ever stored through the views.
     """
 
-    __slots__ = ("_blocks", "_reads", "_whole", "_writes", "raw", "spec")
+    __slots__ = ("_blocks", "_reads", "_writes", "raw", "spec")
 
     def __init__(self, spec: TensorSpec, buffer: Any, *, zero: bool = True) -> None:
         self.spec = spec
@@ -1142,7 +1135,6 @@ class BoundTensor:
                 raise InputValueError(f"tensor {spec.name!r}: the buffer is read-only")
             self.raw[:] = 0
         self._blocks = _plan(spec, self.raw)
-        self._whole = _whole_view(spec, self._blocks)
         # The conversion for the last source dtype written / result dtype read: the
         # engine writes and reads the same types request after request.
         self._writes: tuple[np.dtype[Any], _Convert | None] | None = None
@@ -1169,11 +1161,7 @@ class BoundTensor:
         else:
             convert = self._write_conversion(source.dtype)
             self._writes = (source.dtype, convert)
-        whole = self._whole
         if convert is None:
-            if whole is not None:
-                np.copyto(whole, source)
-                return
             for where, lanes, per_channel in self._blocks:
                 _store(lanes, source[where], per_channel)
             return
@@ -1182,9 +1170,6 @@ class BoundTensor:
             _refuse_nan(spec, source)
         small = _SMALL
         with np.errstate(all="ignore"):  # overflow to float16 infinity is by design
-            if whole is not None and whole.size < small:
-                convert(source, whole)
-                return
             for where, lanes, per_channel in self._blocks:
                 if lanes.size < small:  # numpy's casts, straight into the lanes
                     convert(source[where], lanes)
@@ -1219,19 +1204,12 @@ class BoundTensor:
         result_dtype, convert = decided
         spec = self.spec
         result = np.empty(spec.shape, result_dtype)
-        whole = self._whole
         if convert is None:
-            if whole is not None:
-                np.copyto(result, whole)
-                return result
             for where, lanes, per_channel in self._blocks:
                 _load(lanes, result[where], per_channel)
             return result
         stored, small = spec.numpy_dtype, _SMALL
         with np.errstate(all="ignore"):
-            if whole is not None and whole.size < small:
-                convert(whole, result)
-                return result
             for where, lanes, per_channel in self._blocks:
                 if lanes.size < small:
                     convert(lanes, result[where])

@@ -872,14 +872,19 @@ def test_quantize_one_value(value: float) -> None:
         ((1, 3, 5, 5), "float16", "nhwc", None, np.float64),
     ],
 )
-def test_one_block_fast_path_agrees_with_the_block_loop(
+def test_a_whole_tensor_block_agrees_with_the_block_loop(
     shape: tuple[int, int, int, int], dtype: str, layout: str, scale: float | None, source: Any
 ) -> None:
     spec = TensorSpec("t", shape, dtype, layout, scale=scale)
     fast = BoundTensor(spec, np.zeros(spec.size, np.uint8))
     slow = BoundTensor(spec, np.zeros(spec.size, np.uint8))
-    assert fast._whole is not None  # small: one block covers the tensor
-    slow._whole = None  # the general path, block by block
+    ((where, lanes, per_channel),) = fast._blocks
+    # Small: one block is the whole tensor, shaped as it.
+    assert where == () and lanes.shape == shape and not per_channel
+    _, c, h, _ = shape
+    # The same block as the general path indexes it: (n, channels, rows).
+    general = (0, slice(0, c), slice(0, h))
+    slow._blocks = (_tensors._Block(general, slow._blocks[0].lanes[0], False),)
     rng = np.random.default_rng(7)
     values = rng.uniform(-4, 4, shape) if np.dtype(source).kind == "f" else rng.integers(0, 200, shape)
     array = values.astype(source)
