@@ -807,10 +807,12 @@ class Engine:
         core.last_completion = now
         # Observed spans include how late the poller saw the task; a service time the
         # loadable states is the truth for the busy figures.
-        if core.learn_service_time and spanned:
+        if not spanned:
+            busy = core.service_time
+        elif core.learn_service_time:
             busy = elapsed
         else:
-            busy = min(elapsed, core.service_time) if spanned else core.service_time
+            busy = min(elapsed, core.service_time)
         core.busy_time += busy
         core.busy_window.add(now, busy)
         if slot.timing is not None:

@@ -26,8 +26,9 @@ every wake-up would add a hop. Then the loop looks first (``harvest``): when sev
 slots should have finished meanwhile (``HARVEST_AT_LEAST``, by the estimates, which
 costs no query), it takes what is done itself and goes on to the next batch with no hop
 at all; otherwise it hands polling back (``consumed``). Fewer completions are not worth
-the loop's own queries and a batch's fixed cost: with a threshold of one, on the H200,
-the loop's CPU per request rose more than the hops saved. One lock decides who sweeps;
+the loop's own queries and a batch's fixed cost: an earlier version that swept after
+every batch, however few tasks were due, cost the loop more CPU on the H200 than the
+hops saved. One lock decides who sweeps;
 the loop never waits for it (a sweep in progress will post what it finds).
 
 Each core's slots are kept in the order they were submitted, which is the order the
@@ -101,7 +102,6 @@ class Poller:
         # core runs their tasks). The thread sweeps them, and so may the loop between
         # batches: whoever holds ``_sweeping`` owns them; ``_changes`` counts changes.
         self._lanes: dict[int, collections.deque[Slot]] = {}
-        self._in_flight = 0
         self._sweeping = threading.Lock()
         self._changes = 0
         # A lock used as a doorbell: the poller sleeps in acquire(timeout), ``watch``
@@ -178,16 +178,7 @@ class Poller:
             if lane is None:
                 lane = lanes[id(slot.core)] = collections.deque()
             lane.append(slot)
-            self._in_flight += 1
         self._changes += 1
-
-    def _take_done(self, now: float) -> list[tuple[Slot, int]]:
-        """Take the finished slots out (the caller holds _sweeping)."""
-        done = self._collect(self._lanes.values(), now)
-        if done:
-            self._in_flight -= len(done)
-            self._changes += 1
-        return done
 
     def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]:
         """Sweep on the loop thread between two batches, if ``at_least`` slots should be
@@ -222,7 +213,7 @@ class Poller:
             idle = False
             with self._sweeping:
                 self._take_incoming()
-                if not self._in_flight:
+                if not any(self._lanes.values()):
                     idle = True
                     done = []
                 else:
@@ -254,15 +245,13 @@ class Poller:
             else:
                 time.sleep(0)  # let the loop thread have the GIL between sweeps
 
-    def _collect(
-        self, lanes: Iterable[collections.deque[Slot]], now: float
-    ) -> list[tuple[Slot, int]]:
+    def _take_done(self, now: float) -> list[tuple[Slot, int]]:
         """Take the finished slots off the front of each core's lane, each with its
-        core's status. A core runs its tasks in order, so past its first slot not done
-        (or not due yet) nothing is queried."""
+        core's status (the caller holds ``_sweeping``). A core runs its tasks in order,
+        so past its first slot not done (or not due yet) nothing is queried."""
         query = self._runtime.query_event
         done = []
-        for lane in lanes:
+        for lane in self._lanes.values():
             while lane:
                 slot = lane[0]
                 if slot.expected_done - _window(slot) > now or not query(slot.event):
@@ -271,6 +260,8 @@ class Poller:
                 # The status is read right after each event is seen done: read later,
                 # after the core's next task also ended, it could belong to either.
                 done.append((slot, self._status(slot)))
+        if done:
+            self._changes += 1
         return done
 
     def _status(self, slot: Slot) -> int:
