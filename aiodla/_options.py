@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+from typing import Any
 
 from ._errors import ConfigurationError
 
-__all__ = ["EngineOptions"]
+__all__ = ["EngineOptions", "check_timeout"]
 
 DEFAULT_OFFLOAD_BYTES = 256 * 1024
 
@@ -46,6 +48,18 @@ class EngineOptions:
     max_consecutive_faults: int | None = None
     probe_interval: float = 1.0
     stage_times: bool = False
+
+    @classmethod
+    def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
+        """The options named by ``Engine(model, **keywords)``; an unknown keyword is a
+        :class:`ConfigurationError` that names it (and the nearest known one)."""
+        known = [field.name for field in dataclasses.fields(cls)]
+        for name in keywords:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else f"; options are {known}"
+                raise ConfigurationError(f"unknown engine option {name!r}{hint}")
+        return cls(**keywords)
 
     def __post_init__(self) -> None:
         cores: object = self.cores  # checked as given: callers pass lists, ranges, ...
@@ -93,3 +107,14 @@ def _whole(value: object, name: str, low: int, high: int | None) -> None:
     if type(value) is not int or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ConfigurationError(f"{name}={value!r} must be an int {bound}")
+
+
+def check_timeout(timeout: object, name: str = "timeout") -> None:
+    """Refuse a request timeout that is not seconds >= 0 (None means no timeout)."""
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or math.isnan(timeout)
+        or timeout < 0
+    ):
+        raise ConfigurationError(f"{name}={timeout!r} must be seconds >= 0, or None")

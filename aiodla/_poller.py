@@ -49,8 +49,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 
-from ._scheduler import Slot
-from .runtime._protocol import Runtime, cudla_status
+from ._cores import CompletionProbe, Slot
 
 __all__ = ["Poller"]
 
@@ -82,7 +81,7 @@ class Poller:
 
     def __init__(
         self,
-        runtime: Runtime,
+        probe: CompletionProbe,
         loop: asyncio.AbstractEventLoop,
         deliver: Callable[[list[tuple[Slot, int]]], None],
         fail: Callable[[BaseException], None],
@@ -90,7 +89,7 @@ class Poller:
         pause: float,
         name: str = "aiodla-poller",
     ) -> None:
-        self._runtime = runtime
+        self._probe = probe
         self._loop = loop
         # Weak: the thread must not keep a dropped engine alive (it could never warn
         # that it was not closed, and the thread would run forever).
@@ -160,7 +159,7 @@ class Poller:
 
     def _run(self) -> None:
         try:
-            self._runtime.make_current()
+            self._probe.make_current()
             self._sweep_until_stopped()
         except BaseException as exc:  # any failure here makes the engine dead
             logger.error("aiodla: poller stopped: %s", exc)
@@ -249,7 +248,8 @@ class Poller:
         """Take the finished slots off the front of each core's lane, each with its
         core's status (the caller holds ``_sweeping``). A core runs its tasks in order,
         so past its first slot not done (or not due yet) nothing is queried."""
-        query = self._runtime.query_event
+        query = self._probe.event_done
+        status = self._probe.core_status
         done = []
         for lane in self._lanes.values():
             while lane:
@@ -259,16 +259,10 @@ class Poller:
                 lane.popleft()
                 # The status is read right after each event is seen done: read later,
                 # after the core's next task also ended, it could belong to either.
-                done.append((slot, self._status(slot)))
+                done.append((slot, status(slot.core.device)))
         if done:
             self._changes += 1
         return done
-
-    def _status(self, slot: Slot) -> int:
-        try:
-            return self._runtime.get_last_error(slot.core.device)
-        except Exception as exc:  # a status that cannot be read is a failed task
-            return cudla_status(exc) or -1
 
     def _await_consumed(self) -> None:
         # ``watch`` must not ring meanwhile (it would only wake the poller to wait

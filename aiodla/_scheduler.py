@@ -1,9 +1,10 @@
-"""Who runs next, and where: requests, slots and the scheduling policy.
+"""Who runs next, and where: requests, every transition of theirs, and the policy.
 
-A *slot* is one (DLA core, CUDA stream) pair with its own buffers, prebuilt task and
-event. A *request* is one ``infer`` call. The scheduler pairs them: FIFO among waiting
-requests, and the core with the least outstanding work among cores that have an idle
-slot. It does no device work itself; the engine performs each assignment.
+A *request* is one ``infer`` call. The scheduler holds the waiting line, pairs waiting
+requests with idle slots (FIFO among requests; the core in rotation with the least
+outstanding work among cores), moves each request through its states and counts how
+each one ended, and applies the fault policy that takes a failing core out of rotation.
+It decides and returns what to do; it never touches a runtime or a tensor.
 
 Only the event loop's thread touches this state.
 """
@@ -12,29 +13,53 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import enum
 from typing import Any
 
-from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
-from ._tensors import BoundTensor, TensorSpec
-from .runtime._protocol import HostBuffer
+from ._cores import CoreState, Slot
+from ._statistics import FAILURE_REASONS
 
-__all__ = ["CoreState", "Request", "RequestState", "Scheduler", "Slot", "TensorBinding"]
+__all__ = ["Outcome", "Request", "RequestState", "Scheduler"]
 
 
 class RequestState(enum.Enum):
     QUEUED = "queued"  # waiting for a slot
-    PACKING = "packing"  # granted a slot; its coroutine packs the input off the loop
+    PACKING = "packing"  # granted a slot; its input is being packed (maybe off the loop)
     IN_FLIGHT = "in flight"  # enqueued on a stream
     UNPACKING = "unpacking"  # done on the device; its coroutine unpacks off the loop
-    DONE = "done"  # result, error, cancellation or timeout delivered
+    DONE = "done"  # its one outcome is decided
+
+
+class Outcome(enum.Enum):
+    """How a request ended, as its caller saw it."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
 
 
 class Request:
-    """One ``infer`` call on its way through the engine."""
+    """One ``infer`` call on its way through the engine.
 
-    __slots__ = ("arrays", "deadline", "future", "slot", "started", "state", "timer")
+    ``state`` is the one record of where it is. ``future`` is what its coroutine
+    awaits: the result, an error, or (resolved with None while the state is PACKING or
+    UNPACKING) the signal that the coroutine has the next step to do itself.
+    ``late`` holds an outcome decided while the coroutine was doing such a step.
+    """
+
+    __slots__ = (
+        "arrays",
+        "deadline",
+        "future",
+        "late",
+        "outcome",
+        "reason",
+        "slot",
+        "started",
+        "state",
+        "timer",
+    )
 
     def __init__(
         self, arrays: tuple[Any, ...], future: asyncio.Future[Any], started: float
@@ -46,125 +71,123 @@ class Request:
         self.timer: asyncio.TimerHandle | None = None
         self.state = RequestState.QUEUED
         self.slot: Slot | None = None
-
-
-@dataclasses.dataclass(eq=False)
-class TensorBinding:
-    """One tensor of one slot: its spec, device buffer, DLA registration and host buffer
-    (``bound``: the host buffer's layout views, computed once)."""
-
-    spec: TensorSpec
-    device_ptr: int
-    registered: int
-    host: HostBuffer
-    bound: BoundTensor
-
-
-@dataclasses.dataclass(eq=False)
-class CoreState:
-    """One DLA core: its device handle, slots and the counts the policy reads."""
-
-    core: int
-    device: int = 0
-    module: int = 0
-    slots: list[Slot] = dataclasses.field(default_factory=list)
-    idle: collections.deque[Slot] = dataclasses.field(default_factory=collections.deque)
-    outstanding: int = 0  # slots assigned: packing, in flight or unpacking
-    assigned_total: int = 0  # ties between equally loaded cores go to the less used one
-    completed: int = 0
-    failed: int = 0
-    busy_time: float = 0.0
-    last_completion: float = 0.0
-    expected_free: float = 0.0  # when the core should finish what it has (poller back-off)
-    service_time: float = 0.001  # estimated seconds per task on this core
-    learn_service_time: bool = True  # False when the loadable states it
-    # Recent task times as observed: each is the true time plus how late the poller
-    # saw it, so the minimum is the estimate. (A mean would grow with the poller's
-    # lateness, and the poller would sleep longer the next time: a runaway loop.)
-    observed: collections.deque[float] = dataclasses.field(
-        default_factory=lambda: collections.deque(maxlen=32)
-    )
-    # Fault policy: out of rotation, no request is assigned here; probes test the core.
-    in_rotation: bool = True
-    consecutive_failures: int = 0
-    probe: asyncio.TimerHandle | None = None
-    # Observability.
-    busy_window: BusyWindow = dataclasses.field(default_factory=BusyWindow)
-    dla_times: LatencyWindow | None = None
-    dla_histogram: HistogramRecorder | None = None
-
-
-@dataclasses.dataclass(eq=False)
-class Slot:
-    """One (core, stream) pair and everything a request needs on it."""
-
-    core: CoreState
-    index: int
-    stream: int
-    event: int
-    task: Any
-    inputs: list[TensorBinding]
-    outputs: list[TensorBinding]
-    request: Request | None = None
-    submitted_at: float = 0.0
-    expected_done: float = 0.0
-    timing: tuple[int, int, int] | None = None  # events before copy-in, task, copy-out
-    probing: bool = False  # the slot runs a probe task for a core out of rotation
-
-    def __repr__(self) -> str:
-        return f"<Slot core {self.core.core} #{self.index}>"
+        self.outcome: Outcome | None = None
+        self.reason: str | None = None  # the failure reason, for a FAILED outcome
+        self.late: tuple[Any, BaseException | None] | None = None
 
 
 class Scheduler:
-    """The waiting line and the idle slots; pairs them by the engine's policy.
+    """The waiting line, the idle slots, the request counts and the fault policy.
 
     State (loop thread only):
-    - ``_line``: requests in arrival order; cancelled or expired ones stay in it until
-      they reach the front (``_dead`` counts them), so cancelling is O(1).
-    - each core's ``idle`` deque and ``outstanding`` count.
+    - ``_line``: requests in arrival order; one that ended while queued (cancelled,
+      timed out) stays in it until it reaches the front, so ending it is O(1).
+    - ``queued`` / ``in_progress``: requests in those states, changed only by
+      :meth:`admit`, :meth:`next_assignment` and :meth:`finish`, so that
+      ``submitted == completed + failed + cancelled + timed_out + queued + in_progress``
+      holds after every step.
+    - each core's ``idle`` deque and ``outstanding`` count, changed by :meth:`take` and
+      :meth:`release`; its ``in_rotation`` and ``consecutive_failures`` (the policy).
     """
 
-    def __init__(self, cores: list[CoreState]) -> None:
+    def __init__(self, cores: list[CoreState], max_consecutive_faults: int | None = None) -> None:
         self.cores = cores
+        self._max_faults = max_consecutive_faults
         self._line: collections.deque[Request] = collections.deque()
-        self._dead = 0
         self._idle_total = sum(len(core.idle) for core in cores)
+        self.queued = 0
+        self.in_progress = 0
+        self.submitted = 0
+        self.rejected = 0
+        self.ended: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
+        self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
 
     @property
     def waiting(self) -> int:
-        """Requests waiting for a slot (cancelled ones excluded)."""
-        return len(self._line) - self._dead
+        """Requests waiting for a slot."""
+        return self.queued
 
     @property
     def idle_slots(self) -> int:
         return self._idle_total
 
-    def enqueue(self, request: Request) -> None:
+    # -- requests -----------------------------------------------------------------------------
+
+    def admit(self, request: Request) -> None:
+        self.submitted += 1
+        self.queued += 1
         self._line.append(request)
 
-    def discard(self, request: Request) -> None:
-        """A queued request ended (cancelled, timed out); it is skipped when reached."""
-        self._dead += 1
-
-    def drain(self) -> list[Request]:
-        """Take every live waiting request out of the line (closing, dying)."""
-        live = [request for request in self._line if not request.future.done()]
-        self._line.clear()
-        self._dead = 0
-        return live
+    def reject(self) -> None:
+        """A request refused at admission (queue full); it was never submitted."""
+        self.rejected += 1
 
     def next_assignment(self) -> tuple[Request, Slot] | None:
-        """Pop the first live request and the slot it gets, or None if either is missing."""
-        while self._idle_total and self._line:
+        """Pop the first waiting request and give it an idle slot of the best core; None
+        if either is missing. The request is PACKING from then on."""
+        line = self._line
+        while self._idle_total and line:
             core = self._best_core()
             if core is None:
                 return None
-            request = self._line.popleft()
-            if request.future.done():
-                self._dead -= 1
-                continue
-            return request, self.take(core)
+            request = line.popleft()
+            if request.state is not RequestState.QUEUED:
+                continue  # it ended while it waited
+            slot = self.take(core)
+            self.queued -= 1
+            self.in_progress += 1
+            request.state = RequestState.PACKING
+            request.slot = slot
+            slot.request = request
+            return request, slot
         return None
+
+    def advance(self, request: Request, state: RequestState) -> None:
+        """Move a request on between the in-progress states (packing, in flight,
+        unpacking): counted in ``in_progress`` throughout."""
+        request.state = state
+
+    def finish(self, request: Request, outcome: Outcome, reason: str | None = None) -> bool:
+        """Decide the request's one outcome; False if it had one already."""
+        state = request.state
+        if state is RequestState.DONE:
+            return False
+        if state is RequestState.QUEUED:
+            self.queued -= 1
+        else:
+            self.in_progress -= 1
+        request.state = RequestState.DONE
+        request.outcome = outcome
+        request.reason = reason
+        request.arrays = ()
+        self._count(outcome, reason, 1)
+        return True
+
+    def recount_as_cancelled(self, request: Request) -> None:
+        """The caller saw a cancellation although the request had ended otherwise (a
+        cancel that raced its result or deadline): count it as what the caller saw."""
+        outcome = request.outcome
+        if outcome is None or outcome is Outcome.CANCELLED:
+            return
+        self._count(outcome, request.reason, -1)
+        self._count(Outcome.CANCELLED, None, 1)
+        request.outcome, request.reason = Outcome.CANCELLED, None
+
+    def _count(self, outcome: Outcome, reason: str | None, step: int) -> None:
+        self.ended[outcome] += step
+        if reason is not None:
+            self.failures[reason] += step
+
+    def drain(self, reason: str) -> list[Request]:
+        """End every waiting request as failed for ``reason`` (closing, dying) and take
+        it out of the line; the caller delivers the error to each."""
+        waiting = [request for request in self._line if request.state is RequestState.QUEUED]
+        self._line.clear()
+        for request in waiting:
+            self.finish(request, Outcome.FAILED, reason)
+        return waiting
+
+    # -- slots --------------------------------------------------------------------------------
 
     def _best_core(self) -> CoreState | None:
         """The core in rotation with an idle slot and the least outstanding work."""
@@ -191,7 +214,39 @@ class Scheduler:
 
     def release(self, slot: Slot) -> None:
         """The slot's work is over; it is idle again."""
-        slot.request = None
+        request = slot.request
+        if request is not None:
+            request.slot = None
+            slot.request = None
         slot.core.outstanding -= 1
         slot.core.idle.append(slot)
         self._idle_total += 1
+
+    # -- the fault policy ---------------------------------------------------------------------
+
+    def task_ended(self, core: CoreState, status: int) -> bool:
+        """Count a task's status against its core; True when the core must leave
+        rotation now (too many failures in a row while another core serves)."""
+        if not status:
+            core.consecutive_failures = 0
+            return False
+        core.consecutive_failures += 1
+        limit = self._max_faults
+        if (
+            limit is None
+            or not core.in_rotation
+            or core.consecutive_failures < limit
+            or not any(other.in_rotation for other in self.cores if other is not core)
+        ):
+            return False
+        core.in_rotation = False
+        return True
+
+    def probe_ended(self, core: CoreState, status: int) -> bool:
+        """A probe task of a core out of rotation ended; True when it brings the core
+        back (it succeeded), False when the core must be probed again."""
+        if status:
+            return False
+        core.in_rotation = True
+        core.consecutive_failures = 0
+        return True

@@ -28,7 +28,6 @@ import collections
 import dataclasses
 import enum
 import itertools
-import math
 import time
 import warnings
 from typing import Any
@@ -41,6 +40,7 @@ from ._errors import (
     EngineDeadError,
     StreamClosedError,
 )
+from ._options import check_timeout
 from ._statistics import LatencySummary, LatencyWindow
 
 __all__ = [
@@ -152,11 +152,7 @@ class LatestFrameStream:
             raise ConfigurationError(
                 f"engine must be an aiodla.Engine, got {type(engine).__name__}"
             )
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-            or math.isnan(timeout) or timeout < 0
-        ):
-            raise ConfigurationError(f"timeout={timeout!r} must be seconds >= 0, or None")
+        check_timeout(timeout)
         if not _positive_int(max_buffered):
             raise ConfigurationError(f"{max_buffered=} must be an int >= 1")
         if not _positive_int(latency_window):

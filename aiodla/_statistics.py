@@ -12,7 +12,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ._errors import DeviceError, EngineClosedError, EngineDeadError, TaskError
+
 __all__ = [
+    "FAILURE_REASONS",
     "LATENCY_BUCKETS",
     "BusyWindow",
     "CoreStatistics",
@@ -23,7 +26,24 @@ __all__ = [
     "LatencySummary",
     "LatencyWindow",
     "StageTimes",
+    "failure_reason",
 ]
+
+# How EngineStatistics.failures names the causes of failed requests.
+FAILURE_REASONS = ("task", "device", "closed", "dead", "other")
+
+
+def failure_reason(error: BaseException) -> str:
+    """The ``EngineStatistics.failures`` key for an error a request failed with."""
+    if isinstance(error, TaskError):
+        return "task"
+    if isinstance(error, DeviceError):
+        return "device"
+    if isinstance(error, EngineClosedError):
+        return "closed"
+    if isinstance(error, EngineDeadError):
+        return "dead"
+    return "other"
 
 # Upper bounds (seconds) of histogram buckets: DLA tasks last about 1-5 ms, requests
 # queue for up to seconds under overload.

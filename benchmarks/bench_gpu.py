@@ -181,7 +181,7 @@ async def aiodla_throughput(
         assert poller.ident is not None
         poller_clock = time.pthread_getcpuclockid(poller.ident)
         loop_cpu, poller_cpu = time.thread_time(), time.clock_gettime(poller_clock)
-        wakeups = engine._poller.wakeups  # type: ignore[union-attr]
+        wakeups = engine._flow.poller.wakeups  # type: ignore[union-attr]
         done = 0
         stop = False
 
@@ -199,7 +199,7 @@ async def aiodla_throughput(
         elapsed = time.perf_counter() - began
         loop_cpu = time.thread_time() - loop_cpu
         poller_cpu = time.clock_gettime(poller_clock) - poller_cpu
-        wakeups = engine._poller.wakeups - wakeups  # type: ignore[union-attr]
+        wakeups = engine._flow.poller.wakeups - wakeups  # type: ignore[union-attr]
         busy_time = sum(controls.core_busy_time(c) - b for c, b in zip(CORES, busy, strict=True))
     return {
         "rate": done / elapsed,

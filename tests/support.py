@@ -43,3 +43,14 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.001)
+
+
+def busy_slots(engine: Any) -> int:
+    """Slots the DLA still holds (an ended request's task may still be running)."""
+    return sum(core.busy_slots for core in engine.statistics().cores)
+
+
+def all_idle(engine: Any) -> bool:
+    """No request queued or in flight, and every slot back in the pool."""
+    stats = engine.statistics()
+    return stats.queued == 0 and stats.in_flight == 0 and busy_slots(engine) == 0

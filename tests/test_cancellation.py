@@ -22,7 +22,7 @@ from aiodla import (
     RequestTimeoutError,
 )
 
-from support import X, affine_model, expected_affine, wait_until
+from support import X, affine_model, all_idle, busy_slots, expected_affine, wait_until
 
 ONES = np.ones(X.shape, np.float32)
 
@@ -104,10 +104,11 @@ class TestCancelInFlight:
             await task
         stats = engine.statistics()
         assert stats.cancelled == 1
-        assert stats.in_flight == 1  # the DLA still has it: the slot is not free yet
+        assert stats.in_flight == 0 and accounted(stats)  # the request ended for its caller
+        assert busy_slots(engine) == 1  # the DLA still has its task: the slot is not free yet
         gate.release()
         runtime.hold(1).release()
-        await wait_until(lambda: engine.statistics().in_flight == 0)
+        await wait_until(lambda: all_idle(engine))
         stats = engine.statistics()
         assert settled(stats) and accounted(stats) and stats.completed == 0
         np.testing.assert_array_equal(await engine.infer(ONES * 5), expected_affine(ONES * 5))
@@ -122,7 +123,7 @@ class TestCancelInFlight:
                 for index in rng.choice(len(tasks), 15):
                     tasks[index].cancel()
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-            await wait_until(lambda: engine.statistics().in_flight == 0)
+            await wait_until(lambda: all_idle(engine))
             stats = engine.statistics()
         done = [(i, y) for i, y in enumerate(outcomes) if isinstance(y, np.ndarray)]
         for i, y in done:
@@ -193,10 +194,11 @@ class TestTimeouts:
         runtime.hold(1)
         with pytest.raises(RequestTimeoutError):
             await engine.infer(ONES, timeout=0.01)
-        assert engine.statistics().in_flight == 1
+        assert engine.statistics().in_flight == 0 and accounted(engine.statistics())
+        assert busy_slots(engine) == 1  # the DLA still has its task
         gate.release()
         runtime.hold(1).release()
-        await wait_until(lambda: engine.statistics().in_flight == 0)
+        await wait_until(lambda: all_idle(engine))
         stats = engine.statistics()
         assert stats.timed_out == 1 and settled(stats) and accounted(stats)
 
@@ -238,7 +240,7 @@ class TestTimeouts:
             await asyncio.wait_for(engine.infer(ONES), 0.01)
         gate.release()
         runtime.hold(1).release()
-        await wait_until(lambda: engine.statistics().in_flight == 0)
+        await wait_until(lambda: all_idle(engine))
         assert accounted(engine.statistics())
 
 
@@ -269,7 +271,7 @@ class TestAnyio:
         assert scope.cancelled_caught and result == "untouched"
         gate.release()
         runtime.hold(1).release()
-        await wait_until(lambda: engine.statistics().in_flight == 0)
+        await wait_until(lambda: all_idle(engine))
         stats = engine.statistics()
         assert stats.cancelled == 1 and settled(stats) and accounted(stats)
 
@@ -289,7 +291,7 @@ class TestAnyio:
         assert results == []
         for gate in gates:
             gate.release()
-        await wait_until(lambda: engine.statistics().in_flight == 0)
+        await wait_until(lambda: all_idle(engine))
         stats = engine.statistics()
         assert stats.cancelled == 10 and settled(stats) and accounted(stats)
 

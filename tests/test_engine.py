@@ -118,7 +118,7 @@ class TestResults:
         monkeypatch.setattr(poller_module, "HARVEST_AT_LEAST", 1)
         x = rng().standard_normal(X.shape).astype(np.float32)
         async with Engine(affine_model(0.0002), runtime=runtime, streams_per_core=4) as engine:
-            poller = engine._poller
+            poller = engine._flow.poller
             assert poller is not None
             harvested: list[int] = []
             harvest = poller.harvest

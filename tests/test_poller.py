@@ -10,7 +10,7 @@ import pytest
 
 from aiodla import _poller as poller_module
 from aiodla._poller import MAX_BACKOFF, Poller
-from aiodla._scheduler import CoreState, Slot
+from aiodla._cores import CoreState, Slot, completion_probe
 from aiodla.runtime import CudaCallError
 
 
@@ -71,7 +71,7 @@ def slot(event: int, expected: float, core: CoreState | None = None) -> Slot:
 
 
 def start(runtime: FakeRuntime, loop: FakeLoop, sink: Sink, pause: float = 0.0) -> Poller:
-    poller = Poller(runtime, loop, sink.deliver, sink.fail, pause=pause)  # type: ignore[arg-type]
+    poller = Poller(completion_probe(runtime), loop, sink.deliver, sink.fail, pause=pause)  # type: ignore[arg-type]
     poller.start()
     return poller
 
@@ -328,7 +328,7 @@ def test_harvest_takes_what_is_done_once_enough_should_be(
 
 def test_harvest_yields_to_a_sweep_in_progress() -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    poller = Poller(runtime, loop, sink.deliver, sink.fail, pause=0.0)  # type: ignore[arg-type]
+    poller = Poller(completion_probe(runtime), loop, sink.deliver, sink.fail, pause=0.0)  # type: ignore[arg-type]
     runtime.done.add(1)
     poller.watch(slot(1, time.monotonic()))
     with poller._sweeping:  # the poller thread is sweeping at this moment

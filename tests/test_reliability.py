@@ -24,7 +24,7 @@ from aiodla import (
 )
 from aiodla.runtime import CudaCallError
 
-from support import X, affine_model, expected_affine, wait_until
+from support import X, affine_model, all_idle, expected_affine, wait_until
 
 ONES = np.ones(X.shape, np.float32)
 INVALID_INPUT = 0x40000001
@@ -170,13 +170,13 @@ class TestDeadEngine:
         # Between batches the loop may sweep the events itself; a CUDA error there kills
         # the engine exactly as one in the poller thread does.
         async with Engine(affine_model(), runtime=runtime) as engine:
-            assert engine._poller is not None
+            assert engine._flow.poller is not None
 
             def harvest() -> list[object]:
                 runtime.poison(719)  # the context is lost: the device drops its work
                 raise CudaCallError("cudaEventQuery", 719)
 
-            engine._poller.harvest = harvest  # type: ignore[method-assign,assignment]
+            engine._flow.poller.harvest = harvest  # type: ignore[method-assign,assignment]
             results = await asyncio.gather(
                 *(engine.infer(ONES) for _ in range(12)), return_exceptions=True
             )
@@ -205,7 +205,7 @@ class TestDeadEngine:
                 await engine.infer(ONES)
             assert caught.value.status == 2
             assert engine.statistics().failures["device"] == 1
-            await wait_until(lambda: engine.statistics().in_flight == 0)
+            await wait_until(lambda: all_idle(engine))
             np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
         assert handles_released(runtime)
 
@@ -256,7 +256,7 @@ class TestStorms:
                 for index in rng.choice(len(tasks), 100):
                     tasks[index].cancel()
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-            await wait_until(lambda: engine.statistics().in_flight == 0)
+            await wait_until(lambda: all_idle(engine))
             stats = engine.statistics()
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, np.ndarray):
@@ -274,9 +274,9 @@ class TestAfterClose:
     async def test_late_completion_after_close_is_harmless(self, runtime: EmulatedRuntime) -> None:
         engine = Engine(affine_model(), runtime=runtime)
         await engine.open()
-        slot = engine._slots[0]
+        slot = engine._cores.slots[0]
         await engine.aclose()
-        engine._on_completions([(slot, 0)])  # as a poller wake-up arriving late would
+        engine._flow.on_completions([(slot, 0)])  # as a poller wake-up arriving late would
         assert engine.state is EngineState.CLOSED
         assert handles_released(runtime)
 

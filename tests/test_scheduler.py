@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine, QueueFullError
-from aiodla._scheduler import CoreState, Request, Scheduler, Slot
+from aiodla._cores import CoreState, Slot
+from aiodla._scheduler import Outcome, Request, Scheduler
 
 from support import X, affine_model, expected_affine, wait_until
 
@@ -40,7 +41,7 @@ class TestPolicy:
         scheduler = make_scheduler({0: 2, 1: 2})
         waiting = [request(loop, i) for i in range(5)]
         for r in waiting:
-            scheduler.enqueue(r)
+            scheduler.admit(r)
         assigned = []
         while (pair := scheduler.next_assignment()) is not None:
             assigned.append((pair[0].arrays[0], pair[1].core.core))
@@ -53,13 +54,13 @@ class TestPolicy:
         loop = asyncio.get_running_loop()
         scheduler = make_scheduler({0: 2, 1: 2})
         for i in range(4):
-            scheduler.enqueue(request(loop, i))
+            scheduler.admit(request(loop, i))
         slots = [scheduler.next_assignment()[1] for _ in range(4)]  # type: ignore[index]
         core1 = [s for s in slots if s.core.core == 1]
         scheduler.release(core1[0])
         scheduler.release(core1[1])
         scheduler.release(next(s for s in slots if s.core.core == 0))
-        scheduler.enqueue(request(loop, 9))
+        scheduler.admit(request(loop, 9))
         pair = scheduler.next_assignment()
         assert pair is not None and pair[1].core.core == 1  # 0 outstanding beats 1
 
@@ -69,9 +70,8 @@ class TestPolicy:
         scheduler = make_scheduler({0: 1})
         waiting = [request(loop, i) for i in range(3)]
         for r in waiting:
-            scheduler.enqueue(r)
-        waiting[0].future.cancel()
-        scheduler.discard(waiting[0])
+            scheduler.admit(r)
+        scheduler.finish(waiting[0], Outcome.CANCELLED)
         assert scheduler.waiting == 2
         pair = scheduler.next_assignment()
         assert pair is not None and pair[0] is waiting[1]
@@ -83,10 +83,9 @@ class TestPolicy:
         scheduler = make_scheduler({0: 1})
         waiting = [request(loop, i) for i in range(3)]
         for r in waiting:
-            scheduler.enqueue(r)
-        waiting[1].future.cancel()
-        scheduler.discard(waiting[1])
-        assert scheduler.drain() == [waiting[0], waiting[2]]
+            scheduler.admit(r)
+        scheduler.finish(waiting[1], Outcome.CANCELLED)
+        assert scheduler.drain("closed") == [waiting[0], waiting[2]]
         assert scheduler.waiting == 0
 
 
@@ -158,7 +157,7 @@ class TestBackpressure:
             busy = [asyncio.create_task(engine.infer(ONES)) for _ in range(4 + 3)]
             await wait_until(lambda: engine.statistics().queued == 3)
             with pytest.raises(QueueFullError, match=r"max_queue=3"):
-                await engine.infer_nowait(ONES)
+                engine.infer_nowait(ONES)
             with pytest.raises(QueueFullError):
                 await engine.infer(ONES, wait=False)
             assert engine.statistics().rejected == 2
@@ -181,9 +180,9 @@ class TestBackpressure:
         async with Engine(affine_model(), runtime=runtime, max_queue=0, cores=[0],
                           streams_per_core=1) as engine:
             gate = runtime.hold(0)
-            first = asyncio.create_task(engine.infer_nowait(ONES))
+            first = engine.infer_nowait(ONES)
             await wait_until(lambda: gate.held == 1)
             with pytest.raises(QueueFullError):
-                await engine.infer_nowait(ONES)
+                engine.infer_nowait(ONES)  # refused at once, with no await
             gate.release()
             await first

@@ -36,7 +36,14 @@ from aiodla import (
     TaskError,
 )
 
-from support import X, affine_model, expected_affine, two_pair_model, wait_until
+from support import (
+    X,
+    affine_model,
+    all_idle,
+    expected_affine,
+    two_pair_model,
+    wait_until,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -372,7 +379,7 @@ class TestClose:
         assert engine.statistics().cancelled == 1
         for gate in gates:
             gate.release()
-        await wait_until(lambda: engine.statistics().in_flight == 0)
+        await wait_until(lambda: all_idle(engine))
 
     @pytest.mark.asyncio
     async def test_aclose_is_idempotent_and_a_closed_stream_stays_closed(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine
-from aiodla._scheduler import CoreState, Slot
+from aiodla._cores import CoreState, Slot
 from aiodla._statistics import LatencyWindow
 
 from support import X, affine_model, wait_until
@@ -94,8 +94,8 @@ def test_tasks_of_one_core_seen_done_together_are_accounted_one_service_time_eac
     t0 = 100.0
     first, second = (Slot(core, i, 0, i, None, [], []) for i in range(2))
     first.submitted_at = second.submitted_at = t0
-    engine._account_task(first, 0, t0 + 0.002)
-    engine._account_task(second, 0, t0 + 0.002)
+    engine._cores.account(first, 0, t0 + 0.002)
+    engine._cores.account(second, 0, t0 + 0.002)
     if learn:
         assert core.service_time == pytest.approx(0.002)
         assert list(core.observed) == [pytest.approx(0.002)]

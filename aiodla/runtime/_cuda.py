@@ -165,6 +165,12 @@ class CudaRuntime:
     """
 
     name = "cuda"
+    poll_pause = 0.0
+
+    def stated_service_time(self, loadable: bytes) -> float | None:
+        from ..emulator._format import is_emulator_loadable, parse_loadable
+
+        return parse_loadable(loadable).latency if is_emulator_loadable(loadable) else None
 
     def __init__(self, device: int = 0) -> None:
         if not isinstance(device, int) or isinstance(device, bool) or device < 0:

@@ -244,6 +244,11 @@ class EmulatedRuntime:
     # cheap to query but each sweep takes the GIL from the event loop.
     poll_pause = 100e-6
 
+    def stated_service_time(self, loadable: bytes) -> float | None:
+        from ..emulator._format import is_emulator_loadable, parse_loadable
+
+        return parse_loadable(loadable).latency if is_emulator_loadable(loadable) else None
+
     def __init__(
         self,
         cores: int = 2,

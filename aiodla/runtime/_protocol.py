@@ -110,6 +110,11 @@ class Runtime(Protocol):
     """What the engine needs from cuDLA (hybrid mode) and the CUDA runtime."""
 
     name: str
+    poll_pause: float
+
+    def stated_service_time(self, loadable: bytes) -> float | None:
+        """Seconds per task the loadable states (an emulator loadable), else None."""
+        ...
 
     # -- discovery ---------------------------------------------------------------------
     def version(self) -> int:

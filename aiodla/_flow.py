@@ -1,0 +1,431 @@
+"""One request's path on the event loop's thread: from its slot to its future.
+
+The engine admits a request; from there the flow starts it on the slot the scheduler
+gives it (through the device layer), takes the poller's completions, applies the fault
+policy's probes, ends each request exactly once and hands the outcome to its future, or
+to its coroutine for the steps it does itself (packing or unpacking large tensors in a
+worker thread).
+
+Only the event loop's thread runs this code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from ._cores import Cores, CoreState, Slot, device_error, is_sticky
+from ._errors import (
+    AiodlaError,
+    EngineClosedError,
+    EngineDeadError,
+    RequestTimeoutError,
+    TaskError,
+    status_name,
+)
+from ._options import EngineOptions
+from ._poller import Poller
+from ._scheduler import Outcome, Request, RequestState, Scheduler
+from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
+
+__all__ = ["Flow"]
+
+logger = logging.getLogger("aiodla")
+
+
+class Flow:
+    """The loop-thread side of an open engine: starts, completions, outcomes.
+
+    State (loop thread only): ``serving`` is True while the engine admits work;
+    ``closed`` once it closed (a late poller wake-up is then ignored); ``dead_cause``
+    once the device broke it; ``drained`` is set when every slot is idle again, while
+    the engine waits for that at close.
+    """
+
+    def __init__(
+        self, options: EngineOptions, cores: Cores, die: Callable[[BaseException], None]
+    ) -> None:
+        self._options = options
+        self.cores = cores
+        self._die_callback = die
+        self.scheduler = Scheduler([])
+        self.poller: Poller | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.serving = False
+        self.closed = False
+        self.dead_cause: BaseException | None = None
+        self.drained: asyncio.Event | None = None
+        self.offload_pack = self.offload_unpack = False
+        window = options.latency_window
+        self.latency = LatencyWindow(window)
+        self.queue_wait = LatencyWindow(window)
+        self.latency_histogram = HistogramRecorder()
+        self.queue_wait_histogram = HistogramRecorder()
+
+    def start_serving(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The cores are open: schedule over them and start the poller."""
+        cores = self.cores
+        self.loop = loop
+        self.scheduler = Scheduler(cores.cores, self._options.max_consecutive_faults)
+        limit = self._options.offload_bytes
+        self.offload_pack = sum(s.size for s in cores.inputs) > limit
+        self.offload_unpack = sum(s.size for s in cores.outputs) > limit
+        self.poller = Poller(
+            cores.probe, loop, self.on_completions, self._die_callback, pause=cores.poll_pause
+        )
+        self.poller.start()
+        self.serving = True
+
+    def cancel_probes(self) -> None:
+        for core in self.cores.cores:
+            if core.probe is not None:
+                core.probe.cancel()
+                core.probe = None
+
+    def fail_waiting(self, error: AiodlaError) -> None:
+        for request in self.scheduler.drain(failure_reason(error)):
+            self._deliver(request, None, error, stepping=False)
+
+    def fail_running(self, error: AiodlaError) -> None:
+        for slot in self.cores.slots:
+            running = slot.request
+            if running is not None and running.state is not RequestState.DONE:
+                self._finish(running, error=error)
+
+    def admit(self, request: Request, timeout: float | None) -> Request:
+        """Put a validated request in line, with its deadline, and start it if a slot
+        is idle."""
+        if timeout is not None:
+            loop = self.loop
+            assert loop is not None
+            request.deadline = loop.time() + timeout
+            request.timer = loop.call_at(request.deadline, self._expire, request)
+        scheduler = self.scheduler
+        scheduler.admit(request)
+        if scheduler.idle_slots:
+            self.transition()
+        return request
+
+    async def drive(self, request: Request) -> Any:
+        """Await the request's outcome, doing the steps the loop hands back to it."""
+        try:
+            value = await request.future
+            while request.state is not RequestState.DONE:
+                if request.state is RequestState.PACKING:
+                    value = await self._pack_off_loop(request)
+                else:
+                    value = await self._unpack_off_loop(request)
+            if request.late is not None:
+                return self._take_late(request)
+            return value
+        except asyncio.CancelledError:
+            self._abandon(request)
+            raise
+        finally:
+            if request.timer is not None:
+                request.timer.cancel()
+
+    # -- the state transition -----------------------------------------------------------------
+
+    def transition(self) -> None:
+        """Give idle slots to waiting requests; called after every submit, completion,
+        cancellation and release."""
+        if not self.serving:
+            return
+        next_assignment = self.scheduler.next_assignment
+        while (assignment := next_assignment()) is not None:
+            self._start(*assignment)
+
+    def _start(self, request: Request, slot: Slot) -> None:
+        now = time.monotonic()
+        waited = now - request.started
+        self.queue_wait.add(waited)
+        self.queue_wait_histogram.add(waited)
+        if request.deadline is not None and self.loop.time() >= request.deadline:  # type: ignore[union-attr]
+            self.release(slot)
+            self._finish(request, timed_out=True)
+            return
+        if self.offload_pack:
+            request.future.set_result(None)  # its coroutine packs (PACKING) off the loop
+            return
+        try:
+            self.cores.write_inputs(slot, request.arrays)
+        except Exception as exc:  # validated already: a failure here is a bug, kept local
+            self.release(slot)
+            self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
+            return
+        self._submit(slot, request, now)
+
+    def _submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
+        try:
+            self.cores.submit(slot, time.monotonic() if now is None else now)
+        except Exception as exc:
+            self._submit_failed(slot, request, exc)
+            return
+        if request is not None:
+            self.scheduler.advance(request, RequestState.IN_FLIGHT)
+        self.poller.watch(slot)  # type: ignore[union-attr]
+
+    def _submit_failed(self, slot: Slot, request: Request | None, exc: Exception) -> None:
+        if is_sticky(exc):
+            self._die_callback(exc)
+            return
+        doing = f"core {slot.core.core}: submitting the request"
+        error = device_error(doing, exc) or AiodlaError(f"{doing} failed: {exc!r}")
+        error.__cause__ = exc
+        if slot.request is not None:
+            slot.request.slot = None
+            slot.request = None
+        if request is not None:
+            self._finish(request, error=error)
+        else:
+            logger.warning("aiodla: %s", error)
+        if slot.probing:  # the probe never ran: try again later
+            slot.probing = False
+            self._schedule_probe(slot.core)
+        # Some copies may be queued on the stream already: the slot is reusable only
+        # after they ran, so mark the stream's end and let the poller return the slot.
+        if self.cores.retire(slot, time.monotonic()):
+            self.poller.watch(slot)  # type: ignore[union-attr]
+
+    # -- completions (loop thread, one call per poller sweep) -----------------------------------
+
+    def on_completions(self, finished: list[tuple[Slot, int]]) -> None:
+        """Slots the poller saw done, each with its core's cuDLA status read then."""
+        if self.closed:
+            return  # a late wake-up after close: nothing is left to touch
+        try:
+            self._handle_completions(finished)
+        finally:
+            # After the callers this batch woke took their step (see _after_batch).
+            self.loop.call_soon(self._after_batch)  # type: ignore[union-attr]
+
+    def _after_batch(self) -> None:
+        """The loop is free again: take what finished meanwhile at once if several
+        tasks should have, else hand polling back (see the poller's module docstring)."""
+        poller = self.poller
+        if poller is None or self.closed:
+            return
+        try:
+            finished = poller.harvest()
+        except Exception as exc:  # as from the poller's own sweep: the engine is dead
+            self._die_callback(exc)
+            return
+        if finished:
+            self.on_completions(finished)  # which schedules _after_batch again
+        else:
+            poller.consumed()
+
+    def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
+        now = time.monotonic()
+        scheduler = self.scheduler
+        for slot, status in finished:
+            core = slot.core
+            request = slot.request
+            if request is not None or slot.probing:  # a task ran (not a retired slot)
+                self._account(slot, status, now)
+            if slot.probing:
+                slot.probing = False
+                self.release(slot)
+                if scheduler.probe_ended(core, status):
+                    logger.warning(
+                        "aiodla: core %d is back in rotation (a probe task succeeded)", core.core
+                    )
+                else:
+                    self._schedule_probe(core)
+                continue
+            if request is None or request.future.done():  # none, or ended meanwhile
+                self.release(slot)
+                continue
+            if status:
+                self.release(slot)
+                message = f"the DLA task failed on core {core.core}: {status_name(status)}"
+                self._finish(request, error=TaskError(message, status=status, core=core.core))
+                continue
+            if self.offload_unpack:
+                scheduler.advance(request, RequestState.UNPACKING)
+                request.future.set_result(None)  # its coroutine unpacks off the loop
+                continue
+            outputs = self.cores.read_outputs(slot)
+            self.release(slot)
+            self._finish(request, result=outputs, now=now)
+        self.transition()
+
+    def _account(self, slot: Slot, status: int, now: float) -> None:
+        """Count one finished DLA task on its core and apply the fault policy."""
+        core = slot.core
+        self.cores.account(slot, status, now)
+        if not status:
+            self.scheduler.task_ended(core, status)
+            return
+        logger.warning(
+            "aiodla: a DLA task failed on core %d: %s (%d in a row)",
+            core.core,
+            status_name(status),
+            core.consecutive_failures + 1,
+        )
+        if self.scheduler.task_ended(core, status):
+            logger.warning(
+                "aiodla: core %d is out of rotation after %d consecutive faults; "
+                "probing it every %g s",
+                core.core,
+                core.consecutive_failures,
+                self._options.probe_interval,
+            )
+            self._schedule_probe(core)
+
+    # -- the fault policy: probing a core out of rotation ------------------------------------
+
+    def _schedule_probe(self, core: CoreState) -> None:
+        assert self.loop is not None
+        core.probe = self.loop.call_later(self._options.probe_interval, self._probe, core)
+
+    def _probe(self, core: CoreState) -> None:
+        """Run one task on a core out of rotation; success brings it back."""
+        core.probe = None
+        if not self.serving or core.in_rotation:
+            return
+        if not core.idle:  # its slots are still busy (a hung task): try again later
+            self._schedule_probe(core)
+            return
+        slot = self.scheduler.take(core)
+        slot.probing = True
+        self.cores.write_zeros(slot)
+        logger.info("aiodla: probing core %d", core.core)
+        self._submit(slot, None)
+
+    # -- ending requests -----------------------------------------------------------------------
+
+    def release(self, slot: Slot) -> None:
+        """Return ``slot`` to the pool (the caller runs the transition afterwards)."""
+        self.scheduler.release(slot)
+        if self.drained is not None and self.scheduler.idle_slots == len(self.cores.slots):
+            self.drained.set()
+
+    def _finish(
+        self,
+        request: Request,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
+        timed_out: bool = False,
+        now: float | None = None,
+    ) -> BaseException | None:
+        """Decide the request's one outcome, count it, deliver it; return the error."""
+        stepping = request.state in (RequestState.PACKING, RequestState.UNPACKING)
+        if timed_out:
+            error = RequestTimeoutError("the request's timeout passed before its result was ready")
+            outcome, reason = Outcome.TIMED_OUT, None
+        elif error is not None:
+            outcome, reason = Outcome.FAILED, failure_reason(error)
+        else:
+            outcome, reason = Outcome.COMPLETED, None
+        if not self.scheduler.finish(request, outcome, reason):
+            return None
+        if outcome is Outcome.COMPLETED:
+            latency = (time.monotonic() if now is None else now) - request.started
+            self.latency.add(latency)
+            self.latency_histogram.add(latency)
+        self._deliver(request, result, error, stepping)
+        return error
+
+    @staticmethod
+    def _deliver(
+        request: Request, result: Any, error: BaseException | None, stepping: bool
+    ) -> None:
+        """Hand an ended request's outcome to its coroutine."""
+        future = request.future
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+        elif stepping:  # its coroutine is doing a step of its own and takes this after it
+            request.late = (result, error)
+
+    def _take_late(self, request: Request) -> Any:
+        """Deliver an outcome decided while the request's coroutine did a step, and give
+        back the slot that step held."""
+        if request.slot is not None:
+            self.release(request.slot)
+            self.transition()
+        assert request.late is not None
+        result, error = request.late
+        if error is not None:
+            raise error
+        return result
+
+    def _expire(self, request: Request) -> None:
+        request.timer = None
+        if request.state in (RequestState.QUEUED, RequestState.IN_FLIGHT):
+            self._finish(request, timed_out=True)
+        # A request packing or unpacking in a worker thread checks its deadline itself.
+
+    def _abandon(self, request: Request) -> None:
+        """The request's coroutine was cancelled: count it as cancelled (what its caller
+        saw), and pass on a slot that its own step held."""
+        state = request.state
+        slot = request.slot
+        if slot is not None and (
+            state in (RequestState.PACKING, RequestState.UNPACKING) or request.late is not None
+        ):
+            self.release(slot)
+        if state is RequestState.DONE:
+            self.scheduler.recount_as_cancelled(request)
+        else:
+            self.scheduler.finish(request, Outcome.CANCELLED)
+        self.transition()
+
+    # -- large tensors: pack and unpack in a worker thread ---------------------------------------
+
+    async def _pack_off_loop(self, request: Request) -> Any:
+        slot = request.slot
+        assert slot is not None
+        try:
+            await anyio.to_thread.run_sync(self.cores.write_inputs, slot, request.arrays)
+        except Exception as exc:
+            if request.state is RequestState.DONE:
+                return self._take_late(request)
+            self.release(slot)
+            error = self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
+            self.transition()
+            raise error from exc  # type: ignore[misc]
+        if request.state is RequestState.DONE:
+            return self._take_late(request)
+        loop = self.loop
+        assert loop is not None
+        serving = self.serving
+        if not serving or (request.deadline is not None and loop.time() >= request.deadline):
+            self.release(slot)
+            if serving:
+                error = self._finish(request, timed_out=True)
+            else:
+                error = self._finish(request, error=self.not_serving_error())
+            self.transition()
+            raise error  # type: ignore[misc]
+        request.future = loop.create_future()
+        self._submit(slot, request)
+        return await request.future
+
+    async def _unpack_off_loop(self, request: Request) -> Any:
+        slot = request.slot
+        assert slot is not None
+        result = await anyio.to_thread.run_sync(self.cores.read_outputs, slot)
+        if request.state is RequestState.DONE:
+            return self._take_late(request)
+        self.release(slot)
+        self._finish(request, result=result)
+        self.transition()
+        return result
+
+    def not_serving_error(self) -> AiodlaError:
+        if self.dead_cause is not None:
+            error: AiodlaError = EngineDeadError(f"the engine is dead: {self.dead_cause}")
+            error.__cause__ = self.dead_cause
+            return error
+        return EngineClosedError("the engine was closed")
