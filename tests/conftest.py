@@ -17,7 +17,7 @@ import pytest_asyncio
 from aiodla import EmulatedRuntime, Engine
 from aiodla.testing import DLAControls, EngineFactory
 
-from support import affine_model
+from support import affine_model, counts_add_up
 
 # Through pytest_plugins rather than the entry point (pyproject's addopts disables
 # that), so pytest-cov measures aiodla from its first import.
@@ -79,3 +79,20 @@ async def engine(aiodla_engine: EngineFactory, runtime: EmulatedRuntime) -> Asyn
     yield opened
     await opened.aclose()
     assert all(count == 0 for count in runtime.live_handles().values()), runtime.live_handles()
+
+
+@pytest.fixture
+def engines_add_up(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Engine]]:
+    """Every engine the test makes: its counts must add up when the test ends."""
+    made: list[Engine] = []
+    init = Engine.__init__
+
+    def recording_init(self: Engine, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(Engine, "__init__", recording_init)
+    yield made
+    for engine in made:
+        stats = engine.statistics()
+        assert counts_add_up(stats), f"the counts do not add up: {stats}"

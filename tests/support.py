@@ -54,3 +54,10 @@ def all_idle(engine: Any) -> bool:
     """No request queued or in flight, and every slot back in the pool."""
     stats = engine.statistics()
     return stats.queued == 0 and stats.in_flight == 0 and busy_slots(engine) == 0
+
+
+def counts_add_up(stats: Any) -> bool:
+    """Every request counted once: submitted == ended + queued + in flight, none negative."""
+    parts = (stats.completed, stats.failed, stats.cancelled, stats.timed_out, stats.queued,
+             stats.in_flight)
+    return min(parts) >= 0 and sum(parts) == stats.submitted and stats.rejected >= 0

@@ -24,6 +24,9 @@ from aiodla import (
 
 from support import X, affine_model, all_idle, busy_slots, expected_affine, wait_until
 
+# Every scenario ends with every request counted once, as what its caller saw.
+pytestmark = pytest.mark.usefixtures("engines_add_up")
+
 ONES = np.ones(X.shape, np.float32)
 
 

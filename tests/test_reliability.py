@@ -26,6 +26,9 @@ from aiodla.runtime import CudaCallError
 
 from support import X, affine_model, all_idle, expected_affine, wait_until
 
+# Every scenario ends with every request counted once, as what its caller saw.
+pytestmark = pytest.mark.usefixtures("engines_add_up")
+
 ONES = np.ones(X.shape, np.float32)
 INVALID_INPUT = 0x40000001
 ENGINE_TIMEOUT = 0x40000006
