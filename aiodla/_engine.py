@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from ._descriptors import TensorDescriptor
 from ._errors import (
     AiodlaError,
     ConfigurationError,
@@ -52,7 +53,7 @@ from ._statistics import (
     LatencyWindow,
     StageTimes,
 )
-from ._tensors import TensorDescriptor, TensorSpec, specs_by_name
+from ._tensors import TensorSpec, specs_by_name
 from .emulator._format import is_emulator_loadable, parse_loadable
 from .runtime._protocol import CudaCallError, Runtime, cudla_status
 from .runtime._select import select_runtime

@@ -16,8 +16,9 @@ import dataclasses
 import enum
 from typing import Any
 
+from ._layout import BoundTensor
 from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
-from ._tensors import BoundTensor, TensorSpec
+from ._tensors import TensorSpec
 from .runtime._protocol import HostBuffer
 
 __all__ = ["CoreState", "Request", "RequestState", "Scheduler", "Slot", "TensorBinding"]
