@@ -6,7 +6,8 @@ Values
 ------
 - Into float16 and float32 tensors, values are rounded to nearest even in one step
   from the source value (float64 and integer sources included); beyond float16's
-  range they become infinity, and NaN stays NaN.
+  range they become infinity, and NaN stays NaN. (``TensorSpec.check_array`` refuses
+  finite values beyond the range first; the conversion here never refuses.)
 - Into integer tensors, float values are quantized with the tensor's ``scale``:
   ``q = round_half_even(x / scale)`` with the quotient taken in binary64, then
   saturated to the type's range (so ±inf saturate too). NaN is an input error, and

@@ -7,6 +7,32 @@ runtime's operations: there is no second copy of layout logic. Behind it,
 :mod:`aiodla._descriptors` reads cuDLA descriptors and derives layouts,
 :mod:`aiodla._convert` converts values and :mod:`aiodla._layout` cuts a buffer into
 blocks and writes and reads them.
+
+Which arrays are taken
+----------------------
+:meth:`TensorSpec.check_array` is the one validator of user arrays (``Engine.infer``
+and ``Engine.check_inputs`` run it), and no value is lost silently through it:
+
+- An array of the tensor's dtype, or of a dtype numpy casts safely to it
+  (``np.can_cast(source, tensor, "safe")``: float16, bool, int8 or uint8 into
+  float16; float16 or integers up to 16 bits into float32), is taken as it is.
+- Into a float tensor, a wider array (float32, float64 or integers from int16 up into
+  float16; float64 or 32- and 64-bit integers into float32) is taken only when every
+  finite value's magnitude is at most the tensor type's largest finite value (65504
+  for float16, about 3.4e38 for float32). NaN and infinity already in the array stay
+  NaN and infinity. Rounding to the nearest stored value is not a loss in this sense:
+  it is what every conversion does. Otherwise the first value beyond, in C order, is
+  an :class:`~aiodla.InputValueError` that names the tensor, the array's dtype, the
+  value and its index. ``check_array(..., casting="same_kind")`` takes numpy's rule
+  instead (any real dtype; values beyond the range become infinity).
+- Into an integer tensor, integer arrays must cast safely; float arrays of any width
+  need the tensor's ``scale`` and are quantized as :mod:`aiodla._convert` says
+  (rounded, saturated: ±inf saturate), and NaN is an input error.
+- A masked array (``numpy.ma``) is an :class:`~aiodla.InputTypeError`: its mask would
+  be ignored, so the caller passes ``.filled(...)`` instead.
+
+``pack(..., validate=False)`` and :class:`~aiodla._layout.BoundTensor` skip these
+checks and convert as :mod:`aiodla._convert` says (beyond float16's range: infinity).
 """
 
 from __future__ import annotations
@@ -15,7 +41,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -33,12 +59,15 @@ from ._descriptors import (
     dtype_and_format,
     spec_fields,
 )
-from ._errors import InputTypeError, InputValueError, ModelError
+from ._errors import ConfigurationError, InputTypeError, InputValueError, ModelError
 from ._layout import BoundTensor, _chunks
 
 __all__ = ["TensorSpec", "specs_by_name"]
 
 _Array = np.ndarray[Any, Any]
+
+#: What :meth:`TensorSpec.check_array` takes into a float tensor (its ``casting=``).
+Casting = Literal["safe", "same_kind"]
 
 
 @dataclasses.dataclass(frozen=True, eq=True)
@@ -50,6 +79,13 @@ class TensorSpec:
     surfaces, and ``nbytes`` when the buffer is larger than the layout needs.
     ``scale`` is the quantization step of an integer tensor (``real = scale * stored``).
     ``category`` is the descriptor's ``dataCategory`` (IMAGE for hwc4, else FEATURE).
+
+    :meth:`check_array` loses no value silently: an array whose dtype casts safely to
+    the tensor's is taken as it is; a wider one into a float tensor (float64 into
+    float16, say) only when every finite value fits the tensor type's range (at most
+    65504 in magnitude for float16), else the first value beyond and its index are an
+    InputValueError; floats into integer tensors are quantized with ``scale``; masked
+    arrays are refused. The module docstring gives the rule in full.
     """
 
     name: str
@@ -205,14 +241,29 @@ class TensorSpec:
 
     # -- pack / unpack ---------------------------------------------------------------
 
-    def check_array(self, value: Any) -> _Array:
-        """Validate a user array against this spec (shape, dtype, NaN); no copy made.
+    def check_array(self, value: Any, *, casting: Casting = "safe") -> _Array:
+        """Validate a user array against this spec (shape, dtype, values); no copy made.
 
         Raises InputValueError / InputTypeError naming this tensor and what was
-        expected: a wrong shape, a dtype that cannot be stored, a float array for an
-        integer tensor without a scale, NaN for an integer tensor.
+        expected: a wrong shape, a dtype that cannot be stored, a masked array, a float
+        array for an integer tensor without a scale, NaN for an integer tensor, or a
+        finite value beyond a float tensor's range (its first one and its index).
+
+        ``casting="safe"`` (the default) takes what loses no value silently: a dtype
+        numpy casts safely to the tensor's, or a wider one whose finite values all fit
+        (see the class docstring). ``casting="same_kind"`` is numpy's rule: any real
+        dtype goes into a float tensor, and values beyond its range become infinity.
+        It changes nothing for integer tensors.
         """
-        if isinstance(value, np.ndarray):
+        if type(value) is np.ndarray:
+            array = value
+        elif isinstance(value, np.ma.MaskedArray):
+            raise InputTypeError(
+                f"input {self.name!r}: a masked array's mask would be ignored (the DLA "
+                "reads every element); pass value.filled(...) with the value masked "
+                "elements should take"
+            )
+        elif isinstance(value, np.ndarray):
             array = value
         else:
             try:
@@ -232,6 +283,10 @@ class TensorSpec:
                 f"input {self.name!r}: expected shape {self.shape} (n, c, h, w), got {array.shape}"
             )
         target = self.numpy_dtype
+        if array.dtype == target:  # the common case: nothing to convert, nothing lost
+            return array
+        if casting != "safe" and casting != "same_kind":
+            raise ConfigurationError(f"{casting=} must be 'safe' or 'same_kind'")
         if self.is_integer:
             if array.dtype.kind == "f":
                 if self.scale is None:
@@ -249,6 +304,8 @@ class TensorSpec:
             raise InputTypeError(
                 f"input {self.name!r}: {array.dtype} cannot be cast to {self.dtype}"
             )
+        elif casting == "safe" and not np.can_cast(array.dtype, target, "safe"):
+            refuse_overflow(self.name, array, target)
         return array
 
     def pack(self, array: npt.ArrayLike, out: Any = None, *, validate: bool = True) -> _Array:
@@ -309,6 +366,38 @@ class TensorSpec:
         """A one-line human description: name, shape, dtype and format."""
         n, c, h, w = self.shape
         return f"{self.name}: {n}x{c}x{h}x{w} {self.dtype} {self.format}"
+
+
+def refuse_overflow(name: str, array: _Array, target: np.dtype[Any]) -> None:
+    """Refuse an array with a finite value beyond the float ``target``'s largest: the
+    cast would store it as infinity. NaN and infinity already in it pass as they are."""
+    largest = float(np.finfo(target).max)
+    source = array.dtype
+    if source.kind in "iu":
+        info = np.iinfo(source)
+        if -largest <= info.min and info.max <= largest:
+            return  # int16 into float16, any integer into float32: nothing can overflow
+    # Two reductions and no temporary settle the common case. NaN or infinity anywhere
+    # fails this test, and the block-wise search below tells them from overflow.
+    if -largest <= array.min() and array.max() <= largest:
+        return
+    for index in _chunks(array.shape):
+        block = array[index]
+        with np.errstate(invalid="ignore"):
+            beyond = (block > largest) | (block < -largest)
+            if source.kind == "f":
+                beyond &= np.isfinite(block)
+        if beyond.any():
+            # _chunks fixes the leading indices and slices the next one
+            *fixed, rows = index
+            first = np.unravel_index(int(np.argmax(beyond)), beyond.shape)
+            position = tuple(int(i) for i in (*fixed, rows.start + first[0], *first[1:]))
+            raise InputValueError(
+                f"input {name!r}: value {array[position].item()!r} at index {position} "
+                f"does not fit {target} (largest {largest:.8g}); {source} arrays are "
+                "taken only when every finite value is within that range, so that none "
+                "becomes infinity: clip or rescale the values"
+            )
 
 
 def specs_by_name(specs: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
