@@ -51,9 +51,10 @@ import click
 import numpy as np
 
 from . import __version__
+from ._descriptors import TensorDescriptor
 from ._engine import Engine
 from ._errors import AiodlaError, EngineClosedError, EngineDeadError, ModelError, status_name
-from ._tensors import TensorDescriptor, TensorSpec
+from ._tensors import TensorSpec
 from .emulator._format import (
     MAGIC,
     EmulatorModel,

@@ -19,11 +19,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._descriptors import TensorDescriptor
 from ._errors import AiodlaError, ConfigurationError, DeviceError, ModelError, status_name
+from ._layout import BoundTensor
 from ._options import EngineOptions
 from ._resources import ResourceStack
 from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
-from ._tensors import BoundTensor, TensorDescriptor, TensorSpec, specs_by_name
+from ._tensors import TensorSpec, specs_by_name
 from .runtime._protocol import CudaCallError, HostBuffer, Runtime, cudla_status
 from .runtime._select import select_runtime
 

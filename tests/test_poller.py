@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from aiodla import _poller as poller_module
-from aiodla._poller import MAX_BACKOFF, Poller
 from aiodla._cores import CoreState, Slot, completion_probe
+from aiodla._poller import MAX_BACKOFF, Poller
 from aiodla.runtime import CudaCallError
 
 

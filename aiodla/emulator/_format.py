@@ -67,8 +67,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._descriptors import NAME_MAX_BYTES, TensorDescriptor
 from .._errors import LoadableFormatError, ModelError
-from .._tensors import NAME_MAX_BYTES, TensorDescriptor, TensorSpec, specs_by_name
+from .._tensors import TensorSpec, specs_by_name
 
 __all__ = [
     "DESCRIPTOR_DTYPE",

@@ -29,7 +29,7 @@ import numpy as np
 from cuda.bindings import cudla
 from cuda.bindings import runtime as _rt
 
-from .._tensors import TensorDescriptor
+from .._descriptors import TensorDescriptor
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer
 
 __all__ = [

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 from cuda.bindings import cudla
 
+from .._descriptors import TensorDescriptor
 from .._errors import ConfigurationError, LoadableFormatError
-from .._tensors import TensorDescriptor
 from ..emulator._format import EmulatorModel, parse_loadable
 from ..emulator._ops import ModelRunner
 from ._protocol import CudaCallError, HostBuffer

@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from cuda.bindings import cudla
 
-from .._tensors import TensorDescriptor
+from .._descriptors import TensorDescriptor
 
 __all__ = [
     "CUDA_ERROR_NAMES",
