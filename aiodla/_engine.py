@@ -309,7 +309,11 @@ class Engine:
         :meth:`infer`: removed if still queued, its result dropped once submitted.
         """
         request = self._admit(inputs, timeout, wait=False)
-        return asyncio.get_running_loop().create_task(self._flow.drive(request))
+        task = asyncio.get_running_loop().create_task(self._flow.drive(request))
+        # Cancelled before its first step, the task never runs the coroutine that would
+        # count the cancellation: count it here (a second count is a no-op).
+        task.add_done_callback(lambda done: done.cancelled() and self._flow.abandon(request))
+        return task
 
     def _admit(self, inputs: Any, timeout: float | None, wait: bool) -> Request:
         flow = self._flow

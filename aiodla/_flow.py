@@ -124,7 +124,7 @@ class Flow:
                 return self._take_late(request)
             return value
         except asyncio.CancelledError:
-            self._abandon(request)
+            self.abandon(request)
             raise
         finally:
             if request.timer is not None:
@@ -366,7 +366,7 @@ class Flow:
             self._finish(request, timed_out=True)
         # A request packing or unpacking in a worker thread checks its deadline itself.
 
-    def _abandon(self, request: Request) -> None:
+    def abandon(self, request: Request) -> None:
         """The request's coroutine was cancelled: count it as cancelled (what its caller
         saw), and pass on a slot that its own step held."""
         state = request.state
