@@ -12,30 +12,14 @@
 Errors are one line on stderr naming the cause, with exit status 1 (2 for a bad
 argument, 130 when interrupted); ``--debug`` adds the traceback.
 
-The model spec that ``inspect --json`` writes and ``emulate --like`` reads::
-
-    {"format": "aiodla-model-spec", "version": 1,
-     "model": "model.bin", "loadable": "dla" | "emulator",
-     "emulator": {"op": ..., "latency": ..., "scale": ..., "bias": ...} | null,
-     "inputs": [TENSOR, ...], "outputs": [TENSOR, ...]}
-
-    TENSOR = {"name": ..., "shape": [n, c, h, w], "dtype": ..., "format": ...,
-              "strides": [pixel, line, surface, batch], "bytes": ...,
-              "descriptor": {"name", "size", "n", "c", "h", "w", "data_format",
-                             "data_type", "data_category", "pixel_format",
-                             "pixel_mapping", "stride": [8 ints]}}
-
-``descriptor`` holds every field of the loadable's ``cudlaModuleTensorDescriptor``
-and is what ``emulate --like`` reads; the other fields are aiodla's reading of it, for
-people (null, with a ``problem``, where aiodla cannot read the descriptor). A reader
-refuses a ``version`` it does not know; a later version only adds fields.
+The model spec that ``inspect --json`` writes and ``emulate --like`` reads is
+described, read and written in ``aiodla.emulator._spec``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import json
 import logging
 import os
@@ -43,7 +27,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
@@ -56,25 +40,27 @@ from ._errors import AiodlaError, EngineClosedError, EngineDeadError, ModelError
 from ._tensors import TensorDescriptor, TensorSpec
 from .emulator._format import (
     MAGIC,
+    OPS,
     EmulatorModel,
     is_emulator_loadable,
     make_loadable,
     parse_loadable,
 )
+from .emulator._spec import (
+    DEFAULT_LATENCY,
+    DESCRIPTOR_FIELDS,
+    read_spec,
+    read_spec_document,
+    spec_document,
+)
+from .emulator._spec import fitting_op as _fitting_op
 from .runtime import _select
 from .runtime._protocol import CudaCallError, cudla_status
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "read_spec_document"]
 
-SPEC_FORMAT = "aiodla-model-spec"
-SPEC_VERSION = 1
 BENCH_FORMAT = "aiodla-bench"
 BENCH_VERSION = 1
-DEFAULT_LATENCY = 0.001
-DESCRIPTOR_FIELDS = (
-    "name", "size", "n", "c", "h", "w", "data_format", "data_type", "data_category",
-    "pixel_format", "pixel_mapping", "stride",
-)
 # The progress bar is redrawn this often; per-request updates would cost the benchmark.
 PROGRESS_PERIOD = 0.1
 EXIT_FAILURE = 1
@@ -247,110 +233,6 @@ def _device_calls(path: str) -> Iterator[None]:
         ) from exc
 
 
-# -- the model spec -------------------------------------------------------------------------
-
-
-def _tensor_entry(desc: TensorDescriptor) -> dict[str, Any]:
-    fields = dataclasses.asdict(desc)
-    fields["stride"] = list(desc.stride)
-    entry: dict[str, Any] = {"name": desc.name}
-    try:
-        spec = TensorSpec.from_descriptor(desc)
-    except ModelError as exc:
-        entry.update(shape=[desc.n, desc.c, desc.h, desc.w], dtype=None, format=None,
-                     strides=None, bytes=desc.size, problem=str(exc))
-    else:
-        assert spec.strides is not None
-        entry.update(shape=list(spec.shape), dtype=spec.dtype, format=spec.format,
-                     strides=list(spec.strides), bytes=spec.size)
-    entry["descriptor"] = {name: fields[name] for name in DESCRIPTOR_FIELDS}
-    return entry
-
-
-def _spec_document(
-    path: str,
-    descriptors: tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]],
-    emulator: EmulatorModel | None,
-) -> dict[str, Any]:
-    return {
-        "format": SPEC_FORMAT,
-        "version": SPEC_VERSION,
-        "model": os.path.basename(path),
-        "loadable": "dla" if emulator is None else "emulator",
-        "emulator": None if emulator is None else {
-            "op": emulator.op, "latency": emulator.latency,
-            "scale": emulator.scale, "bias": emulator.bias,
-        },
-        "inputs": [_tensor_entry(d) for d in descriptors[0]],
-        "outputs": [_tensor_entry(d) for d in descriptors[1]],
-    }
-
-
-def _read_spec(path: str) -> tuple[list[TensorDescriptor], list[TensorDescriptor], dict[str, Any]]:
-    """The descriptors (inputs, outputs) and emulator settings of a model spec file."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            document = json.load(file)
-    except OSError as exc:
-        raise CommandError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CommandError(f"{path!r} is not a JSON model spec: {exc}") from exc
-    return read_spec_document(document, repr(path))
-
-
-def read_spec_document(
-    document: object, source: str = "the model spec"
-) -> tuple[list[TensorDescriptor], list[TensorDescriptor], dict[str, Any]]:
-    """The descriptors (inputs, outputs) and emulator settings of a parsed model spec
-    (what ``aiodla inspect --json`` writes); ``source`` names it in errors."""
-    if not isinstance(document, Mapping) or document.get("format") != SPEC_FORMAT:
-        raise CommandError(
-            f"{source} is not an aiodla model spec (no \"format\": \"{SPEC_FORMAT}\"); "
-            "write one with 'aiodla inspect MODEL --json'"
-        )
-    version = document.get("version")
-    if version != SPEC_VERSION:
-        raise CommandError(
-            f"{source} is model spec version {version!r}; this aiodla reads version "
-            f"{SPEC_VERSION}"
-        )
-    tensors = []
-    for key in ("inputs", "outputs"):
-        entries = document.get(key)
-        if not isinstance(entries, list) or not entries:
-            raise CommandError(f"{source}: {key!r} must be a non-empty list of tensors")
-        tensors.append([_read_descriptor(source, f"{key}[{i}]", e) for i, e in enumerate(entries)])
-    emulator = document.get("emulator")
-    return tensors[0], tensors[1], dict(emulator) if isinstance(emulator, Mapping) else {}
-
-
-def _read_descriptor(source: str, where: str, entry: object) -> TensorDescriptor:
-    fields = entry.get("descriptor") if isinstance(entry, dict) else None
-    if not isinstance(fields, dict):
-        raise CommandError(f"{source}: {where} has no \"descriptor\" object")
-    missing = [name for name in DESCRIPTOR_FIELDS if name not in fields]
-    if missing:
-        raise CommandError(f"{source}: {where}.descriptor lacks {', '.join(missing)}")
-    name = fields["name"]
-    if not isinstance(name, str) or not name:
-        raise CommandError(f"{source}: {where}.descriptor.name must be a non-empty string")
-    numbers = {}
-    for field in DESCRIPTOR_FIELDS[1:-1]:
-        value = fields[field]
-        if not _is_count(value):
-            raise CommandError(f"{source}: {where}.descriptor.{field} must be an integer >= 0, "
-                               f"got {value!r}")
-        numbers[field] = value
-    stride = fields["stride"]
-    if not isinstance(stride, list) or len(stride) != 8 or not all(map(_is_count, stride)):
-        raise CommandError(f"{source}: {where}.descriptor.stride must be 8 integers >= 0")
-    return TensorDescriptor(name=name, stride=tuple(stride), **numbers)
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 # -- devices --------------------------------------------------------------------------------
 
 
@@ -409,7 +291,7 @@ def inspect(model: str, as_json: bool) -> None:
     data = _read_model(model)
     emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
     descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
-    document = _spec_document(model, descriptors, emulator)
+    document = spec_document(model, descriptors, emulator)
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
@@ -447,7 +329,6 @@ def inspect(model: str, as_json: bool) -> None:
 # -- emulate ----------------------------------------------------------------------------------
 
 _SHAPE = re.compile(r"^\d+x\d+x\d+x\d+$")
-OPS = ("affine", "mean_hw")
 
 
 def _parse_tensor(text: str) -> TensorSpec:
@@ -474,27 +355,6 @@ def _tensors_option(
     return [_parse_tensor(value) for value in values]
 
 
-def _fitting_op(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> str:
-    """The op whose shapes these tensors have: affine keeps shapes, mean_hw ends in 1x1."""
-    if len(inputs) != len(outputs):
-        raise CommandError(
-            f"emulator loadables pair input i with output i: got {len(inputs)} inputs and "
-            f"{len(outputs)} outputs"
-        )
-    for op in OPS:
-        if all(y.shape == (x.shape if op == "affine" else (*x.shape[:2], 1, 1))
-               for x, y in zip(inputs, outputs, strict=True)):
-            return op
-    pairs = ", ".join(
-        f"{x.name} {'x'.join(map(str, x.shape))} -> {y.name} {'x'.join(map(str, y.shape))}"
-        for x, y in zip(inputs, outputs, strict=True)
-    )
-    raise CommandError(
-        f"no emulator op fits these shapes ({pairs}): affine keeps each input's shape, "
-        "mean_hw turns NxCxHxW into NxCx1x1"
-    )
-
-
 @cli.command(short_help="Write an emulator loadable of a model's I/O.")
 @click.option("--like", "like", metavar="SPEC.json", type=click.Path(dir_okay=False),
               help="Copy the tensors of a model spec ('aiodla inspect MODEL --json').")
@@ -504,7 +364,7 @@ def _fitting_op(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> 
                    "(nchw, nhwc, chw16, chw32, hwc4) to nchw.")
 @click.option("--output", "outputs", metavar="NAME:NxCxHxW[:DTYPE[:FORMAT]]", multiple=True,
               callback=_tensors_option, help="An output tensor; output i pairs with input i.")
-@click.option("--op", type=click.Choice(OPS),
+@click.option("--op", type=click.Choice(tuple(OPS)),
               help="y = scale*x + bias (affine), or its mean over H and W (mean_hw). "
                    "Default: the spec's op, else the one the shapes fit.")
 @click.option("--latency", type=click.FloatRange(min=0, max=3600), metavar="S",
@@ -522,7 +382,7 @@ def emulate(like: str | None, inputs: list[TensorSpec], outputs: list[TensorSpec
     if like is not None:
         if inputs or outputs:
             raise click.UsageError("give --like, or --input and --output, not both")
-        input_descs, output_descs, settings = _read_spec(like)
+        input_descs, output_descs, settings = read_spec(like)
         inputs = [_spec_from(like, d) for d in input_descs]
         outputs = [_spec_from(like, d) for d in output_descs]
     elif not inputs or not outputs:
