@@ -19,24 +19,23 @@ described, read and written in ``aiodla.emulator._spec``.
 from __future__ import annotations
 
 import asyncio
-import collections
+import functools
 import json
 import logging
 import os
 import re
 import sys
-import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
-import numpy as np
 
 from . import __version__
+from ._bench import progress_bar, run_bench, summary_lines
 from ._engine import Engine
-from ._errors import AiodlaError, EngineClosedError, EngineDeadError, ModelError, status_name
+from ._errors import AiodlaError, ModelError, status_name
 from ._tensors import TensorDescriptor, TensorSpec
 from .emulator._format import (
     MAGIC,
@@ -59,10 +58,6 @@ from .runtime._protocol import CudaCallError, cudla_status
 
 __all__ = ["cli", "main", "read_spec_document"]
 
-BENCH_FORMAT = "aiodla-bench"
-BENCH_VERSION = 1
-# The progress bar is redrawn this often; per-request updates would cost the benchmark.
-PROGRESS_PERIOD = 0.1
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -444,178 +439,6 @@ def _parse_cores(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     return cores
 
 
-def _random_inputs(specs: Sequence[TensorSpec]) -> Any:
-    rng = np.random.default_rng(0)
-    arrays = {}
-    for spec in specs:
-        if spec.is_integer and spec.scale is None:
-            info = np.iinfo(spec.numpy_dtype)
-            low, high = max(info.min, -100), min(info.max, 100)
-            arrays[spec.name] = rng.integers(low, high, spec.shape, endpoint=True).astype(
-                spec.numpy_dtype)
-        else:
-            arrays[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
-    return next(iter(arrays.values())) if len(arrays) == 1 else arrays
-
-
-class _BenchRun:
-    """What the workers share: how many requests were issued, how they ended."""
-
-    def __init__(self, requests: int | None, deadline: float | None) -> None:
-        self.requests = requests
-        self.deadline = deadline
-        self.issued = 0
-        self.latencies: list[float] = []
-        self.errors: collections.Counter[str] = collections.Counter()
-        self.fatal: str | None = None
-
-    def claim(self) -> bool:
-        """Take the next request to send, if the run is not over."""
-        if self.fatal is not None:
-            return False
-        if self.requests is not None:
-            if self.issued >= self.requests:
-                return False
-        elif time.perf_counter() >= self.deadline:  # type: ignore[operator]
-            return False
-        self.issued += 1
-        return True
-
-    @property
-    def failed(self) -> int:
-        return sum(self.errors.values())
-
-
-async def _bench(model: str, data: bytes, *, cores: tuple[int, ...], streams: int,
-                 concurrency: int, requests: int | None, duration: float | None,
-                 runtime: str, progress: Any) -> dict[str, Any]:
-    import anyio
-
-    async with Engine(data, cores=cores, streams_per_core=streams, runtime=runtime) as engine:
-        inputs = _random_inputs(engine.inputs)
-        started = time.perf_counter()
-        run = _BenchRun(requests, None if duration is None else started + duration)
-
-        async def worker() -> None:
-            while run.claim():
-                sent = time.perf_counter()
-                try:
-                    await engine.infer(inputs)
-                except (EngineClosedError, EngineDeadError) as exc:
-                    run.errors[type(exc).__name__] += 1
-                    run.fatal = run.fatal or str(exc)
-                except AiodlaError as exc:
-                    run.errors[type(exc).__name__] += 1
-                else:
-                    run.latencies.append(time.perf_counter() - sent)
-
-        def show() -> None:
-            if progress is None:
-                return
-            elapsed = time.perf_counter() - started
-            done = len(run.latencies) + run.failed
-            progress.update(
-                progress.task_ids[0],
-                completed=done if requests is not None else min(elapsed, duration or 0.0),
-                done=done, rate=done / elapsed if elapsed > 0 else 0.0,
-            )
-            progress.refresh()
-
-        async def refresh() -> None:
-            while True:
-                show()
-                await anyio.sleep(PROGRESS_PERIOD)
-
-        async with anyio.create_task_group() as display:
-            display.start_soon(refresh)
-            async with anyio.create_task_group() as workers:
-                for _ in range(concurrency):
-                    workers.start_soon(worker)
-            display.cancel_scope.cancel()
-        show()
-        elapsed = time.perf_counter() - started
-        stats = engine.statistics()
-        runtime_name = engine.runtime.name if engine.runtime is not None else runtime
-    latencies = np.asarray(run.latencies)
-    stated = parse_loadable(data).latency if is_emulator_loadable(data) else None
-    completed = len(run.latencies)
-    return {
-        "format": BENCH_FORMAT,
-        "version": BENCH_VERSION,
-        "model": model,
-        "runtime": runtime_name,
-        "cores": list(cores),
-        "streams_per_core": streams,
-        "concurrency": concurrency,
-        "requests": run.issued,
-        "completed": completed,
-        "failed": run.failed,
-        "errors": dict(run.errors),
-        "fatal": run.fatal,
-        "elapsed_s": elapsed,
-        "throughput_rps": completed / elapsed if elapsed > 0 else 0.0,
-        "ideal_rps": len(cores) / stated if stated else None,
-        "latency_s": None if not completed else {
-            "p50": float(np.percentile(latencies, 50)),
-            "p90": float(np.percentile(latencies, 90)),
-            "p99": float(np.percentile(latencies, 99)),
-            "max": float(latencies.max()),
-            "mean": float(latencies.mean()),
-        },
-        "per_core": [
-            {"core": core.core, "completed": core.completed, "failed": core.failed,
-             "utilization": min(1.0, core.busy_time / elapsed) if elapsed > 0 else 0.0}
-            for core in stats.cores
-        ],
-    }
-
-
-@contextmanager
-def _progress_bar(console: Any, total: float, enabled: bool) -> Iterator[Any]:
-    """A live bar on a terminal; None (no output at all) anywhere else."""
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-    progress = Progress(
-        TextColumn("bench"), BarColumn(), TaskProgressColumn(),
-        TextColumn("{task.fields[done]} requests, {task.fields[rate]:.0f} req/s"),
-        TimeElapsedColumn(),
-        console=console, auto_refresh=False, transient=False,
-    )
-    progress.add_task("bench", total=total, done=0, rate=0.0)
-    with progress:
-        yield progress
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms"
-
-
-def _summary_lines(result: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    cores = ",".join(map(str, result["cores"]))
-    yield "model", (f"{result['model']} on the {result['runtime']} runtime, cores {cores} x "
-                    f"{result['streams_per_core']} streams, concurrency {result['concurrency']}")
-    yield "requests", (f"{result['completed']} completed, {result['failed']} failed in "
-                       f"{result['elapsed_s']:.2f} s")
-    throughput = f"{result['throughput_rps']:.0f} req/s"
-    if result["ideal_rps"]:
-        throughput += (f" ({result['throughput_rps'] / result['ideal_rps']:.0%} of the ideal "
-                       f"{result['ideal_rps']:.0f} req/s: cores / task latency)")
-    yield "throughput", throughput
-    latency = result["latency_s"]
-    yield "latency", "n/a" if latency is None else (
-        f"p50 {_ms(latency['p50'])}  p90 {_ms(latency['p90'])}  p99 {_ms(latency['p99'])}  "
-        f"max {_ms(latency['max'])}"
-    )
-    for core in result["per_core"]:
-        yield f"core {core['core']}", (f"{core['completed']} tasks, {core['failed']} failed, "
-                                       f"{core['utilization']:.1%} busy")
-    errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
-    yield "errors", errors or "none"
-
-
 @cli.command(short_help="Measure throughput and latency of a loadable.")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--cores", default="0,1", show_default=True, callback=_parse_cores,
@@ -649,16 +472,18 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
         _emulator_model(model, data)  # a malformed one fails here, naming the file
     console = _console()
     total = float(requests if requests is not None else duration)  # type: ignore[arg-type]
-    with _progress_bar(console, total, console.is_terminal and not as_json) as progress:
-        result = asyncio.run(_bench(
-            model, data, cores=cores, streams=streams,
+    open_engine = functools.partial(Engine, data, cores=cores, streams_per_core=streams,
+                                    runtime=runtime)
+    with progress_bar(console, total, console.is_terminal and not as_json) as progress:
+        result = asyncio.run(run_bench(
+            open_engine, model, data, cores=cores, streams=streams,
             concurrency=concurrency or 2 * len(cores) * streams,
             requests=requests, duration=duration, runtime=runtime, progress=progress,
         ))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        for label, text in _summary_lines(result):
+        for label, text in summary_lines(result):
             click.echo(f"{label:<11} {text}")
     if result["failed"]:
         errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
