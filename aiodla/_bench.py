@@ -17,7 +17,6 @@ import numpy as np
 from ._engine import Engine
 from ._errors import AiodlaError, EngineClosedError, EngineDeadError
 from ._tensors import TensorSpec
-from .emulator._format import is_emulator_loadable, parse_loadable
 
 __all__ = ["BENCH_FORMAT", "BENCH_VERSION", "progress_bar", "run_bench", "summary_lines"]
 
@@ -123,8 +122,8 @@ async def run_bench(
         elapsed = time.perf_counter() - started
         stats = engine.statistics()
         runtime_name = engine.runtime.name if engine.runtime is not None else runtime
+        stated = None if engine.runtime is None else engine.runtime.stated_service_time(data)
     latencies = np.asarray(run.latencies)
-    stated = parse_loadable(data).latency if is_emulator_loadable(data) else None
     completed = len(run.latencies)
     return {
         "format": BENCH_FORMAT,

@@ -156,6 +156,12 @@ def is_emulator_loadable(data: bytes | bytearray | memoryview) -> bool:
     return bytes(data[: len(MAGIC)]) == MAGIC
 
 
+def stated_latency(data: bytes | bytearray | memoryview) -> float | None:
+    """The seconds per task an emulator loadable states; None for any other loadable
+    (a real DLA loadable states none: its service time is learned by running it)."""
+    return parse_loadable(data).latency if is_emulator_loadable(data) else None
+
+
 def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
     if op not in OPS:
         raise ModelError(f"op {op!r} is unknown; expected one of {sorted(OPS)}")

@@ -45,7 +45,7 @@ from cuda.bindings import cudla
 
 from .._errors import ConfigurationError, LoadableFormatError
 from .._tensors import TensorDescriptor
-from ..emulator._format import EmulatorModel, parse_loadable
+from ..emulator._format import EmulatorModel, parse_loadable, stated_latency
 from ..emulator._ops import ModelRunner
 from ._protocol import CudaCallError, HostBuffer
 
@@ -501,6 +501,9 @@ class EmulatedRuntime:
 
     def device_count(self) -> int:
         return len(self._cores)
+
+    def stated_service_time(self, loadable: bytes) -> float | None:
+        return stated_latency(loadable)
 
     def make_current(self) -> None:
         self._cuda("make_current")

@@ -110,6 +110,8 @@ class Runtime(Protocol):
     """What the engine needs from cuDLA (hybrid mode) and the CUDA runtime."""
 
     name: str
+    poll_pause: float
+    """Seconds the poller pauses between sweeps while work is in flight (0: none)."""
 
     # -- discovery ---------------------------------------------------------------------
     def version(self) -> int:
@@ -122,6 +124,11 @@ class Runtime(Protocol):
 
     def make_current(self) -> None:
         """Make the CUDA device current on the calling thread."""
+        ...
+
+    def stated_service_time(self, loadable: bytes) -> float | None:
+        """Seconds one task of ``loadable`` occupies one core, when the loadable states
+        it (an emulator loadable does); None when it must be learned (a DLA loadable)."""
         ...
 
     # -- cuDLA ---------------------------------------------------------------------------
