@@ -68,6 +68,22 @@ _REGISTERED_TAG = 1 << 56  # registered addresses differ from raw ones, as on a 
 _MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 
 
+def _zeros(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    return np.zeros(nbytes, dtype=np.uint8)
+
+
+def _allocate(call: str, nbytes: int, padding: int = 0) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """``nbytes`` (+ ``padding``) of zeroed host memory; when the host has none, the
+    error the real ``cudaMalloc`` / ``cudaHostAlloc`` gives (the engine then names the
+    tensor it was for)."""
+    try:
+        return _zeros(nbytes + padding)
+    except MemoryError:
+        raise CudaCallError(
+            call, _MEMORY_ALLOCATION, detail=f"{nbytes} bytes asked for, more than is free"
+        ) from None
+
+
 @dataclasses.dataclass(eq=False)
 class _Module:
     handle: int
@@ -384,10 +400,11 @@ class EmulatedRuntime(FaultInjection):
         if nbytes <= 0:
             raise CudaCallError("malloc", _INVALID_VALUE)
         with self._lock:
+            memory = _allocate("malloc", nbytes)
             address = self._next_address
             span = -(-nbytes // _DEVICE_ALIGNMENT) * _DEVICE_ALIGNMENT
             self._next_address += span + _DEVICE_ALIGNMENT  # a gap: overruns never alias
-            self._device_memory[address] = np.zeros(nbytes, dtype=np.uint8)
+            self._device_memory[address] = memory
             self._changed()
             bisect.insort(self._device_starts, address)
             return address
@@ -409,7 +426,7 @@ class EmulatedRuntime(FaultInjection):
         if nbytes <= 0:
             raise CudaCallError("host_alloc", _INVALID_VALUE)
         # 64-byte aligned, as pinned pages are, so vectorized packing sees aligned rows.
-        backing = np.zeros(nbytes + 64, dtype=np.uint8)
+        backing = _allocate("host_alloc", nbytes, padding=64)
         skip = -backing.ctypes.data % 64
         array = backing[skip : skip + nbytes]
         buffer = HostBuffer(int(array.ctypes.data), array)

@@ -79,13 +79,19 @@ def cudla_status(error: BaseException) -> int | None:
 
 
 class CudaCallError(Exception):
-    """A CUDA runtime call failed; ``code`` is the ``cudaError_t`` value."""
+    """A CUDA runtime call failed; ``code`` is the ``cudaError_t`` value, ``detail``
+    what the runtime knows beyond the code (e.g. how many bytes were asked for)."""
 
-    def __init__(self, call: str, code: int, name: str | None = None) -> None:
+    def __init__(
+        self, call: str, code: int, name: str | None = None, detail: str | None = None
+    ) -> None:
         self.call = call
         self.code = int(code)
         self.name = name or CUDA_ERROR_NAMES.get(self.code, f"cudaError {self.code}")
-        super().__init__(f"{call} failed: {self.name} ({self.code})")
+        self.detail = detail
+        super().__init__(
+            f"{call} failed: {self.name} ({self.code})" + (f": {detail}" if detail else "")
+        )
 
     @property
     def sticky(self) -> bool:
