@@ -48,8 +48,10 @@ from .emulator._format import (
 from .emulator._spec import (
     DEFAULT_LATENCY,
     DESCRIPTOR_FIELDS,
+    is_spec_document,
     read_spec,
     read_spec_document,
+    restated,
     spec_document,
 )
 from .emulator._spec import fitting_op as _fitting_op
@@ -191,10 +193,7 @@ def _dla_descriptors(
     """Ask cuDLA for a DLA loadable's tensors: load it on core 0, read, unload."""
     usable, reason, _standin = _select.cuda_probe()
     if not usable:
-        raise CommandError(
-            f"{path!r} is not an emulator loadable, and reading a DLA loadable needs "
-            f"cuDLA: {reason}"
-        )
+        raise CommandError(_select.not_an_emulator_loadable(repr(path), reason))
     runtime, _owned = _select.select_runtime("cuda", data)
     try:
         with _device_calls(path):
@@ -266,7 +265,8 @@ def devices() -> None:
         click.echo("DLA cores:  none; emulator loadables run on the emulated runtime "
                    f"({_select.ORIN_DLA_CORES} emulated cores)")
     click.echo('runtime="auto" picks')
-    click.echo(f"  for a DLA loadable:       {_auto_choice(b'')}")
+    dla_choice = _auto_choice(b"") if usable else "none: a DLA loadable needs cuDLA"
+    click.echo(f"  for a DLA loadable:       {dla_choice}")
     click.echo(f"  for an emulator loadable: {_auto_choice(MAGIC)}")
 
 
@@ -281,25 +281,28 @@ def devices() -> None:
 def inspect(model: str, as_json: bool) -> None:
     """Show every input and output tensor of the loadable MODEL.
 
-    Emulator loadables are read anywhere; a DLA loadable needs cuDLA (a Jetson).
+    Emulator loadables and model specs (what --json writes) are read anywhere; a DLA
+    loadable needs cuDLA (a Jetson).
     """
     data = _read_model(model)
-    emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
-    descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
-    document = spec_document(model, descriptors, emulator)
+    if is_spec_document(data):
+        document = restated(data, repr(model))
+        title = f"{model}: model spec of {document['model']} ({document['loadable']} loadable)"
+    else:
+        emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
+        descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
+        document = spec_document(model, descriptors, emulator)
+        title = f"{model}: DLA loadable" if emulator is None else (
+            f"{model}: emulator loadable, op {emulator.op} (scale {emulator.scale:g}, bias "
+            f"{emulator.bias:g}), {emulator.latency * 1e3:.3f} ms per task on one core"
+        )
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
     from rich.table import Table
 
     console = _console()
-    if emulator is None:
-        console.print(f"{model}: DLA loadable")
-    else:
-        console.print(
-            f"{model}: emulator loadable, op {emulator.op} (scale {emulator.scale:g}, bias "
-            f"{emulator.bias:g}), {emulator.latency * 1e3:.3f} ms per task on one core"
-        )
+    console.print(title)
     table = Table(box=None, pad_edge=False)
     for column in ("", "name", "shape", "dtype", "format", "strides"):
         table.add_column(column)
@@ -468,6 +471,9 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
     if requests is None and duration is None:
         requests = 1000
     data = _read_model(model)
+    if is_spec_document(data):
+        raise CommandError(f"{model!r} is a model spec, not a loadable; write an emulator "
+                           f"loadable of it with 'aiodla emulate --like {model} -o OUT'")
     if is_emulator_loadable(data):
         _emulator_model(model, data)  # a malformed one fails here, naming the file
     console = _console()

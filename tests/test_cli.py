@@ -30,6 +30,7 @@ from aiodla.runtime import _select
 from support import affine_model, two_pair_model
 
 NO_CUDLA = "no cuDLA runtime (libcudla.so.1) was found"
+WHAT_A_DLA_LOADABLE_NEEDS = "if it is a DLA loadable, it needs cuDLA (libcudla.so.1, on a Jetson)"
 
 
 def run(*args: str) -> Result:
@@ -147,7 +148,7 @@ class TestDevices:
         result = run("devices")
         assert result.exit_code == 0
         assert f"cuDLA:      not available: {NO_CUDLA}" in result.output
-        assert "for a DLA loadable:       none: this is a DLA loadable" in result.output
+        assert "for a DLA loadable:       none: a DLA loadable needs cuDLA" in result.output
         assert "for an emulator loadable: emulated" in result.output
 
     def test_with_cudla(self, fake_cudla: list[FakeCuda]) -> None:
@@ -211,6 +212,40 @@ class TestInspect:
     def test_dla_loadable_without_cudla(self, dla_file: Path, no_cudla: None) -> None:
         assert_one_line_error(run("inspect", str(dla_file)), 1,
                               "not an emulator loadable", "needs cuDLA", NO_CUDLA)
+
+    def test_random_bytes_are_not_called_a_dla_loadable(
+        self, tmp_path: Path, no_cudla: None
+    ) -> None:
+        (tmp_path / "noise.bin").write_bytes(os.urandom(256))
+        for command in ("inspect", "bench"):
+            result = run(command, str(tmp_path / "noise.bin"))
+            assert_one_line_error(result, 1, "is not an emulator loadable",
+                                  WHAT_A_DLA_LOADABLE_NEEDS, NO_CUDLA)
+            assert "this is a DLA loadable" not in result.stderr
+
+    def test_the_readme_quotes_the_message(self) -> None:
+        readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+        quoted = " ".join(readme.split())
+        assert _select.not_an_emulator_loadable("the model", NO_CUDLA) in quoted
+
+    def test_a_model_spec_is_shown_like_a_loadable(self, model: Path, tmp_path: Path) -> None:
+        written = run("inspect", str(model), "--json").stdout
+        spec = tmp_path / "model.json"
+        spec.write_text(written)
+        shown = run("inspect", str(spec))
+        assert shown.exit_code == 0, shown.output
+        assert f"{spec}: model spec of model.bin (emulator loadable)" in shown.stdout
+        assert "1x3x8x8" in shown.stdout
+        assert "chw16" in shown.stdout
+        again = run("inspect", str(spec), "--json")
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout) == json.loads(written)
+
+    def test_a_broken_model_spec_names_the_file(self, model: Path, tmp_path: Path) -> None:
+        spec = json.loads(run("inspect", str(model), "--json").stdout)
+        (tmp_path / "s.json").write_text(json.dumps(put(spec, "n", -1)))
+        assert_one_line_error(run("inspect", str(tmp_path / "s.json")), 1, "s.json",
+                              "descriptor.n must be an integer >= 0")
 
     def test_dla_loadable_with_cudla(
         self, model: Path, fake_cudla: list[FakeCuda], monkeypatch: pytest.MonkeyPatch
@@ -486,6 +521,11 @@ class TestBench:
 
     def test_dla_loadable_without_cudla(self, dla_file: Path, no_cudla: None) -> None:
         assert_one_line_error(run("bench", str(dla_file)), 1, "DLA loadable", NO_CUDLA)
+
+    def test_a_model_spec_is_not_benchmarked(self, model: Path, tmp_path: Path) -> None:
+        (tmp_path / "m.json").write_text(run("inspect", str(model), "--json").stdout)
+        assert_one_line_error(run("bench", str(tmp_path / "m.json")), 1,
+                              "is a model spec, not a loadable", "aiodla emulate --like")
 
     def test_cuda_runtime_asked_for_but_absent(self, model: Path, no_cudla: None) -> None:
         assert_one_line_error(run("bench", str(model), "--runtime", "cuda"), 1,

@@ -40,8 +40,10 @@ __all__ = [
     "SPEC_FORMAT",
     "SPEC_VERSION",
     "fitting_op",
+    "is_spec_document",
     "read_spec",
     "read_spec_document",
+    "restated",
     "spec_document",
     "tensor_entry",
 ]
@@ -94,6 +96,28 @@ def spec_document(
         "inputs": [tensor_entry(d) for d in descriptors[0]],
         "outputs": [tensor_entry(d) for d in descriptors[1]],
     }
+
+
+def is_spec_document(data: bytes) -> bool:
+    """Whether ``data`` is JSON naming itself a model spec (whatever else it holds)."""
+    if data.lstrip()[:1] != b"{":
+        return False  # cheap: a loadable is never read as JSON
+    try:
+        document = json.loads(data)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
+        return False
+    return isinstance(document, Mapping) and document.get("format") == SPEC_FORMAT
+
+
+def restated(data: bytes, source: str) -> dict[str, Any]:
+    """A model spec file's document as this aiodla writes it: every descriptor checked
+    (a ModelError names ``source`` otherwise), the readings for people redone."""
+    document = json.loads(data)
+    inputs, outputs, _settings = read_spec_document(document, source)
+    restated = spec_document(str(document.get("model") or source), (inputs, outputs), None)
+    restated["loadable"] = document.get("loadable")
+    restated["emulator"] = document.get("emulator")
+    return restated
 
 
 def read_spec(path: str) -> Descriptors:
