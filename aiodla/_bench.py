@@ -6,6 +6,7 @@ the requests, draws the progress bar and turns the run into a report and its lin
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -18,12 +19,21 @@ from ._engine import Engine
 from ._errors import AiodlaError, EngineClosedError, EngineDeadError
 from ._tensors import TensorSpec
 
-__all__ = ["BENCH_FORMAT", "BENCH_VERSION", "progress_bar", "run_bench", "summary_lines"]
+__all__ = [
+    "BENCH_FORMAT",
+    "BENCH_VERSION",
+    "limited_by",
+    "progress_bar",
+    "run_bench",
+    "summary_lines",
+]
 
 BENCH_FORMAT = "aiodla-bench"
 BENCH_VERSION = 1
 # The progress bar is redrawn this often; per-request updates would cost the benchmark.
 PROGRESS_PERIOD = 0.1
+# Cores busy this much of the run were the bound: the rest is ramp-up and wind-down.
+CORES_SATURATED = 0.9
 
 
 def _random_inputs(specs: Sequence[TensorSpec]) -> Any:
@@ -50,6 +60,7 @@ class _BenchRun:
         self.latencies: list[float] = []
         self.errors: collections.Counter[str] = collections.Counter()
         self.fatal: str | None = None
+        self.interrupted = False  # by Ctrl-C: the results are partial
 
     def claim(self) -> bool:
         """Take the next request to send, if the run is not over."""
@@ -112,12 +123,20 @@ async def run_bench(
                 show()
                 await anyio.sleep(PROGRESS_PERIOD)
 
-        async with anyio.create_task_group() as display:
-            display.start_soon(refresh)
-            async with anyio.create_task_group() as workers:
-                for _ in range(concurrency):
-                    workers.start_soon(worker)
-            display.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as display:
+                display.start_soon(refresh)
+                async with anyio.create_task_group() as workers:
+                    for _ in range(concurrency):
+                        workers.start_soon(worker)
+                display.cancel_scope.cancel()
+        except asyncio.CancelledError:
+            # asyncio.run turns Ctrl-C into a cancellation of this task: keep what was
+            # measured and report it. Uncancelling lets the engine close normally.
+            uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python >= 3.11
+            if uncancel is not None:
+                uncancel()
+            run.interrupted = True
         show()
         elapsed = time.perf_counter() - started
         stats = engine.statistics()
@@ -125,7 +144,7 @@ async def run_bench(
         stated = None if engine.runtime is None else engine.runtime.stated_service_time(data)
     latencies = np.asarray(run.latencies)
     completed = len(run.latencies)
-    return {
+    report = {
         "format": BENCH_FORMAT,
         "version": BENCH_VERSION,
         "model": model,
@@ -140,7 +159,11 @@ async def run_bench(
         "fatal": run.fatal,
         "elapsed_s": elapsed,
         "throughput_rps": completed / elapsed if elapsed > 0 else 0.0,
-        "ideal_rps": len(cores) / stated if stated else None,
+        "slots": len(cores) * streams,
+        "interrupted": run.interrupted,
+        # More requests in flight than cores cannot go faster than the cores; fewer
+        # cannot keep every core busy.
+        "ideal_rps": min(len(cores), concurrency) / stated if stated else None,
         "latency_s": None if not completed else {
             "p50": float(np.percentile(latencies, 50)),
             "p90": float(np.percentile(latencies, 90)),
@@ -154,6 +177,23 @@ async def run_bench(
             for core in stats.cores
         ],
     }
+    report["limited_by"] = limited_by(report)
+    return report
+
+
+def limited_by(report: dict[str, Any]) -> str:
+    """What held the throughput back: the DLA cores when they never waited, else the
+    requests offered when fewer than the slots, else the host feeding them."""
+    utilization = [core["utilization"] for core in report["per_core"]]
+    low, high = min(utilization, default=0.0), max(utilization, default=0.0)
+    busy = f"{low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%}-{high:.0%}"
+    count = len(utilization)
+    which = f"core {report['cores'][0]}" if count == 1 else "both" if count == 2 else f"all {count}"
+    if low >= CORES_SATURATED:
+        return f"the DLA cores ({which} busy {busy})"
+    if report["concurrency"] < report["slots"]:
+        return f"concurrency {report['concurrency']} < {report['slots']} slots"
+    return f"the host (the DLA cores only {busy} busy with every slot offered work)"
 
 
 @contextmanager
@@ -180,6 +220,9 @@ def _ms(seconds: float) -> str:
 
 
 def summary_lines(result: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(label, text) lines of the report, for people."""
+    if result["interrupted"]:
+        yield "interrupted", f"by Ctrl-C after {result['elapsed_s']:.2f} s: partial results"
     cores = ",".join(map(str, result["cores"]))
     yield "model", (f"{result['model']} on the {result['runtime']} runtime, cores {cores} x "
                     f"{result['streams_per_core']} streams, concurrency {result['concurrency']}")
@@ -188,8 +231,10 @@ def summary_lines(result: dict[str, Any]) -> Iterator[tuple[str, str]]:
     throughput = f"{result['throughput_rps']:.0f} req/s"
     if result["ideal_rps"]:
         throughput += (f" ({result['throughput_rps'] / result['ideal_rps']:.0%} of the ideal "
-                       f"{result['ideal_rps']:.0f} req/s: cores / task latency)")
+                       f"{result['ideal_rps']:.0f} req/s: min(cores, concurrency) / task "
+                       "latency)")
     yield "throughput", throughput
+    yield "limited by", result["limited_by"]
     latency = result["latency_s"]
     yield "latency", "n/a" if latency is None else (
         f"p50 {_ms(latency['p50'])}  p90 {_ms(latency['p90'])}  p99 {_ms(latency['p99'])}  "

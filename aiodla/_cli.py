@@ -166,6 +166,13 @@ def _console() -> Any:
     return console
 
 
+def _error_console() -> Any:
+    """The console for standard error (a seam, as :func:`_console`)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
 # -- reading models -------------------------------------------------------------------------
 
 
@@ -449,7 +456,7 @@ def _parse_cores(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("--streams", type=click.IntRange(min=1), default=2, show_default=True,
               help="CUDA streams (slots) per core.")
 @click.option("--concurrency", type=click.IntRange(min=1),
-              help="Requests in flight at once [default: 2 x cores x streams].")
+              help="Requests in flight at once [default: cores x streams, every slot].")
 @click.option("--requests", type=click.IntRange(min=1),
               help="Send this many requests [default: 1000].")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="S",
@@ -462,9 +469,10 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
           requests: int | None, duration: float | None, runtime: str, as_json: bool) -> int:
     """Measure throughput and latency of MODEL on the DLA cores.
 
-    Shows a progress bar on a terminal, then a summary: throughput, latency
-    percentiles, per-core utilization and errors. Exits with status 1 when any
-    request failed.
+    Shows a progress bar on a terminal (on stderr with --json), then a summary:
+    throughput against the ideal, what limited it, latency percentiles, per-core
+    utilization and errors. Ctrl-C stops the run and prints what it measured so far
+    (exit status 130). Exits with status 1 when any request failed.
     """
     if requests is not None and duration is not None:
         raise click.UsageError("give --requests or --duration, not both")
@@ -476,14 +484,16 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
                            f"loadable of it with 'aiodla emulate --like {model} -o OUT'")
     if is_emulator_loadable(data):
         _emulator_model(model, data)  # a malformed one fails here, naming the file
-    console = _console()
+    # The bar goes where people look: beside the summary, or on stderr when stdout
+    # carries JSON for a program.
+    console = _error_console() if as_json else _console()
     total = float(requests if requests is not None else duration)  # type: ignore[arg-type]
     open_engine = functools.partial(Engine, data, cores=cores, streams_per_core=streams,
                                     runtime=runtime)
-    with progress_bar(console, total, console.is_terminal and not as_json) as progress:
+    with progress_bar(console, total, console.is_terminal) as progress:
         result = asyncio.run(run_bench(
             open_engine, model, data, cores=cores, streams=streams,
-            concurrency=concurrency or 2 * len(cores) * streams,
+            concurrency=concurrency or len(cores) * streams,
             requests=requests, duration=duration, runtime=runtime, progress=progress,
         ))
     if as_json:
@@ -491,6 +501,9 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
     else:
         for label, text in summary_lines(result):
             click.echo(f"{label:<11} {text}")
+    if result["interrupted"]:
+        click.echo("aiodla: interrupted", err=True)
+        return EXIT_INTERRUPTED
     if result["failed"]:
         errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
         cause = f"; {result['fatal']}" if result["fatal"] else ""

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from aiodla import EmulatedRuntime, Engine, TensorSpec, _cli
+from aiodla import EmulatedRuntime, Engine, TensorSpec, _bench, _cli
 from aiodla.emulator import parse_loadable
 from aiodla.emulator._format import make_loadable
 from aiodla.runtime import _select
@@ -495,6 +495,111 @@ class TestBench:
         assert "400 requests" in screen
         assert "\r" in screen  # redrawn in place
         assert "throughput" in screen
+
+    def test_the_ideal_counts_only_the_requests_offered(self, model: Path) -> None:
+        # One request at a time keeps one core busy at most, whatever the cores.
+        result = run("bench", str(model), "--requests", "50", "--concurrency", "1", "--json")
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert report["ideal_rps"] == 1000.0
+        assert (report["concurrency"], report["slots"]) == (1, 4)
+        assert report["limited_by"] == "concurrency 1 < 4 slots"
+
+    def test_the_default_concurrency_fills_every_slot(self, model: Path) -> None:
+        result = run("bench", str(model), "--requests", "50", "--streams", "3", "--json")
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert report["concurrency"] == report["slots"] == 6
+
+    def test_a_run_the_cores_limited_says_so(self, tmp_path: Path) -> None:
+        # 5 ms tasks: the host's few tens of microseconds per request never hold them up.
+        (tmp_path / "slow.bin").write_bytes(affine_model(latency=0.005))
+        result = run("bench", str(tmp_path / "slow.bin"), "--requests", "200")
+        assert result.exit_code == 0, result.output
+        (line,) = [line for line in result.stdout.splitlines() if line.startswith("limited by")]
+        assert line.startswith("limited by  the DLA cores (both busy 9"), line
+
+    @pytest.mark.parametrize(
+        ("cores", "utilization", "concurrency", "expected"),
+        [
+            ([0, 1], [0.98, 0.97], 4, "the DLA cores (both busy 97%-98%)"),
+            ([1], [0.95], 2, "the DLA cores (core 1 busy 95%)"),
+            ([0, 1], [0.5, 0.5], 2, "concurrency 2 < 4 slots"),
+            ([0, 1], [0.6, 0.6], 4, "the host (the DLA cores only 60% busy with every slot "
+                                    "offered work)"),
+        ],
+    )
+    def test_what_limited_a_run(self, cores: list[int], utilization: list[float],
+                                concurrency: int, expected: str) -> None:
+        report = {"cores": cores, "concurrency": concurrency, "slots": 2 * len(cores),
+                  "per_core": [{"utilization": u} for u in utilization]}
+        assert _bench.limited_by(report) == expected
+
+    def test_json_reports_progress_on_stderr_when_it_is_a_terminal(
+        self, model: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        screen = io.StringIO()
+        monkeypatch.setattr(_cli, "_error_console",
+                            lambda: Console(file=screen, force_terminal=True, width=100))
+        result = run("bench", str(model), "--requests", "300", "--json")
+        assert result.exit_code == 0, result.output
+        assert "300 requests" in screen.getvalue()
+        assert json.loads(result.stdout)["completed"] == 300  # stdout holds only the JSON
+
+    @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses a Linux pty")
+    @pytest.mark.parametrize("as_json", [False, True])
+    def test_ctrl_c_prints_the_partial_results(self, model: Path, as_json: bool) -> None:
+        import pty
+        import re
+        import select
+        import signal
+
+        # The bar is drawn on the terminal: stdout's, or stderr's with --json.
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "aiodla", "bench", str(model), "--duration", "60",
+             *(["--json"] if as_json else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if as_json else terminal,
+            stderr=terminal if as_json else subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"},
+        )
+        os.close(terminal)
+        screen = b""
+        try:
+            # Interrupt once the bar shows completed requests: the run is under way.
+            while not re.search(rb"[1-9]\d* requests", screen):
+                ready, _, _ = select.select([controller], [], [], 30)
+                assert ready, screen
+                screen += os.read(controller, 65536)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=30)
+            piped = out if as_json else err
+            while True:  # the rest of the screen, until the terminal closes
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+        finally:
+            process.kill()
+            process.wait()
+            os.close(controller)
+        assert process.returncode == 130
+        if as_json:
+            report = json.loads(piped)
+            assert report["interrupted"] is True
+            assert report["completed"] > 0
+            assert report["elapsed_s"] < 60
+            assert b"aiodla: interrupted" in screen
+        else:
+            text = screen.decode("utf-8", "replace")
+            assert "interrupted by Ctrl-C after" in text
+            assert "partial results" in text
+            assert "throughput" in text
+            assert piped.decode().strip() == "aiodla: interrupted"
 
     @pytest.mark.parametrize(
         ("args", "code", "words"),
