@@ -1,4 +1,8 @@
-"""Choosing a runtime: ``runtime="auto" | "cuda" | "emulated"`` or an instance."""
+"""Choosing a runtime: ``runtime="auto" | "cuda" | "emulated"`` or an instance.
+
+"auto" takes cuDLA for what only cuDLA reads and the emulator for emulator loadables;
+when neither fits, the error says what is known about the model and nothing more.
+"""
 
 from __future__ import annotations
 
