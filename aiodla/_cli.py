@@ -12,72 +12,55 @@
 Errors are one line on stderr naming the cause, with exit status 1 (2 for a bad
 argument, 130 when interrupted); ``--debug`` adds the traceback.
 
-The model spec that ``inspect --json`` writes and ``emulate --like`` reads::
-
-    {"format": "aiodla-model-spec", "version": 1,
-     "model": "model.bin", "loadable": "dla" | "emulator",
-     "emulator": {"op": ..., "latency": ..., "scale": ..., "bias": ...} | null,
-     "inputs": [TENSOR, ...], "outputs": [TENSOR, ...]}
-
-    TENSOR = {"name": ..., "shape": [n, c, h, w], "dtype": ..., "format": ...,
-              "strides": [pixel, line, surface, batch], "bytes": ...,
-              "descriptor": {"name", "size", "n", "c", "h", "w", "data_format",
-                             "data_type", "data_category", "pixel_format",
-                             "pixel_mapping", "stride": [8 ints]}}
-
-``descriptor`` holds every field of the loadable's ``cudlaModuleTensorDescriptor``
-and is what ``emulate --like`` reads; the other fields are aiodla's reading of it, for
-people (null, with a ``problem``, where aiodla cannot read the descriptor). A reader
-refuses a ``version`` it does not know; a later version only adds fields.
+The model spec that ``inspect --json`` writes and ``emulate --like`` reads is
+described, read and written in ``aiodla.emulator._spec``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import dataclasses
+import functools
 import json
 import logging
 import os
 import re
 import sys
-import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
-import numpy as np
 
 from . import __version__
+from ._bench import progress_bar, run_bench, summary_lines
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
-from ._errors import AiodlaError, EngineClosedError, EngineDeadError, ModelError, status_name
+from ._errors import AiodlaError, ModelError, status_name
 from ._tensors import TensorSpec
 from .emulator._format import (
     MAGIC,
+    OPS,
     EmulatorModel,
     is_emulator_loadable,
     make_loadable,
     parse_loadable,
 )
+from .emulator._spec import (
+    DEFAULT_LATENCY,
+    DESCRIPTOR_FIELDS,
+    is_spec_document,
+    read_spec,
+    read_spec_document,
+    restated,
+    spec_document,
+)
+from .emulator._spec import fitting_op as _fitting_op
 from .runtime import _select
 from .runtime._protocol import CudaCallError, cudla_status
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "read_spec_document"]
 
-SPEC_FORMAT = "aiodla-model-spec"
-SPEC_VERSION = 1
-BENCH_FORMAT = "aiodla-bench"
-BENCH_VERSION = 1
-DEFAULT_LATENCY = 0.001
-DESCRIPTOR_FIELDS = (
-    "name", "size", "n", "c", "h", "w", "data_format", "data_type", "data_category",
-    "pixel_format", "pixel_mapping", "stride",
-)
-# The progress bar is redrawn this often; per-request updates would cost the benchmark.
-PROGRESS_PERIOD = 0.1
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -184,6 +167,13 @@ def _console() -> Any:
     return console
 
 
+def _error_console() -> Any:
+    """The console for standard error (a seam, as :func:`_console`)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
 # -- reading models -------------------------------------------------------------------------
 
 
@@ -211,10 +201,7 @@ def _dla_descriptors(
     """Ask cuDLA for a DLA loadable's tensors: load it on core 0, read, unload."""
     usable, reason, _standin = _select.cuda_probe()
     if not usable:
-        raise CommandError(
-            f"{path!r} is not an emulator loadable, and reading a DLA loadable needs "
-            f"cuDLA: {reason}"
-        )
+        raise CommandError(_select.not_an_emulator_loadable(repr(path), reason))
     runtime, _owned = _select.select_runtime("cuda", data)
     try:
         with _device_calls(path):
@@ -246,110 +233,6 @@ def _device_calls(path: str) -> Iterator[None]:
             f"cuDLA cannot load {path!r} ({status_name(status)}): it is not a loadable "
             "for this DLA"
         ) from exc
-
-
-# -- the model spec -------------------------------------------------------------------------
-
-
-def _tensor_entry(desc: TensorDescriptor) -> dict[str, Any]:
-    fields = dataclasses.asdict(desc)
-    fields["stride"] = list(desc.stride)
-    entry: dict[str, Any] = {"name": desc.name}
-    try:
-        spec = TensorSpec.from_descriptor(desc)
-    except ModelError as exc:
-        entry.update(shape=[desc.n, desc.c, desc.h, desc.w], dtype=None, format=None,
-                     strides=None, bytes=desc.size, problem=str(exc))
-    else:
-        assert spec.strides is not None
-        entry.update(shape=list(spec.shape), dtype=spec.dtype, format=spec.format,
-                     strides=list(spec.strides), bytes=spec.size)
-    entry["descriptor"] = {name: fields[name] for name in DESCRIPTOR_FIELDS}
-    return entry
-
-
-def _spec_document(
-    path: str,
-    descriptors: tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]],
-    emulator: EmulatorModel | None,
-) -> dict[str, Any]:
-    return {
-        "format": SPEC_FORMAT,
-        "version": SPEC_VERSION,
-        "model": os.path.basename(path),
-        "loadable": "dla" if emulator is None else "emulator",
-        "emulator": None if emulator is None else {
-            "op": emulator.op, "latency": emulator.latency,
-            "scale": emulator.scale, "bias": emulator.bias,
-        },
-        "inputs": [_tensor_entry(d) for d in descriptors[0]],
-        "outputs": [_tensor_entry(d) for d in descriptors[1]],
-    }
-
-
-def _read_spec(path: str) -> tuple[list[TensorDescriptor], list[TensorDescriptor], dict[str, Any]]:
-    """The descriptors (inputs, outputs) and emulator settings of a model spec file."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            document = json.load(file)
-    except OSError as exc:
-        raise CommandError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CommandError(f"{path!r} is not a JSON model spec: {exc}") from exc
-    return read_spec_document(document, repr(path))
-
-
-def read_spec_document(
-    document: object, source: str = "the model spec"
-) -> tuple[list[TensorDescriptor], list[TensorDescriptor], dict[str, Any]]:
-    """The descriptors (inputs, outputs) and emulator settings of a parsed model spec
-    (what ``aiodla inspect --json`` writes); ``source`` names it in errors."""
-    if not isinstance(document, Mapping) or document.get("format") != SPEC_FORMAT:
-        raise CommandError(
-            f"{source} is not an aiodla model spec (no \"format\": \"{SPEC_FORMAT}\"); "
-            "write one with 'aiodla inspect MODEL --json'"
-        )
-    version = document.get("version")
-    if version != SPEC_VERSION:
-        raise CommandError(
-            f"{source} is model spec version {version!r}; this aiodla reads version "
-            f"{SPEC_VERSION}"
-        )
-    tensors = []
-    for key in ("inputs", "outputs"):
-        entries = document.get(key)
-        if not isinstance(entries, list) or not entries:
-            raise CommandError(f"{source}: {key!r} must be a non-empty list of tensors")
-        tensors.append([_read_descriptor(source, f"{key}[{i}]", e) for i, e in enumerate(entries)])
-    emulator = document.get("emulator")
-    return tensors[0], tensors[1], dict(emulator) if isinstance(emulator, Mapping) else {}
-
-
-def _read_descriptor(source: str, where: str, entry: object) -> TensorDescriptor:
-    fields = entry.get("descriptor") if isinstance(entry, dict) else None
-    if not isinstance(fields, dict):
-        raise CommandError(f"{source}: {where} has no \"descriptor\" object")
-    missing = [name for name in DESCRIPTOR_FIELDS if name not in fields]
-    if missing:
-        raise CommandError(f"{source}: {where}.descriptor lacks {', '.join(missing)}")
-    name = fields["name"]
-    if not isinstance(name, str) or not name:
-        raise CommandError(f"{source}: {where}.descriptor.name must be a non-empty string")
-    numbers = {}
-    for field in DESCRIPTOR_FIELDS[1:-1]:
-        value = fields[field]
-        if not _is_count(value):
-            raise CommandError(f"{source}: {where}.descriptor.{field} must be an integer >= 0, "
-                               f"got {value!r}")
-        numbers[field] = value
-    stride = fields["stride"]
-    if not isinstance(stride, list) or len(stride) != 8 or not all(map(_is_count, stride)):
-        raise CommandError(f"{source}: {where}.descriptor.stride must be 8 integers >= 0")
-    return TensorDescriptor(name=name, stride=tuple(stride), **numbers)
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # -- devices --------------------------------------------------------------------------------
@@ -390,7 +273,8 @@ def devices() -> None:
         click.echo("DLA cores:  none; emulator loadables run on the emulated runtime "
                    f"({_select.ORIN_DLA_CORES} emulated cores)")
     click.echo('runtime="auto" picks')
-    click.echo(f"  for a DLA loadable:       {_auto_choice(b'')}")
+    dla_choice = _auto_choice(b"") if usable else "none: a DLA loadable needs cuDLA"
+    click.echo(f"  for a DLA loadable:       {dla_choice}")
     click.echo(f"  for an emulator loadable: {_auto_choice(MAGIC)}")
 
 
@@ -405,25 +289,28 @@ def devices() -> None:
 def inspect(model: str, as_json: bool) -> None:
     """Show every input and output tensor of the loadable MODEL.
 
-    Emulator loadables are read anywhere; a DLA loadable needs cuDLA (a Jetson).
+    Emulator loadables and model specs (what --json writes) are read anywhere; a DLA
+    loadable needs cuDLA (a Jetson).
     """
     data = _read_model(model)
-    emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
-    descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
-    document = _spec_document(model, descriptors, emulator)
+    if is_spec_document(data):
+        document = restated(data, repr(model))
+        title = f"{model}: model spec of {document['model']} ({document['loadable']} loadable)"
+    else:
+        emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
+        descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
+        document = spec_document(model, descriptors, emulator)
+        title = f"{model}: DLA loadable" if emulator is None else (
+            f"{model}: emulator loadable, op {emulator.op} (scale {emulator.scale:g}, bias "
+            f"{emulator.bias:g}), {emulator.latency * 1e3:.3f} ms per task on one core"
+        )
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
     from rich.table import Table
 
     console = _console()
-    if emulator is None:
-        console.print(f"{model}: DLA loadable")
-    else:
-        console.print(
-            f"{model}: emulator loadable, op {emulator.op} (scale {emulator.scale:g}, bias "
-            f"{emulator.bias:g}), {emulator.latency * 1e3:.3f} ms per task on one core"
-        )
+    console.print(title)
     table = Table(box=None, pad_edge=False)
     for column in ("", "name", "shape", "dtype", "format", "strides"):
         table.add_column(column)
@@ -448,7 +335,6 @@ def inspect(model: str, as_json: bool) -> None:
 # -- emulate ----------------------------------------------------------------------------------
 
 _SHAPE = re.compile(r"^\d+x\d+x\d+x\d+$")
-OPS = ("affine", "mean_hw")
 
 
 def _parse_tensor(text: str) -> TensorSpec:
@@ -475,27 +361,6 @@ def _tensors_option(
     return [_parse_tensor(value) for value in values]
 
 
-def _fitting_op(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> str:
-    """The op whose shapes these tensors have: affine keeps shapes, mean_hw ends in 1x1."""
-    if len(inputs) != len(outputs):
-        raise CommandError(
-            f"emulator loadables pair input i with output i: got {len(inputs)} inputs and "
-            f"{len(outputs)} outputs"
-        )
-    for op in OPS:
-        if all(y.shape == (x.shape if op == "affine" else (*x.shape[:2], 1, 1))
-               for x, y in zip(inputs, outputs, strict=True)):
-            return op
-    pairs = ", ".join(
-        f"{x.name} {'x'.join(map(str, x.shape))} -> {y.name} {'x'.join(map(str, y.shape))}"
-        for x, y in zip(inputs, outputs, strict=True)
-    )
-    raise CommandError(
-        f"no emulator op fits these shapes ({pairs}): affine keeps each input's shape, "
-        "mean_hw turns NxCxHxW into NxCx1x1"
-    )
-
-
 @cli.command(short_help="Write an emulator loadable of a model's I/O.")
 @click.option("--like", "like", metavar="SPEC.json", type=click.Path(dir_okay=False),
               help="Copy the tensors of a model spec ('aiodla inspect MODEL --json').")
@@ -505,7 +370,7 @@ def _fitting_op(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> 
                    "(nchw, nhwc, chw16, chw32, hwc4) to nchw.")
 @click.option("--output", "outputs", metavar="NAME:NxCxHxW[:DTYPE[:FORMAT]]", multiple=True,
               callback=_tensors_option, help="An output tensor; output i pairs with input i.")
-@click.option("--op", type=click.Choice(OPS),
+@click.option("--op", type=click.Choice(tuple(OPS)),
               help="y = scale*x + bias (affine), or its mean over H and W (mean_hw). "
                    "Default: the spec's op, else the one the shapes fit.")
 @click.option("--latency", type=click.FloatRange(min=0, max=3600), metavar="S",
@@ -523,7 +388,7 @@ def emulate(like: str | None, inputs: list[TensorSpec], outputs: list[TensorSpec
     if like is not None:
         if inputs or outputs:
             raise click.UsageError("give --like, or --input and --output, not both")
-        input_descs, output_descs, settings = _read_spec(like)
+        input_descs, output_descs, settings = read_spec(like)
         inputs = [_spec_from(like, d) for d in input_descs]
         outputs = [_spec_from(like, d) for d in output_descs]
     elif not inputs or not outputs:
@@ -585,178 +450,6 @@ def _parse_cores(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     return cores
 
 
-def _random_inputs(specs: Sequence[TensorSpec]) -> Any:
-    rng = np.random.default_rng(0)
-    arrays = {}
-    for spec in specs:
-        if spec.is_integer and spec.scale is None:
-            info = np.iinfo(spec.numpy_dtype)
-            low, high = max(info.min, -100), min(info.max, 100)
-            arrays[spec.name] = rng.integers(low, high, spec.shape, endpoint=True).astype(
-                spec.numpy_dtype)
-        else:
-            arrays[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
-    return next(iter(arrays.values())) if len(arrays) == 1 else arrays
-
-
-class _BenchRun:
-    """What the workers share: how many requests were issued, how they ended."""
-
-    def __init__(self, requests: int | None, deadline: float | None) -> None:
-        self.requests = requests
-        self.deadline = deadline
-        self.issued = 0
-        self.latencies: list[float] = []
-        self.errors: collections.Counter[str] = collections.Counter()
-        self.fatal: str | None = None
-
-    def claim(self) -> bool:
-        """Take the next request to send, if the run is not over."""
-        if self.fatal is not None:
-            return False
-        if self.requests is not None:
-            if self.issued >= self.requests:
-                return False
-        elif time.perf_counter() >= self.deadline:  # type: ignore[operator]
-            return False
-        self.issued += 1
-        return True
-
-    @property
-    def failed(self) -> int:
-        return sum(self.errors.values())
-
-
-async def _bench(model: str, data: bytes, *, cores: tuple[int, ...], streams: int,
-                 concurrency: int, requests: int | None, duration: float | None,
-                 runtime: str, progress: Any) -> dict[str, Any]:
-    import anyio
-
-    async with Engine(data, cores=cores, streams_per_core=streams, runtime=runtime) as engine:
-        inputs = _random_inputs(engine.inputs)
-        started = time.perf_counter()
-        run = _BenchRun(requests, None if duration is None else started + duration)
-
-        async def worker() -> None:
-            while run.claim():
-                sent = time.perf_counter()
-                try:
-                    await engine.infer(inputs)
-                except (EngineClosedError, EngineDeadError) as exc:
-                    run.errors[type(exc).__name__] += 1
-                    run.fatal = run.fatal or str(exc)
-                except AiodlaError as exc:
-                    run.errors[type(exc).__name__] += 1
-                else:
-                    run.latencies.append(time.perf_counter() - sent)
-
-        def show() -> None:
-            if progress is None:
-                return
-            elapsed = time.perf_counter() - started
-            done = len(run.latencies) + run.failed
-            progress.update(
-                progress.task_ids[0],
-                completed=done if requests is not None else min(elapsed, duration or 0.0),
-                done=done, rate=done / elapsed if elapsed > 0 else 0.0,
-            )
-            progress.refresh()
-
-        async def refresh() -> None:
-            while True:
-                show()
-                await anyio.sleep(PROGRESS_PERIOD)
-
-        async with anyio.create_task_group() as display:
-            display.start_soon(refresh)
-            async with anyio.create_task_group() as workers:
-                for _ in range(concurrency):
-                    workers.start_soon(worker)
-            display.cancel_scope.cancel()
-        show()
-        elapsed = time.perf_counter() - started
-        stats = engine.statistics()
-        runtime_name = engine.runtime.name if engine.runtime is not None else runtime
-    latencies = np.asarray(run.latencies)
-    stated = parse_loadable(data).latency if is_emulator_loadable(data) else None
-    completed = len(run.latencies)
-    return {
-        "format": BENCH_FORMAT,
-        "version": BENCH_VERSION,
-        "model": model,
-        "runtime": runtime_name,
-        "cores": list(cores),
-        "streams_per_core": streams,
-        "concurrency": concurrency,
-        "requests": run.issued,
-        "completed": completed,
-        "failed": run.failed,
-        "errors": dict(run.errors),
-        "fatal": run.fatal,
-        "elapsed_s": elapsed,
-        "throughput_rps": completed / elapsed if elapsed > 0 else 0.0,
-        "ideal_rps": len(cores) / stated if stated else None,
-        "latency_s": None if not completed else {
-            "p50": float(np.percentile(latencies, 50)),
-            "p90": float(np.percentile(latencies, 90)),
-            "p99": float(np.percentile(latencies, 99)),
-            "max": float(latencies.max()),
-            "mean": float(latencies.mean()),
-        },
-        "per_core": [
-            {"core": core.core, "completed": core.completed, "failed": core.failed,
-             "utilization": min(1.0, core.busy_time / elapsed) if elapsed > 0 else 0.0}
-            for core in stats.cores
-        ],
-    }
-
-
-@contextmanager
-def _progress_bar(console: Any, total: float, enabled: bool) -> Iterator[Any]:
-    """A live bar on a terminal; None (no output at all) anywhere else."""
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-    progress = Progress(
-        TextColumn("bench"), BarColumn(), TaskProgressColumn(),
-        TextColumn("{task.fields[done]} requests, {task.fields[rate]:.0f} req/s"),
-        TimeElapsedColumn(),
-        console=console, auto_refresh=False, transient=False,
-    )
-    progress.add_task("bench", total=total, done=0, rate=0.0)
-    with progress:
-        yield progress
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms"
-
-
-def _summary_lines(result: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    cores = ",".join(map(str, result["cores"]))
-    yield "model", (f"{result['model']} on the {result['runtime']} runtime, cores {cores} x "
-                    f"{result['streams_per_core']} streams, concurrency {result['concurrency']}")
-    yield "requests", (f"{result['completed']} completed, {result['failed']} failed in "
-                       f"{result['elapsed_s']:.2f} s")
-    throughput = f"{result['throughput_rps']:.0f} req/s"
-    if result["ideal_rps"]:
-        throughput += (f" ({result['throughput_rps'] / result['ideal_rps']:.0%} of the ideal "
-                       f"{result['ideal_rps']:.0f} req/s: cores / task latency)")
-    yield "throughput", throughput
-    latency = result["latency_s"]
-    yield "latency", "n/a" if latency is None else (
-        f"p50 {_ms(latency['p50'])}  p90 {_ms(latency['p90'])}  p99 {_ms(latency['p99'])}  "
-        f"max {_ms(latency['max'])}"
-    )
-    for core in result["per_core"]:
-        yield f"core {core['core']}", (f"{core['completed']} tasks, {core['failed']} failed, "
-                                       f"{core['utilization']:.1%} busy")
-    errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
-    yield "errors", errors or "none"
-
-
 @cli.command(short_help="Measure throughput and latency of a loadable.")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--cores", default="0,1", show_default=True, callback=_parse_cores,
@@ -764,7 +457,7 @@ def _summary_lines(result: dict[str, Any]) -> Iterator[tuple[str, str]]:
 @click.option("--streams", type=click.IntRange(min=1), default=2, show_default=True,
               help="CUDA streams (slots) per core.")
 @click.option("--concurrency", type=click.IntRange(min=1),
-              help="Requests in flight at once [default: 2 x cores x streams].")
+              help="Requests in flight at once [default: cores x streams, every slot].")
 @click.option("--requests", type=click.IntRange(min=1),
               help="Send this many requests [default: 1000].")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="S",
@@ -777,30 +470,41 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
           requests: int | None, duration: float | None, runtime: str, as_json: bool) -> int:
     """Measure throughput and latency of MODEL on the DLA cores.
 
-    Shows a progress bar on a terminal, then a summary: throughput, latency
-    percentiles, per-core utilization and errors. Exits with status 1 when any
-    request failed.
+    Shows a progress bar on a terminal (on stderr with --json), then a summary:
+    throughput against the ideal, what limited it, latency percentiles, per-core
+    utilization and errors. Ctrl-C stops the run and prints what it measured so far
+    (exit status 130). Exits with status 1 when any request failed.
     """
     if requests is not None and duration is not None:
         raise click.UsageError("give --requests or --duration, not both")
     if requests is None and duration is None:
         requests = 1000
     data = _read_model(model)
+    if is_spec_document(data):
+        raise CommandError(f"{model!r} is a model spec, not a loadable; write an emulator "
+                           f"loadable of it with 'aiodla emulate --like {model} -o OUT'")
     if is_emulator_loadable(data):
         _emulator_model(model, data)  # a malformed one fails here, naming the file
-    console = _console()
+    # The bar goes where people look: beside the summary, or on stderr when stdout
+    # carries JSON for a program.
+    console = _error_console() if as_json else _console()
     total = float(requests if requests is not None else duration)  # type: ignore[arg-type]
-    with _progress_bar(console, total, console.is_terminal and not as_json) as progress:
-        result = asyncio.run(_bench(
-            model, data, cores=cores, streams=streams,
-            concurrency=concurrency or 2 * len(cores) * streams,
+    open_engine = functools.partial(Engine, data, cores=cores, streams_per_core=streams,
+                                    runtime=runtime)
+    with progress_bar(console, total, console.is_terminal) as progress:
+        result = asyncio.run(run_bench(
+            open_engine, model, data, cores=cores, streams=streams,
+            concurrency=concurrency or len(cores) * streams,
             requests=requests, duration=duration, runtime=runtime, progress=progress,
         ))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        for label, text in _summary_lines(result):
+        for label, text in summary_lines(result):
             click.echo(f"{label:<11} {text}")
+    if result["interrupted"]:
+        click.echo("aiodla: interrupted", err=True)
+        return EXIT_INTERRUPTED
     if result["failed"]:
         errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
         cause = f"; {result['fatal']}" if result["fatal"] else ""

@@ -312,7 +312,11 @@ class Engine:
         task = asyncio.get_running_loop().create_task(self._flow.drive(request))
         # Cancelled before its first step, the task never runs the coroutine that would
         # count the cancellation: count it here (a second count is a no-op).
-        task.add_done_callback(lambda done: done.cancelled() and self._flow.abandon(request))
+        def count_a_cancel(done: asyncio.Task[Any]) -> None:
+            if done.cancelled():
+                self._flow.abandon(request)
+
+        task.add_done_callback(count_a_cancel)
         return task
 
     def _admit(self, inputs: Any, timeout: float | None, wait: bool) -> Request:

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from aiodla import EmulatedRuntime, Engine, TensorSpec, _cli
+from aiodla import EmulatedRuntime, Engine, TensorSpec, _bench, _cli
 from aiodla.emulator import parse_loadable
 from aiodla.emulator._format import make_loadable
 from aiodla.runtime import _select
@@ -30,6 +30,7 @@ from aiodla.runtime import _select
 from support import affine_model, two_pair_model
 
 NO_CUDLA = "no cuDLA runtime (libcudla.so.1) was found"
+WHAT_A_DLA_LOADABLE_NEEDS = "if it is a DLA loadable, it needs cuDLA (libcudla.so.1, on a Jetson)"
 
 
 def run(*args: str) -> Result:
@@ -147,7 +148,7 @@ class TestDevices:
         result = run("devices")
         assert result.exit_code == 0
         assert f"cuDLA:      not available: {NO_CUDLA}" in result.output
-        assert "for a DLA loadable:       none: this is a DLA loadable" in result.output
+        assert "for a DLA loadable:       none: a DLA loadable needs cuDLA" in result.output
         assert "for an emulator loadable: emulated" in result.output
 
     def test_with_cudla(self, fake_cudla: list[FakeCuda]) -> None:
@@ -211,6 +212,40 @@ class TestInspect:
     def test_dla_loadable_without_cudla(self, dla_file: Path, no_cudla: None) -> None:
         assert_one_line_error(run("inspect", str(dla_file)), 1,
                               "not an emulator loadable", "needs cuDLA", NO_CUDLA)
+
+    def test_random_bytes_are_not_called_a_dla_loadable(
+        self, tmp_path: Path, no_cudla: None
+    ) -> None:
+        (tmp_path / "noise.bin").write_bytes(os.urandom(256))
+        for command in ("inspect", "bench"):
+            result = run(command, str(tmp_path / "noise.bin"))
+            assert_one_line_error(result, 1, "is not an emulator loadable",
+                                  WHAT_A_DLA_LOADABLE_NEEDS, NO_CUDLA)
+            assert "this is a DLA loadable" not in result.stderr
+
+    def test_the_readme_quotes_the_message(self) -> None:
+        readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+        quoted = " ".join(readme.split())
+        assert _select.not_an_emulator_loadable("the model", NO_CUDLA) in quoted
+
+    def test_a_model_spec_is_shown_like_a_loadable(self, model: Path, tmp_path: Path) -> None:
+        written = run("inspect", str(model), "--json").stdout
+        spec = tmp_path / "model.json"
+        spec.write_text(written)
+        shown = run("inspect", str(spec))
+        assert shown.exit_code == 0, shown.output
+        assert f"{spec}: model spec of model.bin (emulator loadable)" in shown.stdout
+        assert "1x3x8x8" in shown.stdout
+        assert "chw16" in shown.stdout
+        again = run("inspect", str(spec), "--json")
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout) == json.loads(written)
+
+    def test_a_broken_model_spec_names_the_file(self, model: Path, tmp_path: Path) -> None:
+        spec = json.loads(run("inspect", str(model), "--json").stdout)
+        (tmp_path / "s.json").write_text(json.dumps(put(spec, "n", -1)))
+        assert_one_line_error(run("inspect", str(tmp_path / "s.json")), 1, "s.json",
+                              "descriptor.n must be an integer >= 0")
 
     def test_dla_loadable_with_cudla(
         self, model: Path, fake_cudla: list[FakeCuda], monkeypatch: pytest.MonkeyPatch
@@ -461,6 +496,111 @@ class TestBench:
         assert "\r" in screen  # redrawn in place
         assert "throughput" in screen
 
+    def test_the_ideal_counts_only_the_requests_offered(self, model: Path) -> None:
+        # One request at a time keeps one core busy at most, whatever the cores.
+        result = run("bench", str(model), "--requests", "50", "--concurrency", "1", "--json")
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert report["ideal_rps"] == 1000.0
+        assert (report["concurrency"], report["slots"]) == (1, 4)
+        assert report["limited_by"] == "concurrency 1 < 4 slots"
+
+    def test_the_default_concurrency_fills_every_slot(self, model: Path) -> None:
+        result = run("bench", str(model), "--requests", "50", "--streams", "3", "--json")
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert report["concurrency"] == report["slots"] == 6
+
+    def test_a_run_the_cores_limited_says_so(self, tmp_path: Path) -> None:
+        # 5 ms tasks: the host's few tens of microseconds per request never hold them up.
+        (tmp_path / "slow.bin").write_bytes(affine_model(latency=0.005))
+        result = run("bench", str(tmp_path / "slow.bin"), "--requests", "200")
+        assert result.exit_code == 0, result.output
+        (line,) = [line for line in result.stdout.splitlines() if line.startswith("limited by")]
+        assert line.startswith("limited by  the DLA cores (both busy 9"), line
+
+    @pytest.mark.parametrize(
+        ("cores", "utilization", "concurrency", "expected"),
+        [
+            ([0, 1], [0.98, 0.97], 4, "the DLA cores (both busy 97%-98%)"),
+            ([1], [0.95], 2, "the DLA cores (core 1 busy 95%)"),
+            ([0, 1], [0.5, 0.5], 2, "concurrency 2 < 4 slots"),
+            ([0, 1], [0.6, 0.6], 4, "the host (the DLA cores only 60% busy with every slot "
+                                    "offered work)"),
+        ],
+    )
+    def test_what_limited_a_run(self, cores: list[int], utilization: list[float],
+                                concurrency: int, expected: str) -> None:
+        report = {"cores": cores, "concurrency": concurrency, "slots": 2 * len(cores),
+                  "per_core": [{"utilization": u} for u in utilization]}
+        assert _bench.limited_by(report) == expected
+
+    def test_json_reports_progress_on_stderr_when_it_is_a_terminal(
+        self, model: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        screen = io.StringIO()
+        monkeypatch.setattr(_cli, "_error_console",
+                            lambda: Console(file=screen, force_terminal=True, width=100))
+        result = run("bench", str(model), "--requests", "300", "--json")
+        assert result.exit_code == 0, result.output
+        assert "300 requests" in screen.getvalue()
+        assert json.loads(result.stdout)["completed"] == 300  # stdout holds only the JSON
+
+    @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses a Linux pty")
+    @pytest.mark.parametrize("as_json", [False, True])
+    def test_ctrl_c_prints_the_partial_results(self, model: Path, as_json: bool) -> None:
+        import pty
+        import re
+        import select
+        import signal
+
+        # The bar is drawn on the terminal: stdout's, or stderr's with --json.
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "aiodla", "bench", str(model), "--duration", "60",
+             *(["--json"] if as_json else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if as_json else terminal,
+            stderr=terminal if as_json else subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"},
+        )
+        os.close(terminal)
+        screen = b""
+        try:
+            # Interrupt once the bar shows completed requests: the run is under way.
+            while not re.search(rb"[1-9]\d* requests", screen):
+                ready, _, _ = select.select([controller], [], [], 30)
+                assert ready, screen
+                screen += os.read(controller, 65536)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=30)
+            piped = out if as_json else err
+            while True:  # the rest of the screen, until the terminal closes
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+        finally:
+            process.kill()
+            process.wait()
+            os.close(controller)
+        assert process.returncode == 130
+        if as_json:
+            report = json.loads(piped)
+            assert report["interrupted"] is True
+            assert report["completed"] > 0
+            assert report["elapsed_s"] < 60
+            assert b"aiodla: interrupted" in screen
+        else:
+            text = screen.decode("utf-8", "replace")
+            assert "interrupted by Ctrl-C after" in text
+            assert "partial results" in text
+            assert "throughput" in text
+            assert piped.decode().strip() == "aiodla: interrupted"
+
     @pytest.mark.parametrize(
         ("args", "code", "words"),
         [
@@ -486,6 +626,11 @@ class TestBench:
 
     def test_dla_loadable_without_cudla(self, dla_file: Path, no_cudla: None) -> None:
         assert_one_line_error(run("bench", str(dla_file)), 1, "DLA loadable", NO_CUDLA)
+
+    def test_a_model_spec_is_not_benchmarked(self, model: Path, tmp_path: Path) -> None:
+        (tmp_path / "m.json").write_text(run("inspect", str(model), "--json").stdout)
+        assert_one_line_error(run("bench", str(tmp_path / "m.json")), 1,
+                              "is a model spec, not a loadable", "aiodla emulate --like")
 
     def test_cuda_runtime_asked_for_but_absent(self, model: Path, no_cudla: None) -> None:
         assert_one_line_error(run("bench", str(model), "--runtime", "cuda"), 1,

@@ -157,6 +157,12 @@ def is_emulator_loadable(data: bytes | bytearray | memoryview) -> bool:
     return bytes(data[: len(MAGIC)]) == MAGIC
 
 
+def stated_latency(data: bytes | bytearray | memoryview) -> float | None:
+    """The seconds per task an emulator loadable states; None for any other loadable
+    (a real DLA loadable states none: its service time is learned by running it)."""
+    return parse_loadable(data).latency if is_emulator_loadable(data) else None
+
+
 def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
     if op not in OPS:
         raise ModelError(f"op {op!r} is unknown; expected one of {sorted(OPS)}")
@@ -222,6 +228,7 @@ def make_loadable(
     records = np.zeros(count, dtype=DESCRIPTOR_DTYPE)
     for record, spec in zip(records, (*inputs, *outputs), strict=True):
         desc = spec.to_descriptor()
+        _check_fits_record(desc)
         encoded = desc.name.encode("ascii")
         record["name"][: len(encoded)] = np.frombuffer(encoded, dtype=np.int8)
         record["size_"] = desc.size
@@ -235,6 +242,23 @@ def make_loadable(
     data = header + struct.pack(f"<{len(params)}d", *params) + records.tobytes()
     assert len(data) == total
     return data
+
+
+def _check_fits_record(desc: TensorDescriptor) -> None:
+    """Every number of ``desc`` fits its field of the C record (a large tensor's strides
+    outgrow uint32); numpy would otherwise raise a bare OverflowError."""
+    for field in DESCRIPTOR_DTYPE.names[1:]:  # type: ignore[index]
+        kind = DESCRIPTOR_DTYPE.fields[field][0].base  # type: ignore[index]
+        value = getattr(desc, "size" if field == "size_" else field)
+        values = enumerate(value) if field == "stride" else [(None, value)]
+        for index, number in values:
+            if not 0 <= number <= np.iinfo(kind).max:
+                where = field if index is None else f"{field}[{index}]"
+                raise ModelError(
+                    f"tensor {desc.name!r}: {where} = {number} does not fit the emulator "
+                    f"loadable's {kind.name} field (at most {np.iinfo(kind).max}); the tensor "
+                    "is too large for the format"
+                )
 
 
 def _fail(problem: str) -> LoadableFormatError:

@@ -6,9 +6,9 @@ anything, a GPU and ``libcudla.so.1``.
 
 from typing import TYPE_CHECKING, Any
 
-from ._emulated import EmulatedCudlaError as EmulatedCudlaError
 from ._emulated import EmulatedRuntime as EmulatedRuntime
-from ._emulated import TaskGate as TaskGate
+from ._faults import EmulatedCudlaError as EmulatedCudlaError
+from ._faults import TaskGate as TaskGate
 from ._protocol import CudaCallError as CudaCallError
 from ._protocol import HostBuffer as HostBuffer
 from ._protocol import Runtime as Runtime

@@ -79,13 +79,19 @@ def cudla_status(error: BaseException) -> int | None:
 
 
 class CudaCallError(Exception):
-    """A CUDA runtime call failed; ``code`` is the ``cudaError_t`` value."""
+    """A CUDA runtime call failed; ``code`` is the ``cudaError_t`` value, ``detail``
+    what the runtime knows beyond the code (e.g. how many bytes were asked for)."""
 
-    def __init__(self, call: str, code: int, name: str | None = None) -> None:
+    def __init__(
+        self, call: str, code: int, name: str | None = None, detail: str | None = None
+    ) -> None:
         self.call = call
         self.code = int(code)
         self.name = name or CUDA_ERROR_NAMES.get(self.code, f"cudaError {self.code}")
-        super().__init__(f"{call} failed: {self.name} ({self.code})")
+        self.detail = detail
+        super().__init__(
+            f"{call} failed: {self.name} ({self.code})" + (f": {detail}" if detail else "")
+        )
 
     @property
     def sticky(self) -> bool:
@@ -111,10 +117,7 @@ class Runtime(Protocol):
 
     name: str
     poll_pause: float
-
-    def stated_service_time(self, loadable: bytes) -> float | None:
-        """Seconds per task the loadable states (an emulator loadable), else None."""
-        ...
+    """Seconds the poller pauses between sweeps while work is in flight (0: none)."""
 
     # -- discovery ---------------------------------------------------------------------
     def version(self) -> int:
@@ -127,6 +130,11 @@ class Runtime(Protocol):
 
     def make_current(self) -> None:
         """Make the CUDA device current on the calling thread."""
+        ...
+
+    def stated_service_time(self, loadable: bytes) -> float | None:
+        """Seconds one task of ``loadable`` occupies one core, when the loadable states
+        it (an emulator loadable does); None when it must be learned (a DLA loadable)."""
         ...
 
     # -- cuDLA ---------------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""Choosing a runtime: ``runtime="auto" | "cuda" | "emulated"`` or an instance."""
+"""Choosing a runtime: ``runtime="auto" | "cuda" | "emulated"`` or an instance.
+
+"auto" takes cuDLA for what only cuDLA reads and the emulator for emulator loadables;
+when neither fits, the error says what is known about the model and nothing more.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,20 @@ from ..emulator._format import is_emulator_loadable
 from ._emulated import EmulatedRuntime
 from ._protocol import Runtime
 
-__all__ = ["RUNTIME_CHOICES", "cuda_probe", "select_runtime"]
+__all__ = ["RUNTIME_CHOICES", "cuda_probe", "not_an_emulator_loadable", "select_runtime"]
 
 RUNTIME_CHOICES = ("auto", "cuda", "emulated")
 ORIN_DLA_CORES = 2
 
-NO_CUDLA_FOR_DLA_LOADABLE = (
-    "this is a DLA loadable and no cuDLA runtime (libcudla.so.1) was found; "
-    "run on a Jetson or use an emulator loadable"
-)
+
+
+def not_an_emulator_loadable(what: str, reason: str) -> str:
+    """Why bytes that are not an emulator loadable cannot run here, saying only what is
+    known: nothing but cuDLA could tell whether they are a DLA loadable."""
+    return (
+        f"{what} is not an emulator loadable; if it is a DLA loadable, it needs cuDLA "
+        f"(libcudla.so.1, on a Jetson), which is not usable here: {reason}"
+    )
 
 
 def cuda_probe() -> tuple[bool, str, bool]:
@@ -62,7 +71,7 @@ def select_runtime(choice: str | Runtime, loadable: bytes) -> tuple[Runtime, boo
         return _cuda_runtime(), True
     if emulator_model:
         return EmulatedRuntime(cores=ORIN_DLA_CORES), True
-    raise RuntimeUnavailableError(NO_CUDLA_FOR_DLA_LOADABLE)
+    raise RuntimeUnavailableError(not_an_emulator_loadable("the model", reason))
 
 
 def _cuda_runtime() -> Runtime:

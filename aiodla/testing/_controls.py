@@ -18,7 +18,8 @@ from typing import Any
 
 from .._engine import Engine
 from .._tensors import TensorSpec
-from ..runtime._emulated import EmulatedRuntime, TaskGate
+from ..runtime._emulated import EmulatedRuntime
+from ..runtime._faults import TaskGate
 from ._model import ModelDescription, emulated_model
 
 __all__ = ["DLA_TASK_FAILURE", "DLAControls", "EngineFactory", "Gate", "HandleLeakError"]

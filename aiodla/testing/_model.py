@@ -2,7 +2,7 @@
 
 A user's CI has no DLA, but it has the model's I/O: the spec that ``aiodla inspect
 model.bin --json`` writes on a Jetson, or TensorSpecs written by hand. The spec is read
-by the CLI's own reader (``aiodla emulate --like`` reads the same documents), so the
+by ``aiodla.emulator._spec``, the reader ``aiodla emulate --like`` uses too, so the
 two never disagree about the format.
 """
 
@@ -12,16 +12,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._cli import (
-    DEFAULT_LATENCY,
-    CommandError,
-    _fitting_op,
-    _read_spec,
-    read_spec_document,
-)
 from .._errors import ModelError
 from .._tensors import TensorSpec
 from ..emulator._format import OPS, is_emulator_loadable, make_loadable, parse_loadable
+from ..emulator._spec import DEFAULT_LATENCY, fitting_op, read_spec, read_spec_document
 
 __all__ = ["ModelDescription", "emulated_model"]
 
@@ -83,9 +77,9 @@ def emulated_model(
         raise ModelError(f"op={op!r} is unknown; expected one of {sorted(OPS)}")
     chosen = op or (settings.get("op") if settings.get("op") in OPS else None)
     try:
-        chosen = chosen or _fitting_op(ins, outs)
-    except CommandError as exc:
-        raise ModelError(f"the emulator cannot stand in for this model: {exc.message}") from None
+        chosen = chosen or fitting_op(ins, outs)
+    except ModelError as exc:
+        raise ModelError(f"the emulator cannot stand in for this model: {exc}") from None
     return make_loadable(
         ins, outs, chosen,
         latency=_number(latency, settings, "latency", DEFAULT_LATENCY),
@@ -105,18 +99,15 @@ def _checked_specs(specs: Sequence[TensorSpec], what: str) -> tuple[TensorSpec, 
 def _read(
     spec: str | os.PathLike[str] | Mapping[str, Any],
 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], Mapping[str, Any]]:
-    try:
-        if isinstance(spec, Mapping):
-            input_descs, output_descs, settings = read_spec_document(spec, _DOCUMENT)
-        elif isinstance(spec, (str, os.PathLike)):
-            input_descs, output_descs, settings = _read_spec(os.fspath(spec))
-        else:
-            raise TypeError(
-                "spec must be a model spec file, its JSON as a dict, or emulator loadable "
-                f"bytes; got {type(spec).__name__}"
-            )
-    except CommandError as exc:
-        raise ModelError(exc.message) from None
+    if isinstance(spec, Mapping):
+        input_descs, output_descs, settings = read_spec_document(spec, _DOCUMENT)
+    elif isinstance(spec, (str, os.PathLike)):
+        input_descs, output_descs, settings = read_spec(os.fspath(spec))
+    else:
+        raise TypeError(
+            "spec must be a model spec file, its JSON as a dict, or emulator loadable "
+            f"bytes; got {type(spec).__name__}"
+        )
     ins = tuple(TensorSpec.from_descriptor(d) for d in input_descs)
     outs = tuple(TensorSpec.from_descriptor(d) for d in output_descs)
     return ins, outs, settings

@@ -150,3 +150,11 @@ def test_any_single_byte_change_is_parsed_or_refused(position: int, value: int) 
     except ModelError:
         return
     assert len(model.inputs) == len(model.outputs) == 1
+
+
+def test_make_refuses_a_tensor_whose_strides_outgrow_the_format() -> None:
+    # 64 planes of 4096x4096 float32: the batch stride is 2**32 bytes, one past uint32.
+    big = TensorSpec("frames", (2, 64, 4096, 4096), "float32", "nchw")
+    out = TensorSpec("y", (2, 64, 4096, 4096), "float32", "nchw")
+    with pytest.raises(ModelError, match=r"tensor 'frames': stride\[3\] = 4294967296 .* uint32"):
+        make_loadable([big], [out])
