@@ -141,7 +141,7 @@ async def run_bench(
         elapsed = time.perf_counter() - started
         stats = engine.statistics()
         runtime_name = engine.runtime.name if engine.runtime is not None else runtime
-        stated = None if engine.runtime is None else engine.runtime.stated_service_time(data)
+        stated = engine.stated_service_time
     latencies = np.asarray(run.latencies)
     completed = len(run.latencies)
     report = {

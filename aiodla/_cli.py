@@ -26,17 +26,17 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
 
 from . import __version__
 from ._bench import progress_bar, run_bench, summary_lines
+from ._cores import close_runtime, describe_module, describe_runtime
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
-from ._errors import AiodlaError, ModelError, status_name
+from ._errors import AiodlaError, DeviceError, ModelError, status_name
 from ._tensors import TensorSpec
 from .emulator._format import (
     MAGIC,
@@ -204,35 +204,16 @@ def _dla_descriptors(
         raise CommandError(_select.not_an_emulator_loadable(repr(path), reason))
     runtime, _owned = _select.select_runtime("cuda", data)
     try:
-        with _device_calls(path):
-            runtime.make_current()
-            device = runtime.create_device(0)
-            try:
-                module = runtime.load_module(device, data)
-                try:
-                    return runtime.module_tensors(module)
-                finally:
-                    runtime.unload_module(module)
-            finally:
-                runtime.destroy_device(device)
+        return describe_module(runtime, data)
+    except DeviceError as exc:
+        if exc.status is not None:
+            raise CommandError(
+                f"cuDLA cannot load {path!r} ({status_name(exc.status)}): it is not a "
+                "loadable for this DLA"
+            ) from exc
+        raise CommandError(f"{path!r}: {exc}") from exc
     finally:
-        runtime.close()
-
-
-@contextmanager
-def _device_calls(path: str) -> Iterator[None]:
-    try:
-        yield
-    except CudaCallError as exc:
-        raise CommandError(f"reading {path!r} with cuDLA: {exc}") from exc
-    except Exception as exc:
-        status = cudla_status(exc)
-        if status is None:
-            raise
-        raise CommandError(
-            f"cuDLA cannot load {path!r} ({status_name(status)}): it is not a loadable "
-            "for this DLA"
-        ) from exc
+        close_runtime(runtime)
 
 
 # -- devices --------------------------------------------------------------------------------
@@ -250,7 +231,7 @@ def _auto_choice(loadable: bytes) -> str:
     except AiodlaError as exc:
         return f"none: {exc}"
     if owned:
-        runtime.close()
+        close_runtime(runtime)
     return runtime.name
 
 
@@ -262,9 +243,9 @@ def devices() -> None:
     if usable:
         runtime, _owned = _select.select_runtime("cuda", b"")
         try:
-            version, cores = runtime.version(), runtime.device_count()
+            version, cores = describe_runtime(runtime)
         finally:
-            runtime.close()
+            close_runtime(runtime)
         which = "aiodla's GPU stand-in (a test double)" if standin else "libcudla.so.1"
         click.echo(f"cuDLA:      {which}, version {_version_text(version)}")
         click.echo(f"DLA cores:  {cores}")

@@ -36,7 +36,10 @@ __all__ = [
     "Cores",
     "Slot",
     "TensorBinding",
+    "close_runtime",
     "completion_probe",
+    "describe_module",
+    "describe_runtime",
     "device_error",
     "is_sticky",
     "read_model",
@@ -176,6 +179,39 @@ def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -
     return data
 
 
+def describe_module(
+    runtime: Runtime, model: bytes
+) -> tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]:
+    """Load ``model`` on core 0, read its tensor descriptors, release everything. A
+    runtime failure is a :class:`DeviceError` saying which call failed."""
+    resources = ResourceStack()
+    try:
+        runtime.make_current()
+        device = runtime.create_device(0)
+        resources.push("device", 0, runtime.destroy_device, device)
+        module = runtime.load_module(device, model)
+        resources.push("module", 0, runtime.unload_module, module)
+        return runtime.module_tensors(module)
+    except Exception as exc:
+        error = device_error("reading the loadable's tensors with cuDLA", exc)
+        if error is None or error is exc:
+            raise
+        raise error from exc
+    finally:
+        resources.release_all()
+
+
+def describe_runtime(runtime: Runtime) -> tuple[int, int]:
+    """The runtime's cuDLA version (major * 1_000_000 + minor * 1_000 + patch) and how
+    many DLA cores it drives."""
+    return runtime.version(), runtime.device_count()
+
+
+def close_runtime(runtime: Runtime) -> None:
+    """Release what the runtime itself holds (threads, libraries)."""
+    runtime.close()
+
+
 def is_sticky(exc: BaseException) -> bool:
     """True for a CUDA error that leaves the process's CUDA context unusable."""
     return isinstance(exc, CudaCallError) and exc.sticky
@@ -195,6 +231,7 @@ class Cores:
         self._resources = ResourceStack()
         self.cores: list[CoreState] = []
         self.slots: list[Slot] = []
+        self.stated_service_time: float | None = None  # what the loadable says, if anything
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
         self.stage_windows = (
@@ -219,7 +256,7 @@ class Cores:
                     f"{available} core(s)"
                 )
         # An emulator loadable states its service time; a DLA loadable's is learned.
-        stated = runtime.stated_service_time(model)
+        stated = self.stated_service_time = runtime.stated_service_time(model)
         reference: tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]] | None = None
         for number in options.cores:
             core = CoreState(

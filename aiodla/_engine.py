@@ -127,6 +127,12 @@ class Engine:
         return self._cores.runtime
 
     @property
+    def stated_service_time(self) -> float | None:
+        """Seconds per task the loadable states (an emulator loadable), known once the
+        engine is open; None for a DLA loadable, whose service time is learned."""
+        return self._cores.stated_service_time
+
+    @property
     def dead(self) -> bool:
         """True once the device broke the engine (see :class:`EngineDeadError`)."""
         return self._flow.dead_cause is not None

@@ -226,6 +226,11 @@ class DLAControls:
             gate.release()
         self._held.clear()
 
+    def close(self) -> None:
+        """Release every gate, then the emulated runtime itself (teardown does it)."""
+        self.release_all()
+        self.runtime.close()
+
     def leak_report(self) -> str | None:
         """What the runtime did not get back: live handles (an engine opened on it was
         never closed), releases of handles that were not alive; None when all is well."""

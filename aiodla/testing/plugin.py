@@ -26,8 +26,7 @@ def aiodla_controls() -> Iterator[DLAControls]:
     test if an engine opened on it left a handle alive."""
     controls = DLAControls(EMULATED_CORES)
     yield controls
-    controls.release_all()
-    controls.runtime.close()
+    controls.close()
     report = controls.leak_report()
     if report is not None:
         pytest.fail(f"aiodla_controls: {report}", pytrace=False)
