@@ -33,7 +33,7 @@ import click
 
 from . import __version__
 from ._bench import progress_bar, run_bench, summary_lines
-from ._cores import close_runtime, describe_module, describe_runtime
+from ._cores import close_runtime, describe_module, describe_runtime, read_model
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
 from ._errors import AiodlaError, DeviceError, ModelError, status_name
@@ -179,13 +179,9 @@ def _error_console() -> Any:
 
 def _read_model(path: str) -> bytes:
     try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError as exc:
-        raise CommandError(f"cannot read {path!r}: {exc.strerror or exc}") from exc
-    if not data:
-        raise CommandError(f"{path!r} is empty (0 bytes): not a loadable")
-    return data
+        return read_model(path)
+    except ModelError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def _emulator_model(path: str, data: bytes) -> EmulatorModel:

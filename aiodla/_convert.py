@@ -35,7 +35,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -149,6 +149,45 @@ def _cast(values: _Array, out: _Array) -> None:
     np.copyto(out, values, casting="unsafe")
 
 
+class _HalfRounding(NamedTuple):
+    """The constants of the float16 rounding trick for one source float type."""
+
+    float_dtype: np.dtype[Any]
+    exponent_mask: Any  # the exponent field, as the type's unsigned integer
+    overflow: int  # the exponent field of 65536.0: from there numpy's cast decides
+    half_min_normal: Any  # float16's smallest normal, as the source type
+    magic: Any  # 1.5 * 2**(p - 11), p the source type's significand bits
+    scratch: str  # the scratch buffer's name
+
+
+_F32_ROUNDING = _HalfRounding(
+    _F32, _F32_EXPONENT, _F32_EXPONENT_65536, _F32_HALF_MIN_NORMAL, _F32_MAGIC, "f32 b"
+)
+_F64_ROUNDING = _HalfRounding(
+    _F64, _F64_EXPONENT, _F64_EXPONENT_65536, _F64_HALF_MIN_NORMAL, _F64_MAGIC, "f64 b"
+)
+
+
+def _rounded_to_half_spacing(
+    values: _Array, bits: _Array, work: _Array, constants: _HalfRounding
+) -> _Array | None:
+    """``values`` rounded to float16 precision (ties to even) in their own type, by the
+    ``(x + M) - M`` of _half_from_float32; None when some ``|x| >= 65536`` (or inf,
+    NaN), which numpy's cast must handle. ``work`` (unsigned, ``bits``' type) is used
+    up."""
+    shape = values.shape
+    np.bitwise_and(bits, constants.exponent_mask, out=work)
+    if int(work.max()) >= constants.overflow:
+        return None
+    magic = work.view(constants.float_dtype)  # 2**e, then M
+    np.maximum(magic, _SCRATCH.constant(constants.half_min_normal, shape), out=magic)
+    np.multiply(magic, constants.magic, out=magic)
+    rounded = _SCRATCH.array(constants.scratch, constants.float_dtype, shape)
+    np.add(values, magic, out=rounded)
+    np.subtract(rounded, magic, out=rounded)
+    return rounded
+
+
 def _half_from_float32(values: _Array, out: _Array) -> None:
     """float32 ``values`` to float16 ``out``, rounded to nearest even: numpy's result.
 
@@ -166,19 +205,12 @@ def _half_from_float32(values: _Array, out: _Array) -> None:
     if values.size < _SMALL:
         np.copyto(out, values, casting="same_kind")
         return
-    shape = values.shape
     bits = values.view(_U32)
-    work = _SCRATCH.array("u32 a", _U32, shape)
-    np.bitwise_and(bits, _F32_EXPONENT, out=work)
-    if int(work.max()) >= _F32_EXPONENT_65536:
+    work = _SCRATCH.array("u32 a", _U32, values.shape)
+    rounded = _rounded_to_half_spacing(values, bits, work, _F32_ROUNDING)
+    if rounded is None:
         np.copyto(out, values, casting="same_kind")
         return
-    magic = work.view(_F32)  # 2**e, then M
-    np.maximum(magic, _SCRATCH.constant(_F32_HALF_MIN_NORMAL, shape), out=magic)
-    np.multiply(magic, _F32_MAGIC, out=magic)
-    rounded = _SCRATCH.array("f32 b", _F32, shape)
-    np.add(values, magic, out=rounded)
-    np.subtract(rounded, magic, out=rounded)
     np.multiply(rounded, _F32_TO_HALF_EXPONENT, out=rounded)
     pattern = rounded.view(_U32)
     np.right_shift(pattern, _SHIFT_13, out=pattern)
@@ -199,16 +231,10 @@ def _half_from_float64(values: _Array, out: _Array) -> None:
     shape = values.shape
     bits = values.view(_U64)
     work = _SCRATCH.array("u64 a", _U64, shape)
-    np.bitwise_and(bits, _F64_EXPONENT, out=work)
-    if int(work.max()) >= _F64_EXPONENT_65536:
+    rounded = _rounded_to_half_spacing(values, bits, work, _F64_ROUNDING)
+    if rounded is None:
         np.copyto(out, values, casting="same_kind")
         return
-    magic = work.view(_F64)
-    np.maximum(magic, _SCRATCH.constant(_F64_HALF_MIN_NORMAL, shape), out=magic)
-    np.multiply(magic, _F64_MAGIC, out=magic)
-    rounded = _SCRATCH.array("f64 b", _F64, shape)
-    np.add(values, magic, out=rounded)
-    np.subtract(rounded, magic, out=rounded)
     narrow = _SCRATCH.array("f32 b", _F32, shape)
     np.copyto(narrow, rounded, casting="same_kind")  # exact: a float16 value
     np.multiply(narrow, _F32_TO_HALF_EXPONENT, out=narrow)

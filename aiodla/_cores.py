@@ -173,9 +173,12 @@ def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -
             with open(model, "rb") as file:
                 data = file.read()
         except OSError as exc:
-            raise ModelError(f"cannot read model {os.fspath(model)!r}: {exc.strerror}") from exc
+            raise ModelError(
+                f"cannot read model {os.fspath(model)!r}: {exc.strerror or exc}"
+            ) from exc
     if not data:
-        raise ModelError("the model is empty (0 bytes)")
+        where = "" if isinstance(model, (bytes, bytearray, memoryview)) else f" {model!r}"
+        raise ModelError(f"the model{where} is empty (0 bytes)")
     return data
 
 
