@@ -140,7 +140,7 @@ async def run_bench(
         show()
         elapsed = time.perf_counter() - started
         stats = engine.statistics()
-        runtime_name = engine.runtime.name if engine.runtime is not None else runtime
+        runtime_name = engine.runtime.name
         stated = engine.stated_service_time
     latencies = np.asarray(run.latencies)
     completed = len(run.latencies)

@@ -178,7 +178,7 @@ def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -
             ) from exc
     if not data:
         where = "" if isinstance(model, (bytes, bytearray, memoryview)) else f" {model!r}"
-        raise ModelError(f"the model{where} is empty (0 bytes)")
+        raise ModelError(f"the model{where} is empty (0 bytes): not a loadable")
     return data
 
 

@@ -122,9 +122,13 @@ class Engine:
         return self._cores.outputs
 
     @property
-    def runtime(self) -> Runtime | None:
-        """The runtime in use (None before opening)."""
-        return self._cores.runtime
+    def runtime(self) -> Runtime:
+        """The runtime in use, chosen when the engine opens (before that, an
+        :class:`EngineClosedError` says so)."""
+        runtime = self._cores.runtime
+        if runtime is None:
+            raise EngineClosedError("the engine is not open: its runtime is not chosen yet")
+        return runtime
 
     @property
     def stated_service_time(self) -> float | None:
