@@ -38,7 +38,7 @@ MUST_SHIP = (
     "tests/conftest.py", "tests/support.py", "tests/vectors.py", "tests/gpu/conftest.py",
     "tests/gpu/device_run.sh", "tests/emulator/test_format.py", "tests/test_packaging.py",
     "examples/quickstart.py", "examples/metrics_server.py", "benchmarks/bench_engine.py",
-    "aiodla/py.typed", "aiodla/emulator/standin/standin.cu",
+    "aiodla/py.typed", "aiodla/emulator/standin/standin.cu", ".ci/run",
 )
 
 pytestmark = pytest.mark.timeout(300)  # two builds: about 5-40 s, by the machine
