@@ -11,7 +11,8 @@ Every exception aiodla raises on purpose derives from :class:`AiodlaError`::
     ├── ConfigurationError         (also ValueError) a bad engine or runtime option
     ├── RuntimeUnavailableError    no runtime can serve this model on this machine
     ├── QueueFullError             ``infer_nowait`` with the admission queue full
-    ├── RequestTimeoutError        (also TimeoutError) a request's deadline passed
+    ├── RequestTimeoutError        (also TimeoutError and asyncio.TimeoutError) a
+    │                              request's deadline passed
     ├── EngineClosedError          *you* closed the engine (or it never opened)
     ├── StreamClosedError          *you* closed a LatestFrameStream
     ├── EngineDeadError            the device broke the engine; ``__cause__`` says how
@@ -25,7 +26,9 @@ which only a process restart helps.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import sys
 
 __all__ = [
     "AiodlaError",
@@ -94,7 +97,18 @@ class QueueFullError(AiodlaError):
     """``infer_nowait`` found the admission queue full."""
 
 
-class RequestTimeoutError(AiodlaError, TimeoutError):
+if sys.version_info >= (3, 11):
+    # asyncio.TimeoutError is the builtin TimeoutError itself since 3.11: naming both
+    # as bases would be a duplicate base class, a TypeError.
+    _TimeoutErrors = TimeoutError
+else:
+
+    class _TimeoutErrors(TimeoutError, asyncio.TimeoutError):
+        """On 3.10 asyncio.TimeoutError is a class apart from the builtin, and it is
+        what ``asyncio.wait_for`` and ``except asyncio.TimeoutError`` expect."""
+
+
+class RequestTimeoutError(AiodlaError, _TimeoutErrors):
     """The request's deadline passed before its result was ready."""
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -29,7 +30,9 @@ __all__ = [
     "failure_reason",
 ]
 
-# How EngineStatistics.failures names the causes of failed requests.
+# The causes ``EngineStatistics.failures`` splits ``failed`` into, each a key of it:
+# the DLA reported an error, a cuDLA or CUDA call failed, you closed the engine, the
+# device broke it, anything else.
 FAILURE_REASONS = ("task", "device", "closed", "dead", "other")
 
 
@@ -44,6 +47,7 @@ def failure_reason(error: BaseException) -> str:
     if isinstance(error, EngineDeadError):
         return "dead"
     return "other"
+
 
 # Upper bounds (seconds) of histogram buckets: DLA tasks last about 1-5 ms, requests
 # queue for up to seconds under overload.
@@ -117,7 +121,8 @@ class CoreStatistics:
     busy_time: float
     """Seconds the core had a task running, estimated from completion times."""
     busy_fraction: float
-    """Share of the recent window (``BusyWindow.SECONDS``) the core was busy, 0..1."""
+    """Share of the recent window (``BusyWindow.SECONDS``, or the time since the engine
+    opened when that is shorter) the core was busy, 0..1."""
     in_rotation: bool
     """False while the core is out of rotation after repeated faults."""
     consecutive_failures: int
@@ -231,12 +236,16 @@ class BusyWindow:
 
     Kept in one-second buckets, so memory stays constant whatever the task rate (a
     list of every task of the last ten seconds held tens of thousands of entries).
+    ``opened`` is when the core started serving, on the engine's clock
+    (``time.monotonic``); by default, when the window is made, which the engine does
+    as it opens.
     """
 
     SECONDS = 10.0
     _BUCKETS = 10
 
-    def __init__(self) -> None:
+    def __init__(self, opened: float | None = None) -> None:
+        self._opened = time.monotonic() if opened is None else opened
         self._busy = [0.0] * self._BUCKETS
         self._second = [-1] * self._BUCKETS  # which whole second each bucket holds
 
@@ -253,4 +262,10 @@ class BusyWindow:
         busy = sum(
             b for b, second in zip(self._busy, self._second, strict=True) if second >= oldest
         )
-        return min(1.0, busy / self.SECONDS)
+        # Divide by the time the window actually covers: in the first SECONDS after
+        # opening, a fixed SECONDS would count the time before the core existed as
+        # idle (a core busy all of its first 2 s would read 0.2, not 1).
+        covered = min(self.SECONDS, now - self._opened)
+        if covered <= 0.0:
+            return 0.0  # no task can have ended by the moment the core opened
+        return min(1.0, busy / covered)

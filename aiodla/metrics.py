@@ -27,18 +27,54 @@ aiodla_request_duration_seconds            histogram  ``infer`` to result, succe
 aiodla_queue_duration_seconds              histogram  ``infer`` to getting a DLA slot
 aiodla_pending_requests                    gauge      requests waiting for a slot
 aiodla_inflight_requests                   gauge      requests holding a slot
+aiodla_stage_duration_seconds              gauge      ``stage`` (copy_in, compute,
+                                                      copy_out), ``quantile`` (0.5,
+                                                      0.9, 0.99): recent requests'
+                                                      device time per stage (only with
+                                                      ``stage_times``)
 aiodla_dla_task_success_total              counter    ``core``: tasks that succeeded
 aiodla_dla_task_failure_total              counter    ``core``: tasks with a DLA error
 aiodla_dla_task_duration_seconds           histogram  ``core``: measured DLA time per
                                                       task (only with ``stage_times``)
 aiodla_core_busy_seconds_total             counter    ``core``: time the core had a task
-aiodla_core_busy_ratio                     gauge      ``core``: busy share, last ~10 s
+aiodla_core_busy_ratio                     gauge      ``core``: busy share of the last
+                                                      10 s (of the time since the engine
+                                                      opened, until 10 s have passed)
 aiodla_core_in_rotation                    gauge      ``core``: 1 serving, 0 out after
                                                       repeated faults
 aiodla_engine_health                       gauge      ``status``: 1 for the engine's
                                                       status (ok, degraded, dead,
                                                       closed), 0 for the others
 =========================================  =========  ===================================
+
+``EngineCollector(..., naming="triton")`` exports instead the per-model families of
+NVIDIA Triton Inference Server, so dashboards and alerts written for Triton read aiodla
+unchanged; the engine's name is the label ``model`` and ``version`` is given to
+:meth:`~EngineCollector.add` (``"1"`` by default):
+
+=========================================  =========  ===================================
+nv_inference_request_success               counter    requests that returned a result
+nv_inference_request_failure               counter    requests that ended without one
+                                                      (every reason above, rejected
+                                                      included, as Triton counts them)
+nv_inference_count                         counter    inferences performed
+nv_inference_exec_count                    counter    executions; the DLA runs one
+                                                      request per task (no batching),
+                                                      so both equal the successes
+nv_inference_request_duration_us           counter    cumulative microseconds from
+                                                      ``infer`` to result, successes
+nv_inference_queue_duration_us             counter    cumulative microseconds waiting
+                                                      for a DLA slot
+nv_inference_compute_infer_duration_us     counter    cumulative microseconds of DLA
+                                                      time: measured with
+                                                      ``stage_times``, else the cores'
+                                                      busy time
+nv_inference_pending_request_count         gauge      requests waiting for a slot
+=========================================  =========  ===================================
+
+Triton's counters are written as Triton writes them, without ``_total``; prometheus_client
+appends ``_total`` to every sample of a family typed counter, so these counters go out
+untyped (``rate()`` and ``increase()`` read them the same).
 
 Each request ends as one success or one failure of one reason, so the two counters
 add up to the requests that ended; ``rejected`` counts ``infer_nowait`` calls refused
@@ -63,20 +99,39 @@ from typing import TYPE_CHECKING, Any
 
 from ._engine import Engine
 from ._errors import ConfigurationError
-from ._statistics import EngineHealth, EngineStatistics, Histogram
+from ._statistics import (
+    FAILURE_REASONS,
+    EngineHealth,
+    EngineStatistics,
+    Histogram,
+    LatencySummary,
+)
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["FAILURE_REASONS", "HEALTH_STATUSES", "EngineCollector"]
+__all__ = [
+    "HEALTH_STATUSES",
+    "NAMINGS",
+    "REQUEST_FAILURE_REASONS",
+    "STAGES",
+    "STAGE_QUANTILES",
+    "EngineCollector",
+]
 
 logger = logging.getLogger("aiodla.metrics")
 
 # The reason label of aiodla_request_failure_total: EngineStatistics.failures' causes,
 # then the ways a request ends unserved that statistics counts apart.
-FAILURE_REASONS = ("task", "device", "closed", "dead", "other", "timeout", "cancelled",
-                   "rejected")
+REQUEST_FAILURE_REASONS = (*FAILURE_REASONS, "timeout", "cancelled", "rejected")
 HEALTH_STATUSES = ("ok", "degraded", "dead", "closed")
+NAMINGS = ("aiodla", "triton")
+# The stage label of aiodla_stage_duration_seconds, in the order a request passes them;
+# "compute" is StageTimes.dla, Triton's word for it.
+STAGES = ("copy_in", "compute", "copy_out")
+# The quantiles a LatencySummary holds, spelled as a Prometheus summary labels them.
+STAGE_QUANTILES = ("0.5", "0.9", "0.99")
+_MICROSECONDS = 1e6
 
 _MISSING_EXTRA = (
     "aiodla.metrics needs prometheus_client, which the 'metrics' extra installs: "
@@ -97,11 +152,13 @@ def _client() -> Any:
 class _Watched:
     engine: Engine
     loop: asyncio.AbstractEventLoop | None
+    version: str
 
 
 @dataclasses.dataclass(frozen=True)
 class _Reading:
     name: str
+    version: str
     statistics: EngineStatistics
     health: EngineHealth
 
@@ -113,6 +170,8 @@ class EngineCollector:
     and :meth:`remove` change the set later. Create it, or add engines, from the
     engines' event loop (any coroutine), or pass that loop as ``loop``: scrapes from
     other threads read each engine on its loop. ``timeout`` bounds that wait.
+    ``naming`` picks the families: ``"aiodla"`` (all of the engine's figures) or
+    ``"triton"`` (Triton's per-model families, for dashboards written for Triton).
     """
 
     def __init__(
@@ -121,11 +180,15 @@ class EngineCollector:
         *,
         loop: asyncio.AbstractEventLoop | None = None,
         timeout: float = 1.0,
+        naming: str = "aiodla",
     ) -> None:
         _client()
         if not timeout > 0:
             raise ConfigurationError(f"{timeout=} must be > 0 seconds")
+        if naming not in NAMINGS:
+            raise ConfigurationError(f"{naming=} must be one of {', '.join(NAMINGS)}")
         self._timeout = timeout
+        self._naming = naming
         self._engines: dict[str, _Watched] = {}
         for name, engine in (engines or {}).items():
             self.add(name, engine, loop=loop)
@@ -135,15 +198,30 @@ class EngineCollector:
         """The engine labels watched, in the order they were added."""
         return tuple(self._engines)
 
+    @property
+    def naming(self) -> str:
+        """``"aiodla"`` or ``"triton"``: which families a scrape gets."""
+        return self._naming
+
     def add(
-        self, name: str, engine: Engine, *, loop: asyncio.AbstractEventLoop | None = None
+        self,
+        name: str,
+        engine: Engine,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        version: str = "1",
     ) -> None:
-        """Watch ``engine`` under the label ``engine=name``.
+        """Watch ``engine`` under the label ``engine=name`` (``model=name`` with
+        Triton's naming).
 
         ``loop`` is the engine's event loop; by default the loop running this call.
+        ``version`` is the label ``version`` of Triton's naming (the aiodla naming has
+        none).
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"engine name {name!r} must be a non-empty string")
+        if not isinstance(version, str) or not version:
+            raise ConfigurationError(f"{version=} must be a non-empty string")
         if not isinstance(engine, Engine):
             raise ConfigurationError(
                 f"{name!r}: expected an aiodla Engine, got {type(engine).__name__}"
@@ -158,7 +236,7 @@ class EngineCollector:
                     f"add engine {name!r} from its event loop (in a coroutine), or pass "
                     "loop=: scrapes from other threads must read it there"
                 ) from None
-        self._engines[name] = _Watched(engine, loop)
+        self._engines[name] = _Watched(engine, loop, version)
 
     def remove(self, name: str) -> None:
         """Stop watching the engine labelled ``name``; its series end."""
@@ -185,7 +263,7 @@ class EngineCollector:
         assert loop is not None
 
         def read() -> _Reading:
-            return _Reading(name, engine.statistics(), engine.health())
+            return _Reading(name, watched.version, engine.statistics(), engine.health())
 
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -222,89 +300,177 @@ class EngineCollector:
     # -- building the families ---------------------------------------------------------------
 
     def _families(self, readings: list[_Reading]) -> Iterator[Metric]:
-        core = _client()
-        counter, gauge, histogram = (core.CounterMetricFamily, core.GaugeMetricFamily,
-                                     core.HistogramMetricFamily)
-        engine_label = ["engine"]
-        core_labels = ["engine", "core"]
+        if self._naming == "triton":
+            return _triton_families(readings)
+        return _aiodla_families(readings)
 
-        success = counter("aiodla_request_success", "Requests that returned a result.",
-                          labels=engine_label)
-        failure = counter(
-            "aiodla_request_failure",
-            "Requests that ended without a result, by reason: task (the DLA task failed), "
-            "device (a cuDLA or CUDA call failed), closed, dead, other, timeout, "
-            "cancelled; rejected: infer_nowait refused for a full queue.",
-            labels=["engine", "reason"],
-        )
-        request_duration = histogram(
-            "aiodla_request_duration_seconds",
-            "Seconds from infer() to its result, for requests that succeeded.",
-            labels=engine_label,
-        )
-        queue_duration = histogram(
-            "aiodla_queue_duration_seconds",
-            "Seconds from infer() to getting a DLA slot.", labels=engine_label,
-        )
-        pending = gauge("aiodla_pending_requests", "Requests waiting for a DLA slot.",
-                        labels=engine_label)
-        inflight = gauge("aiodla_inflight_requests", "Requests holding a DLA slot.",
-                         labels=engine_label)
-        task_success = counter("aiodla_dla_task_success", "DLA tasks that succeeded.",
-                               labels=core_labels)
-        task_failure = counter("aiodla_dla_task_failure",
-                               "DLA tasks that ended with a DLA error status.",
-                               labels=core_labels)
-        task_duration = histogram(
-            "aiodla_dla_task_duration_seconds",
-            "Measured DLA time per task (engines with stage_times=True).", labels=core_labels,
-        )
-        busy_seconds = counter("aiodla_core_busy_seconds",
-                               "Seconds the DLA core had a task running.", labels=core_labels)
-        busy_ratio = gauge("aiodla_core_busy_ratio",
-                           "Share of about the last 10 s the DLA core was busy, 0 to 1.",
+
+def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
+    core = _client()
+    counter, gauge, histogram = (core.CounterMetricFamily, core.GaugeMetricFamily,
+                                 core.HistogramMetricFamily)
+    engine_label = ["engine"]
+    core_labels = ["engine", "core"]
+
+    success = counter("aiodla_request_success", "Requests that returned a result.",
+                      labels=engine_label)
+    failure = counter(
+        "aiodla_request_failure",
+        "Requests that ended without a result, by reason: task (the DLA task failed), "
+        "device (a cuDLA or CUDA call failed), closed, dead, other, timeout, "
+        "cancelled; rejected: infer_nowait refused for a full queue.",
+        labels=["engine", "reason"],
+    )
+    request_duration = histogram(
+        "aiodla_request_duration_seconds",
+        "Seconds from infer() to its result, for requests that succeeded.",
+        labels=engine_label,
+    )
+    queue_duration = histogram(
+        "aiodla_queue_duration_seconds",
+        "Seconds from infer() to getting a DLA slot.", labels=engine_label,
+    )
+    pending = gauge("aiodla_pending_requests", "Requests waiting for a DLA slot.",
+                    labels=engine_label)
+    inflight = gauge("aiodla_inflight_requests", "Requests holding a DLA slot.",
+                     labels=engine_label)
+    stage_duration = gauge(
+        "aiodla_stage_duration_seconds",
+        "Device seconds per request in each stage (copy_in, compute, copy_out), quantiles "
+        "over the recent requests (engines with stage_times=True).",
+        labels=["engine", "stage", "quantile"],
+    )
+    task_success = counter("aiodla_dla_task_success", "DLA tasks that succeeded.",
                            labels=core_labels)
-        in_rotation = gauge(
-            "aiodla_core_in_rotation",
-            "1 while the DLA core serves requests, 0 while out of rotation after faults.",
-            labels=core_labels,
-        )
-        health = gauge(
-            "aiodla_engine_health",
-            "1 for the engine's health status (ok, degraded, dead, closed), 0 for the others.",
-            labels=["engine", "status"],
-        )
+    task_failure = counter("aiodla_dla_task_failure",
+                           "DLA tasks that ended with a DLA error status.",
+                           labels=core_labels)
+    task_duration = histogram(
+        "aiodla_dla_task_duration_seconds",
+        "Measured DLA time per task (engines with stage_times=True).", labels=core_labels,
+    )
+    busy_seconds = counter("aiodla_core_busy_seconds",
+                           "Seconds the DLA core had a task running.", labels=core_labels)
+    busy_ratio = gauge(
+        "aiodla_core_busy_ratio",
+        "Share of the last 10 s (of the time since the engine opened, before that) the "
+        "DLA core was busy, 0 to 1.",
+        labels=core_labels,
+    )
+    in_rotation = gauge(
+        "aiodla_core_in_rotation",
+        "1 while the DLA core serves requests, 0 while out of rotation after faults.",
+        labels=core_labels,
+    )
+    health = gauge(
+        "aiodla_engine_health",
+        "1 for the engine's health status (ok, degraded, dead, closed), 0 for the others.",
+        labels=["engine", "status"],
+    )
 
-        for reading in readings:
-            name, stats = reading.name, reading.statistics
-            success.add_metric([name], stats.completed)
-            ended = {
-                **{reason: stats.failures.get(reason, 0) for reason in FAILURE_REASONS[:5]},
-                "timeout": stats.timed_out,
-                "cancelled": stats.cancelled,
-                "rejected": stats.rejected,
-            }
-            for reason in FAILURE_REASONS:
-                failure.add_metric([name, reason], ended[reason])
-            request_duration.add_metric([name], *_buckets(stats.latency_histogram))
-            queue_duration.add_metric([name], *_buckets(stats.queue_wait_histogram))
-            pending.add_metric([name], stats.queued)
-            inflight.add_metric([name], stats.in_flight)
-            for figures in stats.cores:
-                labels = [name, str(figures.core)]
-                task_success.add_metric(labels, figures.completed)
-                task_failure.add_metric(labels, figures.failed)
-                busy_seconds.add_metric(labels, figures.busy_time)
-                busy_ratio.add_metric(labels, figures.busy_fraction)
-                in_rotation.add_metric(labels, 1 if figures.in_rotation else 0)
-                if figures.dla_histogram is not None:
-                    task_duration.add_metric(labels, *_buckets(figures.dla_histogram))
-            for status in HEALTH_STATUSES:
-                health.add_metric([name, status], 1 if reading.health.status == status else 0)
+    for reading in readings:
+        name, stats = reading.name, reading.statistics
+        success.add_metric([name], stats.completed)
+        for reason, count in _failures_by_reason(stats).items():
+            failure.add_metric([name, reason], count)
+        request_duration.add_metric([name], *_buckets(stats.latency_histogram))
+        queue_duration.add_metric([name], *_buckets(stats.queue_wait_histogram))
+        pending.add_metric([name], stats.queued)
+        inflight.add_metric([name], stats.in_flight)
+        if stats.stages is not None:
+            by_stage = dict(zip(STAGES, (stats.stages.copy_in, stats.stages.dla,
+                                         stats.stages.copy_out), strict=True))
+            for stage, summary in by_stage.items():
+                for quantile, value in _quantiles(summary):
+                    stage_duration.add_metric([name, stage, quantile], value)
+        for figures in stats.cores:
+            labels = [name, str(figures.core)]
+            task_success.add_metric(labels, figures.completed)
+            task_failure.add_metric(labels, figures.failed)
+            busy_seconds.add_metric(labels, figures.busy_time)
+            busy_ratio.add_metric(labels, figures.busy_fraction)
+            in_rotation.add_metric(labels, 1 if figures.in_rotation else 0)
+            if figures.dla_histogram is not None:
+                task_duration.add_metric(labels, *_buckets(figures.dla_histogram))
+        for status in HEALTH_STATUSES:
+            health.add_metric([name, status], 1 if reading.health.status == status else 0)
 
-        yield from (success, failure, request_duration, queue_duration, pending, inflight,
-                    task_success, task_failure, task_duration, busy_seconds, busy_ratio,
-                    in_rotation, health)
+    yield from (success, failure, request_duration, queue_duration, pending, inflight,
+                stage_duration, task_success, task_failure, task_duration, busy_seconds,
+                busy_ratio, in_rotation, health)
+
+
+def _triton_families(readings: list[_Reading]) -> Iterator[Metric]:
+    core = _client()
+    labels = ["model", "version"]
+
+    def cumulative(name: str, documentation: str) -> Any:
+        # Untyped, not counter: prometheus_client would write a counter's samples as
+        # name_total, and Triton's series (what its dashboards query) have no _total.
+        return core.UntypedMetricFamily(name, documentation, labels=labels)
+
+    success = cumulative(
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes (cumulative).")
+    failure = cumulative(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes (cumulative): DLA or device "
+        "errors, closed or dead engine, timeouts, cancellations, rejections.")
+    inferences = cumulative(
+        "nv_inference_count",
+        "Number of inferences performed (cumulative; one per request on the DLA).")
+    executions = cumulative(
+        "nv_inference_exec_count",
+        "Number of model executions performed (cumulative; one per request on the DLA).")
+    request_duration = cumulative(
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds, successful requests.")
+    queue_duration = cumulative(
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (waiting for a DLA slot).")
+    compute_duration = cumulative(
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds: measured DLA time with "
+        "stage_times=True, else the DLA cores' busy time.")
+    pending = core.GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution (a DLA slot).",
+        labels=labels)
+
+    for reading in readings:
+        model, stats = [reading.name, reading.version], reading.statistics
+        success.add_metric(model, stats.completed)
+        failure.add_metric(model, sum(_failures_by_reason(stats).values()))
+        # The DLA runs one request per task and aiodla does not batch, so, as Triton
+        # says of models without batching, inferences = executions = successes.
+        inferences.add_metric(model, stats.completed)
+        executions.add_metric(model, stats.completed)
+        request_duration.add_metric(model, stats.latency_histogram.sum * _MICROSECONDS)
+        queue_duration.add_metric(model, stats.queue_wait_histogram.sum * _MICROSECONDS)
+        measured = [c.dla_histogram.sum for c in stats.cores if c.dla_histogram is not None]
+        compute = sum(measured) if measured else sum(c.busy_time for c in stats.cores)
+        compute_duration.add_metric(model, compute * _MICROSECONDS)
+        pending.add_metric(model, stats.queued)
+
+    yield from (success, failure, inferences, executions, request_duration, queue_duration,
+                compute_duration, pending)
+
+
+def _failures_by_reason(stats: EngineStatistics) -> dict[str, int]:
+    """Requests that ended without a result, for each of REQUEST_FAILURE_REASONS."""
+    ended = {reason: stats.failures.get(reason, 0) for reason in FAILURE_REASONS}
+    ended["timeout"] = stats.timed_out
+    ended["cancelled"] = stats.cancelled
+    ended["rejected"] = stats.rejected
+    return ended
+
+
+def _quantiles(summary: LatencySummary) -> list[tuple[str, float]]:
+    """(quantile label, seconds) of a summary; none for an empty window, whose zeros
+    would read as instant stages."""
+    if not summary.count:
+        return []
+    return list(zip(STAGE_QUANTILES, (summary.p50, summary.p90, summary.p99), strict=True))
 
 
 def _buckets(snapshot: Histogram) -> tuple[list[tuple[str, float]], float]:

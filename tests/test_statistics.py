@@ -71,7 +71,7 @@ def test_latency_window_keeps_the_most_recent() -> None:
 def test_busy_window_covers_the_last_ten_seconds() -> None:
     from aiodla._statistics import BusyWindow
 
-    window = BusyWindow()
+    window = BusyWindow(opened=90.0)  # opened well before: a full window from 100 on
     assert window.fraction(100.0) == 0.0
     for second in range(100, 110):
         window.add(second + 0.5, 0.5)  # busy half of every second
