@@ -160,7 +160,9 @@ class Scheduler:
         request.outcome = outcome
         request.reason = reason
         request.arrays = ()
-        self._count(outcome, reason, 1)
+        self.ended[outcome] += 1
+        if reason is not None:
+            self.failures[reason] += 1
         return True
 
     def recount_as_cancelled(self, request: Request) -> None:
