@@ -88,13 +88,14 @@ CONTROL_FUNCTIONS = (
     "aiodlaStandinCoreTasks",
     "aiodlaStandinCoreBusyNs",
     "aiodlaStandinLiveHandles",
+    "aiodlaStandinLiveResources",
     "aiodlaStandinShutdown",
     "aiodlaStandinCheckLoadable",
     "aiodlaStandinRunOnHost",
     "aiodlaStandinFakeAlloc",
     "aiodlaStandinFakeFree",
 )
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: aiodlaStandinLiveResources
 _SOURCES = ("standin.cu", "cudla_abi.h", "loadable.h", "task_math.h")
 _ENGINE_TIMEOUT = 0x40000006
 _DLA_INVALID_INPUT = 0x40000001
@@ -356,6 +357,7 @@ class StandinControls:
                 None,
                 [ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)],
             ),
+            "aiodlaStandinLiveResources": (None, [ctypes.POINTER(u64)] * 4),
             "aiodlaStandinShutdown": (None, []),
             "aiodlaStandinCheckLoadable": (
                 c_int,
@@ -466,6 +468,15 @@ class StandinControls:
         self.library.aiodlaStandinLiveHandles(*(ctypes.byref(c) for c in counts))
         devices, modules, registrations = (int(c.value) for c in counts)
         return {"devices": devices, "modules": modules, "registrations": registrations}
+
+    def live_resources(self) -> dict[str, int]:
+        """What the stand-in holds of the CUDA device now: its live device allocations
+        (``allocations``, ``bytes``), CUDA ``events`` and ``streams``. All zero once every
+        device handle is destroyed; the per-process control block is not counted."""
+        counts = [ctypes.c_uint64() for _ in range(4)]
+        self.library.aiodlaStandinLiveResources(*(ctypes.byref(c) for c in counts))
+        allocations, nbytes, events, streams = (int(c.value) for c in counts)
+        return {"allocations": allocations, "bytes": nbytes, "events": events, "streams": streams}
 
     # -- host-side helpers (no GPU needed) ---------------------------------------------
 

@@ -60,7 +60,7 @@ constexpr uint32_t kMaxTimeoutMs = 1000000;     /* 1000 s */
 constexpr uint64_t kRegisteredTag = 1ull << 56; /* as the emulated runtime: never a raw address */
 constexpr uint64_t kRegistrationAlignment = 32;
 constexpr uint32_t kThreads = 256;
-constexpr uint32_t kAbiVersion = 1;
+constexpr uint32_t kAbiVersion = 2;  /* 2: aiodlaStandinLiveResources */
 constexpr uint64_t kCudlaVersion = 1002001;     /* what the emulated runtime reports */
 constexpr uint32_t kDeviceVersion = 2;
 constexpr uint32_t kEngineTimeout = cudlaErrorDlaErrEngineTimeout;
@@ -251,6 +251,34 @@ inline void run_task_on_host(const TaskArgs& args) {
     finish_task(args, started);
 }
 
+/* What the stand-in holds of the CUDA device right now: every allocation, event and
+ * stream it made and has not released. Kept beside the CUDA calls themselves (in
+ * Platform), so nothing the stand-in creates escapes the count; a test that opens and
+ * closes an engine can then require all of it back at zero (aiodlaStandinLiveResources).
+ * The control block (mapped pinned host memory, one per process, holding the test
+ * controls' state) is not counted: it lives as long as the library by design. */
+struct Accounting {
+    std::atomic<uint64_t> allocations{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> events{0};
+    std::atomic<uint64_t> streams{0};
+};
+
+inline Accounting& accounting() {
+    static Accounting* instance = new Accounting();  /* never destroyed, as library() */
+    return *instance;
+}
+
+inline void count_allocation(size_t size) {
+    accounting().allocations.fetch_add(1);
+    accounting().bytes.fetch_add(size);
+}
+
+inline void count_free(size_t size) {
+    accounting().allocations.fetch_sub(1);
+    accounting().bytes.fetch_sub(size);
+}
+
 /* ------------------------------------------------------------------------------------
  * The few CUDA facilities the stand-in needs, and their host fakes.
  * ---------------------------------------------------------------------------------- */
@@ -329,15 +357,21 @@ struct Platform {
         static std::map<int, cudaStream_t> streams;
         int device = 0;
         if (!current_device(&device)) return false;
-        if (!*memory && !cuda_ok(cudaMalloc(memory, size))) {
-            *memory = nullptr;
-            return false;
+        if (!*memory) {
+            if (!cuda_ok(cudaMalloc(memory, size))) {
+                *memory = nullptr;
+                return false;
+            }
+            count_allocation(size);
         }
         std::lock_guard<std::mutex> lock(mutex);
         cudaStream_t& stream = streams[device];
-        if (!stream && !cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking))) {
-            stream = nullptr;
-            return false;
+        if (!stream) {
+            if (!cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking))) {
+                stream = nullptr;
+                return false;
+            }
+            accounting().streams.fetch_add(1);
         }
         return cuda_ok(cudaMemcpyAsync(*memory, host, size, cudaMemcpyHostToDevice, stream)) &&
                cuda_ok(cudaStreamSynchronize(stream));
@@ -347,11 +381,13 @@ struct Platform {
         cudaEvent_t created = nullptr;
         if (!cuda_ok(cudaEventCreateWithFlags(&created, cudaEventDisableTiming))) return false;
         *event = created;
+        accounting().events.fetch_add(1);
         return true;
     }
 
     static void event_destroy(void* event) {
         cuda_ok(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+        accounting().events.fetch_sub(1);
     }
 
     static Launch launch(void* stream, void* core_event, const TaskArgs& args) {
@@ -398,17 +434,24 @@ struct Platform {
     }
 
     static bool upload(void** memory, const void* host, size_t size) {
-        if (!*memory) *memory = malloc(size);
-        if (!*memory) return false;
+        if (!*memory) {
+            *memory = malloc(size);
+            if (!*memory) return false;
+            count_allocation(size);
+        }
         memcpy(*memory, host, size);
         return true;
     }
 
     static bool event_create(void** event) {
         *event = new int(0);
+        accounting().events.fetch_add(1);
         return true;
     }
-    static void event_destroy(void* event) { delete static_cast<int*>(event); }
+    static void event_destroy(void* event) {
+        delete static_cast<int*>(event);
+        accounting().events.fetch_sub(1);
+    }
 
     static Launch launch(void*, void*, const TaskArgs& args) {
         run_task_on_host(args);
@@ -1003,6 +1046,17 @@ extern "C" void aiodlaStandinLiveHandles(uint64_t* devices, uint64_t* modules,
     if (devices) *devices = lib.devices.size();
     if (modules) *modules = lib.modules.size();
     if (registrations) *registrations = registered;
+}
+
+/* The device resources the stand-in holds now (see Accounting): allocations and their
+ * bytes, CUDA events, CUDA streams. All four are zero once every handle is released. */
+extern "C" void aiodlaStandinLiveResources(uint64_t* allocations, uint64_t* bytes,
+                                           uint64_t* events, uint64_t* streams) {
+    Accounting& counts = accounting();
+    if (allocations) *allocations = counts.allocations.load();
+    if (bytes) *bytes = counts.bytes.load();
+    if (events) *events = counts.events.load();
+    if (streams) *streams = counts.streams.load();
 }
 
 /* End every gate and hang now (called at interpreter exit, while memory is still mapped):
