@@ -39,6 +39,7 @@ def test_engine_reopened_50_times_leaves_nothing_behind(standin: Any) -> None:
     want = data.astype(np.float32) * 2 + 1
     before = standin.live_resources()
     assert before == NOTHING_LIVE, f"another test left stand-in resources behind: {before}"
+    released = standin.released_by_destroy()
     while_open: list[dict[str, int]] = []
 
     async def open_use_close(runtime: CudaRuntime) -> None:
@@ -57,6 +58,8 @@ def test_engine_reopened_50_times_leaves_nothing_behind(standin: Any) -> None:
     # each core a chain event.
     assert all(s["allocations"] >= 1 and s["events"] >= 1 for s in while_open), while_open[:3]
     assert standin.live_handles() == NO_HANDLES
+    # ... and the engine released its modules and registrations itself, in order.
+    assert standin.released_by_destroy() == released
     after = standin.live_resources()
     assert after == NOTHING_LIVE, (
         f"after {REOPENS} opens and closes the stand-in still holds {after}"
