@@ -80,6 +80,8 @@ def judge(directory: Path, trap: bool) -> tuple[list[str], list[str]]:
         counted = sum(
             int(m.group(1)) for s in summaries if (m := re.match(r"ERROR SUMMARY: (\d+)", s))
         )
+        if not any(s.startswith("ERROR SUMMARY") for s in summaries):
+            rest.append("no ERROR SUMMARY: the sanitized process was killed before it ended")
         if counted > len(reports):
             rest.append(f"ERROR SUMMARY counts {counted} errors, {len(reports)} were printed")
         tag = " (the trapping child: expected launch failure and leaks excused)" if trapping else ""
