@@ -239,11 +239,12 @@ class TestValidation:
         # them, and the module's handle then answers "not loaded into a valid device".
         live, released = standin.live_resources(), standin.released_by_destroy()
         device = runtime.create_device(0)
+        with_device = standin.live_resources()
         module = runtime.load_module(device, model())
         pointer = runtime.malloc(4096)
         try:
             registered = runtime.mem_register(device, pointer, 4096)
-            assert standin.live_resources()["allocations"] == live["allocations"] + 1
+            assert standin.live_resources()["allocations"] == with_device["allocations"] + 1
             runtime.destroy_device(device)
             assert standin.live_handles() == NO_HANDLES
             assert standin.live_resources() == live
@@ -263,9 +264,10 @@ class TestValidation:
         live = standin.live_resources()
         device = runtime.create_device(1)
         try:
+            with_device = standin.live_resources()
             module = runtime.load_module(device, model())
             runtime.unload_module(module)
-            assert standin.live_resources()["allocations"] == live["allocations"]
+            assert standin.live_resources() == with_device
             assert status_of(runtime.unload_module, module) == INVALID_MODULE
             assert status_of(runtime.module_tensors, module) == INVALID_MODULE
             # The handle can load again once its module is gone, and release again.

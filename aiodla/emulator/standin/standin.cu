@@ -256,8 +256,8 @@ inline void run_task_on_host(const TaskArgs& args) {
  * stream it made and has not released. Kept beside the CUDA calls themselves (in
  * Platform), so nothing the stand-in creates escapes the count; a test that opens and
  * closes an engine can then require all of it back at zero (aiodlaStandinLiveResources).
- * The control block (mapped pinned host memory, one per process, holding the test
- * controls' state) is not counted: it lives as long as the library by design. */
+ * The mapped control block counts as one allocation: it lives while any device handle
+ * does. */
 struct Accounting {
     std::atomic<uint64_t> allocations{0};
     std::atomic<uint64_t> bytes{0};
@@ -347,7 +347,13 @@ struct Platform {
             cudaFreeHost(*host);
             return false;
         }
+        count_allocation(size);
         return true;
+    }
+
+    static void mapped_host_free(void* host, size_t size) {
+        cuda_ok(cudaFreeHost(host));
+        count_free(size);
     }
 
     /* Module tables come from the stream-ordered allocator on the core's private upload
@@ -467,7 +473,13 @@ struct Platform {
     static bool mapped_host_alloc(size_t size, void** host, void** device) {
         *host = calloc(1, size);
         *device = *host;
+        if (*host) count_allocation(size);
         return *host != nullptr;
+    }
+
+    static void mapped_host_free(void* host, size_t size) {
+        free(host);
+        count_free(size);
     }
 
     static bool device_alloc(void** memory, size_t size, void*, bool* pooled) {
@@ -568,9 +580,14 @@ struct Library {
     uint64_t released_registrations = 0;  /* cudlaDestroyDevice had to release */
     uint64_t next_handle = 0xd1a00010;
     bool slot_used[kSlots] = {};
-    Control* control = nullptr;         /* host view */
+    /* The control words live in mapped pinned memory while any device handle does (the
+     * tasks read and write them there), and in `saved`, plain host memory, while none
+     * does: the test controls' state (holds, hangs, queued failures, counters) carries
+     * across, and nothing stays pinned once the last handle is destroyed. */
+    Control* control = nullptr;         /* host view of the mapped block, or null */
     Control* control_device = nullptr;  /* device view */
-    std::mutex control_mutex;           /* creating the control block, pushing failures */
+    Control saved = {};
+    std::mutex control_mutex;           /* switching blocks; every test control's access */
     std::mutex injected_mutex;
     std::unordered_map<std::string, uint32_t> injected;
     std::atomic<bool> any_injected{false};
@@ -593,20 +610,34 @@ inline Library& library() {
     return *instance;
 }
 
+/* Map the control words for the tasks (the first device handle). Call with lib.mutex. */
 inline bool ensure_control(Library& lib) {
     std::lock_guard<std::mutex> lock(lib.control_mutex);
     if (lib.control) return true;
     void* host = nullptr;
     void* device = nullptr;
     if (!Platform::mapped_host_alloc(sizeof(Control), &host, &device)) return false;
+    memcpy(host, &lib.saved, sizeof(Control));
     lib.control_device = static_cast<Control*>(device);
     __atomic_store_n(&lib.control, static_cast<Control*>(host), __ATOMIC_RELEASE);
     return true;
 }
 
-inline Control* control_if_any(Library& lib) {
-    return __atomic_load_n(&lib.control, __ATOMIC_ACQUIRE);
+/* Unmap them again (the last device handle is gone, so no task can touch them): the
+ * words go back to `saved` and the pinned block is freed. Call with lib.mutex. */
+inline void release_control(Library& lib) {
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    Control* host = lib.control;
+    if (!host) return;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    memcpy(&lib.saved, host, sizeof(Control));
+    __atomic_store_n(&lib.control, static_cast<Control*>(nullptr), __ATOMIC_RELEASE);
+    lib.control_device = nullptr;
+    Platform::mapped_host_free(host, sizeof(Control));
 }
+
+/* The control words in force now. Call with lib.control_mutex. */
+inline Control* active_control(Library& lib) { return lib.control ? lib.control : &lib.saved; }
 
 inline bool take_injected(const char* call, cudlaStatus* status) {
     Library& lib = library();
@@ -674,7 +705,6 @@ extern "C" cudlaStatus cudlaCreateDevice(const uint64_t device, cudlaDevHandle* 
     if (flags == CUDLA_STANDALONE) return cudlaErrorUnsupportedOperation;
     if (flags != CUDLA_CUDA_DLA) return cudlaErrorInvalidParam;
     if (device >= lib.cores) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
     int cuda_device = 0;
     if (!Platform::current_device(&cuda_device)) return cudlaErrorCuda;
     std::lock_guard<std::mutex> lock(lib.mutex);
@@ -684,14 +714,19 @@ extern "C" cudlaStatus cudlaCreateDevice(const uint64_t device, cudlaDevHandle* 
     uint32_t slot = 0;
     while (slot < kSlots && lib.slot_used[slot]) ++slot;
     if (slot == kSlots) return cudlaErrorOutOfResources;
+    if (!ensure_control(lib)) return cudlaErrorCuda;
     if (!core.handles) {
         /* The chain event and the upload stream live in the CUDA context of the core's
          * handles; fresh ones after every last handle goes keep them in the context now
          * current. Nothing is kept when either cannot be made. */
-        if (!Platform::event_create(&core.chain)) return cudlaErrorCuda;
-        if (!Platform::stream_create(&core.upload)) {
+        bool made = Platform::event_create(&core.chain);
+        if (made && !Platform::stream_create(&core.upload)) {
             Platform::event_destroy(core.chain);
+            made = false;
+        }
+        if (!made) {
             core.chain = nullptr;
+            if (lib.devices.empty()) release_control(lib);
             return cudlaErrorCuda;
         }
         core.cuda_device = cuda_device;
@@ -754,6 +789,7 @@ extern "C" cudlaStatus cudlaDestroyDevice(const cudlaDevHandle devHandle) {
         core.cuda_device = -1;
     }
     lib.devices.erase(it);
+    if (lib.devices.empty()) release_control(lib);
     return cudlaSuccess;
 }
 
@@ -1084,9 +1120,8 @@ extern "C" uint64_t aiodlaStandinCores(void) { return library().cores; }
 extern "C" int aiodlaStandinFailNextTask(uint64_t core, uint32_t status) {
     Library& lib = library();
     if (core >= lib.cores || status == 0) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
     std::lock_guard<std::mutex> lock(lib.control_mutex);
-    CoreControl& words = lib.control->cores[core];
+    CoreControl& words = active_control(lib)->cores[core];
     const uint32_t head = vload(&words.fail_head);
     if (head - vload(&words.fail_tail) >= kFailRing) return cudlaErrorOutOfResources;
     vstore(&words.fail_ring[head % kFailRing], status);
@@ -1118,8 +1153,8 @@ extern "C" int aiodlaStandinFailNextCall(const char* function, uint32_t status) 
 extern "C" int aiodlaStandinHangCore(uint64_t core, int hung) {
     Library& lib = library();
     if (core >= lib.cores) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
-    vstore(&lib.control->cores[core].hung, hung ? 1u : 0u);
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    vstore(&active_control(lib)->cores[core].hung, hung ? 1u : 0u);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return cudlaSuccess;
 }
@@ -1127,8 +1162,8 @@ extern "C" int aiodlaStandinHangCore(uint64_t core, int hung) {
 extern "C" int aiodlaStandinHoldCore(uint64_t core, int hold) {
     Library& lib = library();
     if (core >= lib.cores) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
-    vstore(&lib.control->cores[core].hold, hold ? 1u : 0u);
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    vstore(&active_control(lib)->cores[core].hold, hold ? 1u : 0u);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return cudlaSuccess;
 }
@@ -1138,22 +1173,22 @@ extern "C" int aiodlaStandinHoldCore(uint64_t core, int hold) {
 extern "C" int aiodlaStandinHeldTasks(uint64_t core) {
     Library& lib = library();
     if (core >= lib.cores) return -1;
-    Control* control = control_if_any(lib);
-    return control ? static_cast<int>(vload(&control->cores[core].held)) : 0;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    return static_cast<int>(vload(&active_control(lib)->cores[core].held));
 }
 
 extern "C" uint64_t aiodlaStandinCoreTasks(uint64_t core) {
     Library& lib = library();
-    Control* control = control_if_any(lib);
-    if (core >= lib.cores || !control) return 0;
-    return vload(&control->cores[core].tasks_completed);
+    if (core >= lib.cores) return 0;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    return vload(&active_control(lib)->cores[core].tasks_completed);
 }
 
 extern "C" uint64_t aiodlaStandinCoreBusyNs(uint64_t core) {
     Library& lib = library();
-    Control* control = control_if_any(lib);
-    if (core >= lib.cores || !control) return 0;
-    return vload(&control->cores[core].busy_ns);
+    if (core >= lib.cores) return 0;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    return vload(&active_control(lib)->cores[core].busy_ns);
 }
 
 extern "C" void aiodlaStandinLiveHandles(uint64_t* devices, uint64_t* modules,
@@ -1191,8 +1226,8 @@ extern "C" void aiodlaStandinReleasedByDestroy(uint64_t* modules, uint64_t* regi
  * kernels still waiting finish at once instead of holding the process's exit. */
 extern "C" void aiodlaStandinShutdown(void) {
     Library& lib = library();
-    Control* control = control_if_any(lib);
-    if (!control) return;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    Control* control = active_control(lib);
     for (uint32_t core = 0; core < kMaxCores; ++core) {
         vstore(&control->cores[core].hold, 0u);
         vstore(&control->cores[core].hung, 0u);
