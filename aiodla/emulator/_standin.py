@@ -88,13 +88,15 @@ CONTROL_FUNCTIONS = (
     "aiodlaStandinCoreTasks",
     "aiodlaStandinCoreBusyNs",
     "aiodlaStandinLiveHandles",
+    "aiodlaStandinLiveResources",
+    "aiodlaStandinReleasedByDestroy",
     "aiodlaStandinShutdown",
     "aiodlaStandinCheckLoadable",
     "aiodlaStandinRunOnHost",
     "aiodlaStandinFakeAlloc",
     "aiodlaStandinFakeFree",
 )
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: aiodlaStandinLiveResources, aiodlaStandinReleasedByDestroy
 _SOURCES = ("standin.cu", "cudla_abi.h", "loadable.h", "task_math.h")
 _ENGINE_TIMEOUT = 0x40000006
 _DLA_INVALID_INPUT = 0x40000001
@@ -356,6 +358,8 @@ class StandinControls:
                 None,
                 [ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u64)],
             ),
+            "aiodlaStandinLiveResources": (None, [ctypes.POINTER(u64)] * 4),
+            "aiodlaStandinReleasedByDestroy": (None, [ctypes.POINTER(u64)] * 2),
             "aiodlaStandinShutdown": (None, []),
             "aiodlaStandinCheckLoadable": (
                 c_int,
@@ -466,6 +470,24 @@ class StandinControls:
         self.library.aiodlaStandinLiveHandles(*(ctypes.byref(c) for c in counts))
         devices, modules, registrations = (int(c.value) for c in counts)
         return {"devices": devices, "modules": modules, "registrations": registrations}
+
+    def live_resources(self) -> dict[str, int]:
+        """What the stand-in holds of the CUDA device now: its live device allocations
+        (``allocations``, ``bytes``), CUDA ``events`` and ``streams``. All zero once every
+        device handle is destroyed; the per-process control block is not counted."""
+        counts = [ctypes.c_uint64() for _ in range(4)]
+        self.library.aiodlaStandinLiveResources(*(ctypes.byref(c) for c in counts))
+        allocations, nbytes, events, streams = (int(c.value) for c in counts)
+        return {"allocations": allocations, "bytes": nbytes, "events": events, "streams": streams}
+
+    def released_by_destroy(self) -> dict[str, int]:
+        """Modules and registrations that ``cudlaDestroyDevice`` released because the
+        caller had not, since the library was loaded. cuDLA lets destroy end what the
+        handle owns; zero for a caller that unregisters and unloads in order itself."""
+        counts = [ctypes.c_uint64() for _ in range(2)]
+        self.library.aiodlaStandinReleasedByDestroy(*(ctypes.byref(c) for c in counts))
+        modules, registrations = (int(c.value) for c in counts)
+        return {"modules": modules, "registrations": registrations}
 
     # -- host-side helpers (no GPU needed) ---------------------------------------------
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One run on the GPU machine: versions, the stand-in build, tests/gpu with coverage of
-# aiodla/runtime/_cuda.py, then the GPU benchmark. Run from the repository root:
+# aiodla/runtime/_cuda.py, compute-sanitizer over the stand-in (tests/gpu/sanitize), then
+# the GPU benchmark. Run from the repository root:
 #
-#     bash tests/gpu/device_run.sh
+#     bash tests/gpu/device_run.sh                       # every step
+#     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
 #
 # Everything worth keeping goes under $OUT (default ./device-out): the build log, the
-# pytest log and JUnit XML, the coverage reports, the benchmark's JSON and log.
-# A failing step never stops the later ones; the summary at the end says what failed.
-# Bounded to about 8 minutes in all (each step has its own time limit).
+# pytest log and JUnit XML, the coverage reports, the sanitizer's logs and verdict, the
+# benchmark's JSON and log. A failing step never stops the later ones; the summary at
+# the end says what failed. Each step has its own time limit; all of them together take
+# up to about 13 minutes, so a single bounded call runs a subset through STEPS.
 
 set -u
 set -o pipefail
@@ -19,7 +22,10 @@ REPO="$PWD"
 STANDIN_DIR=/tmp/aiodla-standin
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export COVERAGE_FILE=/tmp/aiodla-gpu.coverage
+STEPS="${STEPS:-build pytest sanitize bench}"
 declare -A STATUS
+
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {  # step NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, remember the exit code
     local name="$1" limit="$2"
@@ -51,8 +57,8 @@ if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
     fi
 fi
 
-step build 240 python3 -m aiodla.emulator.standin_build "$STANDIN_DIR"
-if [ "${STATUS[build]}" = 0 ] && [ -f "$STANDIN_DIR/libcudla.so.1" ]; then
+wanted build && step build 240 python3 -m aiodla.emulator.standin_build "$STANDIN_DIR"
+if [ "${STATUS[build]:-1}" = 0 ] && [ -f "$STANDIN_DIR/libcudla.so.1" ]; then
     export AIODLA_STANDIN_LIB="$STANDIN_DIR/libcudla.so.1"  # tests and benchmark reuse it
 fi
 
@@ -64,21 +70,32 @@ if python3 -c "import pytest_timeout" 2> /dev/null; then
 else
     PYTEST_ARGS+=(-o "addopts=-ra --strict-markers" -W "ignore::pytest.PytestConfigWarning")
 fi
-step pytest 330 python3 -m pytest tests/gpu "${PYTEST_ARGS[@]}" \
-    --junitxml="$OUT/pytest-gpu.xml" \
-    --cov=aiodla --cov-branch --cov-report=term-missing:skip-covered \
-    --cov-report=xml:"$OUT/coverage.xml"
-python3 -m coverage report -m --include='aiodla/runtime/_cuda.py' 2>&1 | tee "$OUT/coverage-cuda.txt"
-python3 -m coverage report -m --include='aiodla/*' > "$OUT/coverage-all.txt" 2>&1
+if wanted pytest; then
+    step pytest 330 python3 -m pytest tests/gpu "${PYTEST_ARGS[@]}" \
+        --junitxml="$OUT/pytest-gpu.xml" \
+        --cov=aiodla --cov-branch --cov-report=term-missing:skip-covered \
+        --cov-report=xml:"$OUT/coverage.xml"
+    python3 -m coverage report -m --include='aiodla/runtime/_cuda.py' 2>&1 | tee "$OUT/coverage-cuda.txt"
+    python3 -m coverage report -m --include='aiodla/*' > "$OUT/coverage-all.txt" 2>&1
+fi
 
-step bench 200 python3 benchmarks/bench_gpu.py "$OUT/bench-gpu.json"
+# compute-sanitizer memcheck (leak checking), racecheck and synccheck over a plain C
+# cuDLA program and over tests/gpu: fails on any report outside the deliberate trap.
+if wanted sanitize && [ -n "${AIODLA_STANDIN_LIB:-}" ]; then
+    step sanitize 330 bash tests/gpu/sanitize/sanitize.sh "$AIODLA_STANDIN_LIB" \
+        "$OUT/sanitizer" 270
+    tar czf "$OUT/sanitizer-logs.tgz" -C "$OUT" sanitizer && rm -rf "$OUT/sanitizer"
+fi
+
+wanted bench && step bench 200 python3 benchmarks/bench_gpu.py "$OUT/bench-gpu.json"
 
 echo
 echo "=== summary"
-for name in wheels build pytest bench; do
+for name in wheels build pytest sanitize bench; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
-echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" | tail -n 1)"
-echo "_cuda.py: $(grep -E 'aiodla/runtime/_cuda.py' "$OUT/coverage-cuda.txt" | tail -n 1)"
+echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
+echo "_cuda.py: $(grep -E 'aiodla/runtime/_cuda.py' "$OUT/coverage-cuda.txt" 2> /dev/null | tail -n 1)"
+echo "sanitizer: $(grep -E '^sanitizer: ' "$OUT/sanitize.log" 2> /dev/null | tail -n 1)"
 grep -E 'x ideal|aiodla p50 / floor' "$OUT/bench.log" 2> /dev/null | sed 's/^/bench:  /'
 echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

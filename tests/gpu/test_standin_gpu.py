@@ -32,6 +32,7 @@ UNSUPPORTED = 13
 DLA_INVALID_INPUT = 0x40000001
 ENGINE_TIMEOUT = 0x40000006
 NO_HANDLES = {"devices": 0, "modules": 0, "registrations": 0}
+NOTHING_LIVE = {"allocations": 0, "bytes": 0, "events": 0, "streams": 0}
 
 
 def model(
@@ -70,6 +71,7 @@ def setup(runtime: CudaRuntime, standin: Any) -> Any:
     with _Setup(runtime, 0, model()) as made:
         yield made
     assert standin.live_handles() == NO_HANDLES
+    assert standin.live_resources() == NOTHING_LIVE
 
 
 class TestBasics:
@@ -231,8 +233,49 @@ class TestValidation:
         runtime.set_task_timeout(setup.device, 1_000_000)
         runtime.set_task_timeout(setup.device, 1)
 
-    def test_destroy_with_attachments(self, setup: _Setup, runtime: CudaRuntime) -> None:
-        assert status_of(runtime.destroy_device, setup.device) == INVALID_PARAM
+    def test_destroy_ends_what_the_handle_owns(self, runtime: CudaRuntime, standin: Any) -> None:
+        # cudla.h gives cudlaDestroyDevice no status for a module or memory still
+        # attached (only success, invalid device, CUDA and UMD errors): destroy releases
+        # them, and the module's handle then answers "not loaded into a valid device".
+        live, released = standin.live_resources(), standin.released_by_destroy()
+        device = runtime.create_device(0)
+        with_device = standin.live_resources()
+        module = runtime.load_module(device, model())
+        pointer = runtime.malloc(4096)
+        try:
+            registered = runtime.mem_register(device, pointer, 4096)
+            assert standin.live_resources()["allocations"] == with_device["allocations"] + 1
+            runtime.destroy_device(device)
+            assert standin.live_handles() == NO_HANDLES
+            assert standin.live_resources() == live
+            assert standin.released_by_destroy() == {
+                "modules": released["modules"] + 1,
+                "registrations": released["registrations"] + 1,
+            }
+            for _ in range(2):  # every later use, not only the first
+                assert status_of(runtime.unload_module, module) == INVALID_DEVICE
+                assert status_of(runtime.module_tensors, module) == INVALID_DEVICE
+            assert status_of(runtime.mem_unregister, device, registered) == INVALID_DEVICE
+            assert status_of(runtime.destroy_device, device) == INVALID_DEVICE
+        finally:
+            runtime.free(pointer)
+
+    def test_unload_twice(self, runtime: CudaRuntime, standin: Any) -> None:
+        live = standin.live_resources()
+        device = runtime.create_device(1)
+        try:
+            with_device = standin.live_resources()
+            module = runtime.load_module(device, model())
+            runtime.unload_module(module)
+            assert standin.live_resources() == with_device
+            assert status_of(runtime.unload_module, module) == INVALID_MODULE
+            assert status_of(runtime.module_tensors, module) == INVALID_MODULE
+            # The handle can load again once its module is gone, and release again.
+            again = runtime.load_module(device, model())
+            runtime.unload_module(again)
+        finally:
+            runtime.destroy_device(device)
+        assert standin.live_resources() == live
 
     def test_stale_handles(self, runtime: CudaRuntime) -> None:
         device = runtime.create_device(0)

@@ -192,6 +192,9 @@ AIODLA_EXPORT uint64_t aiodlaStandinCoreTasks(uint64_t core);
 AIODLA_EXPORT uint64_t aiodlaStandinCoreBusyNs(uint64_t core);
 AIODLA_EXPORT void aiodlaStandinLiveHandles(uint64_t* devices, uint64_t* modules,
                                             uint64_t* registrations);
+AIODLA_EXPORT void aiodlaStandinLiveResources(uint64_t* allocations, uint64_t* bytes,
+                                              uint64_t* events, uint64_t* streams);
+AIODLA_EXPORT void aiodlaStandinReleasedByDestroy(uint64_t* modules, uint64_t* registrations);
 AIODLA_EXPORT void aiodlaStandinShutdown(void);
 AIODLA_EXPORT int aiodlaStandinCheckLoadable(const void* data, size_t size, char* message,
                                              size_t messageSize);

@@ -38,6 +38,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #ifndef AIODLA_STANDIN_HOST_FAKE
@@ -60,7 +61,7 @@ constexpr uint32_t kMaxTimeoutMs = 1000000;     /* 1000 s */
 constexpr uint64_t kRegisteredTag = 1ull << 56; /* as the emulated runtime: never a raw address */
 constexpr uint64_t kRegistrationAlignment = 32;
 constexpr uint32_t kThreads = 256;
-constexpr uint32_t kAbiVersion = 1;
+constexpr uint32_t kAbiVersion = 2;  /* 2: aiodlaStandinLiveResources, ...ReleasedByDestroy */
 constexpr uint64_t kCudlaVersion = 1002001;     /* what the emulated runtime reports */
 constexpr uint32_t kDeviceVersion = 2;
 constexpr uint32_t kEngineTimeout = cudlaErrorDlaErrEngineTimeout;
@@ -251,6 +252,34 @@ inline void run_task_on_host(const TaskArgs& args) {
     finish_task(args, started);
 }
 
+/* What the stand-in holds of the CUDA device right now: every allocation, event and
+ * stream it made and has not released. Kept beside the CUDA calls themselves (in
+ * Platform), so nothing the stand-in creates escapes the count; a test that opens and
+ * closes an engine can then require all of it back at zero (aiodlaStandinLiveResources).
+ * The mapped control block counts as one allocation: it lives while any device handle
+ * does. */
+struct Accounting {
+    std::atomic<uint64_t> allocations{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> events{0};
+    std::atomic<uint64_t> streams{0};
+};
+
+inline Accounting& accounting() {
+    static Accounting* instance = new Accounting();  /* never destroyed, as library() */
+    return *instance;
+}
+
+inline void count_allocation(size_t size) {
+    accounting().allocations.fetch_add(1);
+    accounting().bytes.fetch_add(size);
+}
+
+inline void count_free(size_t size) {
+    accounting().allocations.fetch_sub(1);
+    accounting().bytes.fetch_sub(size);
+}
+
 /* ------------------------------------------------------------------------------------
  * The few CUDA facilities the stand-in needs, and their host fakes.
  * ---------------------------------------------------------------------------------- */
@@ -318,40 +347,90 @@ struct Platform {
             cudaFreeHost(*host);
             return false;
         }
+        count_allocation(size);
         return true;
     }
 
-    /* Copy `size` bytes from `host` into device memory (*memory, allocated when null).
-     * The copy runs on a private non-blocking stream, so it never waits behind tasks
-     * held or hung on a core. On failure *memory may still hold an allocation. */
-    static bool upload(void** memory, const void* host, size_t size) {
-        static std::mutex mutex;
-        static std::map<int, cudaStream_t> streams;
+    static void mapped_host_free(void* host, size_t size) {
+        cuda_ok(cudaFreeHost(host));
+        count_free(size);
+    }
+
+    /* Module tables come from the stream-ordered allocator on the core's private upload
+     * stream: cudaFreeAsync returns a table without synchronizing the device, so an
+     * unload never waits behind tasks held or hung on another core (plain cudaFree may
+     * synchronize the whole device). A device without memory pools falls back to
+     * cudaMalloc / cudaFree and accepts that wait. */
+    static bool pools_supported() {
         int device = 0;
-        if (!current_device(&device)) return false;
-        if (!*memory && !cuda_ok(cudaMalloc(memory, size))) {
+        int supported = 0;
+        return current_device(&device) &&
+               cuda_ok(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported,
+                                              device)) &&
+               supported;
+    }
+
+    /* *pooled says which allocator served it; device_free needs the same answer. */
+    static bool device_alloc(void** memory, size_t size, void* stream, bool* pooled) {
+        *pooled = pools_supported();
+        const bool ok =
+            *pooled ? cuda_ok(cudaMallocAsync(memory, size, static_cast<cudaStream_t>(stream)))
+                    : cuda_ok(cudaMalloc(memory, size));
+        if (!ok) {
             *memory = nullptr;
             return false;
         }
-        std::lock_guard<std::mutex> lock(mutex);
-        cudaStream_t& stream = streams[device];
-        if (!stream && !cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking))) {
-            stream = nullptr;
-            return false;
+        count_allocation(size);
+        return true;
+    }
+
+    static void device_free(void* memory, size_t size, void* stream, bool pooled) {
+        if (!memory) return;
+        /* Counted as released even if CUDA reports an error: the pointer is given up
+         * either way, and a sticky context error fails every later call anyway. */
+        if (pooled) {
+            cuda_ok(cudaFreeAsync(memory, static_cast<cudaStream_t>(stream)));
+        } else {
+            cuda_ok(cudaFree(memory));
         }
-        return cuda_ok(cudaMemcpyAsync(*memory, host, size, cudaMemcpyHostToDevice, stream)) &&
-               cuda_ok(cudaStreamSynchronize(stream));
+        count_free(size);
+    }
+
+    /* Copy `size` bytes from `host` into the device memory at `memory`, on the core's
+     * private non-blocking stream, so the copy never waits behind tasks held or hung on
+     * a core; the stream is synchronized, so the bytes are in place on return. */
+    static bool upload(void* memory, const void* host, size_t size, void* stream) {
+        cudaStream_t on = static_cast<cudaStream_t>(stream);
+        return cuda_ok(cudaMemcpyAsync(memory, host, size, cudaMemcpyHostToDevice, on)) &&
+               cuda_ok(cudaStreamSynchronize(on));
+    }
+
+    static bool stream_create(void** stream) {
+        cudaStream_t created = nullptr;
+        if (!cuda_ok(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking))) return false;
+        *stream = created;
+        accounting().streams.fetch_add(1);
+        return true;
+    }
+
+    /* Returns at once; CUDA releases the stream once its pending work (a table's
+     * cudaFreeAsync) is done. */
+    static void stream_destroy(void* stream) {
+        cuda_ok(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
+        accounting().streams.fetch_sub(1);
     }
 
     static bool event_create(void** event) {
         cudaEvent_t created = nullptr;
         if (!cuda_ok(cudaEventCreateWithFlags(&created, cudaEventDisableTiming))) return false;
         *event = created;
+        accounting().events.fetch_add(1);
         return true;
     }
 
     static void event_destroy(void* event) {
         cuda_ok(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+        accounting().events.fetch_sub(1);
     }
 
     static Launch launch(void* stream, void* core_event, const TaskArgs& args) {
@@ -394,21 +473,53 @@ struct Platform {
     static bool mapped_host_alloc(size_t size, void** host, void** device) {
         *host = calloc(1, size);
         *device = *host;
+        if (*host) count_allocation(size);
         return *host != nullptr;
     }
 
-    static bool upload(void** memory, const void* host, size_t size) {
-        if (!*memory) *memory = malloc(size);
+    static void mapped_host_free(void* host, size_t size) {
+        free(host);
+        count_free(size);
+    }
+
+    static bool device_alloc(void** memory, size_t size, void*, bool* pooled) {
+        *pooled = false;
+        *memory = malloc(size);
         if (!*memory) return false;
-        memcpy(*memory, host, size);
+        count_allocation(size);
         return true;
+    }
+
+    static void device_free(void* memory, size_t size, void*, bool) {
+        if (!memory) return;
+        free(memory);
+        count_free(size);
+    }
+
+    static bool upload(void* memory, const void* host, size_t size, void*) {
+        memcpy(memory, host, size);
+        return true;
+    }
+
+    static bool stream_create(void** stream) {
+        *stream = new int(0);
+        accounting().streams.fetch_add(1);
+        return true;
+    }
+    static void stream_destroy(void* stream) {
+        delete static_cast<int*>(stream);
+        accounting().streams.fetch_sub(1);
     }
 
     static bool event_create(void** event) {
         *event = new int(0);
+        accounting().events.fetch_add(1);
         return true;
     }
-    static void event_destroy(void* event) { delete static_cast<int*>(event); }
+    static void event_destroy(void* event) {
+        delete static_cast<int*>(event);
+        accounting().events.fetch_sub(1);
+    }
 
     static Launch launch(void*, void*, const TaskArgs& args) {
         run_task_on_host(args);
@@ -442,11 +553,15 @@ struct ModuleState {
     uint64_t device = 0;
     ParsedModule parsed;
     ModuleTable* table = nullptr;  /* device memory */
+    bool pooled = false;           /* table from the stream-ordered allocator */
 };
 
+/* What a core holds on the CUDA device lives exactly as long as the core has device
+ * handles: created with the first, destroyed with the last (cudlaDestroyDevice). */
 struct CoreState {
     std::mutex launch;
-    void* chain = nullptr;  /* the event of the core's last submitted task */
+    void* chain = nullptr;   /* the event of the core's last submitted task */
+    void* upload = nullptr;  /* private stream: module tables' copies, allocations, frees */
     int cuda_device = -1;
     uint32_t handles = 0;
 };
@@ -457,12 +572,22 @@ struct Library {
     CoreState core[kMaxCores];
     std::unordered_map<uint64_t, DeviceState> devices;
     std::unordered_map<uint64_t, ModuleState> modules;
-    std::vector<ModuleTable*> spare_tables;  /* reused, never freed: cudaFree may synchronize */
+    /* Modules whose device handle was destroyed under them (cudlaDestroyDevice releases
+     * them): their handles answer cudlaErrorInvalidDevice from then on, as cudla.h says
+     * of a module "not loaded into a valid device". A few bytes a handle, misuse only. */
+    std::unordered_set<uint64_t> orphaned_modules;
+    uint64_t released_modules = 0;        /* modules and registrations that */
+    uint64_t released_registrations = 0;  /* cudlaDestroyDevice had to release */
     uint64_t next_handle = 0xd1a00010;
     bool slot_used[kSlots] = {};
-    Control* control = nullptr;         /* host view */
+    /* The control words live in mapped pinned memory while any device handle does (the
+     * tasks read and write them there), and in `saved`, plain host memory, while none
+     * does: the test controls' state (holds, hangs, queued failures, counters) carries
+     * across, and nothing stays pinned once the last handle is destroyed. */
+    Control* control = nullptr;         /* host view of the mapped block, or null */
     Control* control_device = nullptr;  /* device view */
-    std::mutex control_mutex;           /* creating the control block, pushing failures */
+    Control saved = {};
+    std::mutex control_mutex;           /* switching blocks; every test control's access */
     std::mutex injected_mutex;
     std::unordered_map<std::string, uint32_t> injected;
     std::atomic<bool> any_injected{false};
@@ -485,20 +610,34 @@ inline Library& library() {
     return *instance;
 }
 
+/* Map the control words for the tasks (the first device handle). Call with lib.mutex. */
 inline bool ensure_control(Library& lib) {
     std::lock_guard<std::mutex> lock(lib.control_mutex);
     if (lib.control) return true;
     void* host = nullptr;
     void* device = nullptr;
     if (!Platform::mapped_host_alloc(sizeof(Control), &host, &device)) return false;
+    memcpy(host, &lib.saved, sizeof(Control));
     lib.control_device = static_cast<Control*>(device);
     __atomic_store_n(&lib.control, static_cast<Control*>(host), __ATOMIC_RELEASE);
     return true;
 }
 
-inline Control* control_if_any(Library& lib) {
-    return __atomic_load_n(&lib.control, __ATOMIC_ACQUIRE);
+/* Unmap them again (the last device handle is gone, so no task can touch them): the
+ * words go back to `saved` and the pinned block is freed. Call with lib.mutex. */
+inline void release_control(Library& lib) {
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    Control* host = lib.control;
+    if (!host) return;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    memcpy(&lib.saved, host, sizeof(Control));
+    __atomic_store_n(&lib.control, static_cast<Control*>(nullptr), __ATOMIC_RELEASE);
+    lib.control_device = nullptr;
+    Platform::mapped_host_free(host, sizeof(Control));
 }
+
+/* The control words in force now. Call with lib.control_mutex. */
+inline Control* active_control(Library& lib) { return lib.control ? lib.control : &lib.saved; }
 
 inline bool take_injected(const char* call, cudlaStatus* status) {
     Library& lib = library();
@@ -526,6 +665,14 @@ inline uint64_t handle_value(const void* handle) {
 
 inline uint64_t in_flight(const Library& lib, const DeviceState& device) {
     return device.submitted - vload(&lib.control->slots[device.slot].completed);
+}
+
+/* Give back what a loaded module holds on the device (its table), on its core's upload
+ * stream. Called with lib.mutex held, once no task of the module's device is in flight. */
+inline void release_module(Library& lib, ModuleState& module, const DeviceState& device) {
+    Platform::device_free(module.table, sizeof(ModuleTable), lib.core[device.core].upload,
+                          module.pooled);
+    module.table = nullptr;
 }
 
 }  // namespace aiodla_standin
@@ -558,7 +705,6 @@ extern "C" cudlaStatus cudlaCreateDevice(const uint64_t device, cudlaDevHandle* 
     if (flags == CUDLA_STANDALONE) return cudlaErrorUnsupportedOperation;
     if (flags != CUDLA_CUDA_DLA) return cudlaErrorInvalidParam;
     if (device >= lib.cores) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
     int cuda_device = 0;
     if (!Platform::current_device(&cuda_device)) return cudlaErrorCuda;
     std::lock_guard<std::mutex> lock(lib.mutex);
@@ -568,10 +714,21 @@ extern "C" cudlaStatus cudlaCreateDevice(const uint64_t device, cudlaDevHandle* 
     uint32_t slot = 0;
     while (slot < kSlots && lib.slot_used[slot]) ++slot;
     if (slot == kSlots) return cudlaErrorOutOfResources;
+    if (!ensure_control(lib)) return cudlaErrorCuda;
     if (!core.handles) {
-        /* The chain event lives in the CUDA context of the core's handles; a fresh one
-         * after every last handle goes keeps it in the context now current. */
-        if (!Platform::event_create(&core.chain)) return cudlaErrorCuda;
+        /* The chain event and the upload stream live in the CUDA context of the core's
+         * handles; fresh ones after every last handle goes keep them in the context now
+         * current. Nothing is kept when either cannot be made. */
+        bool made = Platform::event_create(&core.chain);
+        if (made && !Platform::stream_create(&core.upload)) {
+            Platform::event_destroy(core.chain);
+            made = false;
+        }
+        if (!made) {
+            core.chain = nullptr;
+            if (lib.devices.empty()) release_control(lib);
+            return cudlaErrorCuda;
+        }
         core.cuda_device = cuda_device;
     }
     SlotControl& words = lib.control->slots[slot];
@@ -597,17 +754,42 @@ extern "C" cudlaStatus cudlaDestroyDevice(const cudlaDevHandle devHandle) {
     auto it = lib.devices.find(handle_value(devHandle));
     if (it == lib.devices.end()) return cudlaErrorInvalidDevice;
     DeviceState& device = it->second;
+    /* cudla.h: "Before destroying the handle, it is important to ensure that all the
+     * tasks submitted previously to the device are completed. Failure to do so can lead
+     * to application crashes." Undefined there; the stand-in refuses, as the emulated
+     * runtime does, so a test sees the misuse instead of a crash. */
     if (in_flight(lib, device)) return cudlaErrorInvalidParam;
-    if (device.module || !device.registrations.empty()) return cudlaErrorInvalidParam;
+    /* A module or registrations still attached: cudla.h lists only cudlaSuccess,
+     * cudlaErrorInvalidDevice, cudlaErrorCuda and cudlaErrorUmd for cudlaDestroyDevice,
+     * and says the handle's internal CUDA allocations must be gone before the primary
+     * context is, so destroying the handle ends everything it owns: the module is
+     * released (its handle then answers cudlaErrorInvalidDevice, cudla.h's status for a
+     * module "not loaded into a valid device"), the registrations are dropped. Counted,
+     * so tests can still require a caller to release in order itself. */
+    if (device.module) {
+        auto module = lib.modules.find(device.module);
+        if (module != lib.modules.end()) {
+            release_module(lib, module->second, device);
+            lib.modules.erase(module);
+        }
+        lib.orphaned_modules.insert(device.module);
+        lib.released_modules += 1;
+        device.module = 0;
+    }
+    lib.released_registrations += device.registrations.size();
+    device.registrations.clear();
     CoreState& core = lib.core[device.core];
     lib.slot_used[device.slot] = false;
     core.handles -= 1;
     if (!core.handles) {
+        Platform::stream_destroy(core.upload);
+        core.upload = nullptr;
         Platform::event_destroy(core.chain);
         core.chain = nullptr;
         core.cuda_device = -1;
     }
     lib.devices.erase(it);
+    if (lib.devices.empty()) release_control(lib);
     return cudlaSuccess;
 }
 
@@ -630,13 +812,15 @@ extern "C" cudlaStatus cudlaModuleLoadFromMemory(const cudlaDevHandle devHandle,
     DeviceState& device = found->second;
     if (device.module) return cudlaErrorUnsupportedOperation;  /* one loadable per handle */
     if (!Platform::use_device(device.cuda_device)) return cudlaErrorCuda;
+    /* The table is the module's only device resource: cudlaModuleUnload or
+     * cudlaDestroyDevice gives it back, and a failed copy gives it back here. */
+    void* upload = lib.core[device.core].upload;
     void* table = nullptr;
-    if (!lib.spare_tables.empty()) {
-        table = lib.spare_tables.back();
-        lib.spare_tables.pop_back();
+    if (!Platform::device_alloc(&table, sizeof(ModuleTable), upload, &module.pooled)) {
+        return cudlaErrorCuda;
     }
-    if (!Platform::upload(&table, &module.parsed.table, sizeof(ModuleTable))) {
-        if (table) lib.spare_tables.push_back(static_cast<ModuleTable*>(table));
+    if (!Platform::upload(table, &module.parsed.table, sizeof(ModuleTable), upload)) {
+        Platform::device_free(table, sizeof(ModuleTable), upload, module.pooled);
         return cudlaErrorCuda;
     }
     module.table = static_cast<ModuleTable*>(table);
@@ -657,7 +841,12 @@ extern "C" cudlaStatus cudlaModuleGetAttributes(const cudlaModule hModule,
     if (!attribute) return cudlaErrorInvalidParam;
     std::lock_guard<std::mutex> lock(lib.mutex);
     auto found = lib.modules.find(handle_value(hModule));
-    if (found == lib.modules.end()) return cudlaErrorInvalidModule;
+    if (found == lib.modules.end()) {
+        /* cudla.h: "returns cudlaErrorInvalidDevice if the module is not loaded in any
+         * device" (its device handle was destroyed under it). */
+        if (lib.orphaned_modules.count(handle_value(hModule))) return cudlaErrorInvalidDevice;
+        return cudlaErrorInvalidModule;
+    }
     const ParsedModule& parsed = found->second.parsed;
     switch (attrType) {
         case CUDLA_NUM_INPUT_TENSORS:
@@ -693,10 +882,19 @@ extern "C" cudlaStatus cudlaModuleUnload(const cudlaModule hModule, const uint32
     (void)flags;
     std::lock_guard<std::mutex> lock(lib.mutex);
     auto found = lib.modules.find(handle_value(hModule));
-    if (found == lib.modules.end()) return cudlaErrorInvalidModule;
+    if (found == lib.modules.end()) {
+        /* cudla.h lists cudlaSuccess, cudlaErrorInvalidParam, cudlaErrorInvalidDevice,
+         * cudlaErrorInvalidModule and cudlaErrorUmd, and "returns cudlaErrorInvalidDevice
+         * if the module is not loaded into a valid device": so a module whose device
+         * handle was destroyed answers that; any other handle that names no loaded
+         * module (a second unload, a made-up value) is an invalid module, as it is for
+         * cudlaModuleGetAttributes and cudlaSubmitTask. Nothing is released twice. */
+        if (lib.orphaned_modules.count(handle_value(hModule))) return cudlaErrorInvalidDevice;
+        return cudlaErrorInvalidModule;
+    }
     DeviceState& device = lib.devices.at(found->second.device);
     if (in_flight(lib, device)) return cudlaErrorInvalidParam;
-    lib.spare_tables.push_back(found->second.table);
+    release_module(lib, found->second, device);
     device.module = 0;
     lib.modules.erase(found);
     return cudlaSuccess;
@@ -922,9 +1120,8 @@ extern "C" uint64_t aiodlaStandinCores(void) { return library().cores; }
 extern "C" int aiodlaStandinFailNextTask(uint64_t core, uint32_t status) {
     Library& lib = library();
     if (core >= lib.cores || status == 0) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
     std::lock_guard<std::mutex> lock(lib.control_mutex);
-    CoreControl& words = lib.control->cores[core];
+    CoreControl& words = active_control(lib)->cores[core];
     const uint32_t head = vload(&words.fail_head);
     if (head - vload(&words.fail_tail) >= kFailRing) return cudlaErrorOutOfResources;
     vstore(&words.fail_ring[head % kFailRing], status);
@@ -956,8 +1153,8 @@ extern "C" int aiodlaStandinFailNextCall(const char* function, uint32_t status) 
 extern "C" int aiodlaStandinHangCore(uint64_t core, int hung) {
     Library& lib = library();
     if (core >= lib.cores) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
-    vstore(&lib.control->cores[core].hung, hung ? 1u : 0u);
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    vstore(&active_control(lib)->cores[core].hung, hung ? 1u : 0u);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return cudlaSuccess;
 }
@@ -965,8 +1162,8 @@ extern "C" int aiodlaStandinHangCore(uint64_t core, int hung) {
 extern "C" int aiodlaStandinHoldCore(uint64_t core, int hold) {
     Library& lib = library();
     if (core >= lib.cores) return cudlaErrorInvalidParam;
-    if (!ensure_control(lib)) return cudlaErrorCuda;
-    vstore(&lib.control->cores[core].hold, hold ? 1u : 0u);
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    vstore(&active_control(lib)->cores[core].hold, hold ? 1u : 0u);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return cudlaSuccess;
 }
@@ -976,22 +1173,22 @@ extern "C" int aiodlaStandinHoldCore(uint64_t core, int hold) {
 extern "C" int aiodlaStandinHeldTasks(uint64_t core) {
     Library& lib = library();
     if (core >= lib.cores) return -1;
-    Control* control = control_if_any(lib);
-    return control ? static_cast<int>(vload(&control->cores[core].held)) : 0;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    return static_cast<int>(vload(&active_control(lib)->cores[core].held));
 }
 
 extern "C" uint64_t aiodlaStandinCoreTasks(uint64_t core) {
     Library& lib = library();
-    Control* control = control_if_any(lib);
-    if (core >= lib.cores || !control) return 0;
-    return vload(&control->cores[core].tasks_completed);
+    if (core >= lib.cores) return 0;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    return vload(&active_control(lib)->cores[core].tasks_completed);
 }
 
 extern "C" uint64_t aiodlaStandinCoreBusyNs(uint64_t core) {
     Library& lib = library();
-    Control* control = control_if_any(lib);
-    if (core >= lib.cores || !control) return 0;
-    return vload(&control->cores[core].busy_ns);
+    if (core >= lib.cores) return 0;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    return vload(&active_control(lib)->cores[core].busy_ns);
 }
 
 extern "C" void aiodlaStandinLiveHandles(uint64_t* devices, uint64_t* modules,
@@ -1005,12 +1202,32 @@ extern "C" void aiodlaStandinLiveHandles(uint64_t* devices, uint64_t* modules,
     if (registrations) *registrations = registered;
 }
 
+/* The device resources the stand-in holds now (see Accounting): allocations and their
+ * bytes, CUDA events, CUDA streams. All four are zero once every handle is released. */
+extern "C" void aiodlaStandinLiveResources(uint64_t* allocations, uint64_t* bytes,
+                                           uint64_t* events, uint64_t* streams) {
+    Accounting& counts = accounting();
+    if (allocations) *allocations = counts.allocations.load();
+    if (bytes) *bytes = counts.bytes.load();
+    if (events) *events = counts.events.load();
+    if (streams) *streams = counts.streams.load();
+}
+
+/* Modules and registrations that cudlaDestroyDevice had to release because the caller
+ * had not (see cudlaDestroyDevice): zero for a caller that releases in order. */
+extern "C" void aiodlaStandinReleasedByDestroy(uint64_t* modules, uint64_t* registrations) {
+    Library& lib = library();
+    std::lock_guard<std::mutex> lock(lib.mutex);
+    if (modules) *modules = lib.released_modules;
+    if (registrations) *registrations = lib.released_registrations;
+}
+
 /* End every gate and hang now (called at interpreter exit, while memory is still mapped):
  * kernels still waiting finish at once instead of holding the process's exit. */
 extern "C" void aiodlaStandinShutdown(void) {
     Library& lib = library();
-    Control* control = control_if_any(lib);
-    if (!control) return;
+    std::lock_guard<std::mutex> lock(lib.control_mutex);
+    Control* control = active_control(lib);
     for (uint32_t core = 0; core < kMaxCores; ++core) {
         vstore(&control->cores[core].hold, 0u);
         vstore(&control->cores[core].hung, 0u);

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the stand-in: memcheck (with --leak-check full), racecheck and
+# synccheck, each over
+#   - hybrid_calls.c: the cuDLA hybrid-mode calls in NVIDIA's order, several loads, both
+#     DLA cores, and the unbalanced calls (the stand-in's own leaks and hazards);
+#   - tests/gpu, all but the deliberate trapping-kernel test (the engine on the stand-in);
+#   - that test alone, whose child process traps a kernel on purpose: its expected
+#     reports are excused by verdict.py, narrowly (see there).
+# The nine sanitized commands run side by side (one GPU, separate processes), each
+# bounded. Usage, from the repository root, with the stand-in already built:
+#
+#     bash tests/gpu/sanitize/sanitize.sh STANDIN_LIB LOGDIR [SECONDS]
+#
+# Exit status: verdict.py's (0: no error outside the deliberate trap).
+
+set -u
+LIB="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+LOGS="$2"
+LIMIT="${3:-300}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+TRAP_TEST="poisoned_context"  # -k expression naming the deliberate trapping-kernel test
+mkdir -p "$LOGS"
+"$SAN" --version | tail -n 1
+
+# The C program links the stand-in by its SONAME, as any cuDLA program links libcudla.
+"${CC:-gcc}" -std=c11 -O1 -g -Wall -Wextra -Werror "$HERE/hybrid_calls.c" \
+    -I "$HERE/../../../aiodla/emulator/standin" -I "$CUDA_HOME/include" \
+    -L "$(dirname "$LIB")" -l:libcudla.so.1 -L "$CUDA_HOME/lib64" -lcudart \
+    -Wl,-rpath,"$(dirname "$LIB")" -o "$LOGS/hybrid_calls" || exit 1
+python3 - "$LOGS" << 'EOF' || exit 1
+import sys
+from pathlib import Path
+from aiodla import TensorSpec
+from aiodla.emulator._format import make_loadable
+out = Path(sys.argv[1])
+x, y = TensorSpec("x", (1, 16, 2, 3), "float16", "chw16"), TensorSpec("y", (1, 16, 2, 3), "float16", "nchw")
+(out / "single.bin").write_bytes(make_loadable([x], [y], "affine", 0.001, scale=2.0, bias=1.0))
+ins = [TensorSpec("image", (1, 3, 8, 8), "uint8", "hwc4"), TensorSpec("features", (2, 40, 3, 3), "int8", "chw32")]
+outs = [TensorSpec("image_out", (1, 3, 1, 1), "float16", "chw16"), TensorSpec("features_out", (2, 40, 1, 1), "int8", "nchw")]
+(out / "multi.bin").write_bytes(make_loadable(ins, outs, "mean_hw", 0.0005, scale=0.5, bias=3.0))
+EOF
+
+PYTEST=(python3 -m pytest tests/gpu -p no:cacheprovider -q -rfE)
+if python3 -c "import pytest_timeout" 2> /dev/null; then
+    PYTEST+=(--timeout=240)
+else
+    PYTEST+=(-o "addopts=-ra --strict-markers" -W "ignore::pytest.PytestConfigWarning")
+fi
+
+sanitized() {  # sanitized NAME TOOL COMMAND...: one log a process under $LOGS/NAME
+    local name="$1" tool="$2"
+    shift 2
+    local extra=()
+    [ "$tool" = memcheck ] && extra=(--leak-check full)
+    mkdir -p "$LOGS/$name"
+    AIODLA_STANDIN_LIB="$LIB" timeout --kill-after=10 "$LIMIT" \
+        "$SAN" --tool "$tool" "${extra[@]}" --target-processes all --print-limit 10000 \
+        --log-file "$LOGS/$name/%p.log" "$@" > "$LOGS/$name.out" 2>&1
+    echo "$name: exit $? ($(tail -n 1 "$LOGS/$name.out"))"
+}
+
+for tool in memcheck racecheck synccheck; do
+    sanitized "c-$tool" "$tool" "$LOGS/hybrid_calls" 6 "$LOGS/single.bin" "$LOGS/multi.bin" &
+    sanitized "gpu-$tool" "$tool" "${PYTEST[@]}" -k "not $TRAP_TEST" &
+    sanitized "trap-$tool" "$tool" "${PYTEST[@]}" -k "$TRAP_TEST" &
+done
+wait
+
+python3 "$HERE/verdict.py" "$LOGS"/c-memcheck "$LOGS"/c-racecheck "$LOGS"/c-synccheck \
+    "$LOGS"/gpu-memcheck "$LOGS"/gpu-racecheck "$LOGS"/gpu-synccheck --trap "$LOGS"/trap-memcheck --trap "$LOGS"/trap-racecheck \
+    --trap "$LOGS"/trap-synccheck
