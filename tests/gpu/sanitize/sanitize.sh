@@ -61,9 +61,16 @@ sanitized() {  # sanitized NAME TOOL COMMAND...: one log a process under $LOGS/N
     echo "$name: exit $? ($(tail -n 1 "$LOGS/$name.out"))"
 }
 
+# Racecheck looks for shared-memory hazards inside kernels, and instruments every step of
+# every spinning task: the host-thread stress test (six threads, 120 tasks in turn on
+# one core) outlasts any bound under it while it can show racecheck nothing the other
+# tests do not. It runs under memcheck and synccheck.
+RACECHECK_SKIP="many_threads_on_one_core"
 for tool in memcheck racecheck synccheck; do
+    skip="$TRAP_TEST"
+    [ "$tool" = racecheck ] && skip="$TRAP_TEST or $RACECHECK_SKIP"
     sanitized "c-$tool" "$tool" "$LOGS/hybrid_calls" 6 "$LOGS/single.bin" "$LOGS/multi.bin" &
-    sanitized "gpu-$tool" "$tool" "${PYTEST[@]}" -k "not $TRAP_TEST" &
+    sanitized "gpu-$tool" "$tool" "${PYTEST[@]}" -k "not ($skip)" &
     sanitized "trap-$tool" "$tool" "${PYTEST[@]}" -k "$TRAP_TEST" &
 done
 wait
