@@ -110,9 +110,9 @@ def judge(directory: Path, trap: bool) -> tuple[list[str], list[str]]:
         )
         # racecheck ends with its own summary instead of an ERROR SUMMARY.
         for s in summaries:
-            if (m := re.match(r"RACECHECK SUMMARY: .*\((\d+) errors?, (\d+) warnings?\)", s)):
-                if int(m.group(1)) or int(m.group(2)):
-                    rest.append(s)
+            m = re.match(r"RACECHECK SUMMARY: .*\((\d+) errors?, (\d+) warnings?\)", s)
+            if m and (int(m.group(1)) or int(m.group(2))):
+                rest.append(s)
         if not any(s.startswith(("ERROR SUMMARY", "RACECHECK SUMMARY")) for s in summaries):
             rest.append("no ERROR SUMMARY: the sanitized process was killed before it ended")
         if counted > len(reports):
