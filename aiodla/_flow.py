@@ -89,7 +89,8 @@ class Flow:
 
     def fail_waiting(self, error: AiodlaError) -> None:
         for request in self.scheduler.drain(failure_reason(error)):
-            self._deliver(request, None, error, stepping=False)
+            if not request.future.done():  # (a cancelled caller's future is done)
+                request.future.set_exception(error)
 
     def fail_running(self, error: AiodlaError) -> None:
         for slot in self.cores.slots:
@@ -261,7 +262,7 @@ class Flow:
         core = slot.core
         self.cores.account(slot, status, now)
         if not status:
-            self.scheduler.task_ended(core, status)
+            core.consecutive_failures = 0  # the policy's whole answer to a success
             return
         logger.warning(
             "aiodla: a DLA task failed on core %d: %s (%d in a row)",
@@ -331,14 +332,6 @@ class Flow:
             latency = (time.monotonic() if now is None else now) - request.started
             self.latency.add(latency)
             self.latency_histogram.add(latency)
-        self._deliver(request, result, error, stepping)
-        return error
-
-    @staticmethod
-    def _deliver(
-        request: Request, result: Any, error: BaseException | None, stepping: bool
-    ) -> None:
-        """Hand an ended request's outcome to its coroutine."""
         future = request.future
         if not future.done():
             if error is not None:
@@ -347,6 +340,7 @@ class Flow:
                 future.set_result(result)
         elif stepping:  # its coroutine is doing a step of its own and takes this after it
             request.late = (result, error)
+        return error
 
     def _take_late(self, request: Request) -> Any:
         """Deliver an outcome decided while the request's coroutine did a step, and give

@@ -228,7 +228,8 @@ class Scheduler:
 
     def task_ended(self, core: CoreState, status: int) -> bool:
         """Count a task's status against its core; True when the core must leave
-        rotation now (too many failures in a row while another core serves)."""
+        rotation now (too many failures in a row while another core serves). A success
+        only resets the count (the flow does that itself on its hot path)."""
         if not status:
             core.consecutive_failures = 0
             return False

@@ -31,9 +31,11 @@ import aiodla, bench_engine
 latency, seconds, requests = {latency!r}, {seconds!r}, {requests!r}
 async def main():
     cost = await bench_engine.host_cost(requests)
+    pinned = await bench_engine.host_cost(requests, pin=True)
     rate = await bench_engine.run_aiodla(latency, seconds, 64)
     return {{"aiodla": aiodla.__file__, "host_us": cost["host_us"], "loop_us": cost["loop_us"],
-            "poller_us": cost["poller_us"], "throughput": rate}}
+            "poller_us": cost["poller_us"], "host_one_cpu_us": pinned["host_us"],
+            "throughput": rate}}
 print(json.dumps(asyncio.run(main())))
 """
 
@@ -90,7 +92,8 @@ def main() -> None:
           f"{args.latency * 1e3:g} ms x 2 cores, c=64")
     summary = {}
     for key, unit in (("host_us", "us/request"), ("loop_us", "us/request"),
-                      ("poller_us", "us/request"), ("throughput", "requests/s")):
+                      ("poller_us", "us/request"), ("host_one_cpu_us", "us/request"),
+                      ("throughput", "requests/s")):
         row = {}
         for name in ("base", "new"):
             values = [run[key] for run in runs[name]]
@@ -98,7 +101,7 @@ def main() -> None:
                          "max": max(values)}
         ratio = row["new"]["median"] / row["base"]["median"]
         summary[key] = {**row, "ratio": ratio}
-        print(f"  {key:11} base {row['base']['median']:9.1f} ({row['base']['min']:.1f}.."
+        print(f"  {key:15} base {row['base']['median']:9.1f} ({row['base']['min']:.1f}.."
               f"{row['base']['max']:.1f})  new {row['new']['median']:9.1f} "
               f"({row['new']['min']:.1f}..{row['new']['max']:.1f}) {unit}  new/base {ratio:.3f}")
     if args.json:
