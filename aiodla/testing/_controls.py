@@ -329,6 +329,8 @@ class EngineFactory:
         self.controls = controls
         self._engines: list[Engine] = []
 
+    # The model keywords are emulated_model's, repeated on purpose: the factory's
+    # signature documents what it accepts, and forwards each unchanged.
     async def __call__(
         self,
         spec: ModelDescription | None = None,
