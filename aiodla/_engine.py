@@ -286,7 +286,7 @@ class Engine:
         exactly as ``infer`` would (names, shapes, dtypes, NaN into integers)."""
         if not self._cores.inputs:
             raise EngineClosedError("the engine is not open: its inputs are not known yet")
-        _validated(self._cores.inputs, self._input_names, inputs)
+        _validated(self._cores.inputs, self._input_names, inputs, self._options.casting)
 
     async def infer(self, inputs: Any, *, timeout: float | None = None, wait: bool = True) -> Any:
         """Run the model on ``inputs`` and return its output.
@@ -346,7 +346,7 @@ class Engine:
                 "thread or loop, submit to the engine's own loop: "
                 "asyncio.run_coroutine_threadsafe(engine.infer(x), engine_loop)"
             )
-        arrays = _validated(self._cores.inputs, self._input_names, inputs)
+        arrays = _validated(self._cores.inputs, self._input_names, inputs, self._options.casting)
         if timeout is not None:
             check_timeout(timeout)
         scheduler = flow.scheduler
@@ -424,14 +424,14 @@ class Engine:
 
 
 def _validated(
-    specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any
+    specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any, casting: Any
 ) -> tuple[np.ndarray[Any, Any], ...]:
     """The arrays of ``inputs`` in the model's input order, each checked by its spec."""
     if type(inputs) is np.ndarray and len(specs) == 1:
         spec = specs[0]
         if inputs.dtype == spec.numpy_dtype and inputs.shape == spec.shape:
             return (inputs,)  # the common case, valid as it stands
-        return (spec.check_array(inputs),)
+        return (spec.check_array(inputs, casting=casting),)
     if isinstance(inputs, Mapping):
         given = set(inputs)
         if given != names:
@@ -445,13 +445,13 @@ def _validated(
             raise InputValueError(
                 f"inputs: {', '.join(parts)}; the model takes {[s.name for s in specs]}"
             )
-        return tuple(spec.check_array(inputs[spec.name]) for spec in specs)
+        return tuple(spec.check_array(inputs[spec.name], casting=casting) for spec in specs)
     if len(specs) != 1:
         raise InputTypeError(
             f"the model has {len(specs)} inputs {[s.name for s in specs]}: pass a "
             "mapping of name to array"
         )
-    return (specs[0].check_array(inputs),)
+    return (specs[0].check_array(inputs, casting=casting),)
 
 
 def _core_statistics(core: CoreState, now: float) -> CoreStatistics:

@@ -34,7 +34,10 @@ class EngineOptions:
     failed tasks in a row, a core leaves rotation (while another core serves) until a
     probe task, tried every ``probe_interval`` seconds, succeeds; None keeps every core
     in rotation. ``stage_times``: measure copy-in, DLA and copy-out time of every request
-    with timing events (a few microseconds of host time per request).
+    with timing events (a few microseconds of host time per request). ``casting``: how
+    input arrays of another dtype go into float tensors: ``"safe"`` refuses any value
+    the tensor's type would lose (1e6 into float16, say), ``"same_kind"`` is numpy's
+    rule (such values become infinity); see :meth:`TensorSpec.check_array`.
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -48,6 +51,7 @@ class EngineOptions:
     max_consecutive_faults: int | None = None
     probe_interval: float = 1.0
     stage_times: bool = False
+    casting: str = "safe"
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
@@ -85,6 +89,8 @@ class EngineOptions:
             _whole(self.max_consecutive_faults, "max_consecutive_faults", 1, None)
         if not _finite(self.probe_interval) or not self.probe_interval > 0:
             raise ConfigurationError(f"probe_interval={self.probe_interval!r} must be seconds > 0")
+        if self.casting not in ("safe", "same_kind"):
+            raise ConfigurationError(f"casting={self.casting!r} must be 'safe' or 'same_kind'")
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if not _finite(self.close_timeout) or self.close_timeout < 0:

@@ -9,12 +9,12 @@ import re
 import numpy as np
 import pytest
 
-from aiodla import Engine
+from aiodla import EmulatedRuntime, Engine
 from aiodla._descriptors import DataCategory
 from aiodla._errors import ConfigurationError, InputTypeError, InputValueError, ModelError
 from aiodla._tensors import TensorSpec
 
-from support import X
+from support import X, affine_model
 from tensor_reference import MODES, in_mode
 
 
@@ -205,3 +205,15 @@ class TestTheEngineRefusesBeforeQueueing:
         same = await engine.infer(narrow.astype(np.float64))
         assert same.tobytes() == (await engine.infer(narrow)).tobytes()
         assert engine.statistics().submitted == submitted + 2
+
+    @pytest.mark.asyncio
+    async def test_the_engine_option_same_kind_takes_numpys_rule(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        wide = np.zeros(X.shape, np.float64)
+        wide[0, 1, 2, 3] = 1e6
+        async with Engine(affine_model(), runtime=runtime, casting="same_kind") as engine:
+            y = await engine.infer(wide)
+        assert np.isinf(y[0, 1, 2, 3]) and np.count_nonzero(np.isinf(y)) == 1
+        with pytest.raises(ConfigurationError, match="casting='unsafe'"):
+            Engine(affine_model(), runtime=runtime, casting="unsafe")
