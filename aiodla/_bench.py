@@ -44,7 +44,8 @@ def _random_inputs(specs: Sequence[TensorSpec]) -> Any:
             info = np.iinfo(spec.numpy_dtype)
             low, high = max(info.min, -100), min(info.max, 100)
             arrays[spec.name] = rng.integers(low, high, spec.shape, endpoint=True).astype(
-                spec.numpy_dtype)
+                spec.numpy_dtype
+            )
         else:
             arrays[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
     return next(iter(arrays.values())) if len(arrays) == 1 else arrays
@@ -80,9 +81,17 @@ class _BenchRun:
 
 
 async def run_bench(
-    open_engine: Callable[[], Engine], model: str, data: bytes, *, cores: tuple[int, ...],
-    streams: int, concurrency: int, requests: int | None, duration: float | None,
-    runtime: str, progress: Any,
+    open_engine: Callable[[], Engine],
+    model: str,
+    data: bytes,
+    *,
+    cores: tuple[int, ...],
+    streams: int,
+    concurrency: int,
+    requests: int | None,
+    duration: float | None,
+    runtime: str,
+    progress: Any,
 ) -> dict[str, Any]:
     """Send the requests (``concurrency`` at a time) through the engine ``open_engine``
     makes; the report ``aiodla bench --json`` prints."""
@@ -114,7 +123,8 @@ async def run_bench(
             progress.update(
                 progress.task_ids[0],
                 completed=done if requests is not None else min(elapsed, duration or 0.0),
-                done=done, rate=done / elapsed if elapsed > 0 else 0.0,
+                done=done,
+                rate=done / elapsed if elapsed > 0 else 0.0,
             )
             progress.refresh()
 
@@ -164,7 +174,9 @@ async def run_bench(
         # More requests in flight than cores cannot go faster than the cores; fewer
         # cannot keep every core busy.
         "ideal_rps": min(len(cores), concurrency) / stated if stated else None,
-        "latency_s": None if not completed else {
+        "latency_s": None
+        if not completed
+        else {
             "p50": float(np.percentile(latencies, 50)),
             "p90": float(np.percentile(latencies, 90)),
             "p99": float(np.percentile(latencies, 99)),
@@ -172,8 +184,12 @@ async def run_bench(
             "mean": float(latencies.mean()),
         },
         "per_core": [
-            {"core": core.core, "completed": core.completed, "failed": core.failed,
-             "utilization": min(1.0, core.busy_time / elapsed) if elapsed > 0 else 0.0}
+            {
+                "core": core.core,
+                "completed": core.completed,
+                "failed": core.failed,
+                "utilization": min(1.0, core.busy_time / elapsed) if elapsed > 0 else 0.0,
+            }
             for core in stats.cores
         ],
     }
@@ -205,10 +221,14 @@ def progress_bar(console: Any, total: float, enabled: bool) -> Iterator[Any]:
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     progress = Progress(
-        TextColumn("bench"), BarColumn(), TaskProgressColumn(),
+        TextColumn("bench"),
+        BarColumn(),
+        TaskProgressColumn(),
         TextColumn("{task.fields[done]} requests, {task.fields[rate]:.0f} req/s"),
         TimeElapsedColumn(),
-        console=console, auto_refresh=False, transient=False,
+        console=console,
+        auto_refresh=False,
+        transient=False,
     )
     progress.add_task("bench", total=total, done=0, rate=0.0)
     with progress:
@@ -224,26 +244,43 @@ def summary_lines(result: dict[str, Any]) -> Iterator[tuple[str, str]]:
     if result["interrupted"]:
         yield "interrupted", f"by Ctrl-C after {result['elapsed_s']:.2f} s: partial results"
     cores = ",".join(map(str, result["cores"]))
-    yield "model", (f"{result['model']} on the {result['runtime']} runtime, cores {cores} x "
-                    f"{result['streams_per_core']} streams, concurrency {result['concurrency']}")
-    yield "requests", (f"{result['completed']} completed, {result['failed']} failed in "
-                       f"{result['elapsed_s']:.2f} s")
+    yield (
+        "model",
+        (
+            f"{result['model']} on the {result['runtime']} runtime, cores {cores} x "
+            f"{result['streams_per_core']} streams, concurrency {result['concurrency']}"
+        ),
+    )
+    yield (
+        "requests",
+        (
+            f"{result['completed']} completed, {result['failed']} failed in "
+            f"{result['elapsed_s']:.2f} s"
+        ),
+    )
     throughput = f"{result['throughput_rps']:.0f} req/s"
     if result["ideal_rps"]:
-        throughput += (f" ({result['throughput_rps'] / result['ideal_rps']:.0%} of the ideal "
-                       f"{result['ideal_rps']:.0f} req/s: min(cores, concurrency) / task "
-                       "latency)")
+        throughput += (
+            f" ({result['throughput_rps'] / result['ideal_rps']:.0%} of the ideal "
+            f"{result['ideal_rps']:.0f} req/s: min(cores, concurrency) / task "
+            "latency)"
+        )
     yield "throughput", throughput
     yield "limited by", result["limited_by"]
     latency = result["latency_s"]
-    yield "latency", "n/a" if latency is None else (
-        f"p50 {_ms(latency['p50'])}  p90 {_ms(latency['p90'])}  p99 {_ms(latency['p99'])}  "
-        f"max {_ms(latency['max'])}"
+    yield (
+        "latency",
+        "n/a"
+        if latency is None
+        else (
+            f"p50 {_ms(latency['p50'])}  p90 {_ms(latency['p90'])}  p99 {_ms(latency['p99'])}  "
+            f"max {_ms(latency['max'])}"
+        ),
     )
     for core in result["per_core"]:
-        yield f"core {core['core']}", (f"{core['completed']} tasks, {core['failed']} failed, "
-                                       f"{core['utilization']:.1%} busy")
+        yield (
+            f"core {core['core']}",
+            (f"{core['completed']} tasks, {core['failed']} failed, {core['utilization']:.1%} busy"),
+        )
     errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
     yield "errors", errors or "none"
-
-

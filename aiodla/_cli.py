@@ -21,18 +21,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import logging
-import os
 import re
-import sys
-import traceback
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 
 from . import __version__
 from ._bench import progress_bar, run_bench, summary_lines
+from ._cli_frame import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    CommandError,
+    ErrorReportingGroup,
+    debug_option,
+    one_line,
+)
 from ._cores import close_runtime, describe_module, describe_runtime, read_model
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
@@ -57,94 +61,18 @@ from .emulator._spec import (
 )
 from .emulator._spec import fitting_op as _fitting_op
 from .runtime import _select
-from .runtime._protocol import CudaCallError, cudla_status
 
 __all__ = ["cli", "main", "read_spec_document"]
 
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-class CommandError(click.ClickException):
-    """A command could not do its work; the message names the cause, on one line."""
-
-
-# -- the group and its error handling ----------------------------------------------------
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _wants_debug(args: Sequence[str]) -> bool:
-    options = args[: args.index("--")] if "--" in args else args
-    return "--debug" in options
-
-
-class _Cli(click.Group):
-    """Runs a command and turns every failure into one line and an exit status."""
-
-    # Always standalone: every outcome, success included, ends in sys.exit here.
-    def main(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
-    ) -> NoReturn:
-        argv = list(sys.argv[1:] if args is None else args)
-        debug = _wants_debug(argv)
-        if debug:
-            logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
-        extra["standalone_mode"] = False
-        try:
-            result = super().main(argv, prog_name or "aiodla", **extra)
-        except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else "aiodla"
-            _fail(exc, debug, f"{where}: error: {exc.format_message()} "
-                              f"(see '{where} --help')", EXIT_USAGE)
-        except click.Abort as exc:
-            _fail(exc, debug, "aiodla: interrupted", EXIT_INTERRUPTED)
-        except click.ClickException as exc:
-            _fail(exc, debug, f"aiodla: error: {exc.format_message()}", exc.exit_code)
-        except (AiodlaError, OSError, CudaCallError) as exc:
-            _fail(exc, debug, f"aiodla: error: {_describe(exc)}", EXIT_FAILURE)
-        except Exception as exc:
-            status = cudla_status(exc)
-            if status is not None:  # a cuDLA call failed outside the engine's own wrapping
-                _fail(exc, debug, f"aiodla: error: cuDLA: {status_name(status)}: {exc}",
-                      EXIT_FAILURE)
-            hint = "" if debug else " (run with --debug for the traceback)"
-            _fail(exc, debug, f"aiodla: internal error: {type(exc).__name__}: {exc}{hint}",
-                  EXIT_FAILURE)
-        sys.exit(result if isinstance(result, int) else 0)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
-        return f"cannot open {os.fsdecode(exc.filename)!r}: {exc.strerror}"
-    return str(exc) or type(exc).__name__
-
-
-def _fail(exc: BaseException, debug: bool, message: str, code: int) -> NoReturn:
-    if debug:
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-    click.echo(_one_line(message), err=True)
-    sys.exit(code)
-
-
-def _debug_option(function: _F) -> _F:
-    # main() reads --debug from the raw arguments, so that it applies even to a failure
-    # in parsing them; declaring it here makes it legal in every position.
-    return click.option(
-        "--debug", is_flag=True, expose_value=False,
-        help="On error, print the full traceback too.",
-    )(function)
-
-
-@click.group(cls=_Cli, name="aiodla", invoke_without_command=True,
-             context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=ErrorReportingGroup,
+    name="aiodla",
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, prog_name="aiodla")
-@_debug_option
+@debug_option
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Share NVIDIA's Deep Learning Accelerator between asyncio coroutines."""
@@ -232,7 +160,7 @@ def _auto_choice(loadable: bytes) -> str:
 
 
 @cli.command(short_help="Show cuDLA, its DLA cores and what 'auto' picks.")
-@_debug_option
+@debug_option
 def devices() -> None:
     """Show the cuDLA runtime, its DLA cores, and which runtime "auto" picks."""
     usable, reason, standin = _select.cuda_probe()
@@ -247,8 +175,10 @@ def devices() -> None:
         click.echo(f"DLA cores:  {cores}")
     else:
         click.echo(f"cuDLA:      not available: {reason}")
-        click.echo("DLA cores:  none; emulator loadables run on the emulated runtime "
-                   f"({_select.ORIN_DLA_CORES} emulated cores)")
+        click.echo(
+            "DLA cores:  none; emulator loadables run on the emulated runtime "
+            f"({_select.ORIN_DLA_CORES} emulated cores)"
+        )
     click.echo('runtime="auto" picks')
     dla_choice = _auto_choice(b"") if usable else "none: a DLA loadable needs cuDLA"
     click.echo(f"  for a DLA loadable:       {dla_choice}")
@@ -260,9 +190,13 @@ def devices() -> None:
 
 @cli.command(short_help="Show a loadable's input and output tensors.")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True,
-              help="Print a model spec (JSON) that 'aiodla emulate --like' accepts.")
-@_debug_option
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a model spec (JSON) that 'aiodla emulate --like' accepts.",
+)
+@debug_option
 def inspect(model: str, as_json: bool) -> None:
     """Show every input and output tensor of the loadable MODEL.
 
@@ -277,9 +211,13 @@ def inspect(model: str, as_json: bool) -> None:
         emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
         descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
         document = spec_document(model, descriptors, emulator)
-        title = f"{model}: DLA loadable" if emulator is None else (
-            f"{model}: emulator loadable, op {emulator.op} (scale {emulator.scale:g}, bias "
-            f"{emulator.bias:g}), {emulator.latency * 1e3:.3f} ms per task on one core"
+        title = (
+            f"{model}: DLA loadable"
+            if emulator is None
+            else (
+                f"{model}: emulator loadable, op {emulator.op} (scale {emulator.scale:g}, bias "
+                f"{emulator.bias:g}), {emulator.latency * 1e3:.3f} ms per task on one core"
+            )
         )
     if as_json:
         click.echo(json.dumps(document, indent=2))
@@ -297,8 +235,12 @@ def inspect(model: str, as_json: bool) -> None:
         for entry in document[direction]:
             strides = entry["strides"] or entry["descriptor"]["stride"][:4]
             table.add_row(
-                direction[:-1], entry["name"], "x".join(map(str, entry["shape"])),
-                entry["dtype"] or "?", entry["format"] or "?", " ".join(map(str, strides)),
+                direction[:-1],
+                entry["name"],
+                "x".join(map(str, entry["shape"])),
+                entry["dtype"] or "?",
+                entry["format"] or "?",
+                " ".join(map(str, strides)),
                 str(entry["bytes"]),
             )
             if "problem" in entry:
@@ -339,27 +281,64 @@ def _tensors_option(
 
 
 @cli.command(short_help="Write an emulator loadable of a model's I/O.")
-@click.option("--like", "like", metavar="SPEC.json", type=click.Path(dir_okay=False),
-              help="Copy the tensors of a model spec ('aiodla inspect MODEL --json').")
-@click.option("--input", "inputs", metavar="NAME:NxCxHxW[:DTYPE[:FORMAT]]", multiple=True,
-              callback=_tensors_option,
-              help="An input tensor (repeat for more); DTYPE defaults to float16, FORMAT "
-                   "(nchw, nhwc, chw16, chw32, hwc4) to nchw.")
-@click.option("--output", "outputs", metavar="NAME:NxCxHxW[:DTYPE[:FORMAT]]", multiple=True,
-              callback=_tensors_option, help="An output tensor; output i pairs with input i.")
-@click.option("--op", type=click.Choice(tuple(OPS)),
-              help="y = scale*x + bias (affine), or its mean over H and W (mean_hw). "
-                   "Default: the spec's op, else the one the shapes fit.")
-@click.option("--latency", type=click.FloatRange(min=0, max=3600), metavar="S",
-              help=f"Seconds one task occupies one core (default {DEFAULT_LATENCY}).")
+@click.option(
+    "--like",
+    "like",
+    metavar="SPEC.json",
+    type=click.Path(dir_okay=False),
+    help="Copy the tensors of a model spec ('aiodla inspect MODEL --json').",
+)
+@click.option(
+    "--input",
+    "inputs",
+    metavar="NAME:NxCxHxW[:DTYPE[:FORMAT]]",
+    multiple=True,
+    callback=_tensors_option,
+    help="An input tensor (repeat for more); DTYPE defaults to float16, FORMAT "
+    "(nchw, nhwc, chw16, chw32, hwc4) to nchw.",
+)
+@click.option(
+    "--output",
+    "outputs",
+    metavar="NAME:NxCxHxW[:DTYPE[:FORMAT]]",
+    multiple=True,
+    callback=_tensors_option,
+    help="An output tensor; output i pairs with input i.",
+)
+@click.option(
+    "--op",
+    type=click.Choice(tuple(OPS)),
+    help="y = scale*x + bias (affine), or its mean over H and W (mean_hw). "
+    "Default: the spec's op, else the one the shapes fit.",
+)
+@click.option(
+    "--latency",
+    type=click.FloatRange(min=0, max=3600),
+    metavar="S",
+    help=f"Seconds one task occupies one core (default {DEFAULT_LATENCY}).",
+)
 @click.option("--scale", type=float, help="The op's scale (default 1).")
 @click.option("--bias", type=float, help="The op's bias (default 0).")
-@click.option("-o", "--out", "out", required=True, metavar="OUT",
-              type=click.Path(dir_okay=False), help="Where to write the loadable.")
-@_debug_option
-def emulate(like: str | None, inputs: list[TensorSpec], outputs: list[TensorSpec],
-            op: str | None, latency: float | None, scale: float | None, bias: float | None,
-            out: str) -> None:
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    required=True,
+    metavar="OUT",
+    type=click.Path(dir_okay=False),
+    help="Where to write the loadable.",
+)
+@debug_option
+def emulate(
+    like: str | None,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    op: str | None,
+    latency: float | None,
+    scale: float | None,
+    bias: float | None,
+    out: str,
+) -> None:
     """Write an emulator loadable, to run a model's I/O where there is no DLA."""
     settings: dict[str, Any] = {}
     if like is not None:
@@ -373,7 +352,9 @@ def emulate(like: str | None, inputs: list[TensorSpec], outputs: list[TensorSpec
     chosen_op = op or (settings.get("op") if settings.get("op") in OPS else None)
     chosen_op = chosen_op or _fitting_op(inputs, outputs)
     data = make_loadable(
-        inputs, outputs, chosen_op,
+        inputs,
+        outputs,
+        chosen_op,
         latency=_setting(latency, settings, "latency", DEFAULT_LATENCY),
         scale=_setting(scale, settings, "scale", 1.0),
         bias=_setting(bias, settings, "bias", 0.0),
@@ -400,8 +381,10 @@ def _spec_from(path: str, desc: TensorDescriptor) -> TensorSpec:
         wanted, got = getattr(desc, field), getattr(written, field)
         if wanted != got:
             # Emulator loadables derive some fields from the layout; say so, never hide it.
-            click.echo(f"aiodla: warning: tensor {desc.name!r}: {field} {wanted} is written "
-                       f"as {got}", err=True)
+            click.echo(
+                f"aiodla: warning: tensor {desc.name!r}: {field} {wanted} is written as {got}",
+                err=True,
+            )
     return spec
 
 
@@ -429,22 +412,53 @@ def _parse_cores(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 
 @cli.command(short_help="Measure throughput and latency of a loadable.")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--cores", default="0,1", show_default=True, callback=_parse_cores,
-              help="DLA cores to use, joined by commas.")
-@click.option("--streams", type=click.IntRange(min=1), default=2, show_default=True,
-              help="CUDA streams (slots) per core.")
-@click.option("--concurrency", type=click.IntRange(min=1),
-              help="Requests in flight at once [default: cores x streams, every slot].")
-@click.option("--requests", type=click.IntRange(min=1),
-              help="Send this many requests [default: 1000].")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="S",
-              help="Send requests for S seconds instead.")
-@click.option("--runtime", type=click.Choice(_select.RUNTIME_CHOICES), default="auto",
-              show_default=True, help="Which runtime runs MODEL.")
+@click.option(
+    "--cores",
+    default="0,1",
+    show_default=True,
+    callback=_parse_cores,
+    help="DLA cores to use, joined by commas.",
+)
+@click.option(
+    "--streams",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="CUDA streams (slots) per core.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="Requests in flight at once [default: cores x streams, every slot].",
+)
+@click.option(
+    "--requests", type=click.IntRange(min=1), help="Send this many requests [default: 1000]."
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="Send requests for S seconds instead.",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice(_select.RUNTIME_CHOICES),
+    default="auto",
+    show_default=True,
+    help="Which runtime runs MODEL.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON, no bar.")
-@_debug_option
-def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | None,
-          requests: int | None, duration: float | None, runtime: str, as_json: bool) -> int:
+@debug_option
+def bench(
+    model: str,
+    cores: tuple[int, ...],
+    streams: int,
+    concurrency: int | None,
+    requests: int | None,
+    duration: float | None,
+    runtime: str,
+    as_json: bool,
+) -> int:
     """Measure throughput and latency of MODEL on the DLA cores.
 
     Shows a progress bar on a terminal (on stderr with --json), then a summary:
@@ -458,22 +472,34 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
         requests = 1000
     data = _read_model(model)
     if is_spec_document(data):
-        raise CommandError(f"{model!r} is a model spec, not a loadable; write an emulator "
-                           f"loadable of it with 'aiodla emulate --like {model} -o OUT'")
+        raise CommandError(
+            f"{model!r} is a model spec, not a loadable; write an emulator "
+            f"loadable of it with 'aiodla emulate --like {model} -o OUT'"
+        )
     if is_emulator_loadable(data):
         _emulator_model(model, data)  # a malformed one fails here, naming the file
     # The bar goes where people look: beside the summary, or on stderr when stdout
     # carries JSON for a program.
     console = _error_console() if as_json else _console()
     total = float(requests if requests is not None else duration)  # type: ignore[arg-type]
-    open_engine = functools.partial(Engine, data, cores=cores, streams_per_core=streams,
-                                    runtime=runtime)
+    open_engine = functools.partial(
+        Engine, data, cores=cores, streams_per_core=streams, runtime=runtime
+    )
     with progress_bar(console, total, console.is_terminal) as progress:
-        result = asyncio.run(run_bench(
-            open_engine, model, data, cores=cores, streams=streams,
-            concurrency=concurrency or len(cores) * streams,
-            requests=requests, duration=duration, runtime=runtime, progress=progress,
-        ))
+        result = asyncio.run(
+            run_bench(
+                open_engine,
+                model,
+                data,
+                cores=cores,
+                streams=streams,
+                concurrency=concurrency or len(cores) * streams,
+                requests=requests,
+                duration=duration,
+                runtime=runtime,
+                progress=progress,
+            )
+        )
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -485,7 +511,12 @@ def bench(model: str, cores: tuple[int, ...], streams: int, concurrency: int | N
     if result["failed"]:
         errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
         cause = f"; {result['fatal']}" if result["fatal"] else ""
-        click.echo(_one_line(f"aiodla: error: {result['failed']} of {result['requests']} "
-                             f"requests failed ({errors}){cause}"), err=True)
+        click.echo(
+            one_line(
+                f"aiodla: error: {result['failed']} of {result['requests']} "
+                f"requests failed ({errors}){cause}"
+            ),
+            err=True,
+        )
         return EXIT_FAILURE
     return 0

@@ -320,6 +320,7 @@ class Engine:
         """
         request = self._admit(inputs, timeout, wait=False)
         task = asyncio.get_running_loop().create_task(self._flow.drive(request))
+
         # Cancelled before its first step, the task never runs the coroutine that would
         # count the cancellation: count it here (a second count is a no-op).
         def count_a_cancel(done: asyncio.Task[Any]) -> None:

@@ -257,8 +257,11 @@ class LatestFrameStream:
     def __del__(self, _warn: Any = warnings.warn) -> None:
         worker = getattr(self, "_worker", None)
         if worker is not None and not worker.done() and self._state is StreamState.OPEN:
-            _warn(f"unclosed stream {self!r}; use 'async with' or 'await stream.aclose()'",
-                  ResourceWarning, source=self)
+            _warn(
+                f"unclosed stream {self!r}; use 'async with' or 'await stream.aclose()'",
+                ResourceWarning,
+                source=self,
+            )
 
     # -- frames in ----------------------------------------------------------------------------
 
@@ -364,8 +367,12 @@ class LatestFrameStream:
             if self._state is StreamState.OPEN:
                 # Cancelled by someone else than aclose (the loop shutting down), or a
                 # bug: end the stream so no reader waits for ever.
-                cause = exc if isinstance(exc, Exception) else StreamClosedError(
-                    f"the worker task of stream {self._name!r} was cancelled"
+                cause = (
+                    exc
+                    if isinstance(exc, Exception)
+                    else StreamClosedError(
+                        f"the worker task of stream {self._name!r} was cancelled"
+                    )
                 )
                 self._break(cause)
             if isinstance(exc, asyncio.CancelledError):

@@ -293,7 +293,9 @@ class EngineCollector:
             answer.cancel()
             logger.warning(
                 "aiodla.metrics: engine %r left out of this scrape: its event loop did "
-                "not answer within %g s (is it blocked?)", name, self._timeout,
+                "not answer within %g s (is it blocked?)",
+                name,
+                self._timeout,
             )
             return None
 
@@ -307,13 +309,17 @@ class EngineCollector:
 
 def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
     core = _client()
-    counter, gauge, histogram = (core.CounterMetricFamily, core.GaugeMetricFamily,
-                                 core.HistogramMetricFamily)
+    counter, gauge, histogram = (
+        core.CounterMetricFamily,
+        core.GaugeMetricFamily,
+        core.HistogramMetricFamily,
+    )
     engine_label = ["engine"]
     core_labels = ["engine", "core"]
 
-    success = counter("aiodla_request_success", "Requests that returned a result.",
-                      labels=engine_label)
+    success = counter(
+        "aiodla_request_success", "Requests that returned a result.", labels=engine_label
+    )
     failure = counter(
         "aiodla_request_failure",
         "Requests that ended without a result, by reason: task (the DLA task failed), "
@@ -328,29 +334,37 @@ def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
     )
     queue_duration = histogram(
         "aiodla_queue_duration_seconds",
-        "Seconds from infer() to getting a DLA slot.", labels=engine_label,
+        "Seconds from infer() to getting a DLA slot.",
+        labels=engine_label,
     )
-    pending = gauge("aiodla_pending_requests", "Requests waiting for a DLA slot.",
-                    labels=engine_label)
-    inflight = gauge("aiodla_inflight_requests", "Requests holding a DLA slot.",
-                     labels=engine_label)
+    pending = gauge(
+        "aiodla_pending_requests", "Requests waiting for a DLA slot.", labels=engine_label
+    )
+    inflight = gauge(
+        "aiodla_inflight_requests", "Requests holding a DLA slot.", labels=engine_label
+    )
     stage_duration = gauge(
         "aiodla_stage_duration_seconds",
         "Device seconds per request in each stage (copy_in, compute, copy_out), quantiles "
         "over the recent requests (engines with stage_times=True).",
         labels=["engine", "stage", "quantile"],
     )
-    task_success = counter("aiodla_dla_task_success", "DLA tasks that succeeded.",
-                           labels=core_labels)
-    task_failure = counter("aiodla_dla_task_failure",
-                           "DLA tasks that ended with a DLA error status.",
-                           labels=core_labels)
+    task_success = counter(
+        "aiodla_dla_task_success", "DLA tasks that succeeded.", labels=core_labels
+    )
+    task_failure = counter(
+        "aiodla_dla_task_failure",
+        "DLA tasks that ended with a DLA error status.",
+        labels=core_labels,
+    )
     task_duration = histogram(
         "aiodla_dla_task_duration_seconds",
-        "Measured DLA time per task (engines with stage_times=True).", labels=core_labels,
+        "Measured DLA time per task (engines with stage_times=True).",
+        labels=core_labels,
     )
-    busy_seconds = counter("aiodla_core_busy_seconds",
-                           "Seconds the DLA core had a task running.", labels=core_labels)
+    busy_seconds = counter(
+        "aiodla_core_busy_seconds", "Seconds the DLA core had a task running.", labels=core_labels
+    )
     busy_ratio = gauge(
         "aiodla_core_busy_ratio",
         "Share of the last 10 s (of the time since the engine opened, before that) the "
@@ -378,8 +392,13 @@ def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
         pending.add_metric([name], stats.queued)
         inflight.add_metric([name], stats.in_flight)
         if stats.stages is not None:
-            by_stage = dict(zip(STAGES, (stats.stages.copy_in, stats.stages.dla,
-                                         stats.stages.copy_out), strict=True))
+            by_stage = dict(
+                zip(
+                    STAGES,
+                    (stats.stages.copy_in, stats.stages.dla, stats.stages.copy_out),
+                    strict=True,
+                )
+            )
             for stage, summary in by_stage.items():
                 for quantile, value in _quantiles(summary):
                     stage_duration.add_metric([name, stage, quantile], value)
@@ -395,9 +414,22 @@ def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
         for status in HEALTH_STATUSES:
             health.add_metric([name, status], 1 if reading.health.status == status else 0)
 
-    yield from (success, failure, request_duration, queue_duration, pending, inflight,
-                stage_duration, task_success, task_failure, task_duration, busy_seconds,
-                busy_ratio, in_rotation, health)
+    yield from (
+        success,
+        failure,
+        request_duration,
+        queue_duration,
+        pending,
+        inflight,
+        stage_duration,
+        task_success,
+        task_failure,
+        task_duration,
+        busy_seconds,
+        busy_ratio,
+        in_rotation,
+        health,
+    )
 
 
 def _triton_families(readings: list[_Reading]) -> Iterator[Metric]:
@@ -411,31 +443,39 @@ def _triton_families(readings: list[_Reading]) -> Iterator[Metric]:
 
     success = cumulative(
         "nv_inference_request_success",
-        "Number of successful inference requests, all batch sizes (cumulative).")
+        "Number of successful inference requests, all batch sizes (cumulative).",
+    )
     failure = cumulative(
         "nv_inference_request_failure",
         "Number of failed inference requests, all batch sizes (cumulative): DLA or device "
-        "errors, closed or dead engine, timeouts, cancellations, rejections.")
+        "errors, closed or dead engine, timeouts, cancellations, rejections.",
+    )
     inferences = cumulative(
         "nv_inference_count",
-        "Number of inferences performed (cumulative; one per request on the DLA).")
+        "Number of inferences performed (cumulative; one per request on the DLA).",
+    )
     executions = cumulative(
         "nv_inference_exec_count",
-        "Number of model executions performed (cumulative; one per request on the DLA).")
+        "Number of model executions performed (cumulative; one per request on the DLA).",
+    )
     request_duration = cumulative(
         "nv_inference_request_duration_us",
-        "Cumulative inference request duration in microseconds, successful requests.")
+        "Cumulative inference request duration in microseconds, successful requests.",
+    )
     queue_duration = cumulative(
         "nv_inference_queue_duration_us",
-        "Cumulative inference queuing duration in microseconds (waiting for a DLA slot).")
+        "Cumulative inference queuing duration in microseconds (waiting for a DLA slot).",
+    )
     compute_duration = cumulative(
         "nv_inference_compute_infer_duration_us",
         "Cumulative compute inference duration in microseconds: measured DLA time with "
-        "stage_times=True, else the DLA cores' busy time.")
+        "stage_times=True, else the DLA cores' busy time.",
+    )
     pending = core.GaugeMetricFamily(
         "nv_inference_pending_request_count",
         "Instantaneous number of pending requests awaiting execution (a DLA slot).",
-        labels=labels)
+        labels=labels,
+    )
 
     for reading in readings:
         model, stats = [reading.name, reading.version], reading.statistics
@@ -452,8 +492,16 @@ def _triton_families(readings: list[_Reading]) -> Iterator[Metric]:
         compute_duration.add_metric(model, compute * _MICROSECONDS)
         pending.add_metric(model, stats.queued)
 
-    yield from (success, failure, inferences, executions, request_duration, queue_duration,
-                compute_duration, pending)
+    yield from (
+        success,
+        failure,
+        inferences,
+        executions,
+        request_duration,
+        queue_duration,
+        compute_duration,
+        pending,
+    )
 
 
 def _failures_by_reason(stats: EngineStatistics) -> dict[str, int]:

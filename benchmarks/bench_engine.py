@@ -71,7 +71,9 @@ class SeedLoop:
         self.buffers = []
         for spec in (INPUT, OUTPUT):
             ptr = rt.malloc(spec.size)
-            self.buffers.append((spec, ptr, rt.mem_register(self.device, ptr, spec.size), rt.host_alloc(spec.size)))
+            self.buffers.append(
+                (spec, ptr, rt.mem_register(self.device, ptr, spec.size), rt.host_alloc(spec.size))
+            )
         (_, _, reg_in, _), (_, _, reg_out, _) = self.buffers
         self.task = rt.make_task(self.module, [reg_in], [reg_out])
 
@@ -223,8 +225,12 @@ async def _host_cost(x: np.ndarray[Any, Any], requests: int, concurrency: int) -
 
 
 def summarize(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "runs": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": len(values),
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,7 +242,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         rows.setdefault("seed loop (1 core, sync)", []).append(run_seed_loop(latency, seconds))
         for c in CONCURRENCIES:
             rows.setdefault(f"to_thread, 1 thread/core, c={c}", []).append(
-                await run_to_thread(latency, seconds, c))
+                await run_to_thread(latency, seconds, c)
+            )
             rows.setdefault(f"aiodla c={c}", []).append(await run_aiodla(latency, seconds, c))
     results["throughput"] = {name: summarize(values) for name, values in rows.items()}
     for key, pin in (("host_cost", False), ("host_cost_one_cpu", True)):
@@ -248,23 +255,35 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def print_table(results: dict[str, Any], args: argparse.Namespace) -> None:
     ideal = results["ideal"]
     seed = results["throughput"]["seed loop (1 core, sync)"]["median"]
-    print(f"\naiodla {aiodla.__version__} on the emulated runtime: {CORES} cores x "
-          f"{args.latency * 1e3:g} ms, {args.repeats} runs of {args.seconds:g} s each "
-          f"(median, min..max)")
+    print(
+        f"\naiodla {aiodla.__version__} on the emulated runtime: {CORES} cores x "
+        f"{args.latency * 1e3:g} ms, {args.repeats} runs of {args.seconds:g} s each "
+        f"(median, min..max)"
+    )
     print(f"{'':36} {'req/s':>9} {'min..max':>17} {'x ideal':>8} {'x seed':>7}")
     print(f"{'ideal (cores / latency)':36} {ideal:9.0f}")
     for name, row in results["throughput"].items():
-        print(f"{name:36} {row['median']:9.0f} {row['min']:8.0f}..{row['max']:<8.0f}"
-              f" {row['median'] / ideal:8.3f} {row['median'] / seed:7.2f}")
-    for key, title in (("host_cost", "all CPUs"), ("host_cost_one_cpu", "loop and poller pinned to one CPU")):
+        print(
+            f"{name:36} {row['median']:9.0f} {row['min']:8.0f}..{row['max']:<8.0f}"
+            f" {row['median'] / ideal:8.3f} {row['median'] / seed:7.2f}"
+        )
+    for key, title in (
+        ("host_cost", "all CPUs"),
+        ("host_cost_one_cpu", "loop and poller pinned to one CPU"),
+    ):
         cost = results[key]
-        print(f"\nhost CPU per request, zero-latency cores, {args.host_requests} requests at "
-              f"c=64, {title}:")
-        for name, label in (("loop_us", "event-loop thread"), ("poller_us", "poller thread"),
-                            ("device_us", "emulated device work (in those threads)"),
-                            ("host_us", "aiodla host cost (loop + poller - device)"),
-                            ("process_us", "whole process"),
-                            ("wall_us", "wall time per request")):
+        print(
+            f"\nhost CPU per request, zero-latency cores, {args.host_requests} requests at "
+            f"c=64, {title}:"
+        )
+        for name, label in (
+            ("loop_us", "event-loop thread"),
+            ("poller_us", "poller thread"),
+            ("device_us", "emulated device work (in those threads)"),
+            ("host_us", "aiodla host cost (loop + poller - device)"),
+            ("process_us", "whole process"),
+            ("wall_us", "wall time per request"),
+        ):
             row = cost[name]
             print(f"  {label:42} {row['median']:7.1f} us  ({row['min']:.1f}..{row['max']:.1f})")
 
@@ -278,8 +297,12 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/engine-emulated.json")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
-    results["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "python": platform.python_version(), "numpy": np.__version__}
+    results["machine"] = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
     results["parameters"] = vars(args)
     print_table(results, args)
     if args.json:

@@ -48,9 +48,21 @@ TARGET_CASE = "1x3x640x640 float32 -> float16 chw16"
 def _cases() -> list[tuple[str, TensorSpec, np.dtype[Any]]]:
     return [
         (TARGET_CASE, TensorSpec("x", (1, 3, 640, 640), "float16", "chw16"), np.dtype(np.float32)),
-        ("1x256x80x80 float32 -> float16 chw16", TensorSpec("x", (1, 256, 80, 80), "float16", "chw16"), np.dtype(np.float32)),
-        ("1x256x80x80 float32 -> int8 chw32, scale 0.0123", TensorSpec("x", (1, 256, 80, 80), "int8", "chw32", scale=0.0123), np.dtype(np.float32)),
-        ("1x256x80x80 float32 -> int8 chw32, scale 1/64", TensorSpec("x", (1, 256, 80, 80), "int8", "chw32", scale=1 / 64), np.dtype(np.float32)),
+        (
+            "1x256x80x80 float32 -> float16 chw16",
+            TensorSpec("x", (1, 256, 80, 80), "float16", "chw16"),
+            np.dtype(np.float32),
+        ),
+        (
+            "1x256x80x80 float32 -> int8 chw32, scale 0.0123",
+            TensorSpec("x", (1, 256, 80, 80), "int8", "chw32", scale=0.0123),
+            np.dtype(np.float32),
+        ),
+        (
+            "1x256x80x80 float32 -> int8 chw32, scale 1/64",
+            TensorSpec("x", (1, 256, 80, 80), "int8", "chw32", scale=1 / 64),
+            np.dtype(np.float32),
+        ),
     ]
 
 
@@ -75,9 +87,13 @@ def _operations(spec: TensorSpec, source: np.dtype[Any]) -> dict[str, Callable[[
     }
     if spec.dtype == "float16":
         operations["unpack to float32 (BoundTensor.read)"] = lambda: bound.read(dtype=np.float32)
-        operations["context: numpy astype float32 -> float16, no layout"] = lambda: array.astype(np.float16)
+        operations["context: numpy astype float32 -> float16, no layout"] = lambda: array.astype(
+            np.float16
+        )
         stored = array.astype(np.float16)
-        operations["context: numpy astype float16 -> float32, no layout"] = lambda: stored.astype(np.float32)
+        operations["context: numpy astype float16 -> float32, no layout"] = lambda: stored.astype(
+            np.float32
+        )
     else:
         operations["context: TensorSpec.quantize, no layout"] = lambda: spec.quantize(array)
     return operations
@@ -132,7 +148,9 @@ def run_case(spec: TensorSpec, source: np.dtype[Any], rounds: int) -> dict[str, 
 
 def _print_case(title: str, case: dict[str, Any]) -> None:
     print(f"\n{title}  ({case['elements']:,} elements, DLA buffer {case['bytes']:,} bytes)")
-    print(f"  {'operation':<56} {'median ms':>9}  {'q1..q3 ms':>15}  {'x copy':>6}  {'x copy q1..q3':>13}  {'x warm':>6}")
+    print(
+        f"  {'operation':<56} {'median ms':>9}  {'q1..q3 ms':>15}  {'x copy':>6}  {'x copy q1..q3':>13}  {'x warm':>6}"
+    )
     for name, stats in case["ms"].items():
         paired = stats["paired_ratio"]
         print(
@@ -141,7 +159,9 @@ def _print_case(title: str, case: dict[str, Any]) -> None:
             f"  {stats['ratio_to_warm_copy']:6.2f}"
         )
     warm = case["warm_copy_ms"]
-    print(f"  {'np.copyto back to back, cache warm':<56} {warm['median']:9.3f}  {warm['q1']:7.3f}..{warm['q3']:<7.3f}")
+    print(
+        f"  {'np.copyto back to back, cache warm':<56} {warm['median']:9.3f}  {warm['q1']:7.3f}..{warm['q3']:<7.3f}"
+    )
 
 
 def _machine() -> dict[str, Any]:
@@ -186,7 +206,11 @@ def main() -> None:
             "ratio_to_warm_copy": target[name]["ratio_to_warm_copy"],
             "within": target[name]["ratio_to_copy"] <= TARGET_RATIO,
         }
-        for name in ("pack (BoundTensor.write)", "unpack (BoundTensor.read)", "unpack to float32 (BoundTensor.read)")
+        for name in (
+            "pack (BoundTensor.write)",
+            "unpack (BoundTensor.read)",
+            "unpack to float32 (BoundTensor.read)",
+        )
     }
     print(f"\nTarget: {TARGET_CASE}, pack and unpack within {TARGET_RATIO}x the copy:")
     for name, check in verdict.items():

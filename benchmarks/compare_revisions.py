@@ -60,7 +60,11 @@ def measure(source: Path, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(source)}
     out = subprocess.run(
         # Run from the tree itself: the current directory comes first on sys.path.
-        [sys.executable, "-c", code], env=env, cwd=source, check=True, capture_output=True,
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=source,
+        check=True,
+        capture_output=True,
         text=True,
     ).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
@@ -88,27 +92,41 @@ def main() -> None:
             order = ["base", "new"] if round_number % 2 == 0 else ["new", "base"]
             for name in order:
                 runs[name].append(measure(sources[name], args))
-    print(f"base {args.base} against {args.new}, {args.rounds} interleaved rounds "
-          f"(median, min..max); host cost at zero latency, throughput at "
-          f"{args.latency * 1e3:g} ms x 2 cores, c=64")
+    print(
+        f"base {args.base} against {args.new}, {args.rounds} interleaved rounds "
+        f"(median, min..max); host cost at zero latency, throughput at "
+        f"{args.latency * 1e3:g} ms x 2 cores, c=64"
+    )
     summary = {}
-    for key, unit in (("host_us", "us/request"), ("loop_us", "us/request"),
-                      ("poller_us", "us/request"), ("host_one_cpu_us", "us/request"),
-                      ("throughput", "requests/s")):
+    for key, unit in (
+        ("host_us", "us/request"),
+        ("loop_us", "us/request"),
+        ("poller_us", "us/request"),
+        ("host_one_cpu_us", "us/request"),
+        ("throughput", "requests/s"),
+    ):
         row = {}
         for name in ("base", "new"):
             values = [run[key] for run in runs[name]]
-            row[name] = {"median": statistics.median(values), "min": min(values),
-                         "max": max(values)}
+            row[name] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+            }
         ratio = row["new"]["median"] / row["base"]["median"]
         summary[key] = {**row, "ratio": ratio}
-        print(f"  {key:15} base {row['base']['median']:9.1f} ({row['base']['min']:.1f}.."
-              f"{row['base']['max']:.1f})  new {row['new']['median']:9.1f} "
-              f"({row['new']['min']:.1f}..{row['new']['max']:.1f}) {unit}  new/base {ratio:.3f}")
+        print(
+            f"  {key:15} base {row['base']['median']:9.1f} ({row['base']['min']:.1f}.."
+            f"{row['base']['max']:.1f})  new {row['new']['median']:9.1f} "
+            f"({row['new']['min']:.1f}..{row['new']['max']:.1f}) {unit}  new/base {ratio:.3f}"
+        )
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"base": args.base, "parameters": vars(args), "summary": summary,
-                       "runs": runs}, file, indent=2)
+            json.dump(
+                {"base": args.base, "parameters": vars(args), "summary": summary, "runs": runs},
+                file,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -91,10 +91,15 @@ async def soak(requests: int, concurrency: int, report_every: int) -> dict[str, 
         "rss_end_mib": final / 2**20,
         "rss_growth": growth,
         "outcomes": outcomes,
-        "statistics": {"submitted": stats.submitted, "completed": stats.completed,
-                       "failed": stats.failed, "cancelled": stats.cancelled,
-                       "timed_out": stats.timed_out, "queued": stats.queued,
-                       "in_flight": stats.in_flight},
+        "statistics": {
+            "submitted": stats.submitted,
+            "completed": stats.completed,
+            "failed": stats.failed,
+            "cancelled": stats.cancelled,
+            "timed_out": stats.timed_out,
+            "queued": stats.queued,
+            "in_flight": stats.in_flight,
+        },
         "counts_add_up": ended == stats.submitted,
         "busy_slots_at_end": sum(core.busy_slots for core in stats.cores),
         "live_handles_after_close": runtime.live_handles(),
@@ -112,16 +117,27 @@ def main() -> int:
     args = parser.parse_args()
     report = asyncio.run(soak(args.requests, args.concurrency, max(1, args.requests // 20)))
     leaked = any(report["live_handles_after_close"].values()) or report["invalid_releases"]
-    ok = (report["rss_growth"] <= args.tolerance and not leaked and report["counts_add_up"]
-          and report["busy_slots_at_end"] == 0 and report["outcomes"]["wrong"] == 0)
+    ok = (
+        report["rss_growth"] <= args.tolerance
+        and not leaked
+        and report["counts_add_up"]
+        and report["busy_slots_at_end"] == 0
+        and report["outcomes"]["wrong"] == 0
+    )
     print(f"\n{report['requests']} requests in {report['seconds']:.0f} s ({report['rate']:.0f}/s)")
-    print(f"RSS after warm-up {report['rss_after_warmup_mib']:.1f} MiB, at the end "
-          f"{report['rss_end_mib']:.1f} MiB: {100 * report['rss_growth']:+.2f} % "
-          f"(limit {100 * args.tolerance:g} %)")
-    print(f"outcomes {report['outcomes']}; counts add up: {report['counts_add_up']}; "
-          f"busy slots at the end: {report['busy_slots_at_end']}")
-    print(f"live handles after close: {report['live_handles_after_close']}; "
-          f"invalid releases: {report['invalid_releases']}")
+    print(
+        f"RSS after warm-up {report['rss_after_warmup_mib']:.1f} MiB, at the end "
+        f"{report['rss_end_mib']:.1f} MiB: {100 * report['rss_growth']:+.2f} % "
+        f"(limit {100 * args.tolerance:g} %)"
+    )
+    print(
+        f"outcomes {report['outcomes']}; counts add up: {report['counts_add_up']}; "
+        f"busy slots at the end: {report['busy_slots_at_end']}"
+    )
+    print(
+        f"live handles after close: {report['live_handles_after_close']}; "
+        f"invalid releases: {report['invalid_releases']}"
+    )
     print("PASS" if ok else "FAIL")
     if args.json:
         with open(args.json, "w") as file:

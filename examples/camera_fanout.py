@@ -61,10 +61,14 @@ async def run(
     print(f"{cameras} cameras x {fps:g} fps on the {runtime} runtime for {duration:g} s")
     print("camera     fps  offered  dropped   p50 ms   p99 ms   max ms")
     for s in stats:
-        print(f"{s.name:<6} {s.fps:7.1f} {s.offered_fps:8.1f} {s.dropped:8d} "
-              f"{s.latency.p50 * 1e3:8.1f} {s.latency.p99 * 1e3:8.1f} {s.latency.max * 1e3:8.1f}")
-    print(f"total  {sum(s.fps for s in stats):7.1f} {sum(s.offered_fps for s in stats):8.1f} "
-          f"{sum(s.dropped for s in stats):8d}")
+        print(
+            f"{s.name:<6} {s.fps:7.1f} {s.offered_fps:8.1f} {s.dropped:8d} "
+            f"{s.latency.p50 * 1e3:8.1f} {s.latency.p99 * 1e3:8.1f} {s.latency.max * 1e3:8.1f}"
+        )
+    print(
+        f"total  {sum(s.fps for s in stats):7.1f} {sum(s.offered_fps for s in stats):8.1f} "
+        f"{sum(s.dropped for s in stats):8d}"
+    )
     return stats
 
 
@@ -74,13 +78,19 @@ def main(argv: Sequence[str] | None = None) -> list[StreamStatistics]:
     parser.add_argument("--cameras", type=int, default=8)
     parser.add_argument("--fps", type=float, default=50.0, help="frames per second per camera")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds")
-    parser.add_argument("--latency", type=float, default=0.01,
-                        help="seconds per frame of the built-in model (2 cores: 200 fps at 0.01)")
+    parser.add_argument(
+        "--latency",
+        type=float,
+        default=0.01,
+        help="seconds per frame of the built-in model (2 cores: 200 fps at 0.01)",
+    )
     args = parser.parse_args(argv)
     model = args.model or demo_model(args.latency)
     if args.model is None:
-        print(f"built-in model: {args.latency * 1e3:g} ms per frame on 2 cores = "
-              f"{2 / args.latency:.0f} frames/s; offered {args.cameras * args.fps:.0f} frames/s")
+        print(
+            f"built-in model: {args.latency * 1e3:g} ms per frame on 2 cores = "
+            f"{2 / args.latency:.0f} frames/s; offered {args.cameras * args.fps:.0f} frames/s"
+        )
     return asyncio.run(run(model, args.cameras, args.fps, args.duration))
 
 

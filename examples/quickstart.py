@@ -36,8 +36,10 @@ async def main(model: str | bytes, requests: int) -> None:
         elapsed = time.perf_counter() - started
         stats = engine.statistics()
         print(f"{requests} requests in {elapsed * 1e3:.0f} ms: {requests / elapsed:.0f} req/s")
-        print(f"per core: {[core.completed for core in stats.cores]} tasks; "
-              f"latency p50 {stats.latency.p50 * 1e3:.2f} ms, p99 {stats.latency.p99 * 1e3:.2f} ms")
+        print(
+            f"per core: {[core.completed for core in stats.cores]} tasks; "
+            f"latency p50 {stats.latency.p50 * 1e3:.2f} ms, p99 {stats.latency.p99 * 1e3:.2f} ms"
+        )
         print(f"first output: shape {outputs[0].shape}, dtype {outputs[0].dtype}")
         print(engine)
 

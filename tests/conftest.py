@@ -51,7 +51,9 @@ def _loop_variants() -> dict[str, LoopFactory]:
     return variants
 
 
-def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, LoopFactory]:
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, LoopFactory]:
     if item.get_closest_marker("loop_variants") is not None:
         return _loop_variants()
     return {"asyncio": _debug_loop}

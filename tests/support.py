@@ -22,14 +22,20 @@ def affine_model(latency: float = 0.001, *, scale: float = 2.0, bias: float = 0.
 
 def two_pair_model(latency: float = 0.001) -> bytes:
     """Two inputs and two outputs, mean over H and W."""
-    inputs = [TensorSpec("a", (1, 4, 6, 6), "float16", "chw16"),
-              TensorSpec("b", (2, 3, 5, 7), "float32", "nhwc")]
-    outputs = [TensorSpec("mean_a", (1, 4, 1, 1), "float32", "nchw"),
-               TensorSpec("mean_b", (2, 3, 1, 1), "float16", "nchw")]
+    inputs = [
+        TensorSpec("a", (1, 4, 6, 6), "float16", "chw16"),
+        TensorSpec("b", (2, 3, 5, 7), "float32", "nhwc"),
+    ]
+    outputs = [
+        TensorSpec("mean_a", (1, 4, 1, 1), "float32", "nchw"),
+        TensorSpec("mean_b", (2, 3, 1, 1), "float16", "nchw"),
+    ]
     return make_loadable(inputs, outputs, "mean_hw", latency, scale=3.0, bias=-1.0)
 
 
-def expected_affine(x: np.ndarray[Any, Any], scale: float = 2.0, bias: float = 0.5) -> np.ndarray[Any, Any]:
+def expected_affine(
+    x: np.ndarray[Any, Any], scale: float = 2.0, bias: float = 0.5
+) -> np.ndarray[Any, Any]:
     """What the affine model returns for ``x``, computed independently of aiodla."""
     stored = x.astype(np.float16).astype(np.float64)
     return (stored * scale + bias).astype(np.float32)
@@ -58,6 +64,12 @@ def all_idle(engine: Any) -> bool:
 
 def counts_add_up(stats: Any) -> bool:
     """Every request counted once: submitted == ended + queued + in flight, none negative."""
-    parts = (stats.completed, stats.failed, stats.cancelled, stats.timed_out, stats.queued,
-             stats.in_flight)
+    parts = (
+        stats.completed,
+        stats.failed,
+        stats.cancelled,
+        stats.timed_out,
+        stats.queued,
+        stats.in_flight,
+    )
     return min(parts) >= 0 and sum(parts) == stats.submitted and stats.rejected >= 0

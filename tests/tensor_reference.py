@@ -184,4 +184,6 @@ def stored_arrays(spec: TensorSpec) -> st.SearchStrategy[np.ndarray[Any, Any]]:
 
 
 def float_arrays(spec: TensorSpec, dtype: Any, **kwargs: Any) -> st.SearchStrategy[Any]:
-    return hnp.arrays(np.dtype(dtype), spec.shape, elements=hnp.from_dtype(np.dtype(dtype), **kwargs))
+    return hnp.arrays(
+        np.dtype(dtype), spec.shape, elements=hnp.from_dtype(np.dtype(dtype), **kwargs)
+    )

@@ -53,8 +53,9 @@ class TestInferNowait:
 
     @pytest.mark.asyncio
     async def test_full_queue_raises_at_the_call(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(), runtime=runtime, max_queue=1, cores=[0],
-                          streams_per_core=1) as engine:
+        async with Engine(
+            affine_model(), runtime=runtime, max_queue=1, cores=[0], streams_per_core=1
+        ) as engine:
             gate = runtime.hold(0)
             running = engine.infer_nowait(ONES)
             waiting = engine.infer_nowait(ONES)
@@ -116,8 +117,9 @@ class TestCountsThroughClose:
         self, leaky_runtime: EmulatedRuntime
     ) -> None:
         runtime = leaky_runtime
-        engine = Engine(affine_model(latency=0.0002), runtime=runtime, max_queue=2000,
-                        close_timeout=0.05)
+        engine = Engine(
+            affine_model(latency=0.0002), runtime=runtime, max_queue=2000, close_timeout=0.05
+        )
         await engine.open()
         rng = np.random.default_rng(11)
         tasks = []

@@ -31,8 +31,10 @@ ONES = np.ones(X.shape, np.float32)
 
 
 def settled(stats: EngineStatistics) -> bool:
-    return stats.in_flight == 0 and stats.queued == 0 and all(
-        core.busy_slots == 0 for core in stats.cores
+    return (
+        stats.in_flight == 0
+        and stats.queued == 0
+        and all(core.busy_slots == 0 for core in stats.cores)
     )
 
 
@@ -41,7 +43,9 @@ def accounted(stats: EngineStatistics) -> bool:
     return ended + stats.queued + stats.in_flight == stats.submitted
 
 
-async def fill_slots(engine: Engine, runtime: EmulatedRuntime) -> tuple[list[asyncio.Task[object]], list[object]]:
+async def fill_slots(
+    engine: Engine, runtime: EmulatedRuntime
+) -> tuple[list[asyncio.Task[object]], list[object]]:
     """Hold both cores and put one request in flight on every slot."""
     gates = [runtime.hold(0), runtime.hold(1)]
     slots = sum(c.idle_slots for c in engine.statistics().cores)
@@ -97,7 +101,9 @@ class TestCancelQueued:
 class TestCancelInFlight:
     @pytest.mark.loop_variants
     @pytest.mark.asyncio
-    async def test_result_dropped_slot_returns_when_done(self, engine: Engine, runtime: EmulatedRuntime) -> None:
+    async def test_result_dropped_slot_returns_when_done(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
         gate = runtime.hold(0)
         runtime.hold(1)
         task = asyncio.create_task(engine.infer(ONES))
@@ -145,8 +151,9 @@ class TestCancelAssigned:
 
     @pytest.mark.asyncio
     async def test_cancel_while_packing_passes_the_slot_on(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(), cores=[0], streams_per_core=1, runtime=runtime,
-                          offload_bytes=0) as engine:
+        async with Engine(
+            affine_model(), cores=[0], streams_per_core=1, runtime=runtime, offload_bytes=0
+        ) as engine:
             gate = runtime.hold(0)
             first = asyncio.create_task(engine.infer(ONES))
             await wait_until(lambda: gate.held == 1)
@@ -206,7 +213,9 @@ class TestTimeouts:
         assert stats.timed_out == 1 and settled(stats) and accounted(stats)
 
     @pytest.mark.asyncio
-    async def test_timeout_is_a_timeout_error(self, engine: Engine, runtime: EmulatedRuntime) -> None:
+    async def test_timeout_is_a_timeout_error(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
         runtime.hold(0)
         runtime.hold(1)
         with pytest.raises(TimeoutError):
@@ -222,7 +231,9 @@ class TestTimeouts:
 
     @pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout needs 3.11")
     @pytest.mark.asyncio
-    async def test_asyncio_timeout_behaves_alike(self, engine: Engine, runtime: EmulatedRuntime) -> None:
+    async def test_asyncio_timeout_behaves_alike(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
         busy, gates = await fill_slots(engine, runtime)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.01):  # type: ignore[attr-defined]
@@ -266,7 +277,9 @@ class TestAnyio:
         assert settled(engine.statistics())
 
     @pytest.mark.asyncio
-    async def test_move_on_after_while_in_flight(self, engine: Engine, runtime: EmulatedRuntime) -> None:
+    async def test_move_on_after_while_in_flight(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
         gate = runtime.hold(0)
         runtime.hold(1)
         result = "untouched"

@@ -104,8 +104,13 @@ class TestMain:
         assert "aiodla" in result.output
 
     def test_python_dash_m_and_the_console_script(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "aiodla", "inspect", "--help"],
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "aiodla", "inspect", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         assert "--json" in done.stdout
         from importlib.metadata import entry_points
@@ -159,8 +164,9 @@ class TestDevices:
         assert "for a DLA loadable:       cuda" in result.output
         assert "for an emulator loadable: emulated" in result.output
 
-    def test_with_the_gpu_standin(self, fake_cudla: list[FakeCuda],
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_with_the_gpu_standin(
+        self, fake_cudla: list[FakeCuda], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         monkeypatch.setattr(_select, "cuda_probe", lambda: (True, "stand-in", True))
         result = run("devices")
         assert "GPU stand-in" in result.output
@@ -187,7 +193,10 @@ class TestInspect:
         assert result.exit_code == 0
         spec = json.loads(result.stdout)
         assert (spec["format"], spec["version"], spec["loadable"]) == (
-            "aiodla-model-spec", 1, "emulator")
+            "aiodla-model-spec",
+            1,
+            "emulator",
+        )
         assert set(spec["inputs"][0]["descriptor"]) == set(_cli.DESCRIPTOR_FIELDS)
         (tmp_path / "spec.json").write_text(result.stdout)
         copied = tmp_path / "copy.bin"
@@ -196,8 +205,9 @@ class TestInspect:
         assert copied.read_bytes() == original.read_bytes()
 
     def test_missing_file(self, tmp_path: Path) -> None:
-        assert_one_line_error(run("inspect", str(tmp_path / "nope.bin")), 1,
-                              "cannot read", "nope.bin", "No such file")
+        assert_one_line_error(
+            run("inspect", str(tmp_path / "nope.bin")), 1, "cannot read", "nope.bin", "No such file"
+        )
 
     def test_empty_file(self, tmp_path: Path) -> None:
         (tmp_path / "empty.bin").write_bytes(b"")
@@ -206,12 +216,14 @@ class TestInspect:
 
     def test_malformed_emulator_loadable(self, tmp_path: Path) -> None:
         (tmp_path / "cut.bin").write_bytes(affine_model()[:100])
-        assert_one_line_error(run("inspect", str(tmp_path / "cut.bin")), 1,
-                              "cut.bin", "not a valid emulator loadable")
+        assert_one_line_error(
+            run("inspect", str(tmp_path / "cut.bin")), 1, "cut.bin", "not a valid emulator loadable"
+        )
 
     def test_dla_loadable_without_cudla(self, dla_file: Path, no_cudla: None) -> None:
-        assert_one_line_error(run("inspect", str(dla_file)), 1,
-                              "not an emulator loadable", "needs cuDLA", NO_CUDLA)
+        assert_one_line_error(
+            run("inspect", str(dla_file)), 1, "not an emulator loadable", "needs cuDLA", NO_CUDLA
+        )
 
     def test_random_bytes_are_not_called_a_dla_loadable(
         self, tmp_path: Path, no_cudla: None
@@ -219,8 +231,9 @@ class TestInspect:
         (tmp_path / "noise.bin").write_bytes(os.urandom(256))
         for command in ("inspect", "bench"):
             result = run(command, str(tmp_path / "noise.bin"))
-            assert_one_line_error(result, 1, "is not an emulator loadable",
-                                  WHAT_A_DLA_LOADABLE_NEEDS, NO_CUDLA)
+            assert_one_line_error(
+                result, 1, "is not an emulator loadable", WHAT_A_DLA_LOADABLE_NEEDS, NO_CUDLA
+            )
             assert "this is a DLA loadable" not in result.stderr
 
     def test_the_readme_quotes_the_message(self) -> None:
@@ -244,8 +257,12 @@ class TestInspect:
     def test_a_broken_model_spec_names_the_file(self, model: Path, tmp_path: Path) -> None:
         spec = json.loads(run("inspect", str(model), "--json").stdout)
         (tmp_path / "s.json").write_text(json.dumps(put(spec, "n", -1)))
-        assert_one_line_error(run("inspect", str(tmp_path / "s.json")), 1, "s.json",
-                              "descriptor.n must be an integer >= 0")
+        assert_one_line_error(
+            run("inspect", str(tmp_path / "s.json")),
+            1,
+            "s.json",
+            "descriptor.n must be an integer >= 0",
+        )
 
     def test_dla_loadable_with_cudla(
         self, model: Path, fake_cudla: list[FakeCuda], monkeypatch: pytest.MonkeyPatch
@@ -289,9 +306,21 @@ class TestInspect:
 class TestEmulate:
     def test_from_inputs_and_outputs(self, tmp_path: Path) -> None:
         out = tmp_path / "m.bin"
-        result = run("emulate", "--input", "image:1x3x16x16:float16:chw16",
-                     "--output", "scores:1x3x16x16:float32", "--latency", "0.004",
-                     "--scale", "2", "--bias", "-1", "-o", str(out))
+        result = run(
+            "emulate",
+            "--input",
+            "image:1x3x16x16:float16:chw16",
+            "--output",
+            "scores:1x3x16x16:float32",
+            "--latency",
+            "0.004",
+            "--scale",
+            "2",
+            "--bias",
+            "-1",
+            "-o",
+            str(out),
+        )
         assert result.exit_code == 0, result.output
         assert "wrote" in result.output
         assert "op affine" in result.output
@@ -302,8 +331,19 @@ class TestEmulate:
 
     def test_defaults_names_with_colons_and_the_op_the_shapes_fit(self, tmp_path: Path) -> None:
         out = tmp_path / "m.bin"
-        result = run("emulate", "--input", "in:0:2x4x6x6", "--input", "b:1x1x2x2:uint8:nhwc",
-                     "--output", "out:0:2x4x1x1", "--output", "o2:1x1x1x1:float32", "-o", str(out))
+        result = run(
+            "emulate",
+            "--input",
+            "in:0:2x4x6x6",
+            "--input",
+            "b:1x1x2x2:uint8:nhwc",
+            "--output",
+            "out:0:2x4x1x1",
+            "--output",
+            "o2:1x1x1x1:float32",
+            "-o",
+            str(out),
+        )
         assert result.exit_code == 0, result.output
         model = parse_loadable(out.read_bytes())
         assert (model.op, model.latency) == ("mean_hw", 0.001)
@@ -330,25 +370,57 @@ class TestEmulate:
         assert not (tmp_path / "m.bin").exists()
 
     def test_no_op_fits(self, tmp_path: Path) -> None:
-        result = run("emulate", "--input", "x:1x3x224x224", "--output", "logits:1x1000x1x1",
-                     "-o", str(tmp_path / "m.bin"))
+        result = run(
+            "emulate",
+            "--input",
+            "x:1x3x224x224",
+            "--output",
+            "logits:1x1000x1x1",
+            "-o",
+            str(tmp_path / "m.bin"),
+        )
         assert_one_line_error(result, 1, "no emulator op fits", "logits 1x1000x1x1")
 
     def test_an_op_the_shapes_do_not_fit(self, tmp_path: Path) -> None:
-        result = run("emulate", "--input", "x:1x3x4x4", "--output", "y:1x3x4x4", "--op", "mean_hw",
-                     "-o", str(tmp_path / "m.bin"))
+        result = run(
+            "emulate",
+            "--input",
+            "x:1x3x4x4",
+            "--output",
+            "y:1x3x4x4",
+            "--op",
+            "mean_hw",
+            "-o",
+            str(tmp_path / "m.bin"),
+        )
         assert_one_line_error(result, 1, "mean_hw", "(1, 3, 1, 1)")
 
     def test_unwritable_output(self, tmp_path: Path) -> None:
-        result = run("emulate", "--input", "x:1x3x4x4", "--output", "y:1x3x4x4",
-                     "-o", str(tmp_path / "no" / "such" / "m.bin"))
+        result = run(
+            "emulate",
+            "--input",
+            "x:1x3x4x4",
+            "--output",
+            "y:1x3x4x4",
+            "-o",
+            str(tmp_path / "no" / "such" / "m.bin"),
+        )
         assert_one_line_error(result, 1, "cannot write", "No such file")
 
     def test_like_with_overrides(self, model: Path, tmp_path: Path) -> None:
         (tmp_path / "s.json").write_text(run("inspect", str(model), "--json").stdout)
         out = tmp_path / "m.bin"
-        result = run("emulate", "--like", str(tmp_path / "s.json"), "--latency", "0.005",
-                     "--scale", "3", "-o", str(out))
+        result = run(
+            "emulate",
+            "--like",
+            str(tmp_path / "s.json"),
+            "--latency",
+            "0.005",
+            "--scale",
+            "3",
+            "-o",
+            str(out),
+        )
         assert result.exit_code == 0, result.output
         made, original = parse_loadable(out.read_bytes()), parse_loadable(model.read_bytes())
         assert (made.latency, made.scale, made.bias) == (0.005, 3.0, original.bias)
@@ -373,7 +445,7 @@ class TestEmulate:
             (lambda s: {**s, "format": "onnx"}, ["not an aiodla model spec"]),
             (lambda s: {**s, "version": 2}, ["version 2", "reads version 1"]),
             (lambda s: {**s, "inputs": []}, ["'inputs' must be a non-empty list"]),
-            (lambda s: {**s, "outputs": [{"name": "y"}]}, ["outputs[0] has no \"descriptor\""]),
+            (lambda s: {**s, "outputs": [{"name": "y"}]}, ['outputs[0] has no "descriptor"']),
             (lambda s: drop(s, "stride"), ["inputs[0].descriptor lacks stride"]),
             (lambda s: put(s, "n", -1), ["descriptor.n must be an integer >= 0"]),
             (lambda s: put(s, "c", True), ["descriptor.c must be an integer"]),
@@ -382,8 +454,9 @@ class TestEmulate:
             (lambda s: put(s, "data_type", 9), ["dataType 9"]),
         ],
     )
-    def test_bad_specs(self, mutate: Callable[[dict[str, Any]], Any], words: list[str],
-                       model: Path, tmp_path: Path) -> None:
+    def test_bad_specs(
+        self, mutate: Callable[[dict[str, Any]], Any], words: list[str], model: Path, tmp_path: Path
+    ) -> None:
         spec = mutate(json.loads(run("inspect", str(model), "--json").stdout))
         path = tmp_path / "s.json"
         path.write_text(spec if isinstance(spec, str) else json.dumps(spec))
@@ -412,8 +485,18 @@ class TestBench:
         result = run("bench", str(model), "--requests", "200")
         assert result.exit_code == 0, result.output
         out = result.stdout
-        for label in ("throughput", "of the ideal 2000 req/s", "p50", "p90", "p99", "max",
-                      "core 0", "core 1", "% busy", "200 completed, 0 failed"):
+        for label in (
+            "throughput",
+            "of the ideal 2000 req/s",
+            "p50",
+            "p90",
+            "p99",
+            "max",
+            "core 0",
+            "core 1",
+            "% busy",
+            "200 completed, 0 failed",
+        ):
             assert label in out, out
         assert "errors      none" in out
         # Not a terminal: no progress bar, no escape sequences.
@@ -421,8 +504,19 @@ class TestBench:
         assert "\x1b" not in out
 
     def test_json(self, model: Path) -> None:
-        result = run("bench", str(model), "--requests", "100", "--cores", "1", "--streams", "1",
-                     "--concurrency", "3", "--json")
+        result = run(
+            "bench",
+            str(model),
+            "--requests",
+            "100",
+            "--cores",
+            "1",
+            "--streams",
+            "1",
+            "--concurrency",
+            "3",
+            "--json",
+        )
         assert result.exit_code == 0, result.output
         report = json.loads(result.stdout)
         assert (report["format"], report["version"]) == ("aiodla-bench", 1)
@@ -446,8 +540,9 @@ class TestBench:
 
     def test_progress_bar_on_a_terminal(self, model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         screen = io.StringIO()
-        monkeypatch.setattr(_cli, "_console",
-                            lambda: Console(file=screen, force_terminal=True, width=100))
+        monkeypatch.setattr(
+            _cli, "_console", lambda: Console(file=screen, force_terminal=True, width=100)
+        )
         result = run("bench", str(model), "--requests", "300")
         assert result.exit_code == 0, result.output
         drawn = screen.getvalue()
@@ -475,7 +570,10 @@ class TestBench:
         env.pop("NO_COLOR", None)
         process = subprocess.Popen(
             [sys.executable, "-m", "aiodla", "bench", str(model), "--requests", "400"],
-            stdin=terminal, stdout=terminal, stderr=terminal, env=env,
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            env=env,
         )
         os.close(terminal)
         chunks = []
@@ -525,22 +623,32 @@ class TestBench:
             ([0, 1], [0.98, 0.97], 4, "the DLA cores (both busy 97%-98%)"),
             ([1], [0.95], 2, "the DLA cores (core 1 busy 95%)"),
             ([0, 1], [0.5, 0.5], 2, "concurrency 2 < 4 slots"),
-            ([0, 1], [0.6, 0.6], 4, "the host (the DLA cores only 60% busy with every slot "
-                                    "offered work)"),
+            (
+                [0, 1],
+                [0.6, 0.6],
+                4,
+                "the host (the DLA cores only 60% busy with every slot offered work)",
+            ),
         ],
     )
-    def test_what_limited_a_run(self, cores: list[int], utilization: list[float],
-                                concurrency: int, expected: str) -> None:
-        report = {"cores": cores, "concurrency": concurrency, "slots": 2 * len(cores),
-                  "per_core": [{"utilization": u} for u in utilization]}
+    def test_what_limited_a_run(
+        self, cores: list[int], utilization: list[float], concurrency: int, expected: str
+    ) -> None:
+        report = {
+            "cores": cores,
+            "concurrency": concurrency,
+            "slots": 2 * len(cores),
+            "per_core": [{"utilization": u} for u in utilization],
+        }
         assert _bench.limited_by(report) == expected
 
     def test_json_reports_progress_on_stderr_when_it_is_a_terminal(
         self, model: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         screen = io.StringIO()
-        monkeypatch.setattr(_cli, "_error_console",
-                            lambda: Console(file=screen, force_terminal=True, width=100))
+        monkeypatch.setattr(
+            _cli, "_error_console", lambda: Console(file=screen, force_terminal=True, width=100)
+        )
         result = run("bench", str(model), "--requests", "300", "--json")
         assert result.exit_code == 0, result.output
         assert "300 requests" in screen.getvalue()
@@ -557,8 +665,16 @@ class TestBench:
         # The bar is drawn on the terminal: stdout's, or stderr's with --json.
         controller, terminal = pty.openpty()
         process = subprocess.Popen(
-            [sys.executable, "-m", "aiodla", "bench", str(model), "--duration", "60",
-             *(["--json"] if as_json else [])],
+            [
+                sys.executable,
+                "-m",
+                "aiodla",
+                "bench",
+                str(model),
+                "--duration",
+                "60",
+                *(["--json"] if as_json else []),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if as_json else terminal,
             stderr=terminal if as_json else subprocess.PIPE,
@@ -629,12 +745,20 @@ class TestBench:
 
     def test_a_model_spec_is_not_benchmarked(self, model: Path, tmp_path: Path) -> None:
         (tmp_path / "m.json").write_text(run("inspect", str(model), "--json").stdout)
-        assert_one_line_error(run("bench", str(tmp_path / "m.json")), 1,
-                              "is a model spec, not a loadable", "aiodla emulate --like")
+        assert_one_line_error(
+            run("bench", str(tmp_path / "m.json")),
+            1,
+            "is a model spec, not a loadable",
+            "aiodla emulate --like",
+        )
 
     def test_cuda_runtime_asked_for_but_absent(self, model: Path, no_cudla: None) -> None:
-        assert_one_line_error(run("bench", str(model), "--runtime", "cuda"), 1,
-                              "runtime='cuda' is not available", NO_CUDLA)
+        assert_one_line_error(
+            run("bench", str(model), "--runtime", "cuda"),
+            1,
+            "runtime='cuda' is not available",
+            NO_CUDLA,
+        )
 
     def test_failed_requests_are_counted_and_fail_the_run(
         self, model: Path, monkeypatch: pytest.MonkeyPatch
@@ -668,12 +792,14 @@ class TestBench:
         runtime = EmulatedRuntime(cores=2)
         runtime.poison()
         use_runtime(monkeypatch, runtime)
-        assert_one_line_error(run("bench", str(model)), 1, "aiodla: error:", "make_current",
-                              "cudaErrorExternalDevice")
+        assert_one_line_error(
+            run("bench", str(model)), 1, "aiodla: error:", "make_current", "cudaErrorExternalDevice"
+        )
 
 
-def use_runtime(monkeypatch: pytest.MonkeyPatch, runtime: EmulatedRuntime, *,
-                poison: bool = False) -> None:
+def use_runtime(
+    monkeypatch: pytest.MonkeyPatch, runtime: EmulatedRuntime, *, poison: bool = False
+) -> None:
     """Make ``bench`` open its engine on ``runtime`` (poisoned once open, if asked)."""
 
     class RuntimeEngine(Engine):
@@ -694,7 +820,18 @@ def test_emulator_loadables_from_python_and_the_cli_agree(tmp_path: Path) -> Non
     x = TensorSpec("x", (1, 3, 8, 8), "float16", "chw16")
     y = TensorSpec("y", (1, 3, 8, 8), "float32", "nchw")
     out = tmp_path / "m.bin"
-    result = run("emulate", "--input", "x:1x3x8x8:float16:chw16", "--output", "y:1x3x8x8:float32",
-                 "--scale", "2", "--bias", "0.5", "-o", str(out))
+    result = run(
+        "emulate",
+        "--input",
+        "x:1x3x8x8:float16:chw16",
+        "--output",
+        "y:1x3x8x8:float32",
+        "--scale",
+        "2",
+        "--bias",
+        "0.5",
+        "-o",
+        str(out),
+    )
     assert result.exit_code == 0
     assert out.read_bytes() == make_loadable([x], [y], "affine", 0.001, scale=2.0, bias=0.5)

@@ -71,7 +71,10 @@ class TestConversions:
         with in_mode(mode):
             packed = spec.pack(array)
             assert packed.tobytes() == reference_pack(spec, array)
-            assert same_bits(spec.quantize(array), reference_unpack(spec, bytes(packed), dequantize=False).reshape(spec.shape))
+            assert same_bits(
+                spec.quantize(array),
+                reference_unpack(spec, bytes(packed), dequantize=False).reshape(spec.shape),
+            )
             got = spec.unpack(packed)
             assert same_bits(got, reference_unpack(spec, bytes(packed)))
         # within rounding: half a step of the scale, except where it saturated
@@ -87,8 +90,14 @@ class TestConversions:
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(data=st.data())
     def test_already_quantized_integers_pass_through(self, mode: str, data: st.DataObject) -> None:
-        spec = data.draw(specs([p for p in PAIRS if p[1] not in ("float16", "float32")], scale=True))
-        narrower = [t for t in ("bool", "int8", "uint8", "int16", "uint16") if np.can_cast(t, spec.dtype, "safe")]
+        spec = data.draw(
+            specs([p for p in PAIRS if p[1] not in ("float16", "float32")], scale=True)
+        )
+        narrower = [
+            t
+            for t in ("bool", "int8", "uint8", "int16", "uint16")
+            if np.can_cast(t, spec.dtype, "safe")
+        ]
         source = data.draw(st.sampled_from(narrower))
         array = data.draw(hnp.arrays(np.dtype(source), spec.shape))
         with in_mode(mode):
@@ -135,7 +144,9 @@ class TestConversions:
             ("uint16", [65535.5, -3.0, 65534.5, 0.5], [65535, 0, 65534, 0]),
         ],
     )
-    def test_other_integer_saturation(self, dtype: str, values: list[float], stored: list[int]) -> None:
+    def test_other_integer_saturation(
+        self, dtype: str, values: list[float], stored: list[int]
+    ) -> None:
         spec = TensorSpec("q", (1, len(values), 1, 1), dtype, "nchw", scale=1.0)
         array = np.array(values, np.float64).reshape(spec.shape)
         assert spec.unpack(spec.pack(array), dequantize=False).ravel().tolist() == stored
@@ -156,7 +167,6 @@ class TestConversions:
             wide = spec.unpack(spec.pack(stored), dtype=np.float64)
             assert same_bits(wide, stored.astype(np.float64) * scale)
 
-
     def test_nan_stays_nan_in_float_tensors(self) -> None:
         spec = TensorSpec("x", (1, 3, 64, 64), "float16", "chw16")
         array = np.zeros(spec.shape, np.float32)
@@ -167,7 +177,6 @@ class TestConversions:
         assert np.isnan(got[0, 1, 5, 5])
         assert got[0, 2, 6, 6] == -np.inf
         assert got[0, 0, 7, 7] == np.inf
-
 
     def test_read_dtypes(self) -> None:
         spec = TensorSpec("x", (1, 3, 4, 4), "float16", "chw16")
@@ -192,7 +201,23 @@ def _float32_patterns() -> np.ndarray[Any, Any]:
     """Every float32 exponent below float16's overflow, with the mantissas that sit on
     and around each float16 rounding boundary, both signs; plus random patterns."""
     exponents = np.arange(0, 0x8F, dtype=np.uint32) << 23
-    edges = [0, 1, 0xFFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x2FFF, 0x3000, 0x3001, 0x7FE000, 0x7FEFFF, 0x7FF000, 0x7FF001, 0x7FFFFF]
+    edges = [
+        0,
+        1,
+        0xFFF,
+        0x1000,
+        0x1001,
+        0x1FFF,
+        0x2000,
+        0x2FFF,
+        0x3000,
+        0x3001,
+        0x7FE000,
+        0x7FEFFF,
+        0x7FF000,
+        0x7FF001,
+        0x7FFFFF,
+    ]
     mantissas = np.array(edges, dtype=np.uint32)
     grid = (exponents[:, None] | mantissas[None, :]).ravel()
     rng = np.random.default_rng(7)
@@ -210,8 +235,22 @@ class TestKernels:
             assert same_bits(out, values.astype(np.float16))
 
     def test_half_from_float32_beyond_range_and_specials(self) -> None:
-        bits = np.array([0x477FEFFF, 0x477FF000, 0x47800000, 0x7F7FFFFF, 0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF], np.uint32)
-        values = np.tile(np.concatenate([bits, bits | np.uint32(0x80000000)]), 1000).view(np.float32)
+        bits = np.array(
+            [
+                0x477FEFFF,
+                0x477FF000,
+                0x47800000,
+                0x7F7FFFFF,
+                0x7F800000,
+                0x7FC00000,
+                0x7F800001,
+                0x7FFFFFFF,
+            ],
+            np.uint32,
+        )
+        values = np.tile(np.concatenate([bits, bits | np.uint32(0x80000000)]), 1000).view(
+            np.float32
+        )
         out = np.empty(values.shape, np.float16)
         with np.errstate(all="ignore"):
             _convert._half_from_float32(values, out)
@@ -238,7 +277,9 @@ class TestKernels:
     def test_half_from_integers_equals_numpy(self) -> None:
         for values in (
             np.arange(-65535, 65536, dtype=np.int32),  # the vectorized path
-            np.concatenate([np.arange(-70000, 70000, dtype=np.int64), [2**24 + 1, 2**40, -(2**62)]]),
+            np.concatenate(
+                [np.arange(-70000, 70000, dtype=np.int64), [2**24 + 1, 2**40, -(2**62)]]
+            ),
             np.arange(0, 1 << 16, dtype=np.uint16),
         ):
             out = np.empty(values.shape, np.float16)
@@ -247,7 +288,9 @@ class TestKernels:
                 assert same_bits(out, values.astype(np.float16))
 
     def test_float32_from_half_every_pattern(self) -> None:
-        finite = np.array([b for b in range(1 << 16) if (b & 0x7C00) != 0x7C00], np.uint16).view(np.float16)
+        finite = np.array([b for b in range(1 << 16) if (b & 0x7C00) != 0x7C00], np.uint16).view(
+            np.float16
+        )
         out = np.empty(finite.shape, np.float32)
         _convert._float32_from_half(finite, out)
         assert same_bits(out, finite.astype(np.float32))
@@ -258,7 +301,9 @@ class TestKernels:
 
     def test_quantizer_paths_agree_with_python_round(self) -> None:
         rng = np.random.default_rng(9)
-        values = np.concatenate([np.arange(-300, 300, 0.25), rng.standard_normal(50_000) * 100]).astype(np.float32)
+        values = np.concatenate(
+            [np.arange(-300, 300, 0.25), rng.standard_normal(50_000) * 100]
+        ).astype(np.float32)
         for scale in (1.0, 0.5, 0.25, 2.0**-9, 0.1, 0.0123, 3.0):
             out = np.empty(values.shape, np.int8)
             _convert._quantizer(np.dtype(np.float32), np.dtype(np.int8), scale)(values, out)

@@ -72,8 +72,12 @@ class TestResults:
 
     @pytest.mark.loop_variants
     @pytest.mark.asyncio
-    async def test_no_cross_talk_between_concurrent_requests(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(latency=0.0005), runtime=runtime, max_queue=10_000) as engine:
+    async def test_no_cross_talk_between_concurrent_requests(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        async with Engine(
+            affine_model(latency=0.0005), runtime=runtime, max_queue=10_000
+        ) as engine:
             inputs = [rng(i).standard_normal(X.shape).astype(np.float32) * i for i in range(400)]
             outputs = await asyncio.gather(*(engine.infer(x) for x in inputs))
             stats = engine.statistics()
@@ -83,13 +87,14 @@ class TestResults:
         assert all(core.completed > 100 for core in stats.cores)  # both cores served
 
     @pytest.mark.asyncio
-    async def test_model_from_a_path(self, runtime: EmulatedRuntime, tmp_path: pathlib.Path) -> None:
+    async def test_model_from_a_path(
+        self, runtime: EmulatedRuntime, tmp_path: pathlib.Path
+    ) -> None:
         path = tmp_path / "model.bin"
         await asyncio.to_thread(path.write_bytes, affine_model())
         async with Engine(path, runtime=runtime) as engine:
             x = np.ones(X.shape, np.float16)
             np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
-
 
     @pytest.mark.asyncio
     async def test_the_poller_is_told_when_each_batch_was_handled(
@@ -109,7 +114,6 @@ class TestResults:
             results = await asyncio.wait_for(serve(), 10)
         for y in results:
             np.testing.assert_array_equal(y, expected_affine(x))
-
 
     @pytest.mark.asyncio
     async def test_under_load_the_loop_takes_what_finished_during_a_batch(
@@ -154,7 +158,9 @@ class TestBadInputs:
         ],
     )
     @pytest.mark.asyncio
-    async def test_rejected_with_a_clear_error(self, engine: Engine, value: object, error: type, words: str) -> None:
+    async def test_rejected_with_a_clear_error(
+        self, engine: Engine, value: object, error: type, words: str
+    ) -> None:
         with pytest.raises(error) as caught:
             await engine.infer(value)
         assert isinstance(caught.value, AiodlaError)
@@ -339,7 +345,9 @@ class TestQuantized:
             stored = np.clip(np.rint(x / 0.5), -128, 127) + 1
             np.testing.assert_array_equal(y, (np.clip(stored, -128, 127) * 0.25).astype(np.float32))
             raw = np.arange(-120, 120, dtype=np.int8).reshape(1, 40, 2, 3)
-            np.testing.assert_array_equal(await engine.infer(raw), ((raw.astype(np.int16) + 1) * 0.25).astype(np.float32))
+            np.testing.assert_array_equal(
+                await engine.infer(raw), ((raw.astype(np.int16) + 1) * 0.25).astype(np.float32)
+            )
             with pytest.raises(InputValueError, match="NaN"):
                 await engine.infer(np.full(q_in.shape, np.nan, np.float32))
             with pytest.raises(InputTypeError, match="cannot be cast safely"):

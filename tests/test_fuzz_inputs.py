@@ -36,15 +36,18 @@ dtypes = st.one_of(
 
 
 def fuzz_settings() -> settings:
-    return settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
 
 
 class TestFuzzedArrays:
     @fuzz_settings()
     @given(data=st.data())
     @pytest.mark.asyncio
-    async def test_any_array_is_served_or_refused_clearly(self, engine: Engine, data: st.DataObject) -> None:
+    async def test_any_array_is_served_or_refused_clearly(
+        self, engine: Engine, data: st.DataObject
+    ) -> None:
         dtype = data.draw(dtypes)
         shape = data.draw(shapes)
         try:
@@ -108,8 +111,9 @@ class TestIntegerTensors:
 
     @pytest.mark.parametrize("bad", [np.nan, -np.nan])
     @pytest.mark.asyncio
-    async def test_nan_into_int8_is_refused(self, runtime: EmulatedRuntime, int8_model: bytes,
-                                            bad: float) -> None:
+    async def test_nan_into_int8_is_refused(
+        self, runtime: EmulatedRuntime, int8_model: bytes, bad: float
+    ) -> None:
         async with Engine(int8_model, runtime=runtime, scales={"q": 0.1}) as engine:
             x = np.zeros(Q.shape, np.float32)
             x[0, 1, 2, 3] = bad
@@ -118,7 +122,9 @@ class TestIntegerTensors:
             assert engine.statistics().submitted == 0
 
     @pytest.mark.asyncio
-    async def test_inf_into_int8_saturates(self, runtime: EmulatedRuntime, int8_model: bytes) -> None:
+    async def test_inf_into_int8_saturates(
+        self, runtime: EmulatedRuntime, int8_model: bytes
+    ) -> None:
         async with Engine(int8_model, runtime=runtime, scales={"q": 0.1, "r": 1.0}) as engine:
             x = np.zeros(Q.shape, np.float32)
             x[0, 0, 0, 0], x[0, 0, 0, 1] = np.inf, -np.inf
@@ -126,7 +132,9 @@ class TestIntegerTensors:
             assert (y[0, 0, 0, 0], y[0, 0, 0, 1]) == (127.0, -128.0)
 
     @pytest.mark.asyncio
-    async def test_float_without_a_scale_is_refused(self, runtime: EmulatedRuntime, int8_model: bytes) -> None:
+    async def test_float_without_a_scale_is_refused(
+        self, runtime: EmulatedRuntime, int8_model: bytes
+    ) -> None:
         async with Engine(int8_model, runtime=runtime) as engine:
             with pytest.raises(InputError, match="needs a quantization scale"):
                 await engine.infer(np.zeros(Q.shape, np.float32))

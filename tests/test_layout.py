@@ -105,11 +105,17 @@ class TestBoundTensor:
     @given(data=st.data())
     def test_reuse_leaves_padding_zero(self, mode: str, data: st.DataObject) -> None:
         spec = data.draw(specs(scale=True))
-        source = "float32" if spec.scale is not None or spec.dtype.startswith("float") else spec.dtype
+        source = (
+            "float32" if spec.scale is not None or spec.dtype.startswith("float") else spec.dtype
+        )
         with in_mode(mode):
             bound = spec.bind(np.full(spec.size, 0xEE, np.uint8))
             for _ in range(5):
-                array = data.draw(float_arrays(spec, source, allow_nan=False) if source == "float32" else stored_arrays(spec))
+                array = data.draw(
+                    float_arrays(spec, source, allow_nan=False)
+                    if source == "float32"
+                    else stored_arrays(spec)
+                )
                 bound.write(array)
                 assert bound.raw.tobytes() == reference_pack(spec, array)
                 assert same_bits(bound.read(), reference_unpack(spec, bound.raw.tobytes()))
@@ -130,12 +136,22 @@ class TestBoundTensor:
     def test_many_blocks_and_many_writes(self) -> None:
         line = 32 * 47 + 64
         surface = line * 33 + 32
-        spec = TensorSpec("x", (2, 40, 33, 47), "float16", "chw16", strides=(32, line, surface, 3 * surface + 96), nbytes=2 * (3 * surface + 96) + 40)
+        spec = TensorSpec(
+            "x",
+            (2, 40, 33, 47),
+            "float16",
+            "chw16",
+            strides=(32, line, surface, 3 * surface + 96),
+            nbytes=2 * (3 * surface + 96) + 40,
+        )
         owned = np.zeros(spec.size, bool)
         bound = spec.bind(np.zeros(spec.size, np.uint8))
         rng = np.random.default_rng(3)
         for round_ in range(4):
-            array = rng.standard_normal(spec.shape).astype(np.float32 if round_ % 2 else np.float16) * 1000
+            array = (
+                rng.standard_normal(spec.shape).astype(np.float32 if round_ % 2 else np.float16)
+                * 1000
+            )
             bound.write(array)
             assert same_bits(bound.read(), array.astype(np.float16))
             assert bound.raw.tobytes() == spec.pack(array).tobytes()
@@ -251,7 +267,9 @@ def test_a_whole_tensor_block_agrees_with_the_block_loop(
     general = (0, slice(0, c), slice(0, h))
     slow._blocks = (_layout._Block(general, slow._blocks[0].lanes[0], False),)
     rng = np.random.default_rng(7)
-    values = rng.uniform(-4, 4, shape) if np.dtype(source).kind == "f" else rng.integers(0, 200, shape)
+    values = (
+        rng.uniform(-4, 4, shape) if np.dtype(source).kind == "f" else rng.integers(0, 200, shape)
+    )
     array = values.astype(source)
     fast.write(array)
     slow.write(array)

@@ -67,8 +67,7 @@ class Scrape:
         return self.samples[(name, tuple(sorted(labels.items())))]
 
     def series(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-        return {labels: value for (sample, labels), value in self.samples.items()
-                if sample == name}
+        return {labels: value for (sample, labels), value in self.samples.items() if sample == name}
 
     def buckets(self, name: str, labels: dict[str, str]) -> list[tuple[float, float]]:
         """(upper bound, cumulative count) of one histogram, +Inf last."""
@@ -146,8 +145,9 @@ class TestCounts:
             await asyncio.gather(*(engine.infer(ONES) for _ in range(40)))
             for core in (0, 1, 0):
                 runtime.fail_next_task(core)
-            failed = await asyncio.gather(*(engine.infer(ONES) for _ in range(3)),
-                                          return_exceptions=True)
+            failed = await asyncio.gather(
+                *(engine.infer(ONES) for _ in range(3)), return_exceptions=True
+            )
             assert all(isinstance(f, TaskError) for f in failed)
 
             # Hold both cores: four requests in flight, two queued (max_queue=2).
@@ -174,10 +174,20 @@ class TestCounts:
 
         assert stats.completed == 40 + 4 + 1
         assert scrape["aiodla_request_success_total", engine_labels()] == stats.completed
-        failures = {reason: scrape["aiodla_request_failure_total", engine_labels(reason=reason)]
-                    for reason in REQUEST_FAILURE_REASONS}
-        assert failures == {"task": 3, "device": 0, "closed": 0, "dead": 0, "other": 0,
-                            "timeout": 1, "cancelled": 1, "rejected": 1}
+        failures = {
+            reason: scrape["aiodla_request_failure_total", engine_labels(reason=reason)]
+            for reason in REQUEST_FAILURE_REASONS
+        }
+        assert failures == {
+            "task": 3,
+            "device": 0,
+            "closed": 0,
+            "dead": 0,
+            "other": 0,
+            "timeout": 1,
+            "cancelled": 1,
+            "rejected": 1,
+        }
         assert scrape["aiodla_inflight_requests", engine_labels()] == 0
         assert scrape["aiodla_pending_requests", engine_labels()] == 0
 
@@ -186,7 +196,8 @@ class TestCounts:
         assert scrape["aiodla_request_duration_seconds_count", engine_labels()] == stats.completed
         assert [count for _, count in requests] == sorted(count for _, count in requests)
         assert scrape["aiodla_request_duration_seconds_sum", engine_labels()] == pytest.approx(
-            stats.latency_histogram.sum)
+            stats.latency_histogram.sum
+        )
         waits = scrape.buckets("aiodla_queue_duration_seconds", engine_labels())
         assert waits[-1][1] == stats.queue_wait_histogram.count == 40 + 3 + 4 + 1
         assert [bound for bound, _ in waits[:-1]] == list(stats.queue_wait_histogram.bounds)
@@ -194,7 +205,9 @@ class TestCounts:
         tasks = scrape.series("aiodla_dla_task_success_total")
         assert sum(tasks.values()) == stats.completed
         assert scrape.series("aiodla_dla_task_failure_total") == {
-            (("core", "0"), ("engine", "dla")): 2.0, (("core", "1"), ("engine", "dla")): 1.0}
+            (("core", "0"), ("engine", "dla")): 2.0,
+            (("core", "1"), ("engine", "dla")): 1.0,
+        }
         for core in ("0", "1"):
             ratio = scrape["aiodla_core_busy_ratio", engine_labels(core=core)]
             assert 0 < ratio <= 1
@@ -236,8 +249,7 @@ class TestCounts:
     async def test_dla_task_duration_with_stage_times(
         self, endpoint: Endpoint, runtime: EmulatedRuntime
     ) -> None:
-        async with Engine(affine_model(latency=0.002), runtime=runtime,
-                          stage_times=True) as engine:
+        async with Engine(affine_model(latency=0.002), runtime=runtime, stage_times=True) as engine:
             endpoint.register(EngineCollector({"dla": engine}))
             # One at a time, so no task waits for its core behind another.
             for _ in range(20):
@@ -258,8 +270,13 @@ class TestCounts:
 class TestHealth:
     @pytest.mark.asyncio
     async def test_core_out_of_rotation(self, endpoint: Endpoint, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(latency=0.0), runtime=runtime, max_consecutive_faults=2,
-                          probe_interval=60.0, streams_per_core=1) as engine:
+        async with Engine(
+            affine_model(latency=0.0),
+            runtime=runtime,
+            max_consecutive_faults=2,
+            probe_interval=60.0,
+            streams_per_core=1,
+        ) as engine:
             endpoint.register(EngineCollector({"dla": engine}))
             for _ in range(10):
                 runtime.fail_next_task(0)
@@ -336,8 +353,7 @@ class TestStageTimes:
     async def test_quantiles_of_each_stage(
         self, endpoint: Endpoint, runtime: EmulatedRuntime
     ) -> None:
-        async with Engine(affine_model(latency=0.002), runtime=runtime,
-                          stage_times=True) as engine:
+        async with Engine(affine_model(latency=0.002), runtime=runtime, stage_times=True) as engine:
             endpoint.register(EngineCollector({"dla": engine}))
             for _ in range(10):
                 await engine.infer(ONES)
@@ -346,12 +362,14 @@ class TestStageTimes:
         assert stages is not None
         exported = scrape.series("aiodla_stage_duration_seconds")
         assert {(dict(labels)["stage"], dict(labels)["quantile"]) for labels in exported} == {
-            (stage, quantile) for stage in STAGES for quantile in STAGE_QUANTILES}
+            (stage, quantile) for stage in STAGES for quantile in STAGE_QUANTILES
+        }
         assert scrape.families["aiodla_stage_duration_seconds"].type == "gauge"
 
         def stage(name: str, quantile: str) -> float:
-            return scrape["aiodla_stage_duration_seconds",
-                          engine_labels(stage=name, quantile=quantile)]
+            return scrape[
+                "aiodla_stage_duration_seconds", engine_labels(stage=name, quantile=quantile)
+            ]
 
         assert stage("compute", "0.5") == pytest.approx(stages.dla.p50)
         assert stage("compute", "0.99") == pytest.approx(stages.dla.p99)
@@ -383,8 +401,9 @@ class TestTritonNaming:
     async def test_triton_families_follow_the_requests(
         self, endpoint: Endpoint, runtime: EmulatedRuntime
     ) -> None:
-        async with Engine(affine_model(latency=0.002), runtime=runtime, max_queue=1,
-                          stage_times=True) as engine:
+        async with Engine(
+            affine_model(latency=0.002), runtime=runtime, max_queue=1, stage_times=True
+        ) as engine:
             collector = EngineCollector(naming="triton")
             collector.add("dla", engine, version="3")
             assert collector.naming == "triton"
@@ -392,8 +411,9 @@ class TestTritonNaming:
             await asyncio.gather(*(engine.infer(ONES) for _ in range(12)))
             runtime.fail_next_task(0)
             runtime.fail_next_task(1)
-            failed = await asyncio.gather(engine.infer(ONES), engine.infer(ONES),
-                                          return_exceptions=True)
+            failed = await asyncio.gather(
+                engine.infer(ONES), engine.infer(ONES), return_exceptions=True
+            )
             assert all(isinstance(f, TaskError) for f in failed)
 
             gates = [runtime.hold(0), runtime.hold(1)]
@@ -424,12 +444,15 @@ class TestTritonNaming:
         assert scrape["nv_inference_pending_request_count", labels] == 0
         # Durations: cumulative microseconds, as Triton's counters are.
         assert scrape["nv_inference_request_duration_us", labels] == pytest.approx(
-            stats.latency_histogram.sum * 1e6)
+            stats.latency_histogram.sum * 1e6
+        )
         assert scrape["nv_inference_queue_duration_us", labels] == pytest.approx(
-            stats.queue_wait_histogram.sum * 1e6)
+            stats.queue_wait_histogram.sum * 1e6
+        )
         compute = scrape["nv_inference_compute_infer_duration_us", labels]
         assert compute == pytest.approx(
-            sum(c.dla_histogram.sum for c in stats.cores if c.dla_histogram) * 1e6)
+            sum(c.dla_histogram.sum for c in stats.cores if c.dla_histogram) * 1e6
+        )
         # At least 2 ms on the DLA for each task run, the failed ones included (the held
         # ones ran longer).
         assert compute > 0.9 * 19 * 2000
@@ -443,7 +466,8 @@ class TestTritonNaming:
         stats = engine.statistics()
         scrape = await endpoint.scrape()
         assert scrape["nv_inference_compute_infer_duration_us", triton_labels()] == pytest.approx(
-            sum(c.busy_time for c in stats.cores) * 1e6)
+            sum(c.busy_time for c in stats.cores) * 1e6
+        )
         assert scrape["nv_inference_request_success", triton_labels()] == 4
 
     @pytest.mark.asyncio
@@ -468,8 +492,10 @@ class TestTritonNaming:
 class TestSeveralEngines:
     @pytest.mark.asyncio
     async def test_labelled_by_name(self, endpoint: Endpoint) -> None:
-        async with Engine(affine_model(), runtime="emulated") as a, \
-                Engine(affine_model(), runtime="emulated", cores=[1]) as b:
+        async with (
+            Engine(affine_model(), runtime="emulated") as a,
+            Engine(affine_model(), runtime="emulated", cores=[1]) as b,
+        ):
             collector = EngineCollector({"detector": a})
             collector.add("classifier", b)
             assert collector.names == ("detector", "classifier")
@@ -477,10 +503,14 @@ class TestSeveralEngines:
             await asyncio.gather(*(a.infer(ONES) for _ in range(5)), b.infer(ONES))
             scrape = await endpoint.scrape()
             assert scrape.series("aiodla_request_success_total") == {
-                (("engine", "detector"),): 5.0, (("engine", "classifier"),): 1.0}
+                (("engine", "detector"),): 5.0,
+                (("engine", "classifier"),): 1.0,
+            }
             assert set(scrape.series("aiodla_core_in_rotation")) == {
-                (("core", "0"), ("engine", "detector")), (("core", "1"), ("engine", "detector")),
-                (("core", "1"), ("engine", "classifier"))}
+                (("core", "0"), ("engine", "detector")),
+                (("core", "1"), ("engine", "detector")),
+                (("core", "1"), ("engine", "classifier")),
+            }
             collector.remove("detector")
             collector.remove("detector")  # idempotent
             later = await endpoint.scrape()
@@ -493,8 +523,11 @@ class TestSeveralEngines:
         for _ in range(3):
             await asyncio.gather(*(engine.infer(ONES) for _ in range(10)))
             scrape = await endpoint.scrape()
-            now = {key: value for key, value in scrape.samples.items()
-                   if key[0].endswith(("_total", "_count", "_bucket", "_sum"))}
+            now = {
+                key: value
+                for key, value in scrape.samples.items()
+                if key[0].endswith(("_total", "_count", "_bucket", "_sum"))
+            }
             assert all(now[key] >= value for key, value in previous.items())
             previous = now
         assert previous[("aiodla_request_success_total", (("engine", "dla"),))] == 30
@@ -580,7 +613,9 @@ def test_example_serves_metrics() -> None:
     path = os.pathsep.join(filter(None, [str(EXAMPLE.parent.parent), os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(
         [sys.executable, str(EXAMPLE), "--port", "0", "--duration", "1.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": path},
     )
     try:

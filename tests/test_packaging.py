@@ -26,19 +26,43 @@ ROOT = Path(__file__).resolve().parent.parent
 NAME = "aiodla"
 # What a checkout holds that is not the project: caches, builds, environments.
 NOT_SOURCES = shutil.ignore_patterns(
-    ".git", "build", "dist", "*.egg-info", "__pycache__", "*.py[cod]", "*.so",
-    ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis", ".coverage*",
-    "htmlcov", ".venv", ".whl",
+    ".git",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.py[cod]",
+    "*.so",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    ".coverage*",
+    "htmlcov",
+    ".venv",
+    ".whl",
 )
 # The sdist's folders that are the project beside the package, shipped whole.
 PROJECT_FOLDERS = ("tests", "examples", "benchmarks")
 # Named outright, so that a walk that finds nothing cannot pass for a complete sdist.
 MUST_SHIP = (
-    "LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml",
-    "tests/conftest.py", "tests/support.py", "tests/vectors.py", "tests/gpu/conftest.py",
-    "tests/gpu/device_run.sh", "tests/emulator/test_format.py", "tests/test_packaging.py",
-    "examples/quickstart.py", "examples/metrics_server.py", "benchmarks/bench_engine.py",
-    "aiodla/py.typed", "aiodla/emulator/standin/standin.cu", ".ci/run",
+    "LICENSE",
+    "README.md",
+    "CHANGELOG.md",
+    "pyproject.toml",
+    "tests/conftest.py",
+    "tests/support.py",
+    "tests/vectors.py",
+    "tests/gpu/conftest.py",
+    "tests/gpu/device_run.sh",
+    "tests/emulator/test_format.py",
+    "tests/test_packaging.py",
+    "examples/quickstart.py",
+    "examples/metrics_server.py",
+    "benchmarks/bench_engine.py",
+    "aiodla/py.typed",
+    "aiodla/emulator/standin/standin.cu",
+    ".ci/run",
 )
 
 pytestmark = pytest.mark.timeout(300)  # two builds: about 5-40 s, by the machine
@@ -65,7 +89,8 @@ def files_under(root: Path) -> set[str]:
         dirs[:] = [d for d in dirs if d not in ignored]  # os.walk descends only into these
         found.update(
             (Path(folder) / name).relative_to(root).as_posix()
-            for name in names if name not in ignored
+            for name in names
+            if name not in ignored
         )
     return found
 
@@ -94,7 +119,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     out = tmp_path_factory.mktemp("dist")
     completed = subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(sources)],
-        capture_output=True, text=True, timeout=280, check=False,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
     )
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
     (sdist,) = out.glob("*.tar.gz")
@@ -108,8 +136,7 @@ class TestSdist:
 
     def test_ships_every_test_example_and_benchmark(self, built: Built) -> None:
         project = {
-            path for path in files_under(built.sources)
-            if path.split("/", 1)[0] in PROJECT_FOLDERS
+            path for path in files_under(built.sources) if path.split("/", 1)[0] in PROJECT_FOLDERS
         }
         assert len(project) > 30  # the walk found the project
         assert project - built.sdist == set()
@@ -125,13 +152,18 @@ class TestSdist:
 class TestWheel:
     def test_holds_the_package_with_its_data(self, built: Built) -> None:
         package = {p for p in files_under(built.sources) if p.startswith(f"{NAME}/")}
-        assert {"aiodla/__init__.py", "aiodla/py.typed", "aiodla/emulator/standin/standin.cu",
-                "aiodla/emulator/standin/cudla_abi.h"} <= package
+        assert {
+            "aiodla/__init__.py",
+            "aiodla/py.typed",
+            "aiodla/emulator/standin/standin.cu",
+            "aiodla/emulator/standin/cudla_abi.h",
+        } <= package
         assert package - built.wheel == set()
 
     def test_holds_the_package_alone(self, built: Built) -> None:
-        outside = {p for p in built.wheel
-                   if not p.startswith(f"{NAME}/") and ".dist-info/" not in p}
+        outside = {
+            p for p in built.wheel if not p.startswith(f"{NAME}/") and ".dist-info/" not in p
+        }
         assert outside == set()  # no tests, examples or benchmarks as top-level packages
 
     def test_license(self, built: Built) -> None:

@@ -12,9 +12,24 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_pytest(tests: Path, *options: str) -> str:
     # The project's configuration (-c) on a file of its own, so the outcome is known.
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tests), *options, str(tests)],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(tests),
+            *options,
+            str(tests),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert completed.returncode == 1, completed.stdout + completed.stderr
     return completed.stdout
@@ -70,16 +85,24 @@ class TestCiScript:
 
     def list_pythons(self, root: Path, stub: Path) -> subprocess.CompletedProcess[str]:
         env = {"PYENV_ROOT": str(root), "PATH": f"{stub}:/usr/bin:/bin", "HOME": str(root)}
-        return subprocess.run(["bash", str(self.CI), "--list"], capture_output=True,
-                              text=True, timeout=30, env=env, check=False)
+        return subprocess.run(
+            ["bash", str(self.CI), "--list"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+            check=False,
+        )
 
     def test_the_floor_and_the_newest_patch_releases(self, tmp_path: Path) -> None:
-        stub = self.fake_pyenv(tmp_path, ["3.10.2", "3.10.13", "3.11.7", "3.13.0",
-                                          "3.13.0t", "3.13-dev", "3.100.1"])
+        stub = self.fake_pyenv(
+            tmp_path, ["3.10.2", "3.10.13", "3.11.7", "3.13.0", "3.13.0t", "3.13-dev", "3.100.1"]
+        )
         listed = self.list_pythons(tmp_path, stub)
         assert listed.returncode == 0, listed.stderr
         assert listed.stdout.split() == [
-            str(tmp_path / "versions" / v / "bin" / "python") for v in ("3.10.13", "3.13.0")]
+            str(tmp_path / "versions" / v / "bin" / "python") for v in ("3.10.13", "3.13.0")
+        ]
         pyproject = (ROOT / "pyproject.toml").read_text()
         assert 'requires-python = ">=3.10"' in pyproject  # the floor CI runs
 

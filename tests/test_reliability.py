@@ -41,8 +41,9 @@ def handles_released(runtime: EmulatedRuntime) -> bool:
 class TestTaskFailure:
     @pytest.mark.loop_variants
     @pytest.mark.asyncio
-    async def test_only_that_request_fails(self, engine: Engine, runtime: EmulatedRuntime,
-                                           caplog: pytest.LogCaptureFixture) -> None:
+    async def test_only_that_request_fails(
+        self, engine: Engine, runtime: EmulatedRuntime, caplog: pytest.LogCaptureFixture
+    ) -> None:
         gates = [runtime.hold(0), runtime.hold(1)]
         before = [asyncio.create_task(engine.infer(ONES * i)) for i in range(2)]
         await wait_until(lambda: engine.statistics().in_flight == 2)
@@ -64,15 +65,19 @@ class TestTaskFailure:
         assert stats.cores[0].failed == 1 and stats.cores[1].failed == 0
         assert stats.cores[0].consecutive_failures == 0  # later tasks succeeded
         np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
-        assert any("DLA task failed on core 0" in r.message for r in caplog.records
-                   if r.levelno == logging.WARNING)
+        assert any(
+            "DLA task failed on core 0" in r.message
+            for r in caplog.records
+            if r.levelno == logging.WARNING
+        )
 
     @pytest.mark.asyncio
     async def test_hung_core_bounded_by_the_task_timeout(self, runtime: EmulatedRuntime) -> None:
         async with Engine(affine_model(), runtime=runtime, task_timeout=0.05) as engine:
             runtime.hang_core(0)
-            results = await asyncio.gather(*(engine.infer(ONES * i) for i in range(6)),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(engine.infer(ONES * i) for i in range(6)), return_exceptions=True
+            )
             runtime.hang_core(0, False)
             timeouts = [r for r in results if isinstance(r, TaskError)]
             assert timeouts and all(r.status == ENGINE_TIMEOUT and r.core == 0 for r in timeouts)
@@ -86,8 +91,13 @@ class TestTaskFailure:
 class TestRotation:
     @pytest.mark.asyncio
     async def test_faulty_core_leaves_and_comes_back(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(latency=0.0), runtime=runtime, max_consecutive_faults=3,
-                          probe_interval=0.02, streams_per_core=1) as engine:
+        async with Engine(
+            affine_model(latency=0.0),
+            runtime=runtime,
+            max_consecutive_faults=3,
+            probe_interval=0.02,
+            streams_per_core=1,
+        ) as engine:
             assert engine.health().status == "ok"
             for _ in range(50):
                 runtime.fail_next_task(0, INVALID_INPUT)
@@ -118,8 +128,9 @@ class TestRotation:
 
     @pytest.mark.asyncio
     async def test_last_core_stays_in_rotation(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(latency=0.0), cores=[0], runtime=runtime,
-                          max_consecutive_faults=1) as engine:
+        async with Engine(
+            affine_model(latency=0.0), cores=[0], runtime=runtime, max_consecutive_faults=1
+        ) as engine:
             for _ in range(3):
                 runtime.fail_next_task(0)
                 with pytest.raises(TaskError):
@@ -129,11 +140,17 @@ class TestRotation:
 
     @pytest.mark.asyncio
     async def test_hung_core_probe_waits_for_its_slots(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(latency=0.0), runtime=runtime, task_timeout=0.05,
-                          max_consecutive_faults=1, probe_interval=0.01) as engine:
+        async with Engine(
+            affine_model(latency=0.0),
+            runtime=runtime,
+            task_timeout=0.05,
+            max_consecutive_faults=1,
+            probe_interval=0.01,
+        ) as engine:
             runtime.hang_core(0)
-            results = await asyncio.gather(*(engine.infer(ONES) for _ in range(4)),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(engine.infer(ONES) for _ in range(4)), return_exceptions=True
+            )
             assert any(isinstance(r, TaskError) for r in results)
             assert engine.health().status == "degraded"
             runtime.hang_core(0, False)
@@ -201,7 +218,9 @@ class TestDeadEngine:
             assert engine.dead
 
     @pytest.mark.asyncio
-    async def test_non_sticky_submit_error_fails_one_request(self, runtime: EmulatedRuntime) -> None:
+    async def test_non_sticky_submit_error_fails_one_request(
+        self, runtime: EmulatedRuntime
+    ) -> None:
         async with Engine(affine_model(), runtime=runtime) as engine:
             runtime.fail_call("submit_task", 2)  # cudlaErrorOutOfResources, once
             with pytest.raises(DeviceError, match="submitting the request failed") as caught:
@@ -235,10 +254,21 @@ class TestOpeningFailures:
         assert caught.value.status == 7
         assert handles_released(runtime)
 
-    @pytest.mark.parametrize("call", ["create_device", "create_stream", "create_event",
-                                      "mem_register", "host_alloc", "make_current"])
+    @pytest.mark.parametrize(
+        "call",
+        [
+            "create_device",
+            "create_stream",
+            "create_event",
+            "mem_register",
+            "host_alloc",
+            "make_current",
+        ],
+    )
     @pytest.mark.asyncio
-    async def test_any_step_failing_releases_everything(self, runtime: EmulatedRuntime, call: str) -> None:
+    async def test_any_step_failing_releases_everything(
+        self, runtime: EmulatedRuntime, call: str
+    ) -> None:
         runtime.fail_call(call, 2, after=1 if call != "make_current" else 0)
         with pytest.raises(DeviceError):
             await Engine(affine_model(), runtime=runtime).open()
@@ -247,7 +277,9 @@ class TestOpeningFailures:
 
 class TestStorms:
     @pytest.mark.asyncio
-    async def test_ten_thousand_requests_with_cancellations_and_timeouts(self, runtime: EmulatedRuntime) -> None:
+    async def test_ten_thousand_requests_with_cancellations_and_timeouts(
+        self, runtime: EmulatedRuntime
+    ) -> None:
         rng = np.random.default_rng(11)
         async with Engine(affine_model(latency=0.0), runtime=runtime, max_queue=20_000) as engine:
             tasks = []

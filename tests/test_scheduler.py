@@ -92,8 +92,9 @@ class TestPolicy:
 class TestEngineScheduling:
     @pytest.mark.asyncio
     async def test_fifo_completion_order_on_one_slot(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(latency=0.0), cores=[0], streams_per_core=1,
-                          runtime=runtime) as engine:
+        async with Engine(
+            affine_model(latency=0.0), cores=[0], streams_per_core=1, runtime=runtime
+        ) as engine:
             order: list[int] = []
 
             async def one(i: int) -> None:
@@ -114,7 +115,9 @@ class TestEngineScheduling:
         assert sum(counts) == 200 and min(counts) >= 80
 
     @pytest.mark.asyncio
-    async def test_a_held_core_does_not_stall_the_other(self, engine: Engine, runtime: EmulatedRuntime) -> None:
+    async def test_a_held_core_does_not_stall_the_other(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
         gate = runtime.hold(0)
         # Fill core 0's slots (held), then everything else flows through core 1.
         first = [asyncio.create_task(engine.infer(ONES)) for _ in range(4)]
@@ -177,8 +180,9 @@ class TestBackpressure:
 
     @pytest.mark.asyncio
     async def test_zero_queue_admits_only_to_idle_slots(self, runtime: EmulatedRuntime) -> None:
-        async with Engine(affine_model(), runtime=runtime, max_queue=0, cores=[0],
-                          streams_per_core=1) as engine:
+        async with Engine(
+            affine_model(), runtime=runtime, max_queue=0, cores=[0], streams_per_core=1
+        ) as engine:
             gate = runtime.hold(0)
             first = engine.infer_nowait(ONES)
             await wait_until(lambda: gate.held == 1)

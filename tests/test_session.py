@@ -173,7 +173,12 @@ class TestPolicy:
     async def test_statistics_and_repr(self, stream: LatestFrameStream) -> None:
         stats = stream.statistics()
         assert (stats.name, stats.state, stats.submitted, stats.elapsed, stats.fps) == (
-            "cam", "open", 0, 0.0, 0.0)
+            "cam",
+            "open",
+            0,
+            0.0,
+            0.0,
+        )
         stream.submit(frame(0))
         await stream.receive()
         stats = stream.statistics()
@@ -207,7 +212,8 @@ class TestOverload:
                         cam.submit(frame(0))
                         engine_stats = engine.statistics()
                         most_outstanding = max(
-                            most_outstanding, engine_stats.in_flight + engine_stats.queued)
+                            most_outstanding, engine_stats.in_flight + engine_stats.queued
+                        )
                         tick += 1 / fps
                         await asyncio.sleep(max(0.0, tick - loop.time()))
                 await reader
@@ -374,7 +380,12 @@ class TestClose:
         await stream.aclose()
         stats = stream.statistics()
         assert (stats.state, stats.dropped, stats.cancelled, stats.pending, stats.in_flight) == (
-            "closed", 1, 1, 0, 0)
+            "closed",
+            1,
+            1,
+            0,
+            0,
+        )
         assert accounted(stats)
         assert engine.statistics().cancelled == 1
         for gate in gates:

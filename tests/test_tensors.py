@@ -40,7 +40,11 @@ class TestSpec:
         with pytest.raises(ModelError, match="nbytes must be a byte count"):
             TensorSpec("x", (1, 3, 2, 2), "float16", "nchw", nbytes="many")  # type: ignore[arg-type]
         spec = TensorSpec("x", (1, 3, 2, 2), np.float16, "CHW16")
-        assert (spec.dtype, spec.format, spec.describe()) == ("float16", "chw16", "x: 1x3x2x2 float16 chw16")
+        assert (spec.dtype, spec.format, spec.describe()) == (
+            "float16",
+            "chw16",
+            "x: 1x3x2x2 float16 chw16",
+        )
 
 
 # -- validating user arrays ---------------------------------------------------------------
@@ -63,7 +67,6 @@ class TestCheckArray:
         with pytest.raises(InputValueError, match="NaN"):
             bound.write(array)
         assert not bound.raw.any()  # refused before anything was stored
-
 
     def test_float_array_without_a_scale_is_an_input_error(self) -> None:
         spec = TensorSpec("q", (1, 3, 2, 2), "int8", "nchw")
@@ -100,7 +103,9 @@ class TestCheckArray:
 F16 = TensorSpec("x", (1, 3, 4, 5), "float16", "chw16")
 
 
-def beyond_message(value: str, index: tuple[int, ...], dtype: str, tensor: str = "float16", largest: str = "65504") -> str:
+def beyond_message(
+    value: str, index: tuple[int, ...], dtype: str, tensor: str = "float16", largest: str = "65504"
+) -> str:
     return (
         rf"^input 'x': value {value} at index {re.escape(str(index))} does not fit {tensor} "
         rf"\(largest {re.escape(largest)}\); {dtype} arrays are taken only when"
@@ -111,12 +116,18 @@ class TestNoSilentLoss:
     def test_float64_beyond_float16_is_refused_naming_tensor_value_and_index(self) -> None:
         wide = np.zeros(F16.shape, np.float64)
         wide[0, 0, 1, 2] = 1e6
-        with pytest.raises(InputValueError, match=beyond_message(r"1000000\.0", (0, 0, 1, 2), "float64")):
+        with pytest.raises(
+            InputValueError, match=beyond_message(r"1000000\.0", (0, 0, 1, 2), "float64")
+        ):
             F16.check_array(wide)
-        with pytest.raises(InputValueError, match=beyond_message(r"1000000\.0", (0, 0, 1, 2), "float64")):
+        with pytest.raises(
+            InputValueError, match=beyond_message(r"1000000\.0", (0, 0, 1, 2), "float64")
+        ):
             F16.pack(wide)
         wide[0, 0, 1, 2] = -65504.5  # would round to -65504, but lies beyond the largest
-        with pytest.raises(InputValueError, match=beyond_message(r"-65504\.5", (0, 0, 1, 2), "float64")):
+        with pytest.raises(
+            InputValueError, match=beyond_message(r"-65504\.5", (0, 0, 1, 2), "float64")
+        ):
             F16.check_array(wide)
 
     @pytest.mark.parametrize("mode", MODES)
@@ -126,7 +137,12 @@ class TestNoSilentLoss:
         wide[1, 0, 255, 255] = np.nan  # passes, and hides nothing
         wide[1, 2, 200, 17] = 70000.0
         wide[1, 2, 201, 3] = -1e30  # later in C order, earlier in memory (Fortran)
-        with in_mode(mode), pytest.raises(InputValueError, match=beyond_message(r"70000\.0", (1, 2, 200, 17), "float32")):
+        with (
+            in_mode(mode),
+            pytest.raises(
+                InputValueError, match=beyond_message(r"70000\.0", (1, 2, 200, 17), "float32")
+            ),
+        ):
             spec.check_array(wide)
 
     def test_float64_within_range_is_taken_and_stored_as_the_float32_path_stores_it(self) -> None:
@@ -145,7 +161,10 @@ class TestNoSilentLoss:
         spec = TensorSpec("x", (1, 3, 4, 5), "float32", "nchw")
         wide = np.ones(spec.shape, np.float64)
         wide[0, 2, 3, 4] = -1e39
-        with pytest.raises(InputValueError, match=beyond_message(r"-1e\+39", (0, 2, 3, 4), "float64", "float32", "3.4028235e+38")):
+        with pytest.raises(
+            InputValueError,
+            match=beyond_message(r"-1e\+39", (0, 2, 3, 4), "float64", "float32", "3.4028235e+38"),
+        ):
             spec.check_array(wide)
 
     def test_integers_beyond_float16_are_refused(self) -> None:
@@ -154,7 +173,9 @@ class TestNoSilentLoss:
             assert F16.check_array(array) is array
             assert F16.pack(array).tobytes() == F16.pack(array.astype(np.float32)).tobytes()
             array[0, 1, 3, 0] = 65505
-            with pytest.raises(InputValueError, match=beyond_message("65505", (0, 1, 3, 0), np.dtype(dtype).name)):
+            with pytest.raises(
+                InputValueError, match=beyond_message("65505", (0, 1, 3, 0), np.dtype(dtype).name)
+            ):
                 F16.check_array(array)
         extreme = np.full(F16.shape, np.iinfo(np.int16).min, np.int16)  # every int16 fits
         assert F16.check_array(extreme) is extreme

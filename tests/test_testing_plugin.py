@@ -97,9 +97,7 @@ class TestModelDescriptions:
             ({"outputs": [{"name": "y"}]}, 'outputs[0] has no "descriptor" object'),
         ],
     )
-    def test_unreadable_specs(
-        self, tmp_path: Path, change: dict[str, Any], message: str
-    ) -> None:
+    def test_unreadable_specs(self, tmp_path: Path, change: dict[str, Any], message: str) -> None:
         document = {**inspect_json(tmp_path, make_loadable([X], [Y])), **change}
         with pytest.raises(ModelError) as caught:
             emulated_model(document)
@@ -147,8 +145,9 @@ class TestControls:
         engine = await aiodla_engine(inputs=[X], outputs=[Y], scale=2.0, bias=0.5)
         aiodla_controls.fail_next(core=1)
         # Four at once: the least-loaded policy sends two to each core.
-        results = await asyncio.gather(*(engine.infer(ONES) for _ in range(4)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(engine.infer(ONES) for _ in range(4)), return_exceptions=True
+        )
         failed = [r for r in results if isinstance(r, TaskError)]
         assert len(failed) == 1
         assert (failed[0].core, failed[0].status) == (1, DLA_TASK_FAILURE)
@@ -265,7 +264,7 @@ class TestControls:
         controls.check_released()
 
 
-USER_TESTS = '''
+USER_TESTS = """
 import asyncio
 
 import numpy as np
@@ -303,7 +302,7 @@ async def test_app_forgets_to_close_its_engine(aiodla_controls):
     engine = Engine(emulated_model(SPEC), runtime=aiodla_controls.runtime)
     await engine.open()
     LEFT_OPEN.append(engine)  # still referenced: the teardown check, not the GC, sees it
-'''
+"""
 
 
 class TestPluginFromOutside:
@@ -320,12 +319,14 @@ class TestPluginFromOutside:
         pytester.makepyfile(test_app=USER_TESTS)
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
         result.assert_outcomes(passed=3, errors=1)
-        result.stdout.fnmatch_lines([
-            "plugins:*aiodla-*",
-            "*ERROR at teardown of test_app_forgets_to_close_its_engine*",
-            "*aiodla_controls: emulated DLA handles are still alive at teardown (devices 2, "
-            "modules 2*an engine opened on this runtime was not closed*",
-        ])
+        result.stdout.fnmatch_lines(
+            [
+                "plugins:*aiodla-*",
+                "*ERROR at teardown of test_app_forgets_to_close_its_engine*",
+                "*aiodla_controls: emulated DLA handles are still alive at teardown (devices 2, "
+                "modules 2*an engine opened on this runtime was not closed*",
+            ]
+        )
 
     def test_the_plugin_only_defines_fixtures(self) -> None:
         # pytest loads it in every session where aiodla is installed: no hooks allowed.

@@ -66,8 +66,7 @@ def frame(value):
 @pytest_asyncio.fixture
 async def engine(aiodla_engine):
     # The emulator computes scores = 2 * image + 1, each task taking 2 ms on a core.
-    return await aiodla_engine(inputs=[IMAGE], outputs=[SCORES], latency=0.002,
-                               scale=2.0, bias=1.0)
+    return await aiodla_engine(inputs=[IMAGE], outputs=[SCORES], latency=0.002, scale=2.0, bias=1.0)
 
 
 @pytest.mark.asyncio

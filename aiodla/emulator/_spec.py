@@ -54,8 +54,18 @@ SPEC_VERSION = 1
 # Seconds one task occupies one core when neither the user nor the spec says.
 DEFAULT_LATENCY = 0.001
 DESCRIPTOR_FIELDS = (
-    "name", "size", "n", "c", "h", "w", "data_format", "data_type", "data_category",
-    "pixel_format", "pixel_mapping", "stride",
+    "name",
+    "size",
+    "n",
+    "c",
+    "h",
+    "w",
+    "data_format",
+    "data_type",
+    "data_category",
+    "pixel_format",
+    "pixel_mapping",
+    "stride",
 )
 
 Descriptors = tuple[list[TensorDescriptor], list[TensorDescriptor], dict[str, Any]]
@@ -69,12 +79,23 @@ def tensor_entry(desc: TensorDescriptor) -> dict[str, Any]:
     try:
         spec = TensorSpec.from_descriptor(desc)
     except ModelError as exc:
-        entry.update(shape=[desc.n, desc.c, desc.h, desc.w], dtype=None, format=None,
-                     strides=None, bytes=desc.size, problem=str(exc))
+        entry.update(
+            shape=[desc.n, desc.c, desc.h, desc.w],
+            dtype=None,
+            format=None,
+            strides=None,
+            bytes=desc.size,
+            problem=str(exc),
+        )
     else:
         assert spec.strides is not None
-        entry.update(shape=list(spec.shape), dtype=spec.dtype, format=spec.format,
-                     strides=list(spec.strides), bytes=spec.size)
+        entry.update(
+            shape=list(spec.shape),
+            dtype=spec.dtype,
+            format=spec.format,
+            strides=list(spec.strides),
+            bytes=spec.size,
+        )
     entry["descriptor"] = {name: fields[name] for name in DESCRIPTOR_FIELDS}
     return entry
 
@@ -90,9 +111,13 @@ def spec_document(
         "version": SPEC_VERSION,
         "model": os.path.basename(path),
         "loadable": "dla" if emulator is None else "emulator",
-        "emulator": None if emulator is None else {
-            "op": emulator.op, "latency": emulator.latency,
-            "scale": emulator.scale, "bias": emulator.bias,
+        "emulator": None
+        if emulator is None
+        else {
+            "op": emulator.op,
+            "latency": emulator.latency,
+            "scale": emulator.scale,
+            "bias": emulator.bias,
         },
         "inputs": [tensor_entry(d) for d in descriptors[0]],
         "outputs": [tensor_entry(d) for d in descriptors[1]],
@@ -142,14 +167,13 @@ def read_spec_document(document: object, source: str = "the model spec") -> Desc
     """
     if not isinstance(document, Mapping) or document.get("format") != SPEC_FORMAT:
         raise ModelError(
-            f"{source} is not an aiodla model spec (no \"format\": \"{SPEC_FORMAT}\"); "
+            f'{source} is not an aiodla model spec (no "format": "{SPEC_FORMAT}"); '
             "write one with 'aiodla inspect MODEL --json'"
         )
     version = document.get("version")
     if version != SPEC_VERSION:
         raise ModelError(
-            f"{source} is model spec version {version!r}; this aiodla reads version "
-            f"{SPEC_VERSION}"
+            f"{source} is model spec version {version!r}; this aiodla reads version {SPEC_VERSION}"
         )
     tensors = []
     for key in ("inputs", "outputs"):
@@ -164,7 +188,7 @@ def read_spec_document(document: object, source: str = "the model spec") -> Desc
 def _read_descriptor(source: str, where: str, entry: object) -> TensorDescriptor:
     fields = entry.get("descriptor") if isinstance(entry, dict) else None
     if not isinstance(fields, dict):
-        raise ModelError(f"{source}: {where} has no \"descriptor\" object")
+        raise ModelError(f'{source}: {where} has no "descriptor" object')
     missing = [name for name in DESCRIPTOR_FIELDS if name not in fields]
     if missing:
         raise ModelError(f"{source}: {where}.descriptor lacks {', '.join(missing)}")
@@ -175,8 +199,9 @@ def _read_descriptor(source: str, where: str, entry: object) -> TensorDescriptor
     for field in DESCRIPTOR_FIELDS[1:-1]:
         value = fields[field]
         if not _is_count(value):
-            raise ModelError(f"{source}: {where}.descriptor.{field} must be an integer >= 0, "
-                             f"got {value!r}")
+            raise ModelError(
+                f"{source}: {where}.descriptor.{field} must be an integer >= 0, got {value!r}"
+            )
         numbers[field] = value
     stride = fields["stride"]
     if not isinstance(stride, list) or len(stride) != 8 or not all(map(_is_count, stride)):
@@ -196,8 +221,10 @@ def fitting_op(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> s
             f"{len(outputs)} outputs"
         )
     for op in OPS:
-        if all(y.shape == (x.shape if op == "affine" else (*x.shape[:2], 1, 1))
-               for x, y in zip(inputs, outputs, strict=True)):
+        if all(
+            y.shape == (x.shape if op == "affine" else (*x.shape[:2], 1, 1))
+            for x, y in zip(inputs, outputs, strict=True)
+        ):
             return op
     pairs = ", ".join(
         f"{x.name} {'x'.join(map(str, x.shape))} -> {y.name} {'x'.join(map(str, y.shape))}"

@@ -466,4 +466,3 @@ class EmulatedRuntime(FaultInjection):
         """Nothing runs in the background; pending operations are simply dropped."""
         with self._lock:
             self._placed.notify_all()
-

@@ -17,7 +17,6 @@ RUNTIME_CHOICES = ("auto", "cuda", "emulated")
 ORIN_DLA_CORES = 2
 
 
-
 def not_an_emulator_loadable(what: str, reason: str) -> str:
     """Why bytes that are not an emulator loadable cannot run here, saying only what is
     known: nothing but cuDLA could tell whether they are a DLA loadable."""

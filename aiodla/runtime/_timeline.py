@@ -55,8 +55,6 @@ class _Device:
     timeout: float = DEFAULT_TASK_TIMEOUT
 
 
-
-
 @dataclasses.dataclass(eq=False)
 class _Event:
     handle: int
@@ -296,4 +294,3 @@ class Timeline:
         if stream is not None:
             self._advance(stream, self._clock())
         return target.completed >= target.recorded
-

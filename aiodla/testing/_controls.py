@@ -351,8 +351,9 @@ class EngineFactory:
                 "aiodla_engine runs its engines on the emulated DLA of aiodla_controls; "
                 "it takes no runtime="
             )
-        model = emulated_model(spec, inputs=inputs, outputs=outputs, latency=latency, op=op,
-                               scale=scale, bias=bias)
+        model = emulated_model(
+            spec, inputs=inputs, outputs=outputs, latency=latency, op=op, scale=scale, bias=bias
+        )
         engine = Engine(model, runtime=self.controls.runtime, **engine_options)
         await engine.open()
         self._engines.append(engine)

@@ -68,8 +68,12 @@ def emulated_model(
             )
         model = parse_loadable(spec)
         ins, outs = model.inputs, model.outputs
-        settings = {"op": model.op, "latency": model.latency, "scale": model.scale,
-                    "bias": model.bias}
+        settings = {
+            "op": model.op,
+            "latency": model.latency,
+            "scale": model.scale,
+            "bias": model.bias,
+        }
     else:
         assert spec is not None
         ins, outs, settings = _read(spec)
@@ -81,7 +85,9 @@ def emulated_model(
     except ModelError as exc:
         raise ModelError(f"the emulator cannot stand in for this model: {exc}") from None
     return make_loadable(
-        ins, outs, chosen,
+        ins,
+        outs,
+        chosen,
         latency=_number(latency, settings, "latency", DEFAULT_LATENCY),
         scale=_number(scale, settings, "scale", 1.0),
         bias=_number(bias, settings, "bias", 0.0),

@@ -32,10 +32,15 @@ def test_records_are_cudla_tensor_descriptors() -> None:
     """Byte for byte what C's cudlaModuleTensorDescriptor is, as the bindings see it."""
     assert cudla.module_tensor_descriptor_dtype == DESCRIPTOR_DTYPE
     data = make_loadable([A], [M], "mean_hw", 0.001)
-    records = np.frombuffer(data, dtype=cudla.module_tensor_descriptor_dtype, count=2,
-                            offset=HEADER_SIZE + 16)
+    records = np.frombuffer(
+        data, dtype=cudla.module_tensor_descriptor_dtype, count=2, offset=HEADER_SIZE + 16
+    )
     assert bytes(records[0]["name"].view(np.uint8)).rstrip(b"\0") == b"input_a"
-    assert (int(records[0]["c"]), int(records[0]["data_format"]), int(records[0]["data_type"])) == (3, 3, 2)
+    assert (int(records[0]["c"]), int(records[0]["data_format"]), int(records[0]["data_type"])) == (
+        3,
+        3,
+        2,
+    )
     assert list(records[0]["stride"][:4]) == [32, 256, 2048, 2048]
     assert int(records[1]["size_"]) == 12
 
@@ -57,7 +62,9 @@ def test_header_layout() -> None:
         ([A], [A], "affine", "appears twice"),
     ],
 )
-def test_make_rejects_inconsistent_models(inputs: list[TensorSpec], outputs: list[TensorSpec], op: str, words: str) -> None:
+def test_make_rejects_inconsistent_models(
+    inputs: list[TensorSpec], outputs: list[TensorSpec], op: str, words: str
+) -> None:
     with pytest.raises(ModelError, match=words.replace("(", r"\(").replace(")", r"\)")):
         make_loadable(inputs, outputs, op)
 
@@ -126,7 +133,9 @@ def test_parse_rejects_hostile_bytes(data: bytes, words: str) -> None:
         (NAME_AT + 132, "<B", 1, "block linear"),
     ],
 )
-def test_parse_rejects_inconsistent_descriptors(offset: int, fmt: str, value: int, words: str) -> None:
+def test_parse_rejects_inconsistent_descriptors(
+    offset: int, fmt: str, value: int, words: str
+) -> None:
     with pytest.raises(ModelError, match=words.replace("[", r"\[").replace("]", r"\]")):
         parse_loadable(mutate(GOOD, offset, fmt, value))
 

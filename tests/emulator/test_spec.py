@@ -58,6 +58,7 @@ class TestReader:
 
 def test_the_testing_package_does_not_import_the_command_line() -> None:
     code = "import sys, aiodla.testing; print('aiodla._cli' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "False"

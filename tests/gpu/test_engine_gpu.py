@@ -242,7 +242,6 @@ class TestFaults:
             released.hang_core(0, False)
             assert_same(await engine.infer(arrays["x"]), expected(model, arrays))
 
-
     async def test_faulty_core_leaves_rotation_and_returns(
         self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
     ) -> None:
@@ -250,8 +249,14 @@ class TestFaults:
         model = parse_loadable(data)
         arrays = random_inputs(model, 6)
         want = expected(model, arrays)
-        async with Engine(data, cores=(0, 1), streams_per_core=1, runtime=cuda_runtime,
-                          max_consecutive_faults=2, probe_interval=0.05) as engine:
+        async with Engine(
+            data,
+            cores=(0, 1),
+            streams_per_core=1,
+            runtime=cuda_runtime,
+            max_consecutive_faults=2,
+            probe_interval=0.05,
+        ) as engine:
             for _ in range(50):
                 if not engine.statistics().cores[0].in_rotation:
                     break
@@ -272,8 +277,9 @@ class TestFaults:
                 await asyncio.sleep(0.01)
             assert engine.health().status == "ok"
 
-    async def test_stage_times(self, cuda_runtime: CudaRuntime, released: Any,
-                               real_gpu: None) -> None:
+    async def test_stage_times(
+        self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
+    ) -> None:
         data = single_model(latency=0.002)
         model = parse_loadable(data)
         arrays = random_inputs(model, 7)
@@ -288,15 +294,19 @@ class TestFaults:
         core = stats.cores[0]
         assert core.dla_histogram is not None and core.dla_histogram.count == 5
 
-
-    async def test_poisoned_context_makes_the_engine_dead(self, real_gpu: None,
-                                                         gpu_session: Any) -> None:
+    async def test_poisoned_context_makes_the_engine_dead(
+        self, real_gpu: None, gpu_session: Any
+    ) -> None:
         pytest.importorskip("cupy", reason="the test traps a kernel through cupy")
         child = Path(__file__).with_name("_poison_child.py")
         env = {**os.environ, "AIODLA_STANDIN_LIB": str(gpu_session.library)}
         process = await asyncio.to_thread(
-            subprocess.run, [sys.executable, str(child)], env=env, capture_output=True,
-            text=True, timeout=120,
+            subprocess.run,
+            [sys.executable, str(child)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert process.returncode == 0, process.stderr[-2000:]
         seen = json.loads(process.stdout.strip().splitlines()[-1])
@@ -316,18 +326,21 @@ class TestFaults:
             await engine.open()
         assert caught.value.status == 7
 
-    async def test_cancellation_storm(self, cuda_runtime: CudaRuntime, released: Any,
-                                      real_gpu: None) -> None:
+    async def test_cancellation_storm(
+        self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
+    ) -> None:
         data = single_model(latency=0.0001)
         model = parse_loadable(data)
         arrays = random_inputs(model, 8)
         want = expected(model, arrays)
         rng = np.random.default_rng(3)
-        async with Engine(data, runtime=cuda_runtime, streams_per_core=4,
-                          max_queue=10_000) as engine:
+        async with Engine(
+            data, runtime=cuda_runtime, streams_per_core=4, max_queue=10_000
+        ) as engine:
             tasks = [
                 asyncio.create_task(
-                    engine.infer(arrays["x"], timeout=0.002 if i % 9 == 0 else None))
+                    engine.infer(arrays["x"], timeout=0.002 if i % 9 == 0 else None)
+                )
                 for i in range(3000)
             ]
             for _ in range(20):

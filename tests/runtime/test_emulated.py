@@ -203,9 +203,11 @@ class TestStrictness:
     def test_destroy_with_work_in_flight(self, rt: EmulatedRuntime) -> None:
         rig = Rig(rt, latency=10.0)
         rig.run(np.zeros(IN.shape, np.float32))
-        for call in (lambda: rt.mem_unregister(rig.device, rig.reg_in),
-                     lambda: rt.unload_module(rig.module),
-                     lambda: rt.destroy_device(rig.device)):
+        for call in (
+            lambda: rt.mem_unregister(rig.device, rig.reg_in),
+            lambda: rt.unload_module(rig.module),
+            lambda: rt.destroy_device(rig.device),
+        ):
             with pytest.raises(cudla.CudlaError) as info:
                 call()
             assert status_of(info) == 1
@@ -324,9 +326,12 @@ class TestFaults:
     def test_poison_makes_every_cuda_call_fail(self, rt: EmulatedRuntime) -> None:
         rig = Rig(rt)
         rt.poison()
-        for call in (lambda: rt.query_event(rig.event), rt.create_stream,
-                     lambda: rt.record_event(rig.event, rig.stream),
-                     lambda: rt.synchronize_stream(rig.stream)):
+        for call in (
+            lambda: rt.query_event(rig.event),
+            rt.create_stream,
+            lambda: rt.record_event(rig.event, rig.stream),
+            lambda: rt.synchronize_stream(rig.stream),
+        ):
             with pytest.raises(CudaCallError) as info:
                 call()
             assert info.value.sticky and info.value.code == 911

@@ -39,8 +39,11 @@ class TestOutOfMemory:
         with pytest.raises(CudaCallError) as caught:
             getattr(runtime, call)(4 << 30)
         error = caught.value
-        assert (error.call, error.code, error.name) == (call, MEMORY_ALLOCATION,
-                                                        "cudaErrorMemoryAllocation")
+        assert (error.call, error.code, error.name) == (
+            call,
+            MEMORY_ALLOCATION,
+            "cudaErrorMemoryAllocation",
+        )
         assert f"{4 << 30} bytes" in str(error)
         assert not error.sticky  # the context survives: other allocations may succeed
         assert runtime.live_handles()["device_memory"] == 0
@@ -77,8 +80,10 @@ def test_under_an_address_space_limit() -> None:
         except CudaCallError as exc:
             print(exc.code, exc)
     """)
-    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("2 malloc failed: cudaErrorMemoryAllocation (2): "
-                                    "4294967296 bytes asked for"), result.stdout
+    assert result.stdout.startswith(
+        "2 malloc failed: cudaErrorMemoryAllocation (2): 4294967296 bytes asked for"
+    ), result.stdout

@@ -56,7 +56,7 @@ def records(text: str) -> tuple[list[str], list[str]]:
     for line in text.splitlines():
         if not line.startswith(PREFIX.rstrip()):
             continue
-        body = line[len(PREFIX):] if line.startswith(PREFIX) else ""
+        body = line[len(PREFIX) :] if line.startswith(PREFIX) else ""
         if not body.strip():
             current = None
         elif body.startswith(" "):
@@ -84,7 +84,8 @@ def judge(directory: Path, trap: bool) -> tuple[list[str], list[str]]:
         reports, summaries = records(log.read_text(errors="replace"))
         trapping = trap and any(LAUNCH_FAILURE.search(r) for r in reports)
         excused = [
-            r for r in reports
+            r
+            for r in reports
             if trapping and (LAUNCH_FAILURE.search(r) or TRAP.search(r) or LEAK.match(r))
         ]
         seen: set[tuple[str, str]] = set()
