@@ -169,7 +169,7 @@ class Flow:
             self._submit_failed(slot, request, exc)
             return
         if request is not None:
-            self.scheduler.advance(request, RequestState.IN_FLIGHT)
+            request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
         self.poller.watch(slot)  # type: ignore[union-attr]
 
     def _submit_failed(self, slot: Slot, request: Request | None, exc: Exception) -> None:
@@ -229,7 +229,11 @@ class Flow:
             core = slot.core
             request = slot.request
             if request is not None or slot.probing:  # a task ran (not a retired slot)
-                self._account(slot, status, now)
+                self.cores.account(slot, status, now)
+                if status:
+                    self._task_failed(core, status)
+                else:
+                    core.consecutive_failures = 0  # the fault policy's whole answer
             if slot.probing:
                 slot.probing = False
                 self.release(slot)
@@ -257,13 +261,8 @@ class Flow:
             self._finish(request, result=outputs, now=now)
         self.transition()
 
-    def _account(self, slot: Slot, status: int, now: float) -> None:
-        """Count one finished DLA task on its core and apply the fault policy."""
-        core = slot.core
-        self.cores.account(slot, status, now)
-        if not status:
-            core.consecutive_failures = 0  # the policy's whole answer to a success
-            return
+    def _task_failed(self, core: CoreState, status: int) -> None:
+        """A DLA task failed: say so, and apply the fault policy."""
         logger.warning(
             "aiodla: a DLA task failed on core %d: %s (%d in a row)",
             core.core,
