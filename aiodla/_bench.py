@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -133,6 +134,7 @@ async def run_bench(
                 show()
                 await anyio.sleep(PROGRESS_PERIOD)
 
+        interrupt = _cancel_on_ctrl_c()
         try:
             async with anyio.create_task_group() as display:
                 display.start_soon(refresh)
@@ -141,12 +143,14 @@ async def run_bench(
                         workers.start_soon(worker)
                 display.cancel_scope.cancel()
         except asyncio.CancelledError:
-            # asyncio.run turns Ctrl-C into a cancellation of this task: keep what was
-            # measured and report it. Uncancelling lets the engine close normally.
+            # Ctrl-C cancels this task (see _cancel_on_ctrl_c): keep what was measured
+            # and report it. Uncancelling lets the engine close normally.
             uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python >= 3.11
             if uncancel is not None:
                 uncancel()
             run.interrupted = True
+        finally:
+            interrupt()
         show()
         elapsed = time.perf_counter() - started
         stats = engine.statistics()
@@ -284,3 +288,22 @@ def summary_lines(result: dict[str, Any]) -> Iterator[tuple[str, str]]:
         )
     errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
     yield "errors", errors or "none"
+
+
+def _cancel_on_ctrl_c() -> Callable[[], None]:
+    """Make Ctrl-C cancel the running task, as ``asyncio.run`` does from Python 3.11 on
+    (on 3.10 it raises KeyboardInterrupt out of the loop, losing the partial results);
+    returns what undoes it. Only the main thread of a Unix process can take signals."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    if task is None:
+        return lambda: None
+    try:
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return lambda: None
+
+    def restore() -> None:
+        loop.remove_signal_handler(signal.SIGINT)
+
+    return restore

@@ -295,6 +295,8 @@ def _quantizer(source: np.dtype[Any], target: np.dtype[Any], scale: float) -> _C
     """
     info = np.iinfo(target)
     work_dtype: np.dtype[Any]
+    factor: Any  # a numpy scalar or None (numpy's stubs type them differently by version)
+    divisor: Any
     if source == _F32 and _is_power_of_two(scale) and 2.0**-100 <= scale <= 2.0**100:
         work_dtype, factor, divisor = _F32, np.float32(1.0 / scale), None
     else:

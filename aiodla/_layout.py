@@ -99,7 +99,7 @@ def _plan(spec: TensorSpec, raw: _Array) -> tuple[_Block, ...]:
     n, c, h, w = spec.shape
     lanes, esize = spec.lanes, spec.numpy_dtype.itemsize
     block, small = _convert._BLOCK, _convert._SMALL
-    view = np.ndarray(
+    view: _Array = np.ndarray(
         shape=(n, spec.groups, h, w, lanes),
         dtype=spec.numpy_dtype,
         buffer=raw,

@@ -22,10 +22,12 @@ def to_storage(values: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> np.ndarray
     if dtype.kind == "f":
         # Overflow to inf is the format's defined result, not an error.
         with np.errstate(over="ignore", invalid="ignore"):
-            return values.astype(dtype)
+            stored: np.ndarray[Any, Any] = values.astype(dtype)
+        return stored
     info = np.iinfo(dtype)
     rounded = np.rint(np.where(np.isnan(values), 0.0, values))
-    return np.clip(rounded, info.min, info.max).astype(dtype)
+    saturated: np.ndarray[Any, Any] = np.clip(rounded, info.min, info.max).astype(dtype)
+    return saturated
 
 
 def compute_logical(
