@@ -257,14 +257,18 @@ class TestCounts:
             scrape = await endpoint.scrape()
         counts = scrape.series("aiodla_dla_task_duration_seconds_count")
         assert sum(counts.values()) == 20
+        within_5ms = 0
         for core in ("0", "1"):
             buckets = scrape.buckets("aiodla_dla_task_duration_seconds", engine_labels(core=core))
-            # 2 ms tasks: none within 1 ms, all within 5 ms. The emulator times a task
-            # exactly, but the event before it is stamped when it was recorded, so a
-            # busy host adds the gap until the submission (2.6 ms once on a loaded CI).
+            # 2 ms tasks: none within 1 ms, each core's ten counted. As on a real stream,
+            # the event before a task completes when the stream reaches it, so a host
+            # delayed between recording it and submitting the task adds that gap (2.6 ms
+            # once on a loaded CI, more with other test runs beside it): most, not all,
+            # are within 5 ms.
             within = dict(buckets)
-            assert within[0.001] == 0
-            assert within[0.005] == within[float("inf")] == 10
+            assert within[0.001] == 0 and within[float("inf")] == 10
+            within_5ms += int(within[0.005])
+        assert within_5ms >= 18
 
 
 class TestHealth:
