@@ -43,6 +43,7 @@ from ._engine import Engine
 from ._errors import AiodlaError, DeviceError, ModelError, status_name
 from ._tensors import TensorSpec
 from .emulator._format import (
+    AUTO,
     MAGIC,
     OPS,
     EmulatorModel,
@@ -59,7 +60,6 @@ from .emulator._spec import (
     restated,
     spec_document,
 )
-from .emulator._spec import fitting_op as _fitting_op
 from .runtime import _select
 
 __all__ = ["cli", "main", "read_spec_document"]
@@ -303,13 +303,14 @@ def _tensors_option(
     metavar="NAME:NxCxHxW[:DTYPE[:FORMAT]]",
     multiple=True,
     callback=_tensors_option,
-    help="An output tensor; output i pairs with input i.",
+    help="An output tensor (repeat for more); affine and mean_hw pair output i with input i.",
 )
 @click.option(
     "--op",
-    type=click.Choice(tuple(OPS)),
-    help="y = scale*x + bias (affine), or its mean over H and W (mean_hw). "
-    "Default: the spec's op, else the one the shapes fit.",
+    type=click.Choice((AUTO, *OPS)),
+    help="y = scale*x + bias (affine), its mean over H and W (mean_hw), or every "
+    "output a hash of all inputs and its position (mix, any I/O). Default: the "
+    "spec's op, else auto: affine or mean_hw when the shapes fit, mix otherwise.",
 )
 @click.option(
     "--latency",
@@ -349,8 +350,7 @@ def emulate(
         outputs = [_spec_from(like, d) for d in output_descs]
     elif not inputs or not outputs:
         raise click.UsageError("give --like SPEC.json, or at least one --input and one --output")
-    chosen_op = op or (settings.get("op") if settings.get("op") in OPS else None)
-    chosen_op = chosen_op or _fitting_op(inputs, outputs)
+    chosen_op = op or (settings.get("op") if settings.get("op") in OPS else None) or AUTO
     data = make_loadable(
         inputs,
         outputs,

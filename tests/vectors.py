@@ -5,10 +5,12 @@ bytes come out on every machine and numpy version. Each :class:`Vector` is a loa
 and a few requests; a request is one raw input buffer per input tensor, in the tensor's
 DLA layout, with *garbage in every padding byte* (a runtime must read elements only).
 
-Coverage: both ops (affine, mean_hw); several input/output pairs per model; the formats
+Coverage: every op (affine, mean_hw, mix); several inputs and outputs per model (for mix
+in other counts and shapes than the inputs'); the formats
 nchw, nhwc (padded lanes), chw16, chw32 and hwc4; padded line, surface and batch strides
 and padded buffer tails; float32, float16, int8, uint8, int16 and uint16; float16 ties,
-subnormals and overflow to inf; integer ties, saturation, and NaN stored as 0.
+subnormals and overflow to inf; integer ties, saturation, and NaN stored as 0; for mix,
+NaN and inf inputs, float outputs clamped to the finite range, integer ties.
 
 NaN never reaches a *float* output: a NaN's sign and payload after arithmetic differ
 between x86 and NVIDIA GPUs, and the format does not pin them down.
@@ -250,6 +252,68 @@ def _mean_wide() -> Any:
     return inputs, outputs, "mean_hw", 1.0 / 255.0, -0.5, frozenset(), frozenset()
 
 
+def _mix_heads() -> Any:
+    """A detector's shape: one image in, three heads of different sizes out."""
+    inputs = [_spec("image", (1, 3, 8, 10), "float16", "chw16", (0, 32, 64, 16))]
+    outputs = [
+        _spec("head_8", (1, 21, 4, 5), "float16", "chw16", (0, 32, 0, 8)),
+        _spec("head_16", (1, 21, 2, 3), "float16", "chw16"),
+        _spec("head_32", (1, 21, 1, 2), "float16", "nchw", (0, 2, 4, 6)),
+    ]
+    return inputs, outputs, "mix", 1.0, 0.0, frozenset(), frozenset({"image"})
+
+
+def _mix_every_type() -> Any:
+    """Six inputs of the six types in every format, NaN and inf among the floats (mix
+    reads bits, never arithmetic on them), into outputs of every type."""
+    inputs = [
+        _spec("f32", (1, 3, 4, 5), "float32", "nchw", (0, 8, 4, 12)),
+        _spec("f16", (2, 5, 3, 2), "float16", "nhwc", (3, 2, 0, 4)),
+        _spec("i16", (1, 2, 3, 7), "int16", "nchw"),
+        _spec("i8", (1, 40, 2, 3), "int8", "chw32", (0, 32, 64, 7)),
+        _spec("u8", (1, 3, 5, 7), "uint8", "hwc4", (0, 4, 0, 3)),
+        _spec("u16", (1, 2, 3, 3), "uint16", "nhwc"),
+    ]
+    outputs = [
+        _spec("o_f32", (1, 7, 1, 1), "float32", "nhwc", (4, 0, 0, 0)),
+        _spec("o_f16", (1, 33, 2, 2), "float16", "chw16", (0, 0, 32, 5)),
+        _spec("o_i8", (1, 33, 3, 1), "int8", "chw32"),
+        _spec("o_u8", (1, 4, 3, 3), "uint8", "hwc4", (0, 4, 0, 0)),
+        _spec("o_i16", (2, 3, 2, 2), "int16", "nhwc", (2, 0, 0, 8)),
+        _spec("o_u16", (1, 1, 5, 5), "uint16", "nchw", (0, 2, 2, 2)),
+        _spec("o_f16b", (1, 1000, 1, 1), "float16", "nchw"),
+    ]
+    return inputs, outputs, "mix", 1.0, 0.0, frozenset({"f32", "f16"}), frozenset({"f32", "f16"})
+
+
+def _mix_ties_and_saturation() -> Any:
+    """scale -2.5, bias 0.5: every even integer draw is a rounding tie, int8 and uint8
+    saturate at both ends, float16 rounds to nearest even."""
+    inputs = [
+        _spec("a", (1, 2, 3, 3), "int8", "nchw"),
+        _spec("b", (1, 3, 2, 2), "float32", "nhwc", (1, 0, 0, 0)),
+    ]
+    outputs = [
+        _spec("t_i8", (1, 6, 5, 5), "int8", "nchw"),
+        _spec("t_u8", (1, 6, 5, 5), "uint8", "nhwc"),
+        _spec("t_i16", (1, 2, 9, 9), "int16", "nchw"),
+        _spec("t_u16", (1, 2, 9, 9), "uint16", "nchw"),
+        _spec("t_f16", (1, 16, 4, 4), "float16", "chw16"),
+    ]
+    return inputs, outputs, "mix", -2.5, 0.5, frozenset(), frozenset()
+
+
+def _mix_clamped() -> Any:
+    """scale 1e5: float16 outputs clamp to +-65504 (never inf), integers saturate."""
+    inputs = [_spec("x", (1, 4, 4, 4), "uint16", "nchw")]
+    outputs = [
+        _spec("c_f16", (1, 4, 6, 6), "float16", "nchw"),
+        _spec("c_f32", (1, 4, 6, 6), "float32", "nchw"),
+        _spec("c_i16", (1, 4, 6, 6), "int16", "nchw"),
+    ]
+    return inputs, outputs, "mix", 1e5, -3.0, frozenset(), frozenset()
+
+
 _BUILDERS: tuple[tuple[str, Any], ...] = (
     ("affine_half_chw16", _affine_half),
     ("affine_three_pairs", _affine_three_pairs),
@@ -257,6 +321,10 @@ _BUILDERS: tuple[tuple[str, Any], ...] = (
     ("affine_saturate", _affine_saturate),
     ("affine_ties_to_half", _affine_ties_to_half),
     ("mean_hw_wide_image", _mean_wide),
+    ("mix_detector_heads", _mix_heads),
+    ("mix_every_type", _mix_every_type),
+    ("mix_ties_and_saturation", _mix_ties_and_saturation),
+    ("mix_clamped", _mix_clamped),
 )
 
 

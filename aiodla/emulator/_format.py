@@ -10,8 +10,8 @@ Header (64 bytes)::
     8       uint32    version, 1
     12      uint32    header_size, 64 (bytes before the parameters)
     16      uint32    num_inputs,  1..64
-    20      uint32    num_outputs, 1..64, equal to num_inputs (input i feeds output i)
-    24      uint32    op: 1 = affine, 2 = mean_hw
+    20      uint32    num_outputs, 1..64; affine and mean_hw: equal to num_inputs
+    24      uint32    op: 1 = affine, 2 = mean_hw, 3 = mix
     28      uint32    param_count, 2
     32      float64   latency: seconds one task occupies one DLA core, 0 <= latency <= 3600
     40      uint64    total_size: the exact length of the whole loadable
@@ -45,17 +45,47 @@ Element addressing inside a tensor's buffer is the one formula of ``aiodla._tens
     offset(n, c, h, w) = n*stride[3] + (c / L)*stride[2] + h*stride[1] + w*stride[0]
                          + (c % L)*E      where E = element size, L = stride[0] / E
 
-Operations, for each pair i, computed in IEEE binary64 on the *stored* values (integer
-tensors are not dequantized; the DLA knows no scales), with no fused multiply-add:
+Operations are defined on *logical* elements (the layout's padding is never read) and
+on the *stored* values (integer tensors are not dequantized; the DLA knows no scales).
+Arithmetic is IEEE binary64 with no fused multiply-add. ``affine`` and ``mean_hw`` pair
+input i with output i:
 
 - ``affine``: ``y = (scale * x) + bias`` elementwise; output shape == input shape.
 - ``mean_hw``: ``s`` = the sum of ``x[n, c]`` over h then w, in row-major order,
   sequentially: the first element, then each next one added to the running sum;
   ``m = s / (h * w)``; ``y = (scale * m) + bias``; output shape ``(n, c, 1, 1)``.
 
+``mix`` takes any number of inputs and outputs of any shapes: every output element
+depends on every input element's bits and on its own position. All integers below are
+uint64 with wrapping arithmetic (mod 2**64); ``G = 0x9E3779B97F4A7C15`` and
+``F(z)`` is SplitMix64's finalizer::
+
+    F(z):  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+           z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+           return z ^ (z >> 31)
+
+1. For input ``t`` (0-based), ``j`` runs over its elements in row-major ``(n, c, h,
+   w)`` order from 0; ``b[t, j]`` is the element's stored bits as an unsigned integer
+   of the element's width (float32: its 32 bits; float16: 16 bits; int8 and int16: two's
+   complement, so -1 is 0xFF and 0xFFFF); ``s[t] = F(0x41494F444C41 + t)`` and the weight
+   ``w[t, j] = F(s[t] + (j + 1) * G) | 1`` (odd). ``S[t] = sum over j of b[t, j] * w[t,
+   j]``, an order-free sum: one changed element changes ``S[t]``, as its weight is odd.
+2. The digest: ``D = 0``; for ``t = 0, 1, ...``: ``D = F(D + S[t] + G)``.
+3. For output ``o`` (0-based), ``K[o] = F(D + (o + 1) * 0xD1B54A32D192ED03)``; element
+   ``i`` (row-major, from 0) draws ``r = F(K[o] + (i + 1) * G)``, keeps its top 16
+   bits ``k = r >> 48`` and takes ``v``: float types ``v = k * 2**-15 - 1`` (exact, in
+   [-1, 1)); int8 ``(k >> 8) - 128``; uint8 ``k >> 8``; int16 ``k - 32768``; uint16 ``k``.
+4. ``y = (scale * v) + bias``; for float outputs ``y`` is then clamped to the type's
+   finite range ([-65504, 65504] for float16, +-FLT_MAX for float32), so ``mix``
+   outputs are never inf or NaN.
+
+With the defaults ``scale = 1, bias = 0``, float outputs lie in [-1, 1) and integer
+outputs cover their type's range. One changed input bit changes ``D`` and so every
+output's draws; equal outputs are then chance (about 1 in 256 for 8-bit types).
+
 ``y`` is then stored in the output's type: float types round to nearest even (directly
 from binary64); integer types round half to even, saturate to the type's range, and
-store 0 for NaN. Every output depends on its own request's input only.
+store 0 for NaN. Every output depends on its own request's inputs only.
 """
 
 from __future__ import annotations
@@ -72,12 +102,14 @@ from .._errors import LoadableFormatError, ModelError
 from .._tensors import TensorSpec, specs_by_name
 
 __all__ = [
+    "AUTO",
     "DESCRIPTOR_DTYPE",
     "HEADER_SIZE",
     "MAGIC",
     "OPS",
     "RECORD_SIZE",
     "EmulatorModel",
+    "fitting_op",
     "is_emulator_loadable",
     "make_loadable",
     "parse_loadable",
@@ -89,7 +121,9 @@ HEADER_SIZE = 64
 RECORD_SIZE = 168
 MAX_TENSORS = 64
 MAX_LATENCY = 3600.0
-OPS = {"affine": 1, "mean_hw": 2}
+OPS = {"affine": 1, "mean_hw": 2, "mix": 3}
+# make_loadable's default: affine or mean_hw when the shapes fit, else mix.
+AUTO = "auto"
 _OP_NAMES = {code: name for name, code in OPS.items()}
 _PARAM_NAMES = ("scale", "bias")
 
@@ -166,17 +200,20 @@ def stated_latency(data: bytes | bytearray | memoryview) -> float | None:
 def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
     if op not in OPS:
         raise ModelError(f"op {op!r} is unknown; expected one of {sorted(OPS)}")
-    if not inputs or len(inputs) != len(outputs):
+    if not inputs or not outputs:
+        raise ModelError(f"op {op!r} needs at least one input and one output")
+    if len(inputs) > MAX_TENSORS or len(outputs) > MAX_TENSORS:
+        raise ModelError(f"at most {MAX_TENSORS} inputs and {MAX_TENSORS} outputs")
+    specs_by_name([*inputs, *outputs])
+    if op == "mix":
+        return  # any counts, any shapes
+    if len(inputs) != len(outputs):
         raise ModelError(
             f"op {op!r} pairs input i with output i: got {len(inputs)} inputs and "
             f"{len(outputs)} outputs"
         )
-    if len(inputs) + len(outputs) > 2 * MAX_TENSORS:
-        raise ModelError(f"at most {MAX_TENSORS} input/output pairs")
-    specs_by_name([*inputs, *outputs])
     for source, target in zip(inputs, outputs, strict=True):
-        n, c = source.shape[:2]
-        expected = source.shape if op == "affine" else (n, c, 1, 1)
+        expected = _paired_shape(op, source)
         if target.shape != expected:
             raise ModelError(
                 f"op {op!r}: output {target.name!r} must have shape {expected} for input "
@@ -184,10 +221,24 @@ def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
             )
 
 
+def _paired_shape(op: str, source: TensorSpec) -> tuple[int, ...]:
+    return source.shape if op == "affine" else (*source.shape[:2], 1, 1)
+
+
+def fitting_op(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> str:
+    """The op ``op="auto"`` picks: ``affine`` when every output has its input's shape,
+    ``mean_hw`` when every output is its input's NxCx1x1, else ``mix`` (any I/O)."""
+    if len(inputs) == len(outputs):
+        for op in ("affine", "mean_hw"):
+            if all(y.shape == _paired_shape(op, x) for x, y in zip(inputs, outputs, strict=True)):
+                return op
+    return "mix"
+
+
 def make_loadable(
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
-    op: str = "affine",
+    op: str = AUTO,
     latency: float = 0.001,
     *,
     scale: float = 1.0,
@@ -195,13 +246,17 @@ def make_loadable(
 ) -> bytes:
     """Build emulator loadable bytes (see the module docstring for the format).
 
-    ``inputs`` and ``outputs`` are TensorSpecs, paired by position; ``latency`` is the
-    seconds one task occupies one core; ``scale`` and ``bias`` parametrize the op.
+    ``inputs`` and ``outputs`` are TensorSpecs; ``op`` is ``"affine"`` or ``"mean_hw"``
+    (output i from input i), ``"mix"`` (any I/O), or ``"auto"``: the first of those the
+    shapes fit (:func:`fitting_op`). ``latency`` is the seconds one task occupies one
+    core; ``scale`` and ``bias`` parametrize the op.
     """
     inputs, outputs = tuple(inputs), tuple(outputs)
     for spec in (*inputs, *outputs):
         if not isinstance(spec, TensorSpec):
             raise TypeError(f"inputs and outputs must be TensorSpec, got {type(spec).__name__}")
+    if op == AUTO:
+        op = fitting_op(inputs, outputs)
     _check_op(op, inputs, outputs)
     latency = float(latency)
     if not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY):

@@ -33,7 +33,7 @@ from typing import Any
 from .._descriptors import TensorDescriptor
 from .._errors import ModelError
 from .._tensors import TensorSpec
-from ._format import OPS, EmulatorModel
+from ._format import EmulatorModel, fitting_op
 
 __all__ = [
     "DEFAULT_LATENCY",
@@ -211,26 +211,3 @@ def _read_descriptor(source: str, where: str, entry: object) -> TensorDescriptor
 
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def fitting_op(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> str:
-    """The op whose shapes these tensors have: affine keeps shapes, mean_hw ends in 1x1."""
-    if len(inputs) != len(outputs):
-        raise ModelError(
-            f"emulator loadables pair input i with output i: got {len(inputs)} inputs and "
-            f"{len(outputs)} outputs"
-        )
-    for op in OPS:
-        if all(
-            y.shape == (x.shape if op == "affine" else (*x.shape[:2], 1, 1))
-            for x, y in zip(inputs, outputs, strict=True)
-        ):
-            return op
-    pairs = ", ".join(
-        f"{x.name} {'x'.join(map(str, x.shape))} -> {y.name} {'x'.join(map(str, y.shape))}"
-        for x, y in zip(inputs, outputs, strict=True)
-    )
-    raise ModelError(
-        f"no emulator op fits these shapes ({pairs}): affine keeps each input's shape, "
-        "mean_hw turns NxCxHxW into NxCx1x1"
-    )

@@ -46,9 +46,11 @@ A test, as it reads in a user's suite::
         aiodla_controls.fail_next()
         assert await my_app.classify(engine, frame) is None   # TaskError handled
 
-The emulator's operations pair input i with output i, of the same shape (``affine``)
-or NxCx1x1 (``mean_hw``); a model whose outputs have other shapes or count cannot be
-emulated yet, and ``aiodla_engine`` says so with :class:`aiodla.ModelError`.
+Every model's I/O can be emulated: when each output has its input's shape
+(``affine``) or is its input's NxCx1x1 (``mean_hw``) the outputs are computed from
+input i; otherwise (a classifier, a detector with several heads) ``mix`` makes every
+output element a deterministic hash of all the request's input elements and of its
+own position, so a lost, swapped or mixed-up input shows as wrong numbers.
 """
 
 from ._controls import DLA_TASK_FAILURE as DLA_TASK_FAILURE

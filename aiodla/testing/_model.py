@@ -14,8 +14,8 @@ from typing import Any
 
 from .._errors import ModelError
 from .._tensors import TensorSpec
-from ..emulator._format import OPS, is_emulator_loadable, make_loadable, parse_loadable
-from ..emulator._spec import DEFAULT_LATENCY, fitting_op, read_spec, read_spec_document
+from ..emulator._format import AUTO, OPS, is_emulator_loadable, make_loadable, parse_loadable
+from ..emulator._spec import DEFAULT_LATENCY, read_spec, read_spec_document
 
 __all__ = ["ModelDescription", "emulated_model"]
 
@@ -43,14 +43,15 @@ def emulated_model(
     by ``inputs`` and ``outputs`` (TensorSpecs, output i paired with input i).
 
     ``latency`` is the seconds one task occupies one DLA core; ``op`` (``"affine"``:
-    ``y = scale * x + bias``, or ``"mean_hw"``: the same on x's mean over H and W)
-    with ``scale`` and ``bias`` says what the outputs are. Each defaults to the spec's
-    own emulator settings when it has them, else to 1 ms, the op the shapes fit,
-    1 and 0.
+    ``y = scale * x + bias``; ``"mean_hw"``: the same on x's mean over H and W, both
+    output i from input i; ``"mix"``: any inputs and outputs, each output element a
+    hash of every input element and of its own position, in [-1, 1) for float types
+    and over the whole range for integer ones, before ``scale`` and ``bias``; or
+    ``"auto"``) with ``scale`` and ``bias`` says what the outputs are. Each defaults to
+    the spec's own emulator settings when it has them, else to 1 ms, ``"auto"``
+    (affine or mean_hw when the shapes fit, else mix), 1 and 0.
 
-    Raises :class:`aiodla.ModelError` for a spec aiodla cannot read, and for a model
-    the emulator cannot stand in for (its ops pair input i with output i, of the same
-    shape or NxCx1x1).
+    Raises :class:`aiodla.ModelError` for a spec aiodla cannot read.
     """
     if (inputs is None) != (outputs is None):
         raise TypeError("give both inputs= and outputs=, or neither")
@@ -77,13 +78,9 @@ def emulated_model(
     else:
         assert spec is not None
         ins, outs, settings = _read(spec)
-    if op is not None and op not in OPS:
-        raise ModelError(f"op={op!r} is unknown; expected one of {sorted(OPS)}")
-    chosen = op or (settings.get("op") if settings.get("op") in OPS else None)
-    try:
-        chosen = chosen or fitting_op(ins, outs)
-    except ModelError as exc:
-        raise ModelError(f"the emulator cannot stand in for this model: {exc}") from None
+    if op is not None and op != AUTO and op not in OPS:
+        raise ModelError(f"op={op!r} is unknown; expected one of {sorted([AUTO, *OPS])}")
+    chosen = op or (settings.get("op") if settings.get("op") in OPS else None) or AUTO
     return make_loadable(
         ins,
         outs,

@@ -56,7 +56,10 @@ def test_header_layout() -> None:
     ("inputs", "outputs", "op", "words"),
     [
         ([A], [B], "conv", "op 'conv' is unknown"),
-        ([A], [], "affine", "pairs input i with output i"),
+        ([A], [], "affine", "needs at least one input and one output"),
+        ([], [B], "mix", "needs at least one input and one output"),
+        ([A], [B, M], "affine", "pairs input i with output i"),
+        ([A], [B, M], "mean_hw", "pairs input i with output i"),
         ([A], [M], "affine", "must have shape (1, 3, 8, 8)"),
         ([A], [B], "mean_hw", "must have shape (1, 3, 1, 1)"),
         ([A], [A], "affine", "appears twice"),

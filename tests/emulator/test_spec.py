@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aiodla import ModelError, _cli
+from aiodla import ModelError, TensorSpec, _cli
 from aiodla.emulator import read_spec_document
 from aiodla.emulator._format import parse_loadable
 from aiodla.emulator._spec import SPEC_FORMAT, SPEC_VERSION, fitting_op, read_spec, spec_document
@@ -47,10 +47,16 @@ class TestReader:
         with pytest.raises(ModelError, match=r"spec\.json"):
             read_spec(str(path))
 
-    def test_no_op_fits_mismatched_pairs(self) -> None:
-        model = parse_loadable(affine_model())
-        with pytest.raises(ModelError, match="pair input i with output i"):
-            fitting_op(model.inputs, ())
+    def test_mix_fits_what_no_paired_op_does(self) -> None:
+        a, b = TensorSpec("a", (1, 3, 4, 4)), TensorSpec("b", (1, 5, 2, 2))
+        a2, b2 = TensorSpec("a2", (1, 3, 4, 4)), TensorSpec("b2", (1, 5, 2, 2))
+        a1, b1 = TensorSpec("a1", (1, 3, 1, 1)), TensorSpec("b1", (1, 5, 1, 1))
+        assert fitting_op([a, b], [a2, b2]) == "affine"
+        assert fitting_op([a, b], [a1, b1]) == "mean_hw"
+        assert fitting_op([a, b], [a1, b2]) == "mix"  # one pair each way
+        assert fitting_op([a, b], [b2, a2]) == "mix"  # output i is not input i's shape
+        assert fitting_op([a, b], [a2]) == "mix"
+        assert fitting_op([a], [TensorSpec("logits", (1, 1000, 1, 1))]) == "mix"
 
     def test_the_command_line_still_exports_the_reader(self) -> None:
         assert _cli.read_spec_document is read_spec_document

@@ -235,7 +235,7 @@ inline bool parse_loadable(const uint8_t* data, size_t size, ParsedModule* modul
         *why = describe("tensor counts %u/%u must each be 1..64", num_inputs, num_outputs);
         return false;
     }
-    if (op != kOpAffine && op != kOpMeanHw) {
+    if (op != kOpAffine && op != kOpMeanHw && op != kOpMix) {
         *why = describe("op code %u is unknown", op);
         return false;
     }
@@ -306,7 +306,7 @@ inline bool parse_loadable(const uint8_t* data, size_t size, ParsedModule* modul
             return false;
         }
     }
-    if (num_inputs != num_outputs) {
+    if (op != kOpMix && num_inputs != num_outputs) {
         *why = "the op pairs input i with output i: counts differ";
         return false;
     }
@@ -318,7 +318,7 @@ inline bool parse_loadable(const uint8_t* data, size_t size, ParsedModule* modul
             }
         }
     }
-    for (uint32_t i = 0; i < num_inputs; ++i) {
+    for (uint32_t i = 0; op != kOpMix && i < num_inputs; ++i) { /* mix: any shapes */
         const TensorLayout& src = table.inputs[i];
         const TensorLayout& dst = table.outputs[i];
         const bool mean = op == kOpMeanHw;
@@ -330,7 +330,8 @@ inline bool parse_loadable(const uint8_t* data, size_t size, ParsedModule* modul
         }
     }
     table.op = op;
-    table.pairs = num_inputs;
+    table.num_inputs = num_inputs;
+    table.num_outputs = num_outputs;
     table.scale = scale;
     table.bias = bias;
     module->latency = latency;

@@ -220,6 +220,34 @@ AIODLA_HD inline void finish_task(const TaskArgs& a, const TaskStart& t) {
     fence_system();
 }
 
+/* The op mix in one block: zero the outputs, sum every input's part per thread into
+ * shared counters (wrapping uint64 addition is associative and commutative, so the
+ * threads' order does not matter), the digest on one thread, then the outputs. */
+__device__ inline void run_mix(const ModuleTable& table, const TaskArgs& args) {
+    __shared__ unsigned long long sums[kMaxPairs];
+    __shared__ unsigned long long digest;
+    for (uint32_t o = 0; o < table.num_outputs; ++o) {
+        zero_buffer(args.outputs[o], table.outputs[o].size, threadIdx.x, blockDim.x);
+    }
+    for (uint32_t t = threadIdx.x; t < table.num_inputs; t += blockDim.x) sums[t] = 0;
+    __syncthreads();
+    for (uint32_t t = 0; t < table.num_inputs; ++t) {
+        const uint64_t part =
+            mix_partial_sum(table.inputs[t], t, args.inputs[t], threadIdx.x, blockDim.x);
+        atomicAdd(&sums[t], static_cast<unsigned long long>(part));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t copy[kMaxPairs];
+        for (uint32_t t = 0; t < table.num_inputs; ++t) copy[t] = sums[t];
+        digest = mix_digest(copy, table.num_inputs);
+    }
+    __syncthreads();
+    for (uint32_t o = 0; o < table.num_outputs; ++o) {
+        mix_store(table, o, digest, args.outputs[o], threadIdx.x, blockDim.x);
+    }
+}
+
 /* One block: a task is one serial unit whose phases are separated by __syncthreads, and
  * emulator tensors are small enough that one block's threads cover them quickly. */
 __global__ void __launch_bounds__(kThreads) task_kernel(const TaskArgs args) {
@@ -228,12 +256,15 @@ __global__ void __launch_bounds__(kThreads) task_kernel(const TaskArgs args) {
     __syncthreads();
     if (started.status == 0) {
         const ModuleTable& table = *args.table;
-        const uint32_t pairs = table.pairs;
-        for (uint32_t p = 0; p < pairs; ++p) {
-            zero_buffer(args.outputs[p], table.outputs[p].size, threadIdx.x, blockDim.x);
-            __syncthreads();
-            compute_pair(table, p, args.inputs[p], args.outputs[p], threadIdx.x, blockDim.x);
-            __syncthreads();
+        if (table.op == kOpMix) {
+            run_mix(table, args);
+        } else {
+            for (uint32_t p = 0; p < table.num_inputs; ++p) {
+                zero_buffer(args.outputs[p], table.outputs[p].size, threadIdx.x, blockDim.x);
+                __syncthreads();
+                compute_pair(table, p, args.inputs[p], args.outputs[p], threadIdx.x, blockDim.x);
+                __syncthreads();
+            }
         }
     }
     if (threadIdx.x == 0) finish_task(args, started);
@@ -242,13 +273,7 @@ __global__ void __launch_bounds__(kThreads) task_kernel(const TaskArgs args) {
 /* The same task, run to the end on the calling host thread (host-fake builds). */
 inline void run_task_on_host(const TaskArgs& args) {
     const TaskStart started = begin_task(args);
-    if (started.status == 0) {
-        const ModuleTable& table = *args.table;
-        for (uint32_t p = 0; p < table.pairs; ++p) {
-            zero_buffer(args.outputs[p], table.outputs[p].size, 0, 1);
-            compute_pair(table, p, args.inputs[p], args.outputs[p], 0, 1);
-        }
-    }
+    if (started.status == 0) run_task_serially(*args.table, args.inputs, args.outputs);
     finish_task(args, started);
 }
 
@@ -985,9 +1010,10 @@ extern "C" cudlaStatus cudlaSubmitTask(const cudlaDevHandle devHandle,
             }
             TaskArgs args;
             memset(&args, 0, sizeof args);
-            for (uint32_t k = 0; k < 2 * parsed.table.pairs; ++k) {
-                const bool is_input = k < parsed.table.pairs;
-                const uint32_t index = is_input ? k : k - parsed.table.pairs;
+            const uint32_t num_inputs = parsed.table.num_inputs;
+            for (uint32_t k = 0; k < num_inputs + parsed.table.num_outputs; ++k) {
+                const bool is_input = k < num_inputs;
+                const uint32_t index = is_input ? k : k - num_inputs;
                 const uint64_t pointer =
                     handle_value(is_input ? task.inputTensor[index] : task.outputTensor[index]);
                 const uint64_t needed = is_input ? parsed.table.inputs[index].size
@@ -1258,12 +1284,14 @@ extern "C" int aiodlaStandinRunOnHost(const void* data, size_t size, const void*
     }
     if (!inputs || !outputs) return cudlaErrorInvalidParam;
     const ModuleTable& table = parsed.table;
-    for (uint32_t p = 0; p < table.pairs; ++p) {
-        if (!inputs[p] || !outputs[p]) return cudlaErrorInvalidParam;
-        uint8_t* out = static_cast<uint8_t*>(outputs[p]);
-        zero_buffer(out, table.outputs[p].size, 0, 1);
-        compute_pair(table, p, static_cast<const uint8_t*>(inputs[p]), out, 0, 1);
+    for (uint32_t t = 0; t < table.num_inputs; ++t) {
+        if (!inputs[t]) return cudlaErrorInvalidParam;
     }
+    for (uint32_t o = 0; o < table.num_outputs; ++o) {
+        if (!outputs[o]) return cudlaErrorInvalidParam;
+    }
+    run_task_serially(table, reinterpret_cast<const uint8_t* const*>(inputs),
+                      reinterpret_cast<uint8_t* const*>(outputs));
     return cudlaSuccess;
 }
 

@@ -11,6 +11,9 @@
  * - float outputs round to nearest even straight from binary64 (never via float32 for
  *   half, which would round twice); integer outputs rint (half to even), saturate, and
  *   store 0 for NaN;
+ * - mix: a digest of every input element's bits (an order-free uint64 sum, so any
+ *   split of the work gives the same number), then per output element a SplitMix64
+ *   draw whose top 16 bits pick its value; see mix_partial_sum and mix_store;
  * - element (n, c, h, w) lives at n*s3 + (c/L)*s2 + h*s1 + w*s0 + (c%L)*E, and every
  *   byte of an output buffer is written: padding lanes, rows, surfaces and tail are 0.
  *
@@ -40,6 +43,7 @@ namespace aiodla_standin {
 constexpr uint32_t kMaxPairs = 64;
 constexpr uint32_t kOpAffine = 1;
 constexpr uint32_t kOpMeanHw = 2;
+constexpr uint32_t kOpMix = 3;
 
 /* cudla.h dataType values. */
 constexpr uint32_t kTypeFloat = 1;
@@ -63,7 +67,9 @@ struct TensorLayout {
 /* What the kernel needs of a module: lives in device memory while the module is loaded. */
 struct ModuleTable {
     uint32_t op;
-    uint32_t pairs;
+    uint32_t num_inputs;  /* affine and mean_hw: equal to num_outputs (pair i) */
+    uint32_t num_outputs;
+    uint32_t reserved;
     double scale;
     double bias;
     TensorLayout inputs[kMaxPairs];
@@ -313,6 +319,114 @@ AIODLA_HD inline void compute_pair(const ModuleTable& table, uint32_t pair, cons
         const double y = dadd(dmul(x, table.scale), table.bias);
         store_element(out + element_offset(dst, n, c, h, w), dst.type, y);
     }
+}
+
+/* -- mix ---------------------------------------------------------------------------- */
+
+constexpr uint64_t kMixGolden = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t kMixOutputStep = 0xD1B54A32D192ED03ull;
+constexpr uint64_t kMixInputSeed = 0x41494F444C41ull; /* "AIODLA" */
+
+/* SplitMix64's finalizer. */
+AIODLA_HD inline uint64_t mix_finalize(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The element's stored bits as an unsigned integer of its width (little-endian). */
+AIODLA_HD inline uint64_t load_bits(const uint8_t* p, uint32_t esize) {
+    uint64_t bits = 0;
+    for (uint32_t b = 0; b < esize; ++b) bits |= static_cast<uint64_t>(p[b]) << (8 * b);
+    return bits;
+}
+
+/* The part of S[t] = sum of b[t, j] * w[t, j] (mod 2^64) that worker `index` of `count`
+ * owns; the parts add up, in any order, to S[t]. */
+AIODLA_HD inline uint64_t mix_partial_sum(const TensorLayout& src, uint32_t t, const uint8_t* in,
+                                          uint32_t index, uint32_t count) {
+    const uint64_t C = src.c, H = src.h, W = src.w;
+    const uint64_t total = static_cast<uint64_t>(src.n) * C * H * W;
+    const uint64_t seed = mix_finalize(kMixInputSeed + t);
+    uint64_t sum = 0;
+    for (uint64_t j = index; j < total; j += count) {
+        const uint64_t w = j % W;
+        const uint64_t h = (j / W) % H;
+        const uint64_t c = (j / (W * H)) % C;
+        const uint64_t n = j / (W * H * C);
+        const uint64_t weight = mix_finalize(seed + (j + 1) * kMixGolden) | 1ull;
+        sum += load_bits(in + element_offset(src, n, c, h, w), src.esize) * weight;
+    }
+    return sum;
+}
+
+/* D from every input's S[t], in input order. */
+AIODLA_HD inline uint64_t mix_digest(const uint64_t* sums, uint32_t inputs) {
+    uint64_t digest = 0;
+    for (uint32_t t = 0; t < inputs; ++t) digest = mix_finalize(digest + sums[t] + kMixGolden);
+    return digest;
+}
+
+/* The value of draw r before scale and bias: its top 16 bits k, read by type. */
+AIODLA_HD inline double mix_value(uint64_t r, uint32_t type) {
+    const uint64_t k = r >> 48;
+    switch (type) {
+        case kTypeFloat:
+        case kTypeHalf:
+            return dadd(dmul(static_cast<double>(k), 3.0517578125e-05), -1.0); /* k*2^-15 - 1, exact */
+        case kTypeInt8:
+            return static_cast<double>(static_cast<int64_t>(k >> 8) - 128);
+        case kTypeUint8:
+            return static_cast<double>(k >> 8);
+        case kTypeInt16:
+            return static_cast<double>(static_cast<int64_t>(k) - 32768);
+        default: /* kTypeUint16 */
+            return static_cast<double>(k);
+    }
+}
+
+/* Output o's elements that worker `index` of `count` owns, from the digest D; call after
+ * zero_buffer(out) has finished everywhere. */
+AIODLA_HD inline void mix_store(const ModuleTable& table, uint32_t o, uint64_t digest,
+                                uint8_t* out, uint32_t index, uint32_t count) {
+    const TensorLayout& dst = table.outputs[o];
+    const uint64_t C = dst.c, H = dst.h, W = dst.w;
+    const uint64_t total = static_cast<uint64_t>(dst.n) * C * H * W;
+    const uint64_t key = mix_finalize(digest + (static_cast<uint64_t>(o) + 1) * kMixOutputStep);
+    /* float outputs are clamped to the type's finite range: mix never stores inf */
+    const double limit = dst.type == kTypeHalf    ? 65504.0
+                         : dst.type == kTypeFloat ? 3.4028234663852886e+38
+                                                  : 0.0;
+    for (uint64_t i = index; i < total; i += count) {
+        const uint64_t w = i % W;
+        const uint64_t h = (i / W) % H;
+        const uint64_t c = (i / (W * H)) % C;
+        const uint64_t n = i / (W * H * C);
+        const uint64_t r = mix_finalize(key + (i + 1) * kMixGolden);
+        double y = dadd(dmul(mix_value(r, dst.type), table.scale), table.bias);
+        if (limit != 0.0) y = y > limit ? limit : (y < -limit ? -limit : y);
+        store_element(out + element_offset(dst, n, c, h, w), dst.type, y);
+    }
+}
+
+/* One whole task on one thread (the host builds): every output zeroed, then computed. */
+inline void run_task_serially(const ModuleTable& table, const uint8_t* const* inputs,
+                              uint8_t* const* outputs) {
+    for (uint32_t o = 0; o < table.num_outputs; ++o) {
+        zero_buffer(outputs[o], table.outputs[o].size, 0, 1);
+    }
+    if (table.op == kOpMix) {
+        uint64_t sums[kMaxPairs];
+        for (uint32_t t = 0; t < table.num_inputs; ++t) {
+            sums[t] = mix_partial_sum(table.inputs[t], t, inputs[t], 0, 1);
+        }
+        const uint64_t digest = mix_digest(sums, table.num_inputs);
+        for (uint32_t o = 0; o < table.num_outputs; ++o) {
+            mix_store(table, o, digest, outputs[o], 0, 1);
+        }
+        return;
+    }
+    for (uint32_t p = 0; p < table.num_inputs; ++p) compute_pair(table, p, inputs[p], outputs[p], 0, 1);
 }
 
 }  // namespace aiodla_standin
