@@ -22,6 +22,14 @@ Model ("eager timeline, lazy data"):
 - "Device pointers" are addresses of bounds-checked numpy buffers; registration hands
   out a different address, so a task given an unregistered pointer fails as on a DLA.
 - ``get_last_error`` latches the status of a failed task until it is read.
+- A *compute function* (``compute=``, see ``aiodla.emulator._compute``) replaces the
+  loadable's op with the user's own computation. It is the one piece of device work
+  that does not wait for an observer: each core that runs one has a compute thread,
+  which takes the core's tasks in submission order, applies the operations ahead of
+  a task as their time comes (the copies of its inputs), runs the function and writes
+  the outputs. Until then the task's operation stops its stream, so an event after it
+  completes no earlier than the function returned, and never on a thread that merely
+  looked (the event loop's, say). The task's time on the core is still the loadable's.
 
 Layers: ``_timeline`` places operations and serves the stream and event calls;
 ``_faults`` adds fault injection over it (:meth:`EmulatedRuntime.fail_next_task`,
@@ -36,6 +44,7 @@ import bisect
 import dataclasses
 import functools
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -45,7 +54,14 @@ import numpy as np
 from cuda.bindings import cudla
 
 from .._descriptors import TensorDescriptor
-from .._errors import ConfigurationError, LoadableFormatError
+from .._errors import ComputeError, ConfigurationError, LoadableFormatError
+from ..emulator._compute import (
+    ComputeFunction,
+    ComputeTask,
+    check_compute,
+    describe,
+    import_compute,
+)
 from ..emulator._format import EmulatorModel, parse_loadable, stated_latency
 from ..emulator._ops import ModelRunner
 from ._faults import EmulatedCudlaError, FaultInjection, TaskGate, _CallFailure, _reject
@@ -89,6 +105,7 @@ class _Module:
     handle: int
     device: _Device
     model: EmulatorModel
+    compute: ComputeFunction | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,7 +115,7 @@ class _Task:
     outputs: tuple[int, ...]
     # What submit_task resolved last time, valid while no memory or module changed
     # (the runtime's ``_generation``): validation is then a comparison, not a search.
-    resolved: tuple[int, int, EmulatorModel, ModelRunner] | None = None
+    resolved: tuple[int, int, EmulatorModel, ModelRunner | ComputeTask] | None = None
 
 
 class EmulatedRuntime(FaultInjection):
@@ -106,6 +123,10 @@ class EmulatedRuntime(FaultInjection):
 
     ``cores``: how many DLA cores exist (Orin has 2). ``copy_bandwidth``: bytes per
     second of host/device copies, instantaneous when None. ``clock``: the time source.
+    ``compute``: the user's own computation for every module loaded here, a callable
+    or a reference ``"module:function"`` (see :meth:`bind_compute` for one loadable's,
+    and ``aiodla.emulator._compute`` for what it takes and returns); without one, a
+    loadable's own compute reference, else its op, computes the outputs.
     """
 
     name = "emulated"
@@ -119,6 +140,7 @@ class EmulatedRuntime(FaultInjection):
         *,
         copy_bandwidth: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        compute: ComputeFunction | str | None = None,
     ) -> None:
         if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
             raise ConfigurationError(f"{cores=} must be an int >= 1")
@@ -143,6 +165,11 @@ class EmulatedRuntime(FaultInjection):
         self._call_failures: list[_CallFailure] = []
         self._generation = 0  # bumped by every change to memory, registrations, modules
         self._ranges: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
+        self._compute = self._compute_function(compute)
+        self._bound_computes: dict[bytes, ComputeFunction] = {}
+        self._compute_failures: dict[int, BaseException] = {}  # by stream handle
+        self._workers: dict[int, _ComputeWorker] = {}  # by core index
+        self._closing = False
         self.device_time = 0.0
         """CPU seconds spent doing the emulated device's work (copies, tasks)."""
         self.invalid_releases = 0
@@ -250,13 +277,25 @@ class EmulatedRuntime(FaultInjection):
             model = parse_loadable(loadable)
         except LoadableFormatError as exc:
             raise _reject("invalid_module", f"not an emulator loadable ({exc})") from None
+        compute = self._bound_computes.get(bytes(loadable), self._compute)
+        if compute is None and model.compute is not None:
+            compute = import_compute(model.compute)
+        if compute is not None:
+            check_compute(compute, model.inputs, model.outputs)
         with self._lock:
             if target.module is not None:
                 raise _reject("unsupported_operation", "one loadable per device handle")
             handle = next(self._ids)
-            self._modules[handle] = _Module(handle, target, model)
+            self._modules[handle] = _Module(handle, target, model, compute)
             self._changed()
             target.module = handle
+            if compute is not None:
+                worker = self._workers.get(target.core.index)
+                if worker is None:
+                    worker = self._workers[target.core.index] = _ComputeWorker(
+                        self, target.core.index
+                    )
+                worker.modules += 1
             return handle
 
     def _module(self, module: int) -> _Module:
@@ -276,6 +315,13 @@ class EmulatedRuntime(FaultInjection):
             del self._modules[module]
             self._changed()
             loaded.device.module = None
+            if loaded.compute is not None:
+                index = loaded.device.core.index
+                worker = self._workers[index]
+                worker.modules -= 1
+                if not worker.modules:  # no thread outlives the engines that need it
+                    del self._workers[index]
+                    worker.stop()
 
     def module_tensors(
         self, module: int
@@ -333,17 +379,25 @@ class EmulatedRuntime(FaultInjection):
         if resolved is None or resolved[0] != self._generation or resolved[1] != device:
             resolved = task.resolved = self._resolve_task(target, task)
         _, _, model, runner = resolved
-        queue = self._stream(stream, "submit_task")
-        effect = self._task_effect(target, model, runner)
+        fifo = self._stream(stream, "submit_task")
+        effect = self._task_effect(target, model, runner)  # type: ignore[arg-type]
+        operation = _Operation(effect, target)
+        computed = type(runner) is ComputeTask
+        if computed:
+            effect.compute, effect.stream = runner, stream  # type: ignore[assignment]
+            # A failed or hung task writes no outputs: nothing to compute then.
+            operation.computing = not effect.status
         with self._lock:
             target.tasks_in_flight += 1
             if target.core.gate is not None:
                 target.core.gate._arrived()
-        self._push(queue, _Operation(effect, target))
+        self._push(fifo, operation)
+        if computed and operation.computing:
+            self._workers[target.core.index].put(fifo, operation, effect.compute)  # type: ignore[arg-type]
 
     def _resolve_task(
         self, target: _Device, task: _Task
-    ) -> tuple[int, int, EmulatorModel, ModelRunner]:
+    ) -> tuple[int, int, EmulatorModel, ModelRunner | ComputeTask]:
         """Validate the task against the device as cuDLA would; its tensors' buffers."""
         loaded = self._module(task.module)
         if loaded.device is not target:
@@ -363,7 +417,12 @@ class EmulatedRuntime(FaultInjection):
             self._registered_view(target, p, s)
             for p, s in zip(task.outputs, model.outputs, strict=True)
         ]
-        return self._generation, target.handle, model, ModelRunner(model, views_in, views_out)
+        runner: ModelRunner | ComputeTask
+        if loaded.compute is not None:
+            runner = ComputeTask(loaded.compute, model.inputs, model.outputs, views_in, views_out)
+        else:
+            runner = ModelRunner(model, views_in, views_out)
+        return self._generation, target.handle, model, runner
 
     def _registered_view(self, device: _Device, registered: int, spec: Any) -> np.ndarray[Any, Any]:
         entry = device.registrations.get(registered)
@@ -463,6 +522,114 @@ class EmulatedRuntime(FaultInjection):
         self._copy(self._host(dst, nbytes, "copy_to_host"), source, stream, "copy_to_host")
 
     def close(self) -> None:
-        """Nothing runs in the background; pending operations are simply dropped."""
+        """Pending operations are simply dropped; compute threads end."""
         with self._lock:
+            self._closing = True
+            workers, self._workers = list(self._workers.values()), {}
             self._placed.notify_all()
+        for worker in workers:
+            worker.stop()
+
+    # -- compute functions ---------------------------------------------------------------
+
+    @staticmethod
+    def _compute_function(compute: ComputeFunction | str | None) -> ComputeFunction | None:
+        if compute is None:
+            return None
+        if isinstance(compute, str):
+            return import_compute(compute)
+        if not callable(compute):
+            raise ConfigurationError(
+                f"compute={compute!r} must be a callable or a reference 'module:function'"
+            )
+        return compute
+
+    def bind_compute(self, loadable: bytes, compute: ComputeFunction | str | None) -> None:
+        """Let ``compute`` compute the outputs of every module loaded from
+        ``loadable`` from now on (None: undo), in place of the runtime's ``compute=``
+        and of the loadable's own compute reference. Modules loaded already keep
+        theirs."""
+        function = self._compute_function(compute)
+        with self._lock:
+            if function is None:
+                self._bound_computes.pop(bytes(loadable), None)
+            else:
+                self._bound_computes[bytes(loadable)] = function
+
+    def module_computes(self, module: int) -> bool:
+        """Whether a compute function computes this module's outputs (then the
+        engine asks :meth:`take_compute_failure` with each completion)."""
+        return self._module(module).compute is not None
+
+    def take_compute_failure(self, stream: int) -> BaseException | None:
+        """The :class:`aiodla.ComputeError` of the last task completed on ``stream``,
+        if its compute function failed; None otherwise. Reading it clears it."""
+        return self._compute_failures.pop(stream, None)
+
+    def _reach(self, stream: _Stream, operation: _Operation) -> bool:
+        """Compute thread: apply the stream's operations ahead of ``operation`` as
+        their time comes, until it is next and placed; False when it never will be
+        (the context was poisoned, the runtime closed)."""
+        while True:
+            with self._lock:
+                operations = stream.operations
+                if self._closing or self._poisoned is not None or not operations:
+                    return False
+                head = operations[0]
+                if head is operation and head.at is not None:
+                    return True
+                if head.at is None or head.computing:  # held at a gate, or computing
+                    self._placed.wait(0.05)
+                    continue
+                delay = head.at - self._clock()
+            if delay > 0:
+                time.sleep(min(delay, 0.01))
+            self._advance(stream, self._clock())
+
+    def _computed(self, operation: _Operation, failure: BaseException | None) -> None:
+        """Compute thread: the outputs are written (or ``failure`` says why not)."""
+        with self._lock:
+            effect = operation.effect
+            effect.failure = failure  # type: ignore[attr-defined]
+            operation.computing = False
+            self._placed.notify_all()
+
+
+class _ComputeWorker:
+    """One DLA core's compute thread: runs the compute functions of the core's tasks
+    in the order they were submitted (the order the core runs them)."""
+
+    def __init__(self, runtime: EmulatedRuntime, core: int) -> None:
+        self.modules = 0  # modules with a compute function loaded on this core
+        self._runtime = runtime
+        self._jobs: queue.SimpleQueue[tuple[_Stream, _Operation, ComputeTask] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(
+            target=self._run, name=f"aiodla-emulated-compute-{core}", daemon=True
+        )
+        self._thread.start()
+
+    def put(self, stream: _Stream, operation: _Operation, task: ComputeTask) -> None:
+        self._jobs.put((stream, operation, task))
+
+    def stop(self) -> None:
+        """End the thread after the jobs queued before (it is not waited for: a
+        compute function that never returns must not hang a close)."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        runtime = self._runtime
+        while (job := self._jobs.get()) is not None:
+            stream, operation, task = job
+            if not runtime._reach(stream, operation):
+                continue
+            try:
+                failure = task.run()
+            except Exception as exc:  # writing the outputs failed: still that task's alone
+                failure = ComputeError(
+                    f"compute function {describe(task.function)}: its outputs could not "
+                    f"be stored ({exc})"
+                )
+                failure.__cause__ = exc
+            runtime._computed(operation, failure)
