@@ -24,6 +24,7 @@ between the function and the model fails the engine's open (``onnx_compute`` and
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,7 +42,10 @@ ComputeFunction = Callable[[Mapping[str, np.ndarray[Any, Any]]], Mapping[str, An
 
 
 def describe(function: Any) -> str:
-    """How error messages name a compute function: ``module:qualname`` when it has one."""
+    """How error messages name a compute function: ``module:qualname`` for a function,
+    its repr for any other callable (``onnx_compute('model.onnx')``, say)."""
+    if not inspect.isroutine(function):
+        return repr(function)
     module = getattr(function, "__module__", None)
     name = getattr(function, "__qualname__", None)
     if isinstance(module, str) and isinstance(name, str):
@@ -114,6 +118,8 @@ class ComputeTask:
         arrays = {bound.spec.name: bound.read() for bound in self._inputs}
         try:
             result = self.function(arrays)
+        except ComputeError as exc:  # it says itself what went wrong (replay does)
+            return exc
         except Exception as exc:
             error = ComputeError(f"compute function {name} raised {type(exc).__name__}: {exc}")
             error.__cause__ = exc
