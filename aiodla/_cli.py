@@ -53,7 +53,7 @@ from .emulator._format import (
     make_loadable,
     parse_loadable,
 )
-from .emulator._recording import read_samples, write_recording
+from .emulator._recording import record_samples, write_recording
 from .emulator._spec import (
     DEFAULT_LATENCY,
     DESCRIPTOR_FIELDS,
@@ -432,7 +432,7 @@ def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
     if is_spec_document(data):
         raise CommandError(f"{model!r} is a model spec, not a loadable: record runs a loadable")
     emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
-    samples, results, inputs = asyncio.run(_record(data, inputs_dir, runtime))
+    samples, results, inputs = asyncio.run(record_samples(data, inputs_dir, runtime))
     # The spec as 'inspect --json' writes it, from the loadable's own descriptors.
     descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
     document = spec_document(model, descriptors, emulator)
@@ -441,26 +441,6 @@ def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
     except OSError as exc:
         raise CommandError(f"cannot write {out!r}: {exc.strerror or exc}") from exc
     click.echo(f"wrote {out}: {len(samples)} sample(s) of {model}")
-
-
-async def _record(
-    data: bytes, directory: str, runtime: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[TensorSpec, ...]]:
-    async with Engine(data, runtime=runtime) as engine:
-        try:
-            samples = read_samples(directory, engine.inputs)
-        except ModelError as exc:
-            raise CommandError(str(exc)) from exc
-        results = []
-        for index, sample in enumerate(samples):
-            try:
-                result = await engine.infer(sample)
-            except AiodlaError as exc:
-                raise CommandError(f"sample {index + 1} of {len(samples)}: {exc}") from exc
-            if not isinstance(result, dict):
-                result = {engine.outputs[0].name: result}
-            results.append(result)
-        return samples, results, engine.inputs
 
 
 def _spec_from(path: str, desc: TensorDescriptor) -> TensorSpec:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ComputeError, ModelError
+from .._errors import AiodlaError, ComputeError, ModelError
 from .._tensors import TensorSpec
 
 __all__ = ["Replay", "read_samples", "replay", "seen_by_device", "write_recording"]
@@ -78,6 +78,28 @@ def read_samples(directory: str, inputs: Sequence[TensorSpec]) -> list[dict[str,
     if not samples:
         raise ModelError(f"{directory!r} holds no samples (*.npz or *.npy files)")
     return samples
+
+
+async def record_samples(
+    model: bytes, directory: str, runtime: str = "auto"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[TensorSpec, ...]]:
+    """Run the samples in ``directory`` through ``model`` on an engine, one at a
+    time: the samples, the outputs by name, and the model's input specs. A sample
+    the engine refuses or fails on raises, naming the sample."""
+    from .._engine import Engine  # (the engine imports the emulator: not at load time)
+
+    async with Engine(model, runtime=runtime) as engine:
+        samples = read_samples(directory, engine.inputs)
+        results = []
+        for index, sample in enumerate(samples):
+            try:
+                result = await engine.infer(sample)
+            except AiodlaError as exc:
+                raise AiodlaError(f"sample {index + 1} of {len(samples)}: {exc}") from exc
+            if not isinstance(result, dict):
+                result = {engine.outputs[0].name: result}
+            results.append(result)
+        return samples, results, engine.inputs
 
 
 def write_recording(

@@ -34,8 +34,10 @@ Model ("eager timeline, lazy data"):
 Layers: ``_timeline`` places operations and serves the stream and event calls;
 ``_faults`` adds fault injection over it (:meth:`EmulatedRuntime.fail_next_task`,
 :meth:`~EmulatedRuntime.hang_core`, :meth:`~EmulatedRuntime.hold`,
-:meth:`~EmulatedRuntime.poison`, :meth:`~EmulatedRuntime.fail_call`); this module adds
-the cuDLA calls and memory, and owns the state all three share.
+:meth:`~EmulatedRuntime.poison`, :meth:`~EmulatedRuntime.fail_call`);
+``_compute_threads`` runs compute functions (:meth:`~EmulatedRuntime.bind_compute`,
+:meth:`~EmulatedRuntime.take_compute_failure`); this module adds
+the cuDLA calls and memory, and owns the state all four share.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ import bisect
 import dataclasses
 import functools
 import itertools
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,17 +55,12 @@ import numpy as np
 from cuda.bindings import cudla
 
 from .._descriptors import TensorDescriptor
-from .._errors import ComputeError, ConfigurationError, LoadableFormatError
-from ..emulator._compute import (
-    ComputeFunction,
-    ComputeTask,
-    check_compute,
-    describe,
-    import_compute,
-)
+from .._errors import ConfigurationError, LoadableFormatError
+from ..emulator._compute import ComputeFunction, ComputeTask
 from ..emulator._format import EmulatorModel, parse_loadable, stated_latency
 from ..emulator._ops import ModelRunner
-from ._faults import EmulatedCudlaError, FaultInjection, TaskGate, _CallFailure, _reject
+from ._compute_threads import ComputeThreads, _ComputeWorker, compute_function
+from ._faults import EmulatedCudlaError, TaskGate, _CallFailure, _reject
 from ._protocol import CudaCallError, HostBuffer
 from ._timeline import (
     _INVALID_VALUE,
@@ -118,7 +114,7 @@ class _Task:
     resolved: tuple[int, int, EmulatorModel, ModelRunner | ComputeTask] | None = None
 
 
-class EmulatedRuntime(FaultInjection):
+class EmulatedRuntime(ComputeThreads):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, emulated on the CPU.
 
     ``cores``: how many DLA cores exist (Orin has 2). ``copy_bandwidth``: bytes per
@@ -165,7 +161,7 @@ class EmulatedRuntime(FaultInjection):
         self._call_failures: list[_CallFailure] = []
         self._generation = 0  # bumped by every change to memory, registrations, modules
         self._ranges: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
-        self._compute = self._compute_function(compute)
+        self._compute = compute_function(compute)
         self._bound_computes: dict[bytes, ComputeFunction] = {}
         self._compute_failures: dict[int, BaseException] = {}  # by stream handle
         self._workers: dict[int, _ComputeWorker] = {}  # by core index
@@ -277,11 +273,7 @@ class EmulatedRuntime(FaultInjection):
             model = parse_loadable(loadable)
         except LoadableFormatError as exc:
             raise _reject("invalid_module", f"not an emulator loadable ({exc})") from None
-        compute = self._bound_computes.get(bytes(loadable), self._compute)
-        if compute is None and model.compute is not None:
-            compute = import_compute(model.compute)
-        if compute is not None:
-            check_compute(compute, model.inputs, model.outputs)
+        compute = self._module_compute(loadable, model)
         with self._lock:
             if target.module is not None:
                 raise _reject("unsupported_operation", "one loadable per device handle")
@@ -290,12 +282,7 @@ class EmulatedRuntime(FaultInjection):
             self._changed()
             target.module = handle
             if compute is not None:
-                worker = self._workers.get(target.core.index)
-                if worker is None:
-                    worker = self._workers[target.core.index] = _ComputeWorker(
-                        self, target.core.index
-                    )
-                worker.modules += 1
+                self._compute_loaded(target.core.index)
             return handle
 
     def _module(self, module: int) -> _Module:
@@ -316,12 +303,7 @@ class EmulatedRuntime(FaultInjection):
             self._changed()
             loaded.device.module = None
             if loaded.compute is not None:
-                index = loaded.device.core.index
-                worker = self._workers[index]
-                worker.modules -= 1
-                if not worker.modules:  # no thread outlives the engines that need it
-                    del self._workers[index]
-                    worker.stop()
+                self._compute_unloaded(loaded.device.core.index)
 
     def module_tensors(
         self, module: int
@@ -523,113 +505,4 @@ class EmulatedRuntime(FaultInjection):
 
     def close(self) -> None:
         """Pending operations are simply dropped; compute threads end."""
-        with self._lock:
-            self._closing = True
-            workers, self._workers = list(self._workers.values()), {}
-            self._placed.notify_all()
-        for worker in workers:
-            worker.stop()
-
-    # -- compute functions ---------------------------------------------------------------
-
-    @staticmethod
-    def _compute_function(compute: ComputeFunction | str | None) -> ComputeFunction | None:
-        if compute is None:
-            return None
-        if isinstance(compute, str):
-            return import_compute(compute)
-        if not callable(compute):
-            raise ConfigurationError(
-                f"compute={compute!r} must be a callable or a reference 'module:function'"
-            )
-        return compute
-
-    def bind_compute(self, loadable: bytes, compute: ComputeFunction | str | None) -> None:
-        """Let ``compute`` compute the outputs of every module loaded from
-        ``loadable`` from now on (None: undo), in place of the runtime's ``compute=``
-        and of the loadable's own compute reference. Modules loaded already keep
-        theirs."""
-        function = self._compute_function(compute)
-        with self._lock:
-            if function is None:
-                self._bound_computes.pop(bytes(loadable), None)
-            else:
-                self._bound_computes[bytes(loadable)] = function
-
-    def module_computes(self, module: int) -> bool:
-        """Whether a compute function computes this module's outputs (then the
-        engine asks :meth:`take_compute_failure` with each completion)."""
-        return self._module(module).compute is not None
-
-    def take_compute_failure(self, stream: int) -> BaseException | None:
-        """The :class:`aiodla.ComputeError` of the last task completed on ``stream``,
-        if its compute function failed; None otherwise. Reading it clears it."""
-        return self._compute_failures.pop(stream, None)
-
-    def _reach(self, stream: _Stream, operation: _Operation) -> bool:
-        """Compute thread: apply the stream's operations ahead of ``operation`` as
-        their time comes, until it is next and placed; False when it never will be
-        (the context was poisoned, the runtime closed)."""
-        while True:
-            with self._lock:
-                operations = stream.operations
-                if self._closing or self._poisoned is not None or not operations:
-                    return False
-                head = operations[0]
-                if head is operation and head.at is not None:
-                    return True
-                if head.at is None or head.computing:  # held at a gate, or computing
-                    self._placed.wait(0.05)
-                    continue
-                delay = head.at - self._clock()
-            if delay > 0:
-                time.sleep(min(delay, 0.01))
-            self._advance(stream, self._clock())
-
-    def _computed(self, operation: _Operation, failure: BaseException | None) -> None:
-        """Compute thread: the outputs are written (or ``failure`` says why not)."""
-        with self._lock:
-            effect = operation.effect
-            effect.failure = failure  # type: ignore[attr-defined]
-            operation.computing = False
-            self._placed.notify_all()
-
-
-class _ComputeWorker:
-    """One DLA core's compute thread: runs the compute functions of the core's tasks
-    in the order they were submitted (the order the core runs them)."""
-
-    def __init__(self, runtime: EmulatedRuntime, core: int) -> None:
-        self.modules = 0  # modules with a compute function loaded on this core
-        self._runtime = runtime
-        self._jobs: queue.SimpleQueue[tuple[_Stream, _Operation, ComputeTask] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(
-            target=self._run, name=f"aiodla-emulated-compute-{core}", daemon=True
-        )
-        self._thread.start()
-
-    def put(self, stream: _Stream, operation: _Operation, task: ComputeTask) -> None:
-        self._jobs.put((stream, operation, task))
-
-    def stop(self) -> None:
-        """End the thread after the jobs queued before (it is not waited for: a
-        compute function that never returns must not hang a close)."""
-        self._jobs.put(None)
-
-    def _run(self) -> None:
-        runtime = self._runtime
-        while (job := self._jobs.get()) is not None:
-            stream, operation, task = job
-            if not runtime._reach(stream, operation):
-                continue
-            try:
-                failure = task.run()
-            except Exception as exc:  # writing the outputs failed: still that task's alone
-                failure = ComputeError(
-                    f"compute function {describe(task.function)}: its outputs could not "
-                    f"be stored ({exc})"
-                )
-                failure.__cause__ = exc
-            runtime._computed(operation, failure)
+        self._stop_compute_threads()
