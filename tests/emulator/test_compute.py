@@ -19,6 +19,7 @@ from aiodla import (
     ComputeError,
     EmulatedRuntime,
     Engine,
+    EngineDeadError,
     LoadableFormatError,
     ModelError,
     TaskError,
@@ -279,3 +280,33 @@ class TestPlugin:
         )
         x = np.full((1, 3, 2, 2), 0.1, np.float32)
         np.testing.assert_array_equal(await engine.infer(x), np.float16(0.1) * np.float16(2))
+
+
+def test_onnx_compute_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiodla.emulator import onnx_compute
+
+    monkeypatch.setitem(__import__("sys").modules, "onnxruntime", None)
+    with pytest.raises(ValueError, match=r"pip install 'aiodla\[onnx\]'"):
+        onnx_compute(b"any")
+
+
+@pytest.mark.asyncio
+async def test_a_poisoned_context_while_a_function_runs() -> None:
+    started, finish = threading.Event(), threading.Event()
+
+    def waits(inputs: Any) -> dict[str, Any]:
+        started.set()
+        finish.wait(5)
+        return doubled(inputs)
+
+    runtime = EmulatedRuntime(compute=waits)
+    engine = Engine(model(), runtime=runtime, cores=[0])
+    await engine.open()
+    request = asyncio.ensure_future(engine.infer(sample()))
+    assert await asyncio.to_thread(started.wait, 5)
+    runtime.poison()
+    finish.set()
+    with pytest.raises(EngineDeadError):
+        await request
+    await engine.aclose()
+    assert counts_add_up(engine.statistics())
