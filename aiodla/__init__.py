@@ -3,6 +3,7 @@
 from ._engine import Engine as Engine
 from ._engine import EngineState as EngineState
 from ._errors import AiodlaError as AiodlaError
+from ._errors import ComputeError as ComputeError
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import DeviceError as DeviceError
 from ._errors import EngineClosedError as EngineClosedError
@@ -35,6 +36,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "AiodlaError",
+    "ComputeError",
     "ConfigurationError",
     "CoreStatistics",
     "DeviceError",

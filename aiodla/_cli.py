@@ -6,6 +6,8 @@
     aiodla inspect MODEL [--json]        a loadable's tensors; --json writes a model spec
     aiodla emulate --like SPEC.json -o OUT
     aiodla emulate --input NAME:NxCxHxW[:DTYPE[:FORMAT]] --output ... -o OUT
+                   [--compute MODULE:FUNCTION]
+    aiodla record MODEL --inputs DIR -o RECORDING.npz [--runtime ...]
     aiodla bench MODEL [--cores 0,1] [--streams N] [--concurrency N]
                        [--requests N | --duration S] [--json] [--runtime ...]
 
@@ -47,10 +49,12 @@ from .emulator._format import (
     MAGIC,
     OPS,
     EmulatorModel,
+    is_compute_reference,
     is_emulator_loadable,
     make_loadable,
     parse_loadable,
 )
+from .emulator._recording import record_samples, write_recording
 from .emulator._spec import (
     DEFAULT_LATENCY,
     DESCRIPTOR_FIELDS,
@@ -321,6 +325,13 @@ def _tensors_option(
 @click.option("--scale", type=float, help="The op's scale (default 1).")
 @click.option("--bias", type=float, help="The op's bias (default 0).")
 @click.option(
+    "--compute",
+    metavar="MODULE:FUNCTION",
+    help="A Python function that computes the outputs instead of the op (inputs by "
+    "name in, outputs by name out); the emulated runtime imports it when it loads "
+    "the loadable.",
+)
+@click.option(
     "-o",
     "--out",
     "out",
@@ -338,9 +349,15 @@ def emulate(
     latency: float | None,
     scale: float | None,
     bias: float | None,
+    compute: str | None,
     out: str,
 ) -> None:
     """Write an emulator loadable, to run a model's I/O where there is no DLA."""
+    if compute is not None and not is_compute_reference(compute):
+        raise click.BadParameter(
+            f"{compute!r} must be MODULE:FUNCTION, e.g. myapp.reference:detector",
+            param_hint="--compute",
+        )
     settings: dict[str, Any] = {}
     if like is not None:
         if inputs or outputs:
@@ -358,6 +375,7 @@ def emulate(
         latency=_setting(latency, settings, "latency", DEFAULT_LATENCY),
         scale=_setting(scale, settings, "scale", 1.0),
         bias=_setting(bias, settings, "bias", 0.0),
+        compute=compute,
     )
     try:
         with open(out, "wb") as file:
@@ -365,10 +383,64 @@ def emulate(
     except OSError as exc:
         raise CommandError(f"cannot write {out!r}: {exc.strerror or exc}") from exc
     model = parse_loadable(data)
+    computed = f"computed by {compute}" if compute else f"op {model.op}"
     click.echo(
-        f"wrote {out}: {len(inputs)} input(s), {len(outputs)} output(s), op {model.op}, "
+        f"wrote {out}: {len(inputs)} input(s), {len(outputs)} output(s), {computed}, "
         f"{model.latency * 1e3:.3f} ms per task ({len(data)} bytes)"
     )
+
+
+# -- record -------------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Run inputs through a model and save them with its outputs.")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option(
+    "--inputs",
+    "inputs_dir",
+    required=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="One sample per file, in name order: *.npz with an array per input name, "
+    "or *.npy for a model with one input.",
+)
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    required=True,
+    metavar="RECORDING.npz",
+    type=click.Path(dir_okay=False),
+    help="Where to write the recording (for compute=aiodla.emulator.replay(...)).",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice(_select.RUNTIME_CHOICES),
+    default="auto",
+    show_default=True,
+    help="Which runtime runs MODEL.",
+)
+@debug_option
+def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
+    """Run the samples in DIR through MODEL and write them, with the outputs it gave
+    and the model spec, to RECORDING.npz.
+
+    On the Jetson, with the real loadable; in CI, compute=aiodla.emulator.replay(
+    "RECORDING.npz") answers those inputs with exactly those outputs.
+    """
+    data = _read_model(model)
+    if is_spec_document(data):
+        raise CommandError(f"{model!r} is a model spec, not a loadable: record runs a loadable")
+    emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
+    samples, results, inputs = asyncio.run(record_samples(data, inputs_dir, runtime))
+    # The spec as 'inspect --json' writes it, from the loadable's own descriptors.
+    descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
+    document = spec_document(model, descriptors, emulator)
+    try:
+        write_recording(out, document, inputs, samples, results)
+    except OSError as exc:
+        raise CommandError(f"cannot write {out!r}: {exc.strerror or exc}") from exc
+    click.echo(f"wrote {out}: {len(samples)} sample(s) of {model}")
 
 
 def _spec_from(path: str, desc: TensorDescriptor) -> TensorSpec:

@@ -237,6 +237,9 @@ class Cores:
         self.stated_service_time: float | None = None  # what the loadable says, if anything
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
+        # The emulated runtime's failed compute= functions, by slot (None when no
+        # module of this engine has one: nothing to ask with each completion then).
+        self.take_compute_failure: Callable[[Slot], BaseException | None] | None = None
         self.stage_windows = (
             tuple(LatencyWindow(options.latency_window) for _ in range(3))
             if options.stage_times
@@ -282,6 +285,10 @@ class Cores:
                 )
             for index in range(options.streams_per_core):
                 self._open_slot(core, index)
+        computes = getattr(runtime, "module_computes", None)
+        if computes is not None and any(computes(core.module) for core in self.cores):
+            take = runtime.take_compute_failure  # type: ignore[attr-defined]
+            self.take_compute_failure = lambda slot: take(slot.stream)
 
     def _open_core(
         self, core: CoreState, model: bytes

@@ -7,7 +7,9 @@ Every exception aiodla raises on purpose derives from :class:`AiodlaError`::
     │   ├── InputValueError        (also ValueError) names, shapes, NaN into integers
     │   └── InputTypeError         (also TypeError)  not an array, dtype that cannot cast
     ├── ModelError                 (also ValueError) the loadable or its descriptors
-    │   └── LoadableFormatError    malformed emulator loadable bytes
+    │   ├── LoadableFormatError    malformed emulator loadable bytes
+    │   └── ComputeError           an emulated runtime's compute= function raised, or
+    │                              returned outputs that do not fit the model
     ├── ConfigurationError         (also ValueError) a bad engine or runtime option
     ├── RuntimeUnavailableError    no runtime can serve this model on this machine
     ├── QueueFullError             ``infer_nowait`` with the admission queue full
@@ -32,6 +34,7 @@ import sys
 
 __all__ = [
     "AiodlaError",
+    "ComputeError",
     "ConfigurationError",
     "DeviceError",
     "EngineClosedError",
@@ -83,6 +86,12 @@ class ModelError(AiodlaError, ValueError):
 
 class LoadableFormatError(ModelError):
     """Emulator loadable bytes that are malformed, truncated or hostile."""
+
+
+class ComputeError(ModelError):
+    """The emulated runtime's ``compute=`` function failed on one request: it raised
+    (the exception is the ``__cause__``), or its outputs do not fit the model's output
+    specs. Only that request fails; the engine goes on serving."""
 
 
 class ConfigurationError(AiodlaError, ValueError):

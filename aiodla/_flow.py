@@ -225,9 +225,13 @@ class Flow:
     def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
         now = time.monotonic()
         scheduler = self.scheduler
+        take_compute_failure = self.cores.take_compute_failure
         for slot, status in finished:
             core = slot.core
             request = slot.request
+            # The emulated runtime's compute function failed on this slot's task: the
+            # request fails, the core is not blamed (the DLA part of the task ran).
+            failure = None if take_compute_failure is None else take_compute_failure(slot)
             if request is not None or slot.probing:  # a task ran (not a retired slot)
                 self.cores.account(slot, status, now)
                 if status:
@@ -251,6 +255,10 @@ class Flow:
                 self.release(slot)
                 message = f"the DLA task failed on core {core.core}: {status_name(status)}"
                 self._finish(request, error=TaskError(message, status=status, core=core.core))
+                continue
+            if failure is not None:
+                self.release(slot)
+                self._finish(request, error=failure)
                 continue
             if self.offload_unpack:
                 scheduler.advance(request, RequestState.UNPACKING)

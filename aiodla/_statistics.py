@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._errors import DeviceError, EngineClosedError, EngineDeadError, TaskError
+from ._errors import ComputeError, DeviceError, EngineClosedError, EngineDeadError, TaskError
 
 __all__ = [
     "FAILURE_REASONS",
@@ -31,15 +31,17 @@ __all__ = [
 ]
 
 # The causes ``EngineStatistics.failures`` splits ``failed`` into, each a key of it:
-# the DLA reported an error, a cuDLA or CUDA call failed, you closed the engine, the
-# device broke it, anything else.
-FAILURE_REASONS = ("task", "device", "closed", "dead", "other")
+# the DLA reported an error, a cuDLA or CUDA call failed, the emulated runtime's
+# compute= function failed, you closed the engine, the device broke it, anything else.
+FAILURE_REASONS = ("task", "device", "compute", "closed", "dead", "other")
 
 
 def failure_reason(error: BaseException) -> str:
     """The ``EngineStatistics.failures`` key for an error a request failed with."""
     if isinstance(error, TaskError):
         return "task"
+    if isinstance(error, ComputeError):
+        return "compute"
     if isinstance(error, DeviceError):
         return "device"
     if isinstance(error, EngineClosedError):
@@ -140,8 +142,9 @@ class EngineStatistics:
     or ``in_flight``. ``rejected`` counts ``infer_nowait`` calls refused for a full queue;
     they were never submitted. A request whose result was ready when its caller was
     cancelled counts as completed. ``failures`` splits ``failed`` by cause: ``task``
-    (the DLA reported an error), ``device`` (a cuDLA or CUDA call failed), ``closed``,
-    ``dead`` and ``other``.
+    (the DLA reported an error), ``device`` (a cuDLA or CUDA call failed), ``compute``
+    (the emulated runtime's ``compute=`` function failed), ``closed``, ``dead`` and
+    ``other``.
     """
 
     state: str

@@ -73,3 +73,9 @@ def counts_add_up(stats: Any) -> bool:
         stats.in_flight,
     )
     return min(parts) >= 0 and sum(parts) == stats.submitted and stats.rejected >= 0
+
+
+def doubled(inputs: Any) -> dict[str, Any]:
+    """A compute function for single-pair models of tensors ``x`` -> ``y``, importable
+    as the compute reference ``support:doubled``."""
+    return {"y": inputs["x"].astype(np.float32) * 2}

@@ -181,6 +181,7 @@ class TestCounts:
         assert failures == {
             "task": 3,
             "device": 0,
+            "compute": 0,
             "closed": 0,
             "dead": 0,
             "other": 0,

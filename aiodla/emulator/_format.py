@@ -15,7 +15,7 @@ Header (64 bytes)::
     28      uint32    param_count, 2
     32      float64   latency: seconds one task occupies one DLA core, 0 <= latency <= 3600
     40      uint64    total_size: the exact length of the whole loadable
-    48      uint64    reserved, 0
+    48      uint64    compute_size: bytes of the compute reference at the end, 0 for none
     56      uint64    reserved, 0
 
 Then ``param_count`` float64 parameters at offset ``header_size``: ``scale``, ``bias``.
@@ -39,7 +39,14 @@ offset ``header_size + 8 * param_count``. A record is C's
     136  uint32[8]    stride: pixel, line, surface, batch strides in bytes, then 4 zeros
 
 Bytes 81..87 and 133..135 are padding and are written as zero.
-``total_size == header_size + 8 * param_count + 168 * (num_inputs + num_outputs)``.
+``total_size == header_size + 8 * param_count + 168 * (num_inputs + num_outputs)
++ compute_size``.
+
+The compute reference (optional, the last ``compute_size`` bytes, 1..1024 of them) is
+the ASCII text ``module:function`` naming a Python callable that computes the outputs
+instead of the op (``aiodla emulate --compute``). Only the emulated runtime runs it: it
+imports the callable when it loads the module (see ``aiodla.emulator._compute``). The
+GPU stand-in, written for loadables without one, refuses a loadable that has one.
 Element addressing inside a tensor's buffer is the one formula of ``aiodla._tensors``::
 
     offset(n, c, h, w) = n*stride[3] + (c / L)*stride[2] + h*stride[1] + w*stride[0]
@@ -92,6 +99,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import struct
 from collections.abc import Sequence
 
@@ -177,6 +185,7 @@ class EmulatorModel:
     latency: float
     scale: float = 1.0
     bias: float = 0.0
+    compute: str | None = None  # the compute reference, "module:function"
 
     @property
     def descriptors(self) -> tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]]:
@@ -243,13 +252,16 @@ def make_loadable(
     *,
     scale: float = 1.0,
     bias: float = 0.0,
+    compute: str | None = None,
 ) -> bytes:
     """Build emulator loadable bytes (see the module docstring for the format).
 
     ``inputs`` and ``outputs`` are TensorSpecs; ``op`` is ``"affine"`` or ``"mean_hw"``
     (output i from input i), ``"mix"`` (any I/O), or ``"auto"``: the first of those the
     shapes fit (:func:`fitting_op`). ``latency`` is the seconds one task occupies one
-    core; ``scale`` and ``bias`` parametrize the op.
+    core; ``scale`` and ``bias`` parametrize the op. ``compute`` (``"module:function"``)
+    is a compute reference: the emulated runtime imports that callable and lets it
+    compute the outputs (the op is then unused).
     """
     inputs, outputs = tuple(inputs), tuple(outputs)
     for spec in (*inputs, *outputs):
@@ -266,7 +278,8 @@ def make_loadable(
         if not math.isfinite(value):
             raise ModelError(f"{name}={value!r} must be finite")
     count = len(inputs) + len(outputs)
-    total = HEADER_SIZE + 8 * len(params) + RECORD_SIZE * count
+    reference = _compute_piece(compute)
+    total = HEADER_SIZE + 8 * len(params) + RECORD_SIZE * count + len(reference)
     header = _HEADER.pack(
         MAGIC,
         VERSION,
@@ -277,7 +290,7 @@ def make_loadable(
         len(params),
         latency,
         total,
-        0,
+        len(reference),
         0,
     )
     records = np.zeros(count, dtype=DESCRIPTOR_DTYPE)
@@ -294,7 +307,7 @@ def make_loadable(
         record["pixel_format"] = desc.pixel_format
         record["pixel_mapping"] = desc.pixel_mapping
         record["stride"] = desc.stride
-    data = header + struct.pack(f"<{len(params)}d", *params) + records.tobytes()
+    data = header + struct.pack(f"<{len(params)}d", *params) + records.tobytes() + reference
     assert len(data) == total
     return data
 
@@ -368,7 +381,7 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
         param_count,
         latency,
         total_size,
-        reserved0,
+        compute_size,
         reserved1,
     ) = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
@@ -377,8 +390,10 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
         raise _fail(f"version {version} is not supported (this aiodla reads version {VERSION})")
     if header_size != HEADER_SIZE:
         raise _fail(f"header_size {header_size}, expected {HEADER_SIZE}")
-    if reserved0 or reserved1:
+    if reserved1:
         raise _fail("reserved header fields must be zero")
+    if compute_size > MAX_COMPUTE_REFERENCE:
+        raise _fail(f"compute_size {compute_size} is beyond {MAX_COMPUTE_REFERENCE} bytes")
     if not (1 <= num_inputs <= MAX_TENSORS and 1 <= num_outputs <= MAX_TENSORS):
         raise _fail(
             f"tensor counts {num_inputs} inputs / {num_outputs} outputs must each be "
@@ -391,7 +406,8 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
     if not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY):
         raise _fail(f"latency {latency!r} must be seconds in [0, {MAX_LATENCY}]")
     records_at = header_size + 8 * param_count
-    expected = records_at + RECORD_SIZE * (num_inputs + num_outputs)
+    records_end = records_at + RECORD_SIZE * (num_inputs + num_outputs)
+    expected = records_end + compute_size
     if total_size != expected:
         raise _fail(f"total_size {total_size} does not match the {expected} bytes its counts need")
     if len(data) != expected:
@@ -416,4 +432,43 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
         _check_op(op, inputs, outputs)
     except ModelError as exc:
         raise _fail(str(exc)) from None
-    return EmulatorModel(inputs, outputs, op, float(latency), float(scale), float(bias))
+    compute = _read_compute(data[records_end:]) if compute_size else None
+    return EmulatorModel(
+        inputs, outputs, op, float(latency), float(scale), float(bias), compute=compute
+    )
+
+
+# -- the compute reference: the loadable's one optional trailing piece -----------------------
+
+MAX_COMPUTE_REFERENCE = 1024
+
+
+def _compute_piece(compute: str | None) -> bytes:
+    """The trailing bytes that carry a compute reference (none for None)."""
+    if compute is None:
+        return b""
+    if not isinstance(compute, str) or not is_compute_reference(compute):
+        raise ModelError(
+            f"compute={compute!r} must be a reference 'module:function' (ASCII, dotted "
+            f"names, at most {MAX_COMPUTE_REFERENCE} bytes)"
+        )
+    return compute.encode("ascii")
+
+
+def _read_compute(piece: bytes) -> str:
+    try:
+        text = piece.decode("ascii")
+    except UnicodeDecodeError:
+        raise _fail("the compute reference is not ASCII") from None
+    if not is_compute_reference(text):
+        raise _fail(f"compute reference {text!r} is not 'module:function'")
+    return text
+
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_REFERENCE = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*")
+
+
+def is_compute_reference(text: str) -> bool:
+    """Whether ``text`` is a compute reference ``module:function`` (dotted names)."""
+    return len(text) <= MAX_COMPUTE_REFERENCE and _REFERENCE.fullmatch(text) is not None

@@ -22,12 +22,22 @@ Model ("eager timeline, lazy data"):
 - "Device pointers" are addresses of bounds-checked numpy buffers; registration hands
   out a different address, so a task given an unregistered pointer fails as on a DLA.
 - ``get_last_error`` latches the status of a failed task until it is read.
+- A *compute function* (``compute=``, see ``aiodla.emulator._compute``) replaces the
+  loadable's op with the user's own computation. It is the one piece of device work
+  that does not wait for an observer: each core that runs one has a compute thread,
+  which takes the core's tasks in submission order, applies the operations ahead of
+  a task as their time comes (the copies of its inputs), runs the function and writes
+  the outputs. Until then the task's operation stops its stream, so an event after it
+  completes no earlier than the function returned, and never on a thread that merely
+  looked (the event loop's, say). The task's time on the core is still the loadable's.
 
 Layers: ``_timeline`` places operations and serves the stream and event calls;
 ``_faults`` adds fault injection over it (:meth:`EmulatedRuntime.fail_next_task`,
 :meth:`~EmulatedRuntime.hang_core`, :meth:`~EmulatedRuntime.hold`,
-:meth:`~EmulatedRuntime.poison`, :meth:`~EmulatedRuntime.fail_call`); this module adds
-the cuDLA calls and memory, and owns the state all three share.
+:meth:`~EmulatedRuntime.poison`, :meth:`~EmulatedRuntime.fail_call`);
+``_compute_threads`` runs compute functions (:meth:`~EmulatedRuntime.bind_compute`,
+:meth:`~EmulatedRuntime.take_compute_failure`); this module adds
+the cuDLA calls and memory, and owns the state all four share.
 """
 
 from __future__ import annotations
@@ -46,9 +56,11 @@ from cuda.bindings import cudla
 
 from .._descriptors import TensorDescriptor
 from .._errors import ConfigurationError, LoadableFormatError
+from ..emulator._compute import ComputeFunction, ComputeTask
 from ..emulator._format import EmulatorModel, parse_loadable, stated_latency
 from ..emulator._ops import ModelRunner
-from ._faults import EmulatedCudlaError, FaultInjection, TaskGate, _CallFailure, _reject
+from ._compute_threads import ComputeThreads, _ComputeWorker, compute_function
+from ._faults import EmulatedCudlaError, TaskGate, _CallFailure, _reject
 from ._protocol import CudaCallError, HostBuffer
 from ._timeline import (
     _INVALID_VALUE,
@@ -89,6 +101,7 @@ class _Module:
     handle: int
     device: _Device
     model: EmulatorModel
+    compute: ComputeFunction | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,14 +111,18 @@ class _Task:
     outputs: tuple[int, ...]
     # What submit_task resolved last time, valid while no memory or module changed
     # (the runtime's ``_generation``): validation is then a comparison, not a search.
-    resolved: tuple[int, int, EmulatorModel, ModelRunner] | None = None
+    resolved: tuple[int, int, EmulatorModel, ModelRunner | ComputeTask] | None = None
 
 
-class EmulatedRuntime(FaultInjection):
+class EmulatedRuntime(ComputeThreads):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, emulated on the CPU.
 
     ``cores``: how many DLA cores exist (Orin has 2). ``copy_bandwidth``: bytes per
     second of host/device copies, instantaneous when None. ``clock``: the time source.
+    ``compute``: the user's own computation for every module loaded here, a callable
+    or a reference ``"module:function"`` (see :meth:`bind_compute` for one loadable's,
+    and ``aiodla.emulator._compute`` for what it takes and returns); without one, a
+    loadable's own compute reference, else its op, computes the outputs.
     """
 
     name = "emulated"
@@ -119,6 +136,7 @@ class EmulatedRuntime(FaultInjection):
         *,
         copy_bandwidth: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        compute: ComputeFunction | str | None = None,
     ) -> None:
         if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
             raise ConfigurationError(f"{cores=} must be an int >= 1")
@@ -143,6 +161,11 @@ class EmulatedRuntime(FaultInjection):
         self._call_failures: list[_CallFailure] = []
         self._generation = 0  # bumped by every change to memory, registrations, modules
         self._ranges: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
+        self._compute = compute_function(compute)
+        self._bound_computes: dict[bytes, ComputeFunction] = {}
+        self._compute_failures: dict[int, BaseException] = {}  # by stream handle
+        self._workers: dict[int, _ComputeWorker] = {}  # by core index
+        self._closing = False
         self.device_time = 0.0
         """CPU seconds spent doing the emulated device's work (copies, tasks)."""
         self.invalid_releases = 0
@@ -250,13 +273,16 @@ class EmulatedRuntime(FaultInjection):
             model = parse_loadable(loadable)
         except LoadableFormatError as exc:
             raise _reject("invalid_module", f"not an emulator loadable ({exc})") from None
+        compute = self._module_compute(loadable, model)
         with self._lock:
             if target.module is not None:
                 raise _reject("unsupported_operation", "one loadable per device handle")
             handle = next(self._ids)
-            self._modules[handle] = _Module(handle, target, model)
+            self._modules[handle] = _Module(handle, target, model, compute)
             self._changed()
             target.module = handle
+            if compute is not None:
+                self._compute_loaded(target.core.index)
             return handle
 
     def _module(self, module: int) -> _Module:
@@ -276,6 +302,8 @@ class EmulatedRuntime(FaultInjection):
             del self._modules[module]
             self._changed()
             loaded.device.module = None
+            if loaded.compute is not None:
+                self._compute_unloaded(loaded.device.core.index)
 
     def module_tensors(
         self, module: int
@@ -333,17 +361,25 @@ class EmulatedRuntime(FaultInjection):
         if resolved is None or resolved[0] != self._generation or resolved[1] != device:
             resolved = task.resolved = self._resolve_task(target, task)
         _, _, model, runner = resolved
-        queue = self._stream(stream, "submit_task")
-        effect = self._task_effect(target, model, runner)
+        fifo = self._stream(stream, "submit_task")
+        effect = self._task_effect(target, model, runner)  # type: ignore[arg-type]
+        operation = _Operation(effect, target)
+        computed = type(runner) is ComputeTask
+        if computed:
+            effect.compute, effect.stream = runner, stream  # type: ignore[assignment]
+            # A failed or hung task writes no outputs: nothing to compute then.
+            operation.computing = not effect.status
         with self._lock:
             target.tasks_in_flight += 1
             if target.core.gate is not None:
                 target.core.gate._arrived()
-        self._push(queue, _Operation(effect, target))
+        self._push(fifo, operation)
+        if computed and operation.computing:
+            self._workers[target.core.index].put(fifo, operation, effect.compute)  # type: ignore[arg-type]
 
     def _resolve_task(
         self, target: _Device, task: _Task
-    ) -> tuple[int, int, EmulatorModel, ModelRunner]:
+    ) -> tuple[int, int, EmulatorModel, ModelRunner | ComputeTask]:
         """Validate the task against the device as cuDLA would; its tensors' buffers."""
         loaded = self._module(task.module)
         if loaded.device is not target:
@@ -363,7 +399,12 @@ class EmulatedRuntime(FaultInjection):
             self._registered_view(target, p, s)
             for p, s in zip(task.outputs, model.outputs, strict=True)
         ]
-        return self._generation, target.handle, model, ModelRunner(model, views_in, views_out)
+        runner: ModelRunner | ComputeTask
+        if loaded.compute is not None:
+            runner = ComputeTask(loaded.compute, model.inputs, model.outputs, views_in, views_out)
+        else:
+            runner = ModelRunner(model, views_in, views_out)
+        return self._generation, target.handle, model, runner
 
     def _registered_view(self, device: _Device, registered: int, spec: Any) -> np.ndarray[Any, Any]:
         entry = device.registrations.get(registered)
@@ -463,6 +504,5 @@ class EmulatedRuntime(FaultInjection):
         self._copy(self._host(dst, nbytes, "copy_to_host"), source, stream, "copy_to_host")
 
     def close(self) -> None:
-        """Nothing runs in the background; pending operations are simply dropped."""
-        with self._lock:
-            self._placed.notify_all()
+        """Pending operations are simply dropped; compute threads end."""
+        self._stop_compute_threads()

@@ -19,6 +19,7 @@ from ._protocol import CudaCallError
 from ._timeline import Timeline
 
 if TYPE_CHECKING:
+    from ..emulator._compute import ComputeTask
     from ..emulator._format import EmulatorModel
     from ..emulator._ops import ModelRunner
     from ._timeline import _Device
@@ -216,9 +217,24 @@ class FaultInjection(Timeline):
 
 
 class _TaskEffect:
-    """A task's effect: compute its outputs (unless it failed), latch its status."""
+    """A task's effect: compute its outputs (unless it failed), latch its status.
 
-    __slots__ = ("device", "duration", "hung", "runner", "runtime", "status")
+    With a compute function (``compute``), the outputs were written on the compute
+    thread before the stream reached this effect; a failure of that function is kept
+    for the stream's slot (``stream``), where the engine takes it with the completion.
+    """
+
+    __slots__ = (
+        "compute",
+        "device",
+        "duration",
+        "failure",
+        "hung",
+        "runner",
+        "runtime",
+        "status",
+        "stream",
+    )
 
     def __init__(
         self, runtime: Timeline, device: _Device, model: EmulatorModel, runner: ModelRunner
@@ -229,11 +245,17 @@ class _TaskEffect:
         self.duration = model.latency
         self.status = 0
         self.hung = False
+        self.compute: ComputeTask | None = None
+        self.failure: BaseException | None = None
+        self.stream = 0
 
     def __call__(self) -> None:
         device = self.device
         if not self.status and self.runtime._poisoned is None:
-            self.runner()
+            if self.compute is None:
+                self.runner()
+            elif self.failure is not None:
+                self.runtime._compute_failures[self.stream] = self.failure
         if self.status:
             device.last_error = self.status
         device.tasks_in_flight -= 1

@@ -69,15 +69,18 @@ class _Operation:
     """One stream operation: the virtual time it completes at, and its effect.
 
     ``at`` is None while the operation waits behind a task of a held core. A task's
-    operation also carries ``device`` (its core) and the ``model`` it runs.
+    operation also carries ``device`` (its core). ``computing`` is True while a
+    compute function works out the task's outputs on the runtime's compute thread:
+    the stream stops there, whatever the time, until they are written.
     """
 
-    __slots__ = ("at", "device", "effect")
+    __slots__ = ("at", "computing", "device", "effect")
 
     def __init__(self, effect: Callable[[], None], device: _Device | None = None) -> None:
         self.at: float | None = None
         self.effect = effect
         self.device = device
+        self.computing = False
 
 
 class _Stream:
@@ -108,6 +111,7 @@ class Timeline:
     _retired: list[_Stream]
     _events: dict[int, _Event]
     _poisoned: CudaCallError | None
+    _compute_failures: dict[int, BaseException]
     device_time: float
     invalid_releases: int
 
@@ -183,12 +187,19 @@ class Timeline:
     def _advance(self, stream: _Stream, now: float) -> None:
         """Apply the effects of the stream's operations whose time has come."""
         operations = stream.operations
-        if not operations or operations[0].at is None or operations[0].at > now:
+        if not operations:
+            return
+        head = operations[0]
+        if head.at is None or head.at > now or head.computing:
             return
         with self._lock:
             began = time.thread_time()
-            while operations and operations[0].at is not None and operations[0].at <= now:
-                operations.popleft().effect()
+            while operations:
+                head = operations[0]
+                if head.at is None or head.at > now or head.computing:
+                    break
+                operations.popleft()
+                head.effect()
             self.device_time += time.thread_time() - began
 
     def _advance_all(self) -> None:
@@ -215,6 +226,7 @@ class Timeline:
                 self._bad_release("destroy_stream")
             elif target.operations:
                 self._retired.append(target)
+            self._compute_failures.pop(stream, None)
         self._released("destroy_stream")
 
     def synchronize_stream(self, stream: int) -> None:
@@ -225,7 +237,9 @@ class Timeline:
                 if not target.operations:
                     break
                 last = target.operations[-1].at
-                if last is None:  # behind a held task: wait for its gate
+                # Behind a held task (wait for its gate), or a task whose compute
+                # function is still running (wait for it to finish).
+                if last is None or target.operations[0].computing:
                     self._placed.wait(0.05)
                     continue
             delay = last - self._clock()

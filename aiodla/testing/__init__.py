@@ -13,7 +13,10 @@ by itself: naming it in ``pytest_plugins`` as well makes pytest refuse to start
     Jetson, that JSON as a dict, or emulator loadable bytes — or by
     ``inputs=[TensorSpec(...)], outputs=[...]``. ``latency=`` (seconds per task on one
     core, default 1 ms), ``op=``, ``scale=``, ``bias=`` choose what the emulator
-    computes (see :func:`emulated_model`); other keywords go to ``Engine`` (``cores``,
+    computes (see :func:`emulated_model`), or ``compute=`` your own function of the
+    inputs by name, returning the outputs by name (``aiodla.emulator.onnx_compute``
+    and ``aiodla.emulator.replay`` make such functions of an ONNX network and of a
+    recording); other keywords go to ``Engine`` (``cores``,
     ``max_queue``, ``max_consecutive_faults``, ...). Every engine it opened is closed
     at teardown, after releasing any gate the test left standing.
 

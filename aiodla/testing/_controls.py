@@ -18,6 +18,7 @@ from typing import Any
 
 from .._engine import Engine
 from .._tensors import TensorSpec
+from ..emulator._compute import ComputeFunction
 from ..runtime._emulated import EmulatedRuntime
 from ..runtime._faults import TaskGate
 from ._model import ModelDescription, emulated_model
@@ -341,11 +342,17 @@ class EngineFactory:
         op: str | None = None,
         scale: float | None = None,
         bias: float | None = None,
+        compute: ComputeFunction | str | None = None,
         **engine_options: Any,
     ) -> Engine:
         """An open engine for the described model (see :func:`emulated_model`);
         ``engine_options`` are :class:`aiodla.Engine`'s keywords (``cores``,
-        ``max_queue``, ``stage_times``, ...), all but ``runtime``."""
+        ``max_queue``, ``stage_times``, ...), all but ``runtime``.
+
+        ``compute`` (a callable, or ``"module:function"``) computes the outputs in
+        place of the emulator's op: it takes the input arrays by name, as the DLA
+        would read them, and returns the outputs by name (``onnx_compute``,
+        ``replay``, or your own function; see ``aiodla.emulator``)."""
         if "runtime" in engine_options:
             raise TypeError(
                 "aiodla_engine runs its engines on the emulated DLA of aiodla_controls; "
@@ -354,8 +361,15 @@ class EngineFactory:
         model = emulated_model(
             spec, inputs=inputs, outputs=outputs, latency=latency, op=op, scale=scale, bias=bias
         )
-        engine = Engine(model, runtime=self.controls.runtime, **engine_options)
-        await engine.open()
+        runtime = self.controls.runtime
+        # Bound for this open only: the modules it loads keep it, a later engine of
+        # the same model in the test gets its own compute (or none).
+        runtime.bind_compute(model, compute)
+        try:
+            engine = Engine(model, runtime=runtime, **engine_options)
+            await engine.open()
+        finally:
+            runtime.bind_compute(model, None)
         self._engines.append(engine)
         return engine
 

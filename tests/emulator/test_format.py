@@ -108,7 +108,9 @@ NAME_AT = HEADER_SIZE + 16
         (mutate(GOOD, 28, "<I", 1 << 30), "param_count"),
         (mutate(GOOD, 32, "<d", float("nan")), "latency"),
         (mutate(GOOD, 40, "<Q", 1 << 62), "total_size"),
-        (mutate(GOOD, 48, "<Q", 1), "reserved"),
+        (mutate(GOOD, 48, "<Q", 1), "total_size"),  # a compute reference it lacks
+        (mutate(GOOD, 48, "<Q", 1 << 40), "compute_size"),
+        (mutate(GOOD, 56, "<Q", 1), "reserved"),
         (GOOD[:-1], "truncated"),
         (GOOD + b"\0", "truncated or padded"),
         (mutate(GOOD, HEADER_SIZE, "<d", float("inf")), "finite"),

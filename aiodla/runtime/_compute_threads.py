@@ -1,0 +1,181 @@
+"""The emulated runtime's compute threads: the user's own computation (``compute=``).
+
+One thread per DLA core that has a module with a compute function: it takes the
+core's tasks in submission order, applies the stream operations ahead of each (the
+copies of its inputs) as their time comes, runs the function and writes the outputs,
+then lets the stream go on (see ``_emulated`` for the whole model and
+``aiodla.emulator._compute`` for the function's contract). A layer of the runtime
+between its fault injection and the cuDLA calls.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ComputeError, ConfigurationError
+from ..emulator._compute import (
+    ComputeFunction,
+    ComputeTask,
+    check_compute,
+    describe,
+    import_compute,
+)
+from ._faults import FaultInjection
+
+if TYPE_CHECKING:
+    from ..emulator._format import EmulatorModel
+    from ._timeline import _Operation, _Stream
+
+__all__ = ["ComputeThreads", "compute_function"]
+
+
+def compute_function(compute: ComputeFunction | str | None) -> ComputeFunction | None:
+    """A compute function from what ``compute=`` takes: a callable, or a reference."""
+    if compute is None:
+        return None
+    if isinstance(compute, str):
+        return import_compute(compute)
+    if not callable(compute):
+        raise ConfigurationError(
+            f"compute={compute!r} must be a callable or a reference 'module:function'"
+        )
+    return compute
+
+
+class ComputeThreads(FaultInjection):
+    """Compute functions for the emulated runtime's modules, and the threads that
+    run them. The state is created by the runtime's ``__init__``."""
+
+    _compute: ComputeFunction | None
+    _bound_computes: dict[bytes, ComputeFunction]
+    _workers: dict[int, _ComputeWorker]
+    _closing: bool
+
+    def _module(self, module: int) -> Any:
+        raise NotImplementedError
+
+    def bind_compute(self, loadable: bytes, compute: ComputeFunction | str | None) -> None:
+        """Let ``compute`` compute the outputs of every module loaded from
+        ``loadable`` from now on (None: undo), in place of the runtime's ``compute=``
+        and of the loadable's own compute reference. Modules loaded already keep
+        theirs."""
+        function = compute_function(compute)
+        with self._lock:
+            if function is None:
+                self._bound_computes.pop(bytes(loadable), None)
+            else:
+                self._bound_computes[bytes(loadable)] = function
+
+    def _module_compute(self, loadable: bytes, model: EmulatorModel) -> ComputeFunction | None:
+        """The compute function of a module being loaded, checked against its model:
+        bound to the loadable, else the runtime's, else the loadable's reference."""
+        compute = self._bound_computes.get(bytes(loadable), self._compute)
+        if compute is None and model.compute is not None:
+            compute = import_compute(model.compute)
+        if compute is not None:
+            check_compute(compute, model.inputs, model.outputs)
+        return compute
+
+    def _compute_loaded(self, core: int) -> None:
+        """A module with a compute function was loaded on ``core`` (lock held)."""
+        worker = self._workers.get(core)
+        if worker is None:
+            worker = self._workers[core] = _ComputeWorker(self, core)
+        worker.modules += 1
+
+    def _compute_unloaded(self, core: int) -> None:
+        """One was unloaded (lock held): no thread outlives the engines that need it."""
+        worker = self._workers[core]
+        worker.modules -= 1
+        if not worker.modules:
+            del self._workers[core]
+            worker.stop()
+
+    def _stop_compute_threads(self) -> None:
+        with self._lock:
+            self._closing = True
+            workers, self._workers = list(self._workers.values()), {}
+            self._placed.notify_all()
+        for worker in workers:
+            worker.stop()
+
+    def module_computes(self, module: int) -> bool:
+        """Whether a compute function computes this module's outputs (then the
+        engine asks :meth:`take_compute_failure` with each completion)."""
+        return self._module(module).compute is not None
+
+    def take_compute_failure(self, stream: int) -> BaseException | None:
+        """The :class:`aiodla.ComputeError` of the last task completed on ``stream``,
+        if its compute function failed; None otherwise. Reading it clears it."""
+        return self._compute_failures.pop(stream, None)
+
+    def _reach(self, stream: _Stream, operation: _Operation) -> bool:
+        """Compute thread: apply the stream's operations ahead of ``operation`` as
+        their time comes, until it is next and placed; False when it never will be
+        (the context was poisoned, the runtime closed)."""
+        while True:
+            with self._lock:
+                operations = stream.operations
+                if self._closing or self._poisoned is not None or not operations:
+                    return False
+                head = operations[0]
+                if head is operation and head.at is not None:
+                    return True
+                if head.at is None or head.computing:  # held at a gate, or computing
+                    self._placed.wait(0.05)
+                    continue
+                delay = head.at - self._clock()
+            if delay > 0:
+                time.sleep(min(delay, 0.01))
+            self._advance(stream, self._clock())
+
+    def _computed(self, operation: _Operation, failure: BaseException | None) -> None:
+        """Compute thread: the outputs are written (or ``failure`` says why not)."""
+        with self._lock:
+            effect = operation.effect
+            effect.failure = failure  # type: ignore[attr-defined]
+            operation.computing = False
+            self._placed.notify_all()
+
+
+class _ComputeWorker:
+    """One DLA core's compute thread: runs the compute functions of the core's tasks
+    in the order they were submitted (the order the core runs them)."""
+
+    def __init__(self, runtime: ComputeThreads, core: int) -> None:
+        self.modules = 0  # modules with a compute function loaded on this core
+        self._runtime = runtime
+        self._jobs: queue.SimpleQueue[tuple[_Stream, _Operation, ComputeTask] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(
+            target=self._run, name=f"aiodla-emulated-compute-{core}", daemon=True
+        )
+        self._thread.start()
+
+    def put(self, stream: _Stream, operation: _Operation, task: ComputeTask) -> None:
+        self._jobs.put((stream, operation, task))
+
+    def stop(self) -> None:
+        """End the thread after the jobs queued before (it is not waited for: a
+        compute function that never returns must not hang a close)."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        runtime = self._runtime
+        while (job := self._jobs.get()) is not None:
+            stream, operation, task = job
+            if not runtime._reach(stream, operation):
+                continue
+            try:
+                failure = task.run()
+            except Exception as exc:  # writing the outputs failed: still that task's alone
+                failure = ComputeError(
+                    f"compute function {describe(task.function)}: its outputs could not "
+                    f"be stored ({exc})"
+                )
+                failure.__cause__ = exc
+            runtime._computed(operation, failure)
