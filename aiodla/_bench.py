@@ -184,8 +184,8 @@ async def run_bench(
             "p50": float(np.percentile(latencies, 50)),
             "p90": float(np.percentile(latencies, 90)),
             "p99": float(np.percentile(latencies, 99)),
-            "max": float(latencies.max()),
-            "mean": float(latencies.mean()),
+            "max": float(np.max(latencies)),
+            "mean": float(np.mean(latencies)),
         },
         "per_core": [
             {

@@ -248,6 +248,14 @@ class Cores:
 
     # -- opening and releasing (worker thread) ----------------------------------------------
 
+    def open_model(
+        self,
+        model: str | os.PathLike[str] | bytes | bytearray | memoryview,
+        runtime_choice: str | Runtime,
+    ) -> None:
+        """Read the loadable (a path, or its bytes), then :meth:`open` it."""
+        self.open(read_model(model), runtime_choice)
+
     def open(self, model: bytes, runtime_choice: str | Runtime) -> None:
         """Pick the runtime, then open every core, its module and its ring of slots."""
         runtime, owned = select_runtime(runtime_choice, model)

@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from ._cores import Cores, CoreState, read_model
+from ._cores import Cores, CoreState
 from ._errors import (
     AiodlaError,
     ConfigurationError,
@@ -167,7 +167,10 @@ class Engine:
         self._state = EngineState.OPENING
         cores = self._cores
         try:
-            await anyio.to_thread.run_sync(self._open_blocking)
+            # The worker thread gets the device layer, not the engine: a worker thread
+            # may hold its last job's callable until its next, and an engine dropped
+            # unclosed must still be collected (and warn).
+            await anyio.to_thread.run_sync(cores.open_model, self._model, self._runtime_choice)
             cores.make_current()  # the loop thread enqueues device work too
         except BaseException:
             # Release in a thread of its own that a second cancellation cannot stop.
@@ -176,14 +179,11 @@ class Engine:
             self._closed.set()
             self._open_done.set()
             raise
+        self._input_names = frozenset(s.name for s in cores.inputs)
         self._flow.start_serving(asyncio.get_running_loop())
         self._state = EngineState.OPEN
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
-
-    def _open_blocking(self) -> None:
-        self._cores.open(read_model(self._model), self._runtime_choice)
-        self._input_names = frozenset(s.name for s in self._cores.inputs)
 
     # -- closing ----------------------------------------------------------------------------
 

@@ -209,8 +209,8 @@ class LatencyWindow:
             float(p50),
             float(p90),
             float(p99),
-            float(values.max()),
-            float(values.mean()),
+            float(np.max(values)),
+            float(np.mean(values)),
         )
 
 

@@ -102,6 +102,7 @@ import math
 import re
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -139,8 +140,8 @@ _HEADER = struct.Struct("<8sIIIIIIdQQQ")
 assert _HEADER.size == HEADER_SIZE
 
 # The record as numpy sees it: identical to cuda.bindings.cudla.module_tensor_descriptor_dtype.
-DESCRIPTOR_DTYPE = np.dtype(
-    {
+DESCRIPTOR_DTYPE: np.dtype[Any] = np.dtype(
+    {  # type: ignore[call-overload,unused-ignore]  # numpy >= 2.5's stubs refuse the dict form
         "names": [
             "name",
             "size_",
