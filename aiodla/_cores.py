@@ -293,9 +293,8 @@ class Cores:
                 )
             for index in range(options.streams_per_core):
                 self._open_slot(core, index)
-        computes = getattr(runtime, "module_computes", None)
-        if computes is not None and any(computes(core.module) for core in self.cores):
-            take = runtime.take_compute_failure  # type: ignore[attr-defined]
+        if any(runtime.module_computes(core.module) for core in self.cores):
+            take = runtime.take_compute_failure
             self.take_compute_failure = lambda slot: take(slot.stream)
 
     def _open_core(

@@ -190,6 +190,12 @@ class CudaRuntime:
     def device_count(self) -> int:
         return int(_cudla_call("cudlaDeviceGetCount", cudla.device_get_count))
 
+    def module_computes(self, module: int) -> bool:
+        return False  # cuDLA runs the loadable itself
+
+    def take_compute_failure(self, stream: int) -> BaseException | None:
+        return None
+
     def stated_service_time(self, loadable: bytes) -> float | None:
         # With the GPU stand-in this runtime loads emulator loadables, which state it.
         return stated_latency(loadable)

@@ -137,6 +137,17 @@ class Runtime(Protocol):
         it (an emulator loadable does); None when it must be learned (a DLA loadable)."""
         ...
 
+    def module_computes(self, module: int) -> bool:
+        """True when the runtime computes ``module``'s outputs with a function of the
+        user's (the emulated runtime's ``compute=``); such a task can fail apart from
+        the DLA, and :meth:`take_compute_failure` says so."""
+        ...
+
+    def take_compute_failure(self, stream: int) -> BaseException | None:
+        """The error of the last task completed on ``stream`` if its compute function
+        failed, else None; reading it clears it."""
+        ...
+
     # -- cuDLA ---------------------------------------------------------------------------
     def create_device(self, core: int) -> int: ...
     def destroy_device(self, device: int) -> None: ...
