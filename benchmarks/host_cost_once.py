@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_engine  # noqa: E402
+import bench_engine
 
 if __name__ == "__main__":
     asyncio.run(bench_engine.host_cost(int(sys.argv[1])))
