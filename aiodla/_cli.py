@@ -84,6 +84,16 @@ def cli(ctx: click.Context) -> None:
         click.echo(ctx.get_help())
 
 
+# The --runtime option of every command that runs a model.
+runtime_option = click.option(
+    "--runtime",
+    type=click.Choice(_select.RUNTIME_CHOICES),
+    default="auto",
+    show_default=True,
+    help="Which runtime runs MODEL.",
+)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """The ``aiodla`` console script."""
     cli.main(argv, prog_name="aiodla")
@@ -413,13 +423,7 @@ def emulate(
     type=click.Path(dir_okay=False),
     help="Where to write the recording (for compute=aiodla.emulator.replay(...)).",
 )
-@click.option(
-    "--runtime",
-    type=click.Choice(_select.RUNTIME_CHOICES),
-    default="auto",
-    show_default=True,
-    help="Which runtime runs MODEL.",
-)
+@runtime_option
 @debug_option
 def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
     """Run the samples in DIR through MODEL and write them, with the outputs it gave
@@ -512,13 +516,7 @@ def _parse_cores(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     metavar="S",
     help="Send requests for S seconds instead.",
 )
-@click.option(
-    "--runtime",
-    type=click.Choice(_select.RUNTIME_CHOICES),
-    default="auto",
-    show_default=True,
-    help="Which runtime runs MODEL.",
-)
+@runtime_option
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON, no bar.")
 @debug_option
 def bench(
