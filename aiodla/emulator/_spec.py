@@ -53,20 +53,9 @@ SPEC_FORMAT = "aiodla-model-spec"
 SPEC_VERSION = 1
 # Seconds one task occupies one core when neither the user nor the spec says.
 DEFAULT_LATENCY = 0.001
-DESCRIPTOR_FIELDS = (
-    "name",
-    "size",
-    "n",
-    "c",
-    "h",
-    "w",
-    "data_format",
-    "data_type",
-    "data_category",
-    "pixel_format",
-    "pixel_mapping",
-    "stride",
-)
+# Every field of cudlaModuleTensorDescriptor, as TensorDescriptor names them: a spec's
+# "descriptor" object holds them all, so `emulate --like` reproduces a tensor exactly.
+DESCRIPTOR_FIELDS = tuple(field.name for field in dataclasses.fields(TensorDescriptor))
 
 Descriptors = tuple[list[TensorDescriptor], list[TensorDescriptor], dict[str, Any]]
 
