@@ -21,7 +21,6 @@ schedules callbacks, nothing else.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
 import time
@@ -43,7 +42,7 @@ from ._errors import (
     InputValueError,
     QueueFullError,
 )
-from ._flow import Flow
+from ._flow import EngineState, Flow
 from ._options import EngineOptions, check_timeout
 from ._scheduler import Outcome, Request
 from ._statistics import CoreStatistics, EngineHealth, EngineStatistics, StageTimes
@@ -53,15 +52,6 @@ from .runtime._protocol import Runtime
 __all__ = ["Engine", "EngineState"]
 
 logger = logging.getLogger("aiodla")
-
-
-class EngineState(enum.Enum):
-    NEW = "new"
-    OPENING = "opening"
-    OPEN = "open"
-    DEAD = "dead"  # the device broke it while open; closing it is still up to you
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 ModelSource = str | os.PathLike[str] | bytes | bytearray | memoryview
@@ -92,8 +82,6 @@ class Engine:
         self._options = EngineOptions.from_keywords(options)
         self._model = model
         self._runtime_choice = runtime
-        # The one record of the engine's life; the cause of death is data beside it.
-        self._state = EngineState.NEW
         self._cores = Cores(self._options)
         self._flow = Flow(self._options, self._cores, self._die)
         self._input_names: frozenset[str] = frozenset()
@@ -109,7 +97,7 @@ class Engine:
 
     @property
     def state(self) -> EngineState:
-        return self._state
+        return self._flow.state
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -160,11 +148,11 @@ class Engine:
         Cancellation: the opening thread finishes what it started, then everything is
         released and the cancellation propagates; the engine ends closed.
         """
-        if self._state is EngineState.CLOSED:
+        if self._flow.state is EngineState.CLOSED:
             raise EngineClosedError("Cannot reopen an engine once it has been closed.")
-        if self._state is not EngineState.NEW:
-            raise AiodlaError(f"the engine is {self._state.value}; open it once")
-        self._state = EngineState.OPENING
+        if self._flow.state is not EngineState.NEW:
+            raise AiodlaError(f"the engine is {self._flow.state.value}; open it once")
+        self._flow.state = EngineState.OPENING
         cores = self._cores
         try:
             # The worker thread gets the device layer, not the engine: a worker thread
@@ -175,13 +163,12 @@ class Engine:
         except BaseException:
             # Release in a thread of its own that a second cancellation cannot stop.
             await asyncio.shield(asyncio.ensure_future(anyio.to_thread.run_sync(cores.release)))
-            self._state = EngineState.CLOSED
+            self._flow.state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
             raise
         self._input_names = frozenset(s.name for s in cores.inputs)
         self._flow.start_serving(asyncio.get_running_loop())
-        self._state = EngineState.OPEN
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
 
@@ -198,22 +185,21 @@ class Engine:
         Cancellation: closing runs in its own task; cancelling ``aclose`` stops the
         wait, not the close, and a later ``aclose`` waits for the same close.
         """
-        if self._state is EngineState.NEW:
-            self._state = EngineState.CLOSED
+        if self._flow.state is EngineState.NEW:
+            self._flow.state = EngineState.CLOSED
             self._closed.set()
             return
-        if self._state is EngineState.OPENING:
+        if self._flow.state is EngineState.OPENING:
             await asyncio.shield(self._open_done.wait())
         if self._closing is None:
-            if self._state is EngineState.CLOSED:  # the open failed and cleaned up
+            if self._flow.state is EngineState.CLOSED:  # the open failed and cleaned up
                 return
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
-        self._state = EngineState.CLOSING
+        self._flow.state = EngineState.CLOSING
         flow = self._flow
-        flow.serving = False
         flow.cancel_probes()
         flow.fail_waiting(EngineClosedError("the engine was closed while the request waited"))
         slots = self._cores.slots
@@ -234,18 +220,18 @@ class Engine:
                 hung,
             )
         await anyio.to_thread.run_sync(self._cores.release, () if self.dead else hung)
-        flow.closed = True
+        self._flow.state = EngineState.CLOSED  # a late poller wake-up is ignored from here
         # The engine's count of busy slots ends with it; a hung core keeps its memory,
         # not its requests.
         for slot in slots:
             if slot not in slot.core.idle:
                 flow.scheduler.release(slot)
-        self._state = EngineState.CLOSED
         self._closed.set()
         logger.debug("aiodla: closed %r", self)
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        state = getattr(self, "_state", EngineState.CLOSED)
+        flow = getattr(self, "_flow", None)
+        state = EngineState.CLOSED if flow is None else flow.state
         if state in (EngineState.NEW, EngineState.CLOSED):
             return
         if self._flow.poller is not None:
@@ -266,12 +252,11 @@ class Engine:
     def _die(self, cause: BaseException) -> None:
         """The device broke: fail every waiting and in-flight request, refuse new ones."""
         flow = self._flow
-        if flow.dead_cause is not None or self._state is EngineState.CLOSED:
+        if flow.dead_cause is not None or self._flow.state is EngineState.CLOSED:
             return
         flow.dead_cause = cause
-        flow.serving = False
-        if self._state is EngineState.OPEN:
-            self._state = EngineState.DEAD
+        if self._flow.state is EngineState.OPEN:
+            self._flow.state = EngineState.DEAD
         logger.error("aiodla: engine dead: %s; restart the process to use the DLA again", cause)
         flow.cancel_probes()
         flow.fail_waiting(flow.not_serving_error())
@@ -334,8 +319,8 @@ class Engine:
         flow = self._flow
         if flow.dead_cause is not None:
             raise EngineDeadError(f"the engine is dead: {flow.dead_cause}") from flow.dead_cause
-        if self._state is not EngineState.OPEN:
-            if self._state in (EngineState.NEW, EngineState.OPENING):
+        if self._flow.state is not EngineState.OPEN:
+            if self._flow.state in (EngineState.NEW, EngineState.OPENING):
                 raise EngineClosedError(
                     "the engine is not open; use 'async with Engine(...)' or 'await engine.open()'"
                 )
@@ -369,7 +354,8 @@ class Engine:
         ended = scheduler.ended
         windows = self._cores.stage_windows
         stages = None if windows is None else StageTimes(*(w.summary() for w in windows))
-        state = "dead" if self.dead and self._state is not EngineState.CLOSED else self._state.value
+        life = flow.state
+        state = "dead" if self.dead and life is not EngineState.CLOSED else life.value
         now = time.monotonic()
         return EngineStatistics(
             state=state,
@@ -396,8 +382,8 @@ class Engine:
         cause = self._flow.dead_cause
         if cause is not None:
             return EngineHealth("dead", f"the device broke the engine: {cause}")
-        if self._state is not EngineState.OPEN:
-            return EngineHealth("closed", f"the engine is {self._state.value}")
+        if self._flow.state is not EngineState.OPEN:
+            return EngineHealth("closed", f"the engine is {self._flow.state.value}")
         cores = self._cores.cores
         out = tuple(core.core for core in cores if not core.in_rotation)
         if out:
@@ -411,7 +397,7 @@ class Engine:
         return EngineHealth("ok", f"serving on core(s) {[core.core for core in cores]}")
 
     def __repr__(self) -> str:
-        state = "dead" if self.dead else self._state.value
+        state = "dead" if self.dead else self._flow.state.value
         cores = self._cores.cores
         if not cores:
             return f"<Engine {state}>"

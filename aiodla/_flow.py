@@ -12,6 +12,7 @@ Only the event loop's thread runs this code.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -33,16 +34,26 @@ from ._poller import Poller
 from ._scheduler import Outcome, Request, RequestState, Scheduler
 from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
 
-__all__ = ["Flow"]
+__all__ = ["EngineState", "Flow"]
 
 logger = logging.getLogger("aiodla")
+
+
+class EngineState(enum.Enum):
+    NEW = "new"
+    OPENING = "opening"
+    OPEN = "open"
+    DEAD = "dead"  # the device broke it while open; closing it is still up to you
+    CLOSING = "closing"
+    CLOSED = "closed"
 
 
 class Flow:
     """The loop-thread side of an open engine: starts, completions, outcomes.
 
-    State (loop thread only): ``serving`` is True while the engine admits work;
-    ``closed`` once it closed (a late poller wake-up is then ignored); ``dead_cause``
+    State (loop thread only): ``state``, the engine's one record of its life (work is
+    started only while it is OPEN; after CLOSED a late poller wake-up is ignored);
+    ``dead_cause``
     once the device broke it; ``drained`` is set when every slot is idle again, while
     the engine waits for that at close.
     """
@@ -56,8 +67,7 @@ class Flow:
         self.scheduler = Scheduler([])
         self.poller: Poller | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.serving = False
-        self.closed = False
+        self.state = EngineState.NEW
         self.dead_cause: BaseException | None = None
         self.drained: asyncio.Event | None = None
         self.offload_pack = self.offload_unpack = False
@@ -79,7 +89,7 @@ class Flow:
             cores.probe, loop, self.on_completions, self._die_callback, pause=cores.poll_pause
         )
         self.poller.start()
-        self.serving = True
+        self.state = EngineState.OPEN
 
     def cancel_probes(self) -> None:
         for core in self.cores.cores:
@@ -136,7 +146,7 @@ class Flow:
     def transition(self) -> None:
         """Give idle slots to waiting requests; called after every submit, completion,
         cancellation and release."""
-        if not self.serving:
+        if self.state is not EngineState.OPEN:
             return
         next_assignment = self.scheduler.next_assignment
         while (assignment := next_assignment()) is not None:
@@ -198,7 +208,7 @@ class Flow:
 
     def on_completions(self, finished: list[tuple[Slot, int]]) -> None:
         """Slots the poller saw done, each with its core's cuDLA status read then."""
-        if self.closed:
+        if self.state is EngineState.CLOSED:
             return  # a late wake-up after close: nothing is left to touch
         try:
             self._handle_completions(finished)
@@ -210,7 +220,7 @@ class Flow:
         """The loop is free again: take what finished meanwhile at once if several
         tasks should have, else hand polling back (see the poller's module docstring)."""
         poller = self.poller
-        if poller is None or self.closed:
+        if poller is None or self.state is EngineState.CLOSED:
             return
         try:
             finished = poller.harvest()
@@ -296,7 +306,7 @@ class Flow:
     def _probe(self, core: CoreState) -> None:
         """Run one task on a core out of rotation; success brings it back."""
         core.probe = None
-        if not self.serving or core.in_rotation:
+        if self.state is not EngineState.OPEN or core.in_rotation:
             return
         if not core.idle:  # its slots are still busy (a hung task): try again later
             self._schedule_probe(core)
@@ -325,7 +335,7 @@ class Flow:
         now: float | None = None,
     ) -> BaseException | None:
         """Decide the request's one outcome, count it, deliver it; return the error."""
-        stepping = request.state in (RequestState.PACKING, RequestState.UNPACKING)
+        state = request.state  # before finish() ends it: a coroutine's own step or not
         if timed_out:
             error = RequestTimeoutError("the request's timeout passed before its result was ready")
             outcome, reason = Outcome.TIMED_OUT, None
@@ -345,7 +355,8 @@ class Flow:
                 future.set_exception(error)
             else:
                 future.set_result(result)
-        elif stepping:  # its coroutine is doing a step of its own and takes this after it
+        elif state is RequestState.PACKING or state is RequestState.UNPACKING:
+            # Its coroutine is doing a step of its own and takes the outcome after it.
             request.late = (result, error)
         return error
 
@@ -400,7 +411,7 @@ class Flow:
             return self._take_late(request)
         loop = self.loop
         assert loop is not None
-        serving = self.serving
+        serving = self.state is EngineState.OPEN
         if not serving or (request.deadline is not None and loop.time() >= request.deadline):
             self.release(slot)
             if serving:
