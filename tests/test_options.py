@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiodla import ConfigurationError, Engine, EngineOptions
+from aiodla import ConfigurationError, Engine, EngineClosedError, EngineOptions
 
 from support import affine_model
 
@@ -54,3 +54,28 @@ def test_engine_exposes_its_options() -> None:
     assert engine.options.streams_per_core == 4
     assert engine.options.max_queue == 7
     assert engine.options.task_timeout == 0.5
+
+
+def test_an_unknown_engine_keyword_names_the_nearest_option() -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"unknown engine option 'stream_per_core'.*did you mean 'streams_per_core'",
+    ):
+        Engine(affine_model(), stream_per_core=4)
+    with pytest.raises(ConfigurationError, match="unknown engine option 'zzz'; options are"):
+        Engine(affine_model(), zzz=1)
+
+
+def test_engine_keywords_take_the_options_defaults() -> None:
+    assert Engine(affine_model()).options == EngineOptions()
+
+
+@pytest.mark.asyncio
+async def test_the_runtime_and_the_stated_service_time_are_known_once_open() -> None:
+    engine = Engine(affine_model(latency=0.002), runtime="emulated")
+    with pytest.raises(EngineClosedError, match="runtime is not chosen yet"):
+        engine.runtime  # noqa: B018
+    assert engine.stated_service_time is None
+    async with engine:
+        assert engine.runtime.name == "emulated"
+        assert engine.stated_service_time == 0.002
