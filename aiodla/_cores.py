@@ -47,8 +47,6 @@ __all__ = [
 
 logger = logging.getLogger("aiodla")
 
-_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation, as cudaMalloc reports running out
-
 # Until a core has completed tasks, poll as if one task took this long.
 DEFAULT_SERVICE_TIME = 0.001
 
@@ -387,8 +385,6 @@ class Cores:
         try:
             return call(*args)
         except Exception as exc:
-            if isinstance(exc, MemoryError):  # a runtime that ran out of host memory
-                exc = CudaCallError(what.rpartition(": ")[2], _MEMORY_ALLOCATION)
             error = device_error(f"opening the engine: {what}", exc)
             if error is None or error is exc:
                 raise
