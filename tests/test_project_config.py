@@ -36,9 +36,11 @@ def run_pytest(tests: Path, *options: str) -> str:
 
 
 def summary_lines(out: str, kind: str) -> list[str]:
-    """The short summary's lines of one kind, each cut to the part after the test file's
-    folder (pytest may spell that folder absolute)."""
-    return [line.rsplit("/", 1)[-1] for line in out.splitlines() if line.startswith(kind)]
+    """The short summary's lines of one kind, each cut to the test's name: the part after
+    the test file's folder (pytest may spell that folder absolute) and before the
+    message that pytest appends when the terminal is wide enough."""
+    names = [line.split(" - ", 1)[0] for line in out.splitlines() if line.startswith(kind)]
+    return [name.rsplit("/", 1)[-1] for name in names]
 
 
 class TestSummary:
