@@ -1,5 +1,6 @@
 """aiodla: asyncio-native concurrent inference on NVIDIA's Deep Learning Accelerator."""
 
+from ._device_arrays import DeviceTensor as DeviceTensor
 from ._engine import Engine as Engine
 from ._engine import EngineState as EngineState
 from ._errors import AiodlaError as AiodlaError
@@ -40,6 +41,7 @@ __all__ = (
     "ConfigurationError",
     "CoreStatistics",
     "DeviceError",
+    "DeviceTensor",
     "EmulatedRuntime",
     "Engine",
     "EngineClosedError",

@@ -39,10 +39,11 @@ from ._cli_frame import (
     debug_option,
     one_line,
 )
-from ._cores import close_runtime, describe_module, describe_runtime, read_model
+from ._cores import read_model
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
 from ._errors import AiodlaError, DeviceError, ModelError, status_name
+from ._inspection import close_runtime, describe_module, describe_runtime
 from ._tensors import TensorSpec
 from .emulator._format import (
     AUTO,

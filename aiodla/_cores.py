@@ -19,14 +19,23 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._data_path import DevicePath, HostPath, TensorBinding
 from ._descriptors import TensorDescriptor
-from ._errors import AiodlaError, ConfigurationError, DeviceError, ModelError, status_name
-from ._layout import BoundTensor
+from ._device_arrays import DeviceSource
+from ._errors import (
+    AiodlaError,
+    ConfigurationError,
+    DeviceError,
+    InputTypeError,
+    ModelError,
+    RuntimeUnavailableError,
+    status_name,
+)
 from ._options import EngineOptions
 from ._resources import ResourceStack
 from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
 from ._tensors import TensorSpec, specs_by_name
-from .runtime._protocol import CudaCallError, HostBuffer, Runtime, cudla_status
+from .runtime._protocol import CudaCallError, Runtime, cudla_status
 from .runtime._select import select_runtime
 
 __all__ = [
@@ -36,10 +45,7 @@ __all__ = [
     "Cores",
     "Slot",
     "TensorBinding",
-    "close_runtime",
     "completion_probe",
-    "describe_module",
-    "describe_runtime",
     "device_error",
     "is_sticky",
     "read_model",
@@ -49,18 +55,6 @@ logger = logging.getLogger("aiodla")
 
 # Until a core has completed tasks, poll as if one task took this long.
 DEFAULT_SERVICE_TIME = 0.001
-
-
-@dataclasses.dataclass(eq=False)
-class TensorBinding:
-    """One tensor of one slot: its spec, device buffer, DLA registration and host buffer
-    (``bound``: the host buffer's layout views, computed once)."""
-
-    spec: TensorSpec
-    device_ptr: int
-    registered: int
-    host: HostBuffer
-    bound: BoundTensor
 
 
 @dataclasses.dataclass(eq=False)
@@ -114,6 +108,16 @@ class Slot:
     expected_done: float = 0.0
     timing: tuple[int, int, int] | None = None  # events before copy-in, task, copy-out
     probing: bool = False  # the slot runs a probe task for a core out of rotation
+    # Device conversion: what each pack kernel reads (pointer, dtype, element strides,
+    # the stream to wait for or None), pool memory of device outputs not handed out
+    # yet, the device arrays the request's kernels read (released when the slot is),
+    # and the event that orders this stream after a device array's producer.
+    reads: list[tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]] = (
+        dataclasses.field(default_factory=list)
+    )
+    pooled: list[int] = dataclasses.field(default_factory=list)
+    keep: tuple[Any, ...] = ()
+    ingest_event: int = 0
 
     def __repr__(self) -> str:
         return f"<Slot core {self.core.core} #{self.index}>"
@@ -180,39 +184,6 @@ def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -
     return data
 
 
-def describe_module(
-    runtime: Runtime, model: bytes
-) -> tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]:
-    """Load ``model`` on core 0, read its tensor descriptors, release everything. A
-    runtime failure is a :class:`DeviceError` saying which call failed."""
-    resources = ResourceStack()
-    try:
-        runtime.make_current()
-        device = runtime.create_device(0)
-        resources.push("device", 0, runtime.destroy_device, device)
-        module = runtime.load_module(device, model)
-        resources.push("module", 0, runtime.unload_module, module)
-        return runtime.module_tensors(module)
-    except Exception as exc:
-        error = device_error("reading the loadable's tensors with cuDLA", exc)
-        if error is None or error is exc:
-            raise
-        raise error from exc
-    finally:
-        resources.release_all()
-
-
-def describe_runtime(runtime: Runtime) -> tuple[int, int]:
-    """The runtime's cuDLA version (major * 1_000_000 + minor * 1_000 + patch) and how
-    many DLA cores it drives."""
-    return runtime.version(), runtime.device_count()
-
-
-def close_runtime(runtime: Runtime) -> None:
-    """Release what the runtime itself holds (threads, libraries)."""
-    runtime.close()
-
-
 def is_sticky(exc: BaseException) -> bool:
     """True for a CUDA error that leaves the process's CUDA context unusable."""
     return isinstance(exc, CudaCallError) and exc.sticky
@@ -235,6 +206,7 @@ class Cores:
         self.stated_service_time: float | None = None  # what the loadable says, if anything
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
+        self.path: HostPath | DevicePath | None = None
         # The emulated runtime's failed compute= functions, by slot (None when no
         # module of this engine has one: nothing to ask with each completion then).
         self.take_compute_failure: Callable[[Slot], BaseException | None] | None = None
@@ -289,11 +261,36 @@ class Cores:
                     f"core {number} reports other tensor descriptors than core "
                     f"{options.cores[0]}; the same loadable must describe the same tensors"
                 )
+            if self.path is None:
+                self.path = self._choose_path(runtime)
             for index in range(options.streams_per_core):
                 self._open_slot(core, index)
         if any(runtime.module_computes(core.module) for core in self.cores):
             take = runtime.take_compute_failure
             self.take_compute_failure = lambda slot: take(slot.stream)
+
+    def _choose_path(self, runtime: Runtime) -> HostPath | DevicePath:
+        """Host or device conversion (``Engine(convert=...)``); the device path's
+        conversions are made ready here, before any slot exists."""
+        options = self._options
+        convert = options.convert
+        if convert == "host" or (convert == "auto" and not runtime.has_device_memory):
+            return HostPath(runtime)
+        zero_copy = options.zero_copy
+        if zero_copy is None:
+            zero_copy = self._call("is_integrated", runtime.is_integrated)
+        path = DevicePath(runtime, zero_copy)
+        try:
+            path.prepare(self.inputs, self.outputs)
+        except RuntimeUnavailableError as exc:
+            if convert == "device":
+                raise
+            logger.warning("aiodla: converting on the host: %s", exc)
+            return HostPath(runtime)
+        path.ingest_stream = self._create(
+            "device arrays", -1, runtime.create_stream, runtime.destroy_stream
+        )
+        return path
 
     def _open_core(
         self, core: CoreState, model: bytes
@@ -354,8 +351,10 @@ class Cores:
                 for _ in range(3)
             ]
             timing = (marks[0], marks[1], marks[2])
+        path = self.path
+        assert path is not None
         bindings = []
-        for spec in (*self.inputs, *self.outputs):
+        for number, spec in enumerate((*self.inputs, *self.outputs)):
             what = f"{where} tensor {spec.name!r}"
             pointer = self._create(what, core.core, runtime.malloc, runtime.free, spec.size)
             registered = self._call(
@@ -364,8 +363,12 @@ class Cores:
             self._resources.push(
                 f"{what}: registration", core.core, runtime.mem_unregister, core.device, registered
             )
-            host = self._create(what, core.core, runtime.host_alloc, runtime.host_free, spec.size)
-            bindings.append(TensorBinding(spec, pointer, registered, host, spec.bind(host.array)))
+
+            def allocate(name: str, create: Any, release: Any, nbytes: Any) -> Any:
+                return self._create(f"{where} tensor {name!r}", core.core, create, release, nbytes)
+
+            output = number >= len(self.inputs)
+            bindings.append(path.bind(spec, pointer, registered, output, allocate))
         inputs, outputs = bindings[: len(self.inputs)], bindings[len(self.inputs) :]
         task = self._call(
             f"{where}: make_task",
@@ -375,6 +378,10 @@ class Cores:
             [b.registered for b in outputs],
         )
         slot = Slot(core, index, stream, event, task, inputs, outputs, timing=timing)
+        if isinstance(path, DevicePath):
+            slot.ingest_event = self._create(
+                where, core.core, runtime.create_event, runtime.destroy_event
+            )
         core.slots.append(slot)
         core.idle.append(slot)
         self.slots.append(slot)
@@ -414,6 +421,12 @@ class Cores:
                 runtime.make_current()
             except Exception as exc:  # a poisoned context: release what still can be
                 logger.warning("aiodla: making the device current to close failed: %s", exc)
+        for slot in self.slots:  # what ended requests left (an engine that died, say)
+            if slot.core.core not in keep:
+                try:
+                    self.recycle(slot)
+                except Exception as exc:
+                    logger.warning("aiodla: giving back %r's device memory failed: %s", slot, exc)
         failures = self._resources.release_all(keep)
         if failures:
             logger.warning("aiodla: %d release(s) failed while closing", len(failures))
@@ -437,22 +450,49 @@ class Cores:
 
     # -- one slot's work (loop thread) -------------------------------------------------------
 
-    def write_inputs(self, slot: Slot, arrays: Sequence[np.ndarray[Any, Any]]) -> None:
-        """Pack validated arrays into the slot's staging buffers."""
-        for binding, array in zip(slot.inputs, arrays, strict=True):
-            binding.bound.write(array, checked=True)
+    def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
+        """Stage validated inputs for the slot: packed into its pinned buffers (host
+        conversion), or their bytes copied (device conversion; device arrays stay)."""
+        assert self.path is not None
+        self.path.write_inputs(slot, arrays)
 
     def write_zeros(self, slot: Slot) -> None:
         """Zeros into every input: the input of a probe task."""
-        for binding in slot.inputs:
-            binding.bound.write(np.zeros(binding.spec.shape, binding.spec.numpy_dtype))
+        assert self.path is not None
+        self.path.write_zeros(slot)
 
     def read_outputs(self, slot: Slot) -> Any:
-        """Fresh arrays of the slot's outputs: one array, or a dict name -> array."""
-        outputs = slot.outputs
-        if len(outputs) == 1:
-            return outputs[0].bound.read()
-        return {b.spec.name: b.bound.read() for b in outputs}
+        """Fresh arrays of the slot's outputs (or :class:`DeviceTensor` for a request
+        that asked for device outputs): one, or a dict name -> output."""
+        assert self.path is not None
+        request = slot.request
+        device = request is not None and request.device_output
+        results = self.path.read_outputs(slot, device)
+        if len(results) == 1:
+            return results[0]
+        return {b.spec.name: r for b, r in zip(slot.outputs, results, strict=True)}
+
+    @property
+    def device_conversion(self) -> bool:
+        return isinstance(self.path, DevicePath)
+
+    def import_device(self, spec: TensorSpec, value: Any) -> DeviceSource:
+        """A device array as input ``spec`` (see :meth:`DevicePath.import_array`)."""
+        if not isinstance(self.path, DevicePath):
+            raise InputTypeError(
+                f"input {spec.name!r}: a device array needs device conversion "
+                "(Engine(convert='device') on a runtime with GPU memory); this engine "
+                "converts on the host: pass a numpy array"
+            )
+        return self.path.import_array(spec, value)
+
+    def recycle(self, slot: Slot) -> None:
+        """The slot's work is over: give back what its request held on the device."""
+        keep, slot.keep = slot.keep, ()
+        for source in keep:
+            source.release()
+        if self.path is not None:
+            self.path.recycle(slot)
 
     def submit(self, slot: Slot, now: float) -> None:
         """Enqueue the slot's copies in, its task, copies out and its event on its
@@ -463,17 +503,18 @@ class Cores:
         stream = slot.stream
         core = slot.core
         timing = slot.timing
+        path = self.path
         if timing is not None:
             runtime.record_event(timing[0], stream)
-        for binding in slot.inputs:
-            runtime.copy_to_device(binding.device_ptr, binding.host, binding.spec.size, stream)
+        assert path is not None
+        path.enqueue_inputs(slot)
         if timing is not None:
             runtime.record_event(timing[1], stream)
         runtime.submit_task(core.device, slot.task, stream)
         if timing is not None:
             runtime.record_event(timing[2], stream)
-        for binding in slot.outputs:
-            runtime.copy_to_host(binding.host, binding.device_ptr, binding.spec.size, stream)
+        request = slot.request
+        path.enqueue_outputs(slot, request is not None and request.device_output)
         runtime.record_event(slot.event, stream)
         slot.submitted_at = now
         core.expected_free = max(now, core.expected_free) + core.service_time

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -33,6 +33,8 @@ import anyio
 import numpy as np
 
 from ._cores import Cores, CoreState
+from ._data_path import release_sources
+from ._device_arrays import DeviceSource, is_device_array
 from ._errors import (
     AiodlaError,
     ConfigurationError,
@@ -271,15 +273,32 @@ class Engine:
         exactly as ``infer`` would (names, shapes, dtypes, NaN into integers)."""
         if not self._cores.inputs:
             raise EngineClosedError("the engine is not open: its inputs are not known yet")
-        _validated(self._cores.inputs, self._input_names, inputs, self._options.casting)
+        cores = self._cores
+        arrays = _validated(
+            cores.inputs, self._input_names, inputs, self._options.casting, cores.import_device
+        )
+        release_sources([a for a in arrays if isinstance(a, DeviceSource)])
 
-    async def infer(self, inputs: Any, *, timeout: float | None = None, wait: bool = True) -> Any:
+    async def infer(
+        self,
+        inputs: Any,
+        *,
+        timeout: float | None = None,
+        wait: bool = True,
+        output: str = "host",
+    ) -> Any:
         """Run the model on ``inputs`` and return its output.
 
         ``inputs`` is an array for a single-input model, or a mapping of input name to
         array. Arrays have the tensor's logical NCHW shape; their dtype must cast
-        safely to the tensor's (float arrays into integer tensors need a scale). The
-        result is a fresh array for a single-output model, else a dict name → array.
+        safely to the tensor's (float arrays into integer tensors need a scale). With
+        device conversion (``Engine(convert=...)``), an array may also live on the GPU:
+        any object that exports DLPack on a CUDA device or ``__cuda_array_interface__``
+        (a torch CUDA tensor, a CuPy array), read where it lies, in any strides. The
+        result is a fresh array for a single-output model, else a dict name → array;
+        ``output="device"`` returns :class:`DeviceTensor` instead: GPU memory that
+        ``torch.from_dlpack`` and ``cupy.from_dlpack`` take without a copy (host
+        memory with the same interface on a runtime without GPU memory).
 
         Bad input raises :class:`InputError` before anything is queued. ``timeout``
         (seconds) bounds the whole call with :class:`RequestTimeoutError`. When the queue
@@ -291,9 +310,11 @@ class Engine:
         Once submitted, a task cannot be recalled: the result is dropped, and the slot
         returns to the pool only when the DLA has finished with it.
         """
-        return await self._flow.drive(self._admit(inputs, timeout, wait))
+        return await self._flow.drive(self._admit(inputs, timeout, wait, output))
 
-    def infer_nowait(self, inputs: Any, *, timeout: float | None = None) -> asyncio.Future[Any]:
+    def infer_nowait(
+        self, inputs: Any, *, timeout: float | None = None, output: str = "host"
+    ) -> asyncio.Future[Any]:
         """Admit a request now or raise :class:`QueueFullError` at once; return a future
         of its result (like ``asyncio.Queue.put_nowait``, it never waits).
 
@@ -303,7 +324,7 @@ class Engine:
         Cancellation: cancelling the returned future is cancelling the request, as for
         :meth:`infer`: removed if still queued, its result dropped once submitted.
         """
-        request = self._admit(inputs, timeout, wait=False)
+        request = self._admit(inputs, timeout, False, output)
         task = asyncio.get_running_loop().create_task(self._flow.drive(request))
 
         # Cancelled before its first step, the task never runs the coroutine that would
@@ -315,7 +336,7 @@ class Engine:
         task.add_done_callback(count_a_cancel)
         return task
 
-    def _admit(self, inputs: Any, timeout: float | None, wait: bool) -> Request:
+    def _admit(self, inputs: Any, timeout: float | None, wait: bool, output: str) -> Request:
         flow = self._flow
         if flow.dead_cause is not None:
             raise EngineDeadError(f"the engine is dead: {flow.dead_cause}") from flow.dead_cause
@@ -332,18 +353,37 @@ class Engine:
                 "thread or loop, submit to the engine's own loop: "
                 "asyncio.run_coroutine_threadsafe(engine.infer(x), engine_loop)"
             )
-        arrays = _validated(self._cores.inputs, self._input_names, inputs, self._options.casting)
         if timeout is not None:
             check_timeout(timeout)
+        if output != "host":
+            self._check_device_output(output)
+        cores = self._cores
+        arrays = _validated(
+            cores.inputs, self._input_names, inputs, self._options.casting, cores.import_device
+        )
+        sources = tuple(a for a in arrays if isinstance(a, DeviceSource))
         scheduler = flow.scheduler
         limit = self._options.max_queue
         if not wait and scheduler.waiting >= limit and not scheduler.idle_slots:
             scheduler.reject()
+            release_sources(sources)
             raise QueueFullError(
                 f"the admission queue is full ({scheduler.waiting} requests waiting, "
                 f"max_queue={limit})"
             )
-        return flow.admit(Request(arrays, loop.create_future(), time.monotonic()), timeout)
+        request = Request(arrays, loop.create_future(), time.monotonic())
+        request.device_output = output == "device"
+        request.sources = sources
+        return flow.admit(request, timeout)
+
+    def _check_device_output(self, output: object) -> None:
+        if output != "device":
+            raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
+        if self.runtime.has_device_memory and not self._cores.device_conversion:
+            raise ConfigurationError(
+                "output='device' needs device conversion; this engine converts on the "
+                "host (Engine(convert='device') converts on the GPU)"
+            )
 
     # -- observation ---------------------------------------------------------------------------
 
@@ -410,15 +450,39 @@ class Engine:
         )
 
 
+ImportDevice = Callable[[TensorSpec, Any], DeviceSource]
+
+
 def _validated(
-    specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any, casting: Any
-) -> tuple[np.ndarray[Any, Any], ...]:
-    """The arrays of ``inputs`` in the model's input order, each checked by its spec."""
+    specs: tuple[TensorSpec, ...],
+    names: frozenset[str],
+    inputs: Any,
+    casting: Any,
+    import_device: ImportDevice,
+) -> tuple[Any, ...]:
+    """The arrays of ``inputs`` in the model's input order, each checked by its spec:
+    numpy arrays, or :class:`DeviceSource` for device arrays. On an error, the device
+    arrays taken so far are released."""
     if type(inputs) is np.ndarray and len(specs) == 1:
         spec = specs[0]
         if inputs.dtype == spec.numpy_dtype and inputs.shape == spec.shape:
             return (inputs,)  # the common case, valid as it stands
         return (spec.check_array(inputs, casting=casting),)
+    taken: list[Any] = []
+    try:
+        for spec, value in zip(specs, _in_order(specs, names, inputs), strict=True):
+            if type(value) is not np.ndarray and is_device_array(value):
+                taken.append(import_device(spec, value))
+            else:
+                taken.append(spec.check_array(value, casting=casting))
+    except BaseException:
+        release_sources([t for t in taken if isinstance(t, DeviceSource)])
+        raise
+    return tuple(taken)
+
+
+def _in_order(specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any) -> list[Any]:
+    """The values of ``inputs`` in the model's input order (names checked)."""
     if isinstance(inputs, Mapping):
         given = set(inputs)
         if given != names:
@@ -432,13 +496,13 @@ def _validated(
             raise InputValueError(
                 f"inputs: {', '.join(parts)}; the model takes {[s.name for s in specs]}"
             )
-        return tuple(spec.check_array(inputs[spec.name], casting=casting) for spec in specs)
+        return [inputs[spec.name] for spec in specs]
     if len(specs) != 1:
         raise InputTypeError(
             f"the model has {len(specs)} inputs {[s.name for s in specs]}: pass a "
             "mapping of name to array"
         )
-    return (specs[0].check_array(inputs, casting=casting),)
+    return [inputs]
 
 
 def _core_statistics(core: CoreState, now: float) -> CoreStatistics:

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from ._cores import Cores, CoreState, Slot, device_error, is_sticky
+from ._data_path import release_sources
 from ._errors import (
     AiodlaError,
     EngineClosedError,
@@ -99,6 +100,7 @@ class Flow:
 
     def fail_waiting(self, error: AiodlaError) -> None:
         for request in self.scheduler.drain(failure_reason(error)):
+            _let_go(request)
             if not request.future.done():  # (a cancelled caller's future is done)
                 request.future.set_exception(error)
 
@@ -161,6 +163,9 @@ class Flow:
             self.release(slot)
             self._finish(request, timed_out=True)
             return
+        # From now on the slot holds the request's device arrays: released with it,
+        # once no kernel of it can read them.
+        slot.keep, request.sources = request.sources, ()
         if self.offload_pack:
             request.future.set_result(None)  # its coroutine packs (PACKING) off the loop
             return
@@ -321,6 +326,7 @@ class Flow:
 
     def release(self, slot: Slot) -> None:
         """Return ``slot`` to the pool (the caller runs the transition afterwards)."""
+        self.cores.recycle(slot)
         self.scheduler.release(slot)
         if self.drained is not None and self.scheduler.idle_slots == len(self.cores.slots):
             self.drained.set()
@@ -345,6 +351,7 @@ class Flow:
             outcome, reason = Outcome.COMPLETED, None
         if not self.scheduler.finish(request, outcome, reason):
             return None
+        _let_go(request)
         if outcome is Outcome.COMPLETED:
             latency = (time.monotonic() if now is None else now) - request.started
             self.latency.add(latency)
@@ -391,6 +398,7 @@ class Flow:
             self.scheduler.recount_as_cancelled(request)
         else:
             self.scheduler.finish(request, Outcome.CANCELLED)
+        _let_go(request)
         self.transition()
 
     # -- large tensors: pack and unpack in a worker thread ---------------------------------------
@@ -441,3 +449,9 @@ class Flow:
             error.__cause__ = self.dead_cause
             return error
         return EngineClosedError("the engine was closed")
+
+
+def _let_go(request: Request) -> None:
+    """Release the device arrays of a request that ended before a slot took them."""
+    sources, request.sources = request.sources, ()
+    release_sources(sources)

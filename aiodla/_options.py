@@ -38,6 +38,12 @@ class EngineOptions:
     input arrays of another dtype go into float tensors: ``"safe"`` refuses any value
     the tensor's type would lose (1e6 into float16, say), ``"same_kind"`` is numpy's
     rule (such values become infinity); see :meth:`TensorSpec.check_array`.
+    ``convert``: where layout conversion runs: ``"device"`` as kernels on each slot's
+    CUDA stream (the host copies only the caller's bytes; device arrays are read where
+    they lie), ``"host"`` with numpy on the event loop (or a worker thread), ``"auto"``
+    the device on a runtime with GPU memory, else the host. ``zero_copy``: with device
+    conversion, kernels read and write mapped pinned staging in place and no copy is
+    enqueued; None (the default) does so on an integrated GPU (a Jetson).
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -52,6 +58,8 @@ class EngineOptions:
     probe_interval: float = 1.0
     stage_times: bool = False
     casting: str = "safe"
+    convert: str = "auto"
+    zero_copy: bool | None = None
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
@@ -91,6 +99,10 @@ class EngineOptions:
             raise ConfigurationError(f"probe_interval={self.probe_interval!r} must be seconds > 0")
         if self.casting not in ("safe", "same_kind"):
             raise ConfigurationError(f"casting={self.casting!r} must be 'safe' or 'same_kind'")
+        if self.convert not in ("auto", "device", "host"):
+            raise ConfigurationError(f"convert={self.convert!r} must be 'auto', 'device' or 'host'")
+        if self.zero_copy is not None and not isinstance(self.zero_copy, bool):
+            raise ConfigurationError(f"zero_copy={self.zero_copy!r} must be True, False or None")
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if not _finite(self.close_timeout) or self.close_timeout < 0:

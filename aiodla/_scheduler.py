@@ -51,11 +51,13 @@ class Request:
     __slots__ = (
         "arrays",
         "deadline",
+        "device_output",
         "future",
         "late",
         "outcome",
         "reason",
         "slot",
+        "sources",
         "started",
         "state",
         "timer",
@@ -67,6 +69,10 @@ class Request:
         self.arrays = arrays
         self.future = future
         self.started = started
+        self.device_output = False  # infer(..., output="device")
+        # Device arrays the request reads (released once no kernel can read them: when
+        # it ends unstarted, or with its slot).
+        self.sources: tuple[Any, ...] = ()
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.state = RequestState.QUEUED

@@ -23,7 +23,7 @@ import ctypes
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from cuda.bindings import cudla
@@ -31,7 +31,11 @@ from cuda.bindings import runtime as _rt
 
 from .._descriptors import TensorDescriptor
 from ..emulator._format import stated_latency
-from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer
+from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
+
+if TYPE_CHECKING:
+    from .._tensors import TensorSpec
+    from ._conversion_kernels import ConversionKernels
 
 __all__ = [
     "NO_LIBCUDLA",
@@ -48,6 +52,7 @@ _T = TypeVar("_T")
 _SUCCESS = 0
 _NOT_READY = 600
 _INVALID_VALUE = 1
+_LEGACY_STREAM = 1  # cudaStreamLegacy
 _INVALID_PARAM = 1  # cudlaErrorInvalidParam
 _UINT32_MAX = 0xFFFFFFFF
 _NOT_A_STATUS = re.compile(r"^\s*(-?\d+) is not a valid")
@@ -168,6 +173,7 @@ class CudaRuntime:
     name = "cuda"
     # Querying a CUDA event is cheap and releases the GIL: the poller need not pause.
     poll_pause = 0.0
+    has_device_memory = True
 
     def __init__(self, device: int = 0) -> None:
         if not isinstance(device, int) or isinstance(device, bool) or device < 0:
@@ -178,6 +184,9 @@ class CudaRuntime:
         self._lock = threading.Lock()
         self._host_buffers: dict[int, HostBuffer] = {}
         self._closed = False
+        self._integrated: bool | None = None
+        self._kernels: ConversionKernels | None = None
+        self.counts = TransferCounts()
 
     def __repr__(self) -> str:
         return f"<CudaRuntime device={self.device}>"
@@ -321,21 +330,34 @@ class CudaRuntime:
         if nbytes <= 0:
             # cudaMalloc(0) "succeeds" with a null pointer; no caller means that.
             raise CudaCallError("cudaMalloc", _INVALID_VALUE)
-        return int(check_cuda("cudaMalloc", _rt.cudaMalloc(nbytes)))
+        pointer = int(check_cuda("cudaMalloc", _rt.cudaMalloc(nbytes)))
+        self.counts.allocations += 1
+        return pointer
 
     def free(self, ptr: int) -> None:
         check_cuda("cudaFree", _rt.cudaFree(ptr))
 
-    def host_alloc(self, nbytes: int) -> HostBuffer:
+    def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
         if nbytes <= 0:
             raise CudaCallError("cudaHostAlloc", _INVALID_VALUE)
-        pointer = int(
-            check_cuda("cudaHostAlloc", _rt.cudaHostAlloc(nbytes, _rt.cudaHostAllocPortable))
-        )
+        flags = _rt.cudaHostAllocPortable
+        if mapped:
+            flags |= _rt.cudaHostAllocMapped
+        pointer = int(check_cuda("cudaHostAlloc", _rt.cudaHostAlloc(nbytes, flags)))
+        device_pointer = 0
+        if mapped:
+            try:
+                device_pointer = int(
+                    check_cuda("cudaHostGetDevicePointer", _rt.cudaHostGetDevicePointer(pointer, 0))
+                )
+            except CudaCallError:
+                _rt.cudaFreeHost(pointer)
+                raise
         storage = (ctypes.c_ubyte * nbytes).from_address(pointer)
-        buffer = HostBuffer(pointer, np.ctypeslib.as_array(storage))
+        buffer = HostBuffer(pointer, np.ctypeslib.as_array(storage), device_pointer)
         with self._lock:
             self._host_buffers[pointer] = buffer
+        self.counts.allocations += 1
         return buffer
 
     def host_free(self, buffer: HostBuffer) -> None:
@@ -349,6 +371,8 @@ class CudaRuntime:
     def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None:
         if not 0 < nbytes <= src.nbytes:
             raise CudaCallError("cudaMemcpyAsync", _INVALID_VALUE)
+        self.counts.copies_to_device += 1
+        self.counts.bytes_to_device += nbytes
         check_cuda(
             "cudaMemcpyAsync",
             _rt.cudaMemcpyAsync(
@@ -359,12 +383,87 @@ class CudaRuntime:
     def copy_to_host(self, dst: HostBuffer, src: int, nbytes: int, stream: int) -> None:
         if not 0 < nbytes <= dst.nbytes:
             raise CudaCallError("cudaMemcpyAsync", _INVALID_VALUE)
+        self.counts.copies_to_host += 1
+        self.counts.bytes_to_host += nbytes
         check_cuda(
             "cudaMemcpyAsync",
             _rt.cudaMemcpyAsync(
                 dst.ptr, src, nbytes, _rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream
             ),
         )
+
+    def read_device(self, src: int, out: np.ndarray[Any, Any]) -> None:
+        if not out.flags.c_contiguous:
+            raise CudaCallError("cudaMemcpy", _INVALID_VALUE)
+        self.make_current()  # DeviceTensor.to_host may run on any thread
+        check_cuda(
+            "cudaMemcpy",
+            _rt.cudaMemcpy(
+                out.ctypes.data, src, out.nbytes, _rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+            ),
+        )
+
+    def malloc_async(self, nbytes: int, stream: int) -> int:
+        if nbytes <= 0:
+            raise CudaCallError("cudaMallocAsync", _INVALID_VALUE)
+        # The device's default memory pool: freed memory is reused, no cudaMalloc.
+        pointer = int(check_cuda("cudaMallocAsync", _rt.cudaMallocAsync(nbytes, stream)))
+        self.counts.pool_allocations += 1
+        return pointer
+
+    def free_async(self, ptr: int) -> None:
+        # Called when a device output is dropped, from whatever thread dropped it. On the
+        # legacy default stream: after any work the consumer queued there (torch's and
+        # CuPy's default stream); the engine's own work on it finished before it was
+        # handed out.
+        self.make_current()
+        check_cuda("cudaFreeAsync", _rt.cudaFreeAsync(ptr, _LEGACY_STREAM))
+
+    def is_integrated(self) -> bool:
+        if self._integrated is None:
+            attribute = _rt.cudaDeviceAttr.cudaDevAttrIntegrated
+            value = check_cuda(
+                "cudaDeviceGetAttribute", _rt.cudaDeviceGetAttribute(attribute, self.device)
+            )
+            self._integrated = bool(value)
+        return self._integrated
+
+    def wait_event(self, stream: int, event: int) -> None:
+        check_cuda("cudaStreamWaitEvent", _rt.cudaStreamWaitEvent(stream, event, 0))
+
+    # -- layout conversion kernels ---------------------------------------------------------
+
+    def prepare_conversions(
+        self,
+        packs: Sequence[tuple[TensorSpec, np.dtype[Any]]],
+        unpacks: Sequence[tuple[TensorSpec, np.dtype[Any]]],
+    ) -> None:
+        from ._conversion_kernels import ConversionKernels  # NVRTC only when asked for
+
+        self._kernels = ConversionKernels.compile(packs, unpacks, device=self.device)
+
+    def _conversion_kernels(self) -> ConversionKernels:
+        if self._kernels is None:
+            raise CudaCallError("cudaLaunchKernel", _INVALID_VALUE)
+        return self._kernels
+
+    def pack(
+        self,
+        spec: TensorSpec,
+        source: np.dtype[Any],
+        src: int,
+        src_strides: tuple[int, int, int, int],
+        dst: int,
+        stream: int,
+    ) -> None:
+        self._conversion_kernels().pack(spec, source, src, src_strides, dst, stream)
+        self.counts.conversions += 1
+
+    def unpack(
+        self, spec: TensorSpec, result: np.dtype[Any], src: int, dst: int, stream: int
+    ) -> None:
+        self._conversion_kernels().unpack(spec, result, src, dst, stream)
+        self.counts.conversions += 1
 
     def close(self) -> None:
         """Nothing to stop: the CUDA runtime holds no threads of its own. Idempotent.

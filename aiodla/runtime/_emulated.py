@@ -60,8 +60,9 @@ from ..emulator._compute import ComputeFunction, ComputeTask
 from ..emulator._format import EmulatorModel, parse_loadable, stated_latency
 from ..emulator._ops import ModelRunner
 from ._compute_threads import ComputeThreads, _ComputeWorker, compute_function
+from ._emulated_conversion import EmulatedConversion
 from ._faults import EmulatedCudlaError, TaskGate, _CallFailure, _reject
-from ._protocol import CudaCallError, HostBuffer
+from ._protocol import CudaCallError, HostBuffer, TransferCounts
 from ._timeline import (
     _INVALID_VALUE,
     _Core,
@@ -75,7 +76,6 @@ __all__ = ["EmulatedCudlaError", "EmulatedRuntime", "TaskGate"]
 
 MAX_HANDLES_PER_CORE = 16  # cudla.h: at most 16 device handles per DLA
 REGISTRATION_ALIGNMENT = 32
-_DEVICE_ALIGNMENT = 256  # what cudaMalloc guarantees
 _REGISTERED_TAG = 1 << 56  # registered addresses differ from raw ones, as on a Jetson
 _MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
 
@@ -114,7 +114,7 @@ class _Task:
     resolved: tuple[int, int, EmulatorModel, ModelRunner | ComputeTask] | None = None
 
 
-class EmulatedRuntime(ComputeThreads):
+class EmulatedRuntime(EmulatedConversion, ComputeThreads):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, emulated on the CPU.
 
     ``cores``: how many DLA cores exist (Orin has 2). ``copy_bandwidth``: bytes per
@@ -166,6 +166,8 @@ class EmulatedRuntime(ComputeThreads):
         self._compute_failures: dict[int, BaseException] = {}  # by stream handle
         self._workers: dict[int, _ComputeWorker] = {}  # by core index
         self._closing = False
+        self.counts = TransferCounts()
+        self._conversions: set[tuple[str, Any, np.dtype[Any]]] = set()
         self.device_time = 0.0
         """CPU seconds spent doing the emulated device's work (copies, tasks)."""
         self.invalid_releases = 0
@@ -441,14 +443,8 @@ class EmulatedRuntime(ComputeThreads):
         if nbytes <= 0:
             raise CudaCallError("malloc", _INVALID_VALUE)
         with self._lock:
-            memory = _allocate("malloc", nbytes)
-            address = self._next_address
-            span = -(-nbytes // _DEVICE_ALIGNMENT) * _DEVICE_ALIGNMENT
-            self._next_address += span + _DEVICE_ALIGNMENT  # a gap: overruns never alias
-            self._device_memory[address] = memory
-            self._changed()
-            bisect.insort(self._device_starts, address)
-            return address
+            self.counts.allocations += 1
+            return self._map(_allocate("malloc", nbytes))
 
     def free(self, ptr: int) -> None:
         with self._lock:
@@ -457,12 +453,10 @@ class EmulatedRuntime(ComputeThreads):
             for device in self._devices.values():
                 if any(raw == ptr for raw, _ in device.registrations.values()):
                     raise CudaCallError("free", _INVALID_VALUE)
-            self._changed()
-            del self._device_memory[ptr]
-            self._device_starts.remove(ptr)
+            self._unmap(ptr)
         self._released("free")
 
-    def host_alloc(self, nbytes: int) -> HostBuffer:
+    def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
         self._cuda("host_alloc")
         if nbytes <= 0:
             raise CudaCallError("host_alloc", _INVALID_VALUE)
@@ -470,15 +464,20 @@ class EmulatedRuntime(ComputeThreads):
         backing = _allocate("host_alloc", nbytes, padding=64)
         skip = -backing.ctypes.data % 64
         array = backing[skip : skip + nbytes]
-        buffer = HostBuffer(int(array.ctypes.data), array)
         with self._lock:
+            # Mapped: the same bytes also have a device address, as cudaHostAllocMapped
+            # memory has, so conversions read and write them in place.
+            buffer = HostBuffer(int(array.ctypes.data), array, self._map(array) if mapped else 0)
             self._host_memory[buffer.ptr] = buffer
+            self.counts.allocations += 1
         return buffer
 
     def host_free(self, buffer: HostBuffer) -> None:
         with self._lock:
             if self._host_memory.pop(buffer.ptr, None) is None:
                 self._bad_release("host_free")
+            elif buffer.device_ptr:
+                self._unmap(buffer.device_ptr)
         self._released("host_free")
 
     def _host(self, buffer: HostBuffer, nbytes: int, call: str) -> np.ndarray[Any, Any]:
@@ -495,11 +494,15 @@ class EmulatedRuntime(ComputeThreads):
 
     def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None:
         self._cuda("copy_to_device")
+        self.counts.copies_to_device += 1
+        self.counts.bytes_to_device += nbytes
         target = self._device_range(dst, nbytes, "copy_to_device")
         self._copy(target, self._host(src, nbytes, "copy_to_device"), stream, "copy_to_device")
 
     def copy_to_host(self, dst: HostBuffer, src: int, nbytes: int, stream: int) -> None:
         self._cuda("copy_to_host")
+        self.counts.copies_to_host += 1
+        self.counts.bytes_to_host += nbytes
         source = self._device_range(src, nbytes, "copy_to_host")
         self._copy(self._host(dst, nbytes, "copy_to_host"), source, stream, "copy_to_host")
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from cuda.bindings import cudla
 
 from .._descriptors import TensorDescriptor
+
+if TYPE_CHECKING:
+    from .._tensors import TensorSpec
 
 __all__ = [
     "CUDA_ERROR_NAMES",
@@ -35,6 +38,7 @@ __all__ = [
     "CudlaError",
     "HostBuffer",
     "Runtime",
+    "TransferCounts",
     "cudla_status",
 ]
 
@@ -101,14 +105,37 @@ class CudaCallError(Exception):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class HostBuffer:
-    """Pinned (page-locked) host memory: its address and a writable uint8 view."""
+    """Pinned (page-locked) host memory: its address and a writable uint8 view.
+
+    ``device_ptr`` is where kernels read and write it in place when it was allocated
+    ``mapped`` (zero-copy; on an integrated GPU such as a Jetson's, the same DRAM);
+    0 when it is not mapped.
+    """
 
     ptr: int
     array: np.ndarray[Any, np.dtype[np.uint8]]
+    device_ptr: int = 0
 
     @property
     def nbytes(self) -> int:
         return int(self.array.nbytes)
+
+
+@dataclasses.dataclass
+class TransferCounts:
+    """What a runtime has copied, allocated and converted since it was made.
+
+    Tests assert on these: no host round trip for a device array (no copy counted),
+    no allocation on the request path (``allocations`` unchanged while serving).
+    """
+
+    copies_to_device: int = 0
+    bytes_to_device: int = 0
+    copies_to_host: int = 0
+    bytes_to_host: int = 0
+    allocations: int = 0  # malloc and host_alloc
+    pool_allocations: int = 0  # stream-ordered allocations (device outputs)
+    conversions: int = 0  # pack and unpack kernels enqueued
 
 
 @runtime_checkable
@@ -118,6 +145,12 @@ class Runtime(Protocol):
     name: str
     poll_pause: float
     """Seconds the poller pauses between sweeps while work is in flight (0: none)."""
+    counts: TransferCounts
+    device: int
+    """The CUDA device ordinal the runtime works on."""
+    has_device_memory: bool
+    """False when "device memory" is host memory (the emulated runtime): device outputs
+    are host-backed there."""
 
     # -- discovery ---------------------------------------------------------------------
     def version(self) -> int:
@@ -196,12 +229,65 @@ class Runtime(Protocol):
         """True when all work before the event's last record is done."""
         ...
 
+    def is_integrated(self) -> bool:
+        """True when the GPU shares the host's memory (a Jetson): mapped pinned buffers
+        are read in place, with no copy."""
+        ...
+
+    def wait_event(self, stream: int, event: int) -> None:
+        """Work enqueued on ``stream`` from now on waits for the event's last record."""
+        ...
+
     def malloc(self, nbytes: int) -> int: ...
     def free(self, ptr: int) -> None: ...
-    def host_alloc(self, nbytes: int) -> HostBuffer: ...
+    def malloc_async(self, nbytes: int, stream: int) -> int:
+        """Device memory from the stream-ordered pool, usable in order on ``stream``."""
+        ...
+
+    def free_async(self, ptr: int) -> None:
+        """Give :meth:`malloc_async` memory back to the pool (any thread)."""
+        ...
+
+    def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer: ...
     def host_free(self, buffer: HostBuffer) -> None: ...
     def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None: ...
     def copy_to_host(self, dst: HostBuffer, src: int, nbytes: int, stream: int) -> None: ...
+    def read_device(self, src: int, out: np.ndarray[Any, Any]) -> None:
+        """Copy ``out.nbytes`` bytes at ``src`` into the contiguous ``out``, now
+        (blocking: ``DeviceTensor.to_host``)."""
+        ...
+
+    # -- layout conversion on the stream -------------------------------------------------
+    def prepare_conversions(
+        self,
+        packs: Sequence[tuple[TensorSpec, np.dtype[Any]]],
+        unpacks: Sequence[tuple[TensorSpec, np.dtype[Any]]],
+    ) -> None:
+        """Make ready the conversions :meth:`pack` and :meth:`unpack` will be asked for
+        (the CUDA runtime compiles its kernels); raises ``RuntimeUnavailableError``
+        when it cannot."""
+        ...
+
+    def pack(
+        self,
+        spec: TensorSpec,
+        source: np.dtype[Any],
+        src: int,
+        src_strides: tuple[int, int, int, int],
+        dst: int,
+        stream: int,
+    ) -> None:
+        """Enqueue on ``stream``: the logical (n, c, h, w) array of ``source`` values at
+        device address ``src`` (strides in elements) into ``spec``'s DLA layout at
+        ``dst``, every byte of it, as ``spec.pack`` would."""
+        ...
+
+    def unpack(
+        self, spec: TensorSpec, result: np.dtype[Any], src: int, dst: int, stream: int
+    ) -> None:
+        """Enqueue on ``stream``: the DLA buffer at ``src`` into a dense logical array
+        of ``result`` at ``dst``, as ``spec.unpack(..., dtype=result)`` would."""
+        ...
 
     def close(self) -> None:
         """Release what the runtime itself holds (threads, libraries); idempotent."""

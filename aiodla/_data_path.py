@@ -1,0 +1,337 @@
+"""How a slot's tensors travel between the caller and the DLA buffers, on its stream.
+
+Two paths, chosen once when the engine opens (``Engine(convert=...)``):
+
+- **host conversion**: the loop thread packs each input into the slot's pinned
+  staging buffer in the DLA layout (numpy, :mod:`aiodla._layout`), the stream copies
+  it to the registered buffer, runs the task and copies the DLA bytes back; the loop
+  unpacks them.
+- **device conversion** (cuDLA hybrid mode as meant): the host copies only the
+  caller's bytes (or none: a device array is read where it lies), and the runtime's
+  conversion kernels pack them into the DLA buffer and unpack the outputs into the
+  logical layout *on the slot's stream*, around the task. With ``zero_copy`` (an
+  integrated GPU), staging buffers are mapped: the kernels read and write them in
+  place and no copy is enqueued at all. ``output="device"`` leaves the outputs in
+  stream-ordered pool memory, handed out as :class:`~aiodla.DeviceTensor`.
+
+Every buffer is allocated when the slot opens; the request path allocates nothing
+except pool memory for device outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
+from ._errors import InputTypeError
+from ._layout import BoundTensor
+
+if TYPE_CHECKING:
+    from ._cores import Slot
+    from ._tensors import TensorSpec
+    from .runtime import HostBuffer, Runtime
+
+__all__ = ["SOURCE_DTYPES", "DevicePath", "HostPath", "TensorBinding", "device_dtype_check"]
+
+_Array = np.ndarray[Any, Any]
+
+#: Element types the conversion kernels read (one kernel per tensor and type).
+SOURCE_DTYPES: tuple[np.dtype[Any], ...] = tuple(
+    np.dtype(name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "int32",
+        "uint32",
+        "int16",
+        "uint16",
+        "int8",
+        "uint8",
+        "bool",
+    )
+)
+_WIDEST = max(dtype.itemsize for dtype in SOURCE_DTYPES)
+
+
+@dataclasses.dataclass(eq=False)
+class TensorBinding:
+    """One tensor of one slot: its spec, its registered DLA buffer and its staging.
+
+    Host conversion: ``host`` holds the DLA bytes and ``bound`` its layout views.
+    Device conversion: ``host`` holds the caller's bytes (inputs) or the logical
+    results (outputs); ``raw`` is their device copy, 0 when ``host`` is mapped and
+    the kernels reach it in place.
+    """
+
+    spec: TensorSpec
+    device_ptr: int
+    registered: int
+    host: HostBuffer
+    bound: BoundTensor | None = None
+    raw: int = 0
+
+
+def _dense_strides(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    _, c, h, w = shape
+    return (c * h * w, h * w, w, 1)
+
+
+def device_dtype_check(spec: TensorSpec) -> Callable[[np.dtype[Any]], None]:
+    """What a device array's dtype must be for ``spec`` (its values are not looked at:
+    that would need the GPU to finish first). Raises :class:`InputTypeError`."""
+
+    def check(dtype: np.dtype[Any]) -> None:
+        if dtype not in SOURCE_DTYPES:
+            raise InputTypeError(
+                f"input {spec.name!r}: a device array of {dtype} cannot be converted on the "
+                f"GPU; pass one of {[str(d) for d in SOURCE_DTYPES]}"
+            )
+        target = spec.numpy_dtype
+        if spec.is_integer:
+            if dtype.kind == "f" and spec.scale is None:
+                raise InputTypeError(
+                    f"input {spec.name!r}: a {dtype} array for an {spec.dtype} tensor needs "
+                    f"a quantization scale (Engine(..., scales={{{spec.name!r}: ...}}))"
+                )
+            if dtype.kind != "f" and not np.can_cast(dtype, target, "safe"):
+                raise InputTypeError(
+                    f"input {spec.name!r}: {dtype} cannot be cast safely to {spec.dtype}"
+                )
+        elif not np.can_cast(dtype, target, "same_kind"):
+            raise InputTypeError(f"input {spec.name!r}: {dtype} cannot be cast to {spec.dtype}")
+
+    return check
+
+
+# Allocation and release go through the device layer's resource stack.
+Allocate = Callable[[str, Callable[..., Any], Callable[..., Any], Any], Any]
+
+
+class HostPath:
+    """Host conversion: numpy packs and unpacks; the stream copies DLA bytes."""
+
+    device_conversion = False
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def bind(
+        self, spec: TensorSpec, device_ptr: int, registered: int, output: bool, allocate: Allocate
+    ) -> TensorBinding:
+        runtime = self.runtime
+        host = allocate(spec.name, runtime.host_alloc, runtime.host_free, spec.size)
+        return TensorBinding(spec, device_ptr, registered, host, spec.bind(host.array))
+
+    def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
+        for binding, array in zip(slot.inputs, arrays, strict=True):
+            assert binding.bound is not None
+            binding.bound.write(array, checked=True)
+
+    def write_zeros(self, slot: Slot) -> None:
+        for binding in slot.inputs:
+            assert binding.bound is not None
+            binding.bound.write(np.zeros(binding.spec.shape, binding.spec.numpy_dtype))
+
+    def enqueue_inputs(self, slot: Slot) -> None:
+        copy = self.runtime.copy_to_device
+        for binding in slot.inputs:
+            copy(binding.device_ptr, binding.host, binding.spec.size, slot.stream)
+
+    def enqueue_outputs(self, slot: Slot, device: bool) -> None:
+        copy = self.runtime.copy_to_host
+        for binding in slot.outputs:
+            copy(binding.host, binding.device_ptr, binding.spec.size, slot.stream)
+
+    def read_outputs(self, slot: Slot, device: bool) -> list[Any]:
+        results = []
+        for binding in slot.outputs:
+            assert binding.bound is not None
+            array = binding.bound.read()
+            results.append(_host_backed(array) if device else array)
+        return results
+
+    def recycle(self, slot: Slot) -> None:
+        """Nothing outlives a request on this path."""
+
+
+def _host_backed(array: _Array) -> DeviceTensor:
+    return DeviceTensor(
+        pointer=int(array.ctypes.data),
+        shape=array.shape,
+        dtype=array.dtype,
+        device=None,
+        release=None,
+        to_host=None,
+        host_array=array,
+    )
+
+
+def _elements(spec: TensorSpec) -> int:
+    return math.prod(spec.shape)
+
+
+class DevicePath:
+    """Device conversion: the runtime's kernels pack and unpack on the slot's stream."""
+
+    device_conversion = True
+
+    def __init__(self, runtime: Runtime, zero_copy: bool) -> None:
+        self.runtime = runtime
+        self.zero_copy = zero_copy
+        self.ingest_stream = 0  # device arrays' exports are ordered before its work
+
+    def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
+        """A device array as input ``spec``: checked, and its export ordered before the
+        ingest stream (raises an InputError, before anything is queued)."""
+        return import_device_array(
+            value,
+            name=spec.name,
+            shape=spec.shape,
+            accepts=device_dtype_check(spec),
+            device=self.runtime.device,
+            stream=self.ingest_stream,
+        )
+
+    def prepare(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+        """Have the runtime ready every conversion requests may need (the CUDA runtime
+        compiles them now, at open, never on the request path)."""
+        packs = [(spec, dtype) for spec in inputs for dtype in SOURCE_DTYPES]
+        unpacks = [(spec, spec.result_dtype) for spec in outputs]
+        self.runtime.prepare_conversions(packs, unpacks)
+
+    def bind(
+        self, spec: TensorSpec, device_ptr: int, registered: int, output: bool, allocate: Allocate
+    ) -> TensorBinding:
+        runtime = self.runtime
+        # Inputs: the caller's bytes in any accepted type; outputs: the logical results.
+        itemsize = spec.result_dtype.itemsize if output else _WIDEST
+        nbytes = _elements(spec) * itemsize
+        if self.zero_copy:
+
+            def host_alloc(nbytes: int) -> HostBuffer:  # mapped: kernels reach it in place
+                return runtime.host_alloc(nbytes, mapped=True)
+
+            host = allocate(spec.name, host_alloc, runtime.host_free, nbytes)
+            return TensorBinding(spec, device_ptr, registered, host)
+        host = allocate(spec.name, runtime.host_alloc, runtime.host_free, nbytes)
+        raw = allocate(spec.name, runtime.malloc, runtime.free, nbytes)
+        return TensorBinding(spec, device_ptr, registered, host, raw=raw)
+
+    # -- one request (loop thread, or a worker thread for large inputs) -----------------
+
+    def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
+        """Copy host arrays' bytes into staging (any layout in, dense out); device
+        arrays stay where they are. Records what each pack kernel reads."""
+        reads: list[tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]] = []
+        for binding, value in zip(slot.inputs, arrays, strict=True):
+            if isinstance(value, DeviceSource):
+                n, c, h, w = value.strides
+                # 0: after the ingest stream (DLPack); else the interface's own stream
+                reads.append((value.pointer, value.dtype, (n, c, h, w), value.wait_stream or 0))
+                continue
+            reads.append(self._stage(binding, value))
+        slot.reads = reads
+
+    def _stage(
+        self, binding: TensorBinding, array: _Array
+    ) -> tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]:
+        spec = binding.spec
+        dtype = array.dtype
+        if dtype not in SOURCE_DTYPES:
+            # check_array let it through (int64 into a float tensor, say): the host
+            # stores it as the tensor's type first, as the host path would.
+            array = array.astype(spec.numpy_dtype)
+            dtype = array.dtype
+        nbytes = array.size * dtype.itemsize
+        staging = binding.host.array[:nbytes].view(dtype).reshape(spec.shape)
+        np.copyto(staging, array, casting="unsafe")
+        pointer = binding.host.device_ptr if self.zero_copy else binding.raw
+        return (pointer, dtype, _dense_strides(spec.shape), None)
+
+    def write_zeros(self, slot: Slot) -> None:
+        slot.reads = [
+            self._stage(b, np.zeros(b.spec.shape, b.spec.numpy_dtype)) for b in slot.inputs
+        ]
+
+    def enqueue_inputs(self, slot: Slot) -> None:
+        runtime = self.runtime
+        ingest_stream = self.ingest_stream
+        stream = slot.stream
+        for binding, (pointer, dtype, strides, wait) in zip(slot.inputs, slot.reads, strict=True):
+            if wait is None:  # staged host bytes
+                if not self.zero_copy:
+                    nbytes = _elements(binding.spec) * dtype.itemsize
+                    runtime.copy_to_device(binding.raw, binding.host, nbytes, stream)
+            else:
+                # A device array: its producer's work first. DLPack exports were
+                # ordered before the ingest stream's work; an array interface names
+                # its own stream.
+                runtime.record_event(slot.ingest_event, wait or ingest_stream)
+                runtime.wait_event(stream, slot.ingest_event)
+            runtime.pack(binding.spec, dtype, pointer, strides, binding.device_ptr, stream)
+
+    def enqueue_outputs(self, slot: Slot, device: bool) -> None:
+        runtime = self.runtime
+        stream = slot.stream
+        pooled = device and runtime.has_device_memory
+        for binding in slot.outputs:
+            spec = binding.spec
+            if pooled:
+                nbytes = _elements(spec) * spec.result_dtype.itemsize
+                target = runtime.malloc_async(nbytes, stream)
+                slot.pooled.append(target)
+            elif self.zero_copy:
+                target = binding.host.device_ptr
+            else:
+                target = binding.raw
+            runtime.unpack(spec, spec.result_dtype, binding.device_ptr, target, stream)
+            if not pooled and not self.zero_copy:
+                nbytes = _elements(spec) * spec.result_dtype.itemsize
+                runtime.copy_to_host(binding.host, target, nbytes, stream)
+
+    def read_outputs(self, slot: Slot, device: bool) -> list[Any]:
+        if slot.pooled:
+            pooled, slot.pooled = slot.pooled, []
+            return [
+                self._device_tensor(b.spec, p) for b, p in zip(slot.outputs, pooled, strict=True)
+            ]
+        results = []
+        for binding in slot.outputs:
+            spec = binding.spec
+            nbytes = _elements(spec) * spec.result_dtype.itemsize
+            view = binding.host.array[:nbytes].view(spec.result_dtype).reshape(spec.shape)
+            array = view.copy()  # the staging buffer serves the slot's next request
+            results.append(_host_backed(array) if device else array)
+        return results
+
+    def _device_tensor(self, spec: TensorSpec, pointer: int) -> DeviceTensor:
+        runtime = self.runtime
+        return DeviceTensor(
+            pointer=pointer,
+            shape=spec.shape,
+            dtype=spec.result_dtype,
+            device=runtime.device,
+            release=functools.partial(runtime.free_async, pointer),
+            to_host=functools.partial(runtime.read_device, pointer),
+            host_array=None,
+        )
+
+    def recycle(self, slot: Slot) -> None:
+        """The slot's work is over: pool memory nobody took goes back (a request
+        cancelled after it was submitted, say)."""
+        pooled, slot.pooled = slot.pooled, []
+        for pointer in pooled:
+            self.runtime.free_async(pointer)
+
+
+def release_sources(sources: Sequence[Any]) -> None:
+    """Give back device arrays a request held (their DLPack capsules, say)."""
+    for source in sources:
+        source.release()
