@@ -197,6 +197,7 @@ class DevicePath:
             accepts=device_dtype_check(spec),
             device=self.runtime.device,
             stream=self.ingest_stream,
+            locate=self.runtime.pointer_device,  # the array interface names no device
         )
 
     def prepare(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:

@@ -253,6 +253,7 @@ class TestDeviceArraysIn:
             ({"shape": (1, 3, 8, 9)}, InputValueError, "shape"),
             ({"typestr": "<i8"}, InputTypeError, "int64"),
             ({"stream": 0}, InputValueError, "stream"),
+            ({"data": (0x1000, False)}, InputTypeError, "not CUDA memory"),
         ],
     )
     async def test_bad_device_arrays_are_refused_before_queueing(

@@ -428,6 +428,10 @@ class CudaRuntime:
             self._integrated = bool(value)
         return self._integrated
 
+    def pointer_device(self, ptr: int) -> int:
+        attributes = check_cuda("cudaPointerGetAttributes", _rt.cudaPointerGetAttributes(ptr))
+        return int(attributes.device)
+
     def wait_event(self, stream: int, event: int) -> None:
         check_cuda("cudaStreamWaitEvent", _rt.cudaStreamWaitEvent(stream, event, 0))
 

@@ -124,6 +124,10 @@ class EmulatedConversion:
     def is_integrated(self) -> bool:
         return False  # like a discrete GPU; Engine(zero_copy=True) maps buffers anyway
 
+    def pointer_device(self, ptr: int) -> int:
+        self._device_range(ptr, 1, "pointer_device")  # raises for an unknown address
+        return 0
+
     # -- ordering between streams ----------------------------------------------------------
 
     def wait_event(self, stream: int, event: int) -> None:

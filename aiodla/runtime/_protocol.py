@@ -234,6 +234,10 @@ class Runtime(Protocol):
         are read in place, with no copy."""
         ...
 
+    def pointer_device(self, ptr: int) -> int:
+        """The CUDA device ordinal that owns device address ``ptr``."""
+        ...
+
     def wait_event(self, stream: int, event: int) -> None:
         """Work enqueued on ``stream`` from now on waits for the event's last record."""
         ...
