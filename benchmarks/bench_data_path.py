@@ -1,0 +1,230 @@
+"""Camera-sized frames through the engine: host conversion against device conversion.
+
+The workload of the GPU data path issue: 1x3x640x640 frames (float32 and uint8) into
+an FP16 CHW16 input, out of a 1x255x80x80 FP16 CHW16 head, 3.8 ms a task, both cores.
+For each configuration, interleaved and repeated (median and min..max):
+
+- **throughput** against the ideal ``cores / service_time`` (concurrency 16);
+- **host CPU per request**, the whole process (every thread), and by thread (event
+  loop, poller, other), against the same figure for a 1x3x32x32 model measured in the
+  same run (the floor: what a request costs when its tensors are tiny);
+- **event-loop lag**: how late a 1 ms ticker on the loop wakes, p99, while saturated.
+
+Configurations: ``convert="host"`` and ``convert="device"`` with host frames of each
+type, and with device frames (CuPy, else torch) when a GPU is there. The conversion
+kernels' own time against a device-to-device copy is measured by
+``benchmarks/bench_convert_kernels.py``.
+
+Usage::
+
+    python benchmarks/bench_data_path.py [OUTPUT.json] [--gpu] [--repeats 5] [--seconds 2]
+
+``--gpu`` runs on the CUDA runtime with the GPU stand-in (built with nvcc, or
+``--standin`` / ``AIODLA_STANDIN_LIB``); without it the emulated runtime runs the same
+path with numpy "kernels", which checks the harness but says nothing of GPU speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aiodla import Engine, TensorSpec
+from aiodla.emulator import make_loadable
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICE = 0.0038
+CORES = 2
+FRAME = TensorSpec("images", (1, 3, 640, 640), "float16", "chw16")
+HEAD = TensorSpec("head", (1, 255, 80, 80), "float16", "chw16")
+SMALL_IN = TensorSpec("x", (1, 3, 32, 32), "float16", "chw16")
+SMALL_OUT = TensorSpec("y", (1, 3, 32, 32), "float16", "chw16")
+
+
+def detector() -> bytes:
+    return make_loadable([FRAME], [HEAD], "mix", SERVICE)
+
+
+def small() -> bytes:
+    return make_loadable([SMALL_IN], [SMALL_OUT], "affine", SERVICE, scale=2.0, bias=0.5)
+
+
+def thread_cpu(thread: threading.Thread) -> float:
+    if thread.ident is None or not thread.is_alive():
+        return 0.0
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, ProcessLookupError):
+        return 0.0
+
+
+def cpu_by_thread() -> dict[str, float]:
+    groups = {"loop": time.thread_time(), "poller": 0.0, "other": 0.0}
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is current:
+            continue
+        key = "poller" if thread.name == "aiodla-poller" else "other"
+        groups[key] += thread_cpu(thread)
+    groups["process"] = time.process_time()
+    return groups
+
+
+async def ticker(lags: list[float], stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + 0.001
+        await asyncio.sleep(0.001)
+        lags.append(max(0.0, loop.time() - due))
+
+
+async def measure(
+    model: bytes, make_input: Any, seconds: float, options: dict[str, Any]
+) -> dict[str, float]:
+    async with Engine(model, cores=range(CORES), streams_per_core=4, **options) as engine:
+        x = make_input()
+        for _ in range(8):
+            await engine.infer(x)
+        lags: list[float] = []
+        stop = asyncio.Event()
+        tick = asyncio.ensure_future(ticker(lags, stop))
+        before = cpu_by_thread()
+        started = time.perf_counter()
+        deadline = started + seconds
+        done = 0
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await engine.infer(x)
+                done += 1
+
+        await asyncio.gather(*(worker() for _ in range(16)))
+        elapsed = time.perf_counter() - started
+        after = cpu_by_thread()
+        stop.set()
+        await tick
+    per = {key: 1e6 * (after[key] - before[key]) / max(done, 1) for key in after}
+    rate = done / elapsed
+    lags.sort()
+    return {
+        "rate": rate,
+        "x_ideal": rate / (CORES / SERVICE),
+        "process_us": per["process"],
+        "loop_us": per["loop"],
+        "poller_us": per["poller"],
+        "other_us": per["other"],
+        "lag_p99_ms": 1e3 * lags[int(0.99 * (len(lags) - 1))] if lags else float("nan"),
+    }
+
+
+def frames(gpu: bool) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    host32 = rng.random(FRAME.shape, dtype=np.float32)
+    host8 = rng.integers(0, 256, FRAME.shape).astype(np.uint8)
+    made: dict[str, Any] = {"float32": host32, "uint8": host8}
+    if gpu:
+        try:
+            import cupy
+
+            made["device float32"] = cupy.asarray(host32)
+            made["device uint8"] = cupy.asarray(host8)
+        except ImportError:
+            import torch
+
+            made["device float32"] = torch.from_numpy(host32).cuda()
+            made["device uint8"] = torch.from_numpy(host8).cuda()
+    return made
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    runtime = "cuda" if args.gpu else "emulated"
+    inputs = frames(args.gpu)
+    cases: list[tuple[str, bytes, Any, dict[str, Any]]] = [
+        ("small 32x32", small(), lambda: np.ones(SMALL_IN.shape, np.float16), {}),
+    ]
+    for convert in ("host", "device"):
+        for name, value in inputs.items():
+            if name.startswith("device") and convert == "host":
+                continue  # device arrays need device conversion
+            cases.append(
+                (f"{convert} / {name}", detector(), lambda v=value: v, {"convert": convert})
+            )
+    raw: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in cases}
+    for repeat in range(args.repeats):
+        for name, model, make_input, options in cases:  # interleaved: drift hits all alike
+            result = asyncio.run(
+                measure(model, make_input, args.seconds, {"runtime": runtime, **options})
+            )
+            raw[name].append(result)
+            print(f"[{repeat + 1}/{args.repeats}] {name}: {result}", flush=True)
+    report: dict[str, Any] = {"runtime": runtime, "service_s": SERVICE, "cases": {}}
+    floor = statistics.median(r["process_us"] for r in raw["small 32x32"])
+    for name, results in raw.items():
+        keys = results[0].keys()
+        entry = {key: summarize([r[key] for r in results]) for key in keys}
+        entry["cpu_vs_small"] = summarize([r["process_us"] / floor for r in results])
+        report["cases"][name] = entry
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [
+        f"runtime {report['runtime']}, {1e3 * report['service_s']:.1f} ms service, {CORES} cores",
+        f"{'case':<26}{'x ideal':>9}{'CPU us/req':>12}{'x small':>9}{'loop':>8}"
+        f"{'poller':>8}{'other':>8}{'lag p99 ms':>12}",
+    ]
+    for name, entry in report["cases"].items():
+        lines.append(
+            f"{name:<26}{entry['x_ideal']['median']:>9.3f}{entry['process_us']['median']:>12.0f}"
+            f"{entry['cpu_vs_small']['median']:>9.2f}{entry['loop_us']['median']:>8.0f}"
+            f"{entry['poller_us']['median']:>8.0f}{entry['other_us']['median']:>8.0f}"
+            f"{entry['lag_p99_ms']['median']:>12.2f}"
+        )
+    return "\n".join(lines)
+
+
+def load_standin(args: argparse.Namespace) -> None:
+    from aiodla.emulator._standin import build_standin
+    from aiodla.emulator._standin import load_standin as load
+
+    path = args.standin or build_standin(tempfile.mkdtemp(prefix="aiodla-bench-"))
+    load(Path(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("output", nargs="?", help="JSON path")
+    parser.add_argument("--gpu", action="store_true", help="the CUDA runtime and the stand-in")
+    parser.add_argument("--standin", default=os.environ.get("AIODLA_STANDIN_LIB"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    if args.gpu:
+        load_standin(args)
+    report = run(args)
+    kind = "gpu" if args.gpu else "emulated"
+    output = Path(args.output or REPO / "benchmarks" / "results" / f"data-path-{kind}.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
