@@ -110,6 +110,19 @@ def device_dtype_check(spec: TensorSpec) -> Callable[[np.dtype[Any]], None]:
     return check
 
 
+def _accepted(spec: TensorSpec) -> list[np.dtype[Any]]:
+    """The source types a tensor's pack kernels are made for: those it can take."""
+    check = device_dtype_check(spec)
+    accepted = []
+    for dtype in SOURCE_DTYPES:
+        try:
+            check(dtype)
+        except InputTypeError:
+            continue
+        accepted.append(dtype)
+    return accepted
+
+
 # Allocation and release go through the device layer's resource stack.
 Allocate = Callable[[str, Callable[..., Any], Callable[..., Any], Any], Any]
 
@@ -203,7 +216,7 @@ class DevicePath:
     def prepare(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
         """Have the runtime ready every conversion requests may need (the CUDA runtime
         compiles them now, at open, never on the request path)."""
-        packs = [(spec, dtype) for spec in inputs for dtype in SOURCE_DTYPES]
+        packs = [(spec, dtype) for spec in inputs for dtype in _accepted(spec)]
         unpacks = [(spec, spec.result_dtype) for spec in outputs]
         self.runtime.prepare_conversions(packs, unpacks)
 

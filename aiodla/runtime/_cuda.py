@@ -30,6 +30,7 @@ from cuda.bindings import cudla
 from cuda.bindings import runtime as _rt
 
 from .._descriptors import TensorDescriptor
+from .._errors import RuntimeUnavailableError
 from ..emulator._format import stated_latency
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
 
@@ -444,7 +445,12 @@ class CudaRuntime:
     ) -> None:
         from ._conversion_kernels import ConversionKernels  # NVRTC only when asked for
 
-        self._kernels = ConversionKernels.compile(packs, unpacks, device=self.device)
+        try:
+            self._kernels = ConversionKernels.compile(packs, unpacks, device=self.device)
+        except ValueError as exc:  # a tensor the kernels cannot take (odd strides, say)
+            raise RuntimeUnavailableError(
+                f"the GPU layout conversion cannot serve: {exc}"
+            ) from None
 
     def _conversion_kernels(self) -> ConversionKernels:
         if self._kernels is None:

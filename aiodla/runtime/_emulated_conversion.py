@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._errors import RuntimeUnavailableError
+from ._conversion_source import plan_program
 from ._protocol import CudaCallError, TransferCounts
 from ._timeline import _Operation, _Stream
 
@@ -68,6 +70,14 @@ class EmulatedConversion:
         unpacks: Sequence[tuple[TensorSpec, np.dtype[Any]]],
     ) -> None:
         self._cuda("prepare_conversions")
+        # The same program the CUDA runtime would compile must be one it can generate:
+        # a pair its kernels refuse fails here too, in CI.
+        try:
+            plan_program(packs, unpacks)
+        except ValueError as exc:
+            raise RuntimeUnavailableError(
+                f"the GPU layout conversion cannot serve: {exc}"
+            ) from None
         # As compiled kernels are: only the pairs prepared can be launched.
         self._conversions.update(("pack", spec, np.dtype(dtype)) for spec, dtype in packs)
         self._conversions.update(("unpack", spec, np.dtype(dtype)) for spec, dtype in unpacks)
