@@ -10,6 +10,7 @@
     aiodla record MODEL --inputs DIR -o RECORDING.npz [--runtime ...]
     aiodla bench MODEL [--cores 0,1] [--streams N] [--concurrency N]
                        [--requests N | --duration S] [--json] [--runtime ...]
+    aiodla serve MODEL [NAME=MODEL ...] [--http HOST:PORT] [--grpc HOST:PORT]   (aiodla[serve])
 
 Errors are one line on stderr naming the cause, with exit status 1 (2 for a bad
 argument, 130 when interrupted); ``--debug`` adds the traceback.
@@ -66,6 +67,7 @@ from .emulator._spec import (
     spec_document,
 )
 from .runtime import _select
+from .serve._command import serve_command
 
 __all__ = ["cli", "main", "read_spec_document"]
 
@@ -591,3 +593,6 @@ def bench(
         )
         return EXIT_FAILURE
     return 0
+
+
+cli.add_command(serve_command)  # the serve extra's; it imports that extra on use

@@ -1,0 +1,427 @@
+"""The served models and the server's lifecycle, shared by the HTTP and gRPC fronts.
+
+:class:`Server` holds one open :class:`~aiodla.Engine` per model name and serves them
+over both fronts of the KServe v2 protocol (:mod:`._http`, :mod:`._grpc`). Every
+inference passes :meth:`Server.infer` on the event loop that runs the engines, so one
+admission path serves both protocols: ``Engine.infer_nowait``, so a full queue is
+answered at once (UNAVAILABLE) instead of parking the request in the server.
+
+Shutdown (:meth:`Server.stop`, SIGTERM under ``aiodla serve``): both fronts stop
+accepting connections and calls at once, readiness turns false, requests already
+accepted run to their answer within ``drain_timeout``; any still running then are
+answered UNAVAILABLE, never dropped. Engines belong to the caller: :func:`serve`
+closes the ones it opened after the fronts are down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from .._engine import Engine
+from .._errors import ConfigurationError
+from .._tensors import TensorSpec
+from ._deps import MISSING_EXTRA
+from ._grpc import GrpcFront
+from ._http import HttpFront
+from ._kserve import ProtocolError, Status, error_of, tensor_metadata
+
+__all__ = [
+    "MISSING_EXTRA",
+    "ServeStatistics",
+    "ServedModel",
+    "Server",
+    "parse_address",
+    "parse_model",
+    "serve",
+]
+
+logger = logging.getLogger("aiodla.serve")
+
+_Array = np.ndarray[Any, Any]
+
+SERVER_NAME = "aiodla"
+PLATFORM = "aiodla"
+VERSION = "1"
+#: The protocol extensions both fronts implement.
+EXTENSIONS = ("binary_tensor_data",)
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) as (host, port); port 0 picks a free one."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigurationError(f"{what} address {text!r} must be HOST:PORT, e.g. 127.0.0.1:8000")
+    return host, int(port)
+
+
+def parse_model(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` or ``PATH`` (named after the file's stem: ``det.bin`` is ``det``)."""
+    name, sep, path = text.partition("=")
+    if not sep:
+        name, path = Path(text).stem, text
+    if not name or not path or "/" in name:
+        raise ConfigurationError(f"model {text!r} must be PATH or NAME=PATH")
+    return name, path
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeStatistics:
+    """Inference requests the server took, and how they ended.
+
+    ``received == succeeded + sum(failed.values()) + in_flight`` always holds;
+    ``failed`` counts by protocol status (``INVALID_ARGUMENT``, ``NOT_FOUND``,
+    ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``INTERNAL``) and ``CANCELLED`` for
+    requests whose caller went away (a gRPC deadline or cancellation).
+    """
+
+    received: int
+    succeeded: int
+    failed: Mapping[str, int]
+    in_flight: int
+
+
+class ServedModel:
+    """One model name, its engine, and the protocol's view of its tensors."""
+
+    def __init__(self, name: str, engine: Engine) -> None:
+        self.name = name
+        self.engine = engine
+        self.inputs: dict[str, TensorSpec] = {s.name: s for s in engine.inputs}
+        self.outputs: dict[str, TensorSpec] = {s.name: s for s in engine.outputs}
+        self.input_metadata = tuple(tensor_metadata(s, output=False) for s in engine.inputs)
+        self.output_metadata = tuple(tensor_metadata(s, output=True) for s in engine.outputs)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.health().status in ("ok", "degraded")
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": [VERSION],
+            "platform": PLATFORM,
+            "inputs": [t.to_json() for t in self.input_metadata],
+            "outputs": [t.to_json() for t in self.output_metadata],
+        }
+
+    def input_spec(self, name: object) -> TensorSpec:
+        spec = self.inputs.get(name) if isinstance(name, str) else None
+        if spec is None:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"unexpected inference input {name!r} for model {self.name!r}; it takes "
+                f"{list(self.inputs)}",
+            )
+        return spec
+
+    def output_specs(self, names: Sequence[str] | None) -> list[TensorSpec]:
+        """The outputs to answer with: those named (in that order), or all of them."""
+        if not names:
+            return list(self.outputs.values())
+        specs = []
+        for name in names:
+            spec = self.outputs.get(name)
+            if spec is None:
+                raise ProtocolError(
+                    Status.INVALID_ARGUMENT,
+                    f"unexpected inference output {name!r} for model {self.name!r}; it "
+                    f"gives {list(self.outputs)}",
+                )
+            specs.append(spec)
+        return specs
+
+
+class Server:
+    """The KServe v2 protocol over HTTP and gRPC for open engines, one per model name.
+
+    ``http`` and ``grpc`` are ``HOST:PORT`` addresses (port 0: any free port, read it
+    from :attr:`http_port` / :attr:`grpc_port` once started), or None to leave that
+    front out. Start and stop it on the engines' event loop::
+
+        async with Engine("det.bin") as engine, Server({"det": engine}) as server:
+            await stopped.wait()
+    """
+
+    def __init__(
+        self,
+        engines: Mapping[str, Engine],
+        *,
+        http: str | None = "127.0.0.1:8000",
+        grpc: str | None = "127.0.0.1:8001",
+        drain_timeout: float = 30.0,
+    ) -> None:
+        if not engines:
+            raise ConfigurationError("serve at least one model")
+        if http is None and grpc is None:
+            raise ConfigurationError("give an HTTP or a gRPC address, or both")
+        if not drain_timeout >= 0:
+            raise ConfigurationError(f"{drain_timeout=} must be >= 0 seconds")
+        self._engines = dict(engines)
+        self._http_address = None if http is None else parse_address(http, "HTTP")
+        self._grpc_address = None if grpc is None else parse_address(grpc, "gRPC")
+        self._drain_timeout = drain_timeout
+        self._models: dict[str, ServedModel] = {}
+        self._accepting = False
+        self._received = 0
+        self._succeeded = 0
+        self._failed: dict[str, int] = {}
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._futures: set[asyncio.Future[Any]] = set()
+        self._forced: set[asyncio.Future[Any]] = set()
+        self._http: Any = None
+        self._grpc: Any = None
+        self._stopping: asyncio.Future[None] | None = None
+
+    # -- facts ------------------------------------------------------------------------------
+
+    @property
+    def models(self) -> Mapping[str, ServedModel]:
+        return MappingProxyType(self._models)
+
+    @property
+    def http_port(self) -> int | None:
+        return None if self._http is None else int(self._http.port)
+
+    @property
+    def grpc_port(self) -> int | None:
+        return None if self._grpc is None else int(self._grpc.port)
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def ready(self) -> bool:
+        """Ready: accepting requests, and every model's engine serves."""
+        return self._accepting and all(m.ready for m in self._models.values())
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def statistics(self) -> ServeStatistics:
+        return ServeStatistics(
+            self._received, self._succeeded, MappingProxyType(dict(self._failed)), self._in_flight
+        )
+
+    def model(self, name: str, version: str = "") -> ServedModel:
+        """The model of that name (version "" or "1"), or NOT_FOUND as Triton says it."""
+        model = self._models.get(name)
+        if model is None or version not in ("", VERSION):
+            which = f"'{name}'" if not version else f"'{name}' version {version}"
+            raise ProtocolError(
+                Status.NOT_FOUND, f"Request for unknown model: {which} is not found"
+            )
+        return model
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Server:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Read every engine's tensors and start listening (the engines must be open)."""
+        self._models = {name: ServedModel(name, e) for name, e in self._engines.items()}
+        try:
+            if self._http_address is not None:
+                self._http = HttpFront(self)
+                await self._http.start(*self._http_address)
+            if self._grpc_address is not None:
+                self._grpc = GrpcFront(self)
+                await self._grpc.start(*self._grpc_address)
+        except BaseException:
+            await self._close_fronts(0.0)
+            raise
+        self._accepting = True
+
+    async def stop(self) -> None:
+        """Stop accepting, answer what was accepted (within ``drain_timeout``), close
+        the fronts. Idempotent.
+
+        Cancellation: stopping runs in its own task; cancelling ``stop`` stops the wait.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        self._accepting = False
+        # Listening sockets close first, so a client's next connection fails over at
+        # once rather than after the drain.
+        if self._http is not None:
+            await self._http.stop_listening()
+        if self._grpc is not None:
+            self._grpc.stop_accepting(self._drain_timeout + 1.0)
+        if self._in_flight:
+            logger.info("aiodla serve: draining %d request(s)", self._in_flight)
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), self._drain_timeout)
+            except asyncio.TimeoutError:
+                self._force_answers()
+        await self._close_fronts(1.0)
+
+    def _force_answers(self) -> None:
+        """The drain is over: requests still running are answered UNAVAILABLE."""
+        logger.warning(
+            "aiodla serve: %d request(s) still running after the drain timeout of %g s; "
+            "they are answered UNAVAILABLE",
+            self._in_flight,
+            self._drain_timeout,
+        )
+        for future in list(self._futures):
+            self._forced.add(future)
+            future.cancel()
+
+    async def _close_fronts(self, grace: float) -> None:
+        if self._in_flight:
+            # Answers of forced requests are on their way out; let the handlers write them.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+        if self._http is not None:
+            await self._http.close()
+        if self._grpc is not None:
+            await self._grpc.close()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Count one inference request from arrival to answer (success or status)."""
+        if not self._accepting:
+            self._received += 1
+            self._count(Status.UNAVAILABLE.grpc)
+            raise ProtocolError(Status.UNAVAILABLE, "the server is shutting down")
+        self._received += 1
+        self._in_flight += 1
+        try:
+            yield
+        except asyncio.CancelledError:
+            self._count("CANCELLED")
+            raise
+        except Exception as exc:
+            self._count(error_of(exc).status.grpc)
+            raise
+        else:
+            self._succeeded += 1
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    def _count(self, status: str) -> None:
+        self._failed[status] = self._failed.get(status, 0) + 1
+
+    async def infer(
+        self,
+        model: ServedModel,
+        inputs: Mapping[str, _Array],
+        outputs: Sequence[TensorSpec],
+        timeout: float | None,
+    ) -> list[_Array]:
+        """Run ``model`` on ``inputs``; return the ``outputs`` asked for, in that order.
+
+        Every error is a :class:`ProtocolError` (bad input, full queue, deadline, dead
+        engine: see :func:`~._kserve.error_of`).
+
+        Cancellation: cancelling the call cancels the engine request (removed from
+        the queue if it is still there).
+        """
+        missing = [name for name in model.inputs if name not in inputs]
+        if missing:
+            raise ProtocolError(
+                Status.INVALID_ARGUMENT,
+                f"expected {len(model.inputs)} inputs but got {len(inputs)} inputs for "
+                f"model {model.name!r}; missing {missing}",
+            )
+        if timeout is not None and timeout <= 0:
+            raise ProtocolError(Status.DEADLINE_EXCEEDED, "the request's deadline had passed")
+        try:
+            future = model.engine.infer_nowait(dict(inputs), timeout=timeout)
+        except Exception as exc:
+            raise error_of(exc) from exc
+        self._futures.add(future)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            if future in self._forced:
+                raise ProtocolError(
+                    Status.UNAVAILABLE,
+                    "the server shut down before the request finished (drain timeout)",
+                ) from None
+            raise
+        except Exception as exc:
+            raise error_of(exc) from exc
+        finally:
+            self._futures.discard(future)
+            self._forced.discard(future)
+        if not isinstance(result, dict):
+            result = {next(iter(model.outputs)): result}
+        return [result[spec.name] for spec in outputs]
+
+
+async def serve(
+    models: Sequence[str],
+    *,
+    http: str | None = "127.0.0.1:8000",
+    grpc: str | None = "127.0.0.1:8001",
+    runtime: str = "auto",
+    drain_timeout: float = 30.0,
+    started: Any = None,
+    **options: Any,
+) -> ServeStatistics:
+    """Open an engine per model (``PATH`` or ``NAME=PATH``), serve them until SIGTERM
+    or SIGINT, then drain, stop and close; return the server's statistics.
+
+    ``options`` go to every :class:`~aiodla.Engine` (``cores``, ``max_queue``, ...).
+    ``started(server)`` is called once the server listens.
+    """
+    for address, what in ((http, "HTTP"), (grpc, "gRPC")):
+        if address is not None:
+            parse_address(address, what)  # a typo fails before any engine opens
+    named: dict[str, str] = {}
+    for text in models:
+        name, path = parse_model(text)
+        if name in named:
+            raise ConfigurationError(f"two models named {name!r}; name one NAME=PATH")
+        named[name] = os.fspath(path)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    async with contextlib.AsyncExitStack() as stack:
+        engines = {}
+        for name, path in named.items():
+            engines[name] = await stack.enter_async_context(
+                Engine(path, runtime=runtime, **options)
+            )
+        server = Server(engines, http=http, grpc=grpc, drain_timeout=drain_timeout)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        stack.callback(loop.remove_signal_handler, signal.SIGINT)
+        stack.callback(loop.remove_signal_handler, signal.SIGTERM)
+        await server.start()
+        try:
+            if started is not None:
+                started(server)
+            await stop.wait()
+            logger.info("aiodla serve: stopping")
+        finally:
+            await server.stop()
+        return server.statistics()
+    raise AssertionError("unreachable")  # pragma: no cover  (mypy: the stack may swallow)

@@ -1,0 +1,142 @@
+"""The ``aiodla serve`` command, registered by ``aiodla._cli``.
+
+It imports nothing of the ``serve`` extra until it runs, so the base install lists it
+and, run without the extra, it says how to install it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from .._cli_frame import CommandError, debug_option
+from ..runtime import _select
+
+if TYPE_CHECKING:
+    from ._app import Server
+
+__all__ = ["serve_command"]
+
+
+def _address(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
+    return None if value.lower() == "off" else value
+
+
+def _cores(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        cores = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        cores = ()
+    if not cores or min(cores) < 0:
+        raise click.BadParameter(f"{value!r} must be DLA core numbers joined by commas, e.g. 0,1")
+    return cores
+
+
+def _announce(server: Server) -> None:
+    # One line on stderr once both fronts listen: with port 0 it says which ports
+    # were picked (scripts and tests read it).
+    parts = [f"models {', '.join(server.models)}"]
+    if server.http_port is not None:
+        parts.append(f"HTTP port {server.http_port}")
+    if server.grpc_port is not None:
+        parts.append(f"gRPC port {server.grpc_port}")
+    print(f"aiodla serve: listening: {'; '.join(parts)}", file=sys.stderr, flush=True)
+
+
+@click.command(name="serve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...")
+@click.option(
+    "--http",
+    default="127.0.0.1:8000",
+    show_default=True,
+    callback=_address,
+    help="HTTP/REST address HOST:PORT (port 0: any free one), or off.",
+)
+@click.option(
+    "--grpc",
+    default="127.0.0.1:8001",
+    show_default=True,
+    callback=_address,
+    help="gRPC address HOST:PORT, or off.",
+)
+@click.option(
+    "--cores",
+    default="0,1",
+    show_default=True,
+    callback=_cores,
+    help="DLA cores every model's engine uses, joined by commas.",
+)
+@click.option(
+    "--streams",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="CUDA streams (slots) per core.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Requests waiting per model; beyond, requests are answered UNAVAILABLE (503).",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="S",
+    help="On SIGTERM, seconds that accepted requests get to finish.",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice(_select.RUNTIME_CHOICES),
+    default="auto",
+    show_default=True,
+    help="Which runtime runs the models.",
+)
+@debug_option
+def serve_command(
+    models: tuple[str, ...],
+    http: str | None,
+    grpc: str | None,
+    cores: tuple[int, ...],
+    streams: int,
+    max_queue: int,
+    drain_timeout: float,
+    runtime: str,
+) -> int:
+    """Serve MODELs over the KServe v2 / Triton inference protocol (HTTP and gRPC).
+
+    Each MODEL is PATH (named after the file: det.bin serves as det) or NAME=PATH,
+    with an engine of its own. Triton's clients (tritonclient.http, tritonclient.grpc)
+    work unchanged; Prometheus metrics are at /metrics on the HTTP port. SIGTERM or
+    Ctrl-C stops accepting, lets accepted requests finish within --drain-timeout,
+    then exits.
+    """
+    if http is None and grpc is None:
+        raise click.UsageError("--http and --grpc are both off: nothing to serve")
+    try:  # the extra's libraries, on use only
+        from ._app import serve
+    except ImportError as exc:
+        raise CommandError(str(exc)) from exc
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    asyncio.run(
+        serve(
+            models,
+            http=http,
+            grpc=grpc,
+            runtime=runtime,
+            drain_timeout=drain_timeout,
+            started=_announce,
+            cores=cores,
+            streams_per_core=streams,
+            max_queue=max_queue,
+        )
+    )
+    print("aiodla serve: stopped", file=sys.stderr, flush=True)
+    return 0

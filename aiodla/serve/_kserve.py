@@ -1,0 +1,231 @@
+"""The KServe v2 tensor codec and error statuses, shared by the HTTP and gRPC fronts.
+
+A tensor on the wire is a name, a KServe datatype (``FP32``, ``INT8``, ...), a shape
+and its values: JSON numbers (HTTP), typed repeated fields (gRPC ``contents``) or raw
+little-endian bytes in row-major order (HTTP's binary tensor data extension, gRPC's
+``raw_input_contents``). This module turns them into numpy arrays checked against the
+model's :class:`~aiodla.TensorSpec`, turns the engine's outputs back, and maps every
+error to the protocol's status: an HTTP code and a gRPC status code name.
+
+Datatypes follow Triton strictly: an input must arrive in its tensor's datatype, with
+its logical shape. One leniency: an integer input with a quantization scale
+(``Engine(scales=...)``) also takes FP16, FP32 or FP64 values, which aiodla quantizes,
+as ``Engine.infer`` does. Outputs go out in the type ``Engine.infer`` returns them:
+FP32 for an integer output with a scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._errors import (
+    AiodlaError,
+    EngineClosedError,
+    EngineDeadError,
+    InputError,
+    QueueFullError,
+    RequestTimeoutError,
+)
+from .._tensors import TensorSpec
+
+__all__ = [
+    "DATATYPES",
+    "ProtocolError",
+    "Status",
+    "decode_json",
+    "decode_raw",
+    "error_of",
+    "input_datatypes",
+    "output_datatype",
+    "raw_bytes",
+    "tensor_metadata",
+]
+
+_Array = np.ndarray[Any, Any]
+
+#: KServe datatype name → numpy dtype (BYTES, strings, has no DLA tensor).
+DATATYPES: Mapping[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+_NAMES = {dtype: name for name, dtype in DATATYPES.items()}
+_FLOATS = ("FP16", "FP32", "FP64")
+
+
+class Status(enum.Enum):
+    """A protocol status: (HTTP code, gRPC status code name)."""
+
+    INVALID_ARGUMENT = (400, "INVALID_ARGUMENT")
+    NOT_FOUND = (404, "NOT_FOUND")
+    UNAVAILABLE = (503, "UNAVAILABLE")
+    # Triton has no HTTP code of its own for a request's timeout; 504 is the HTTP word
+    # for "no answer in time" and tritonclient reads any code with the message.
+    DEADLINE_EXCEEDED = (504, "DEADLINE_EXCEEDED")
+    INTERNAL = (500, "INTERNAL")
+
+    @property
+    def http(self) -> int:
+        return self.value[0]
+
+    @property
+    def grpc(self) -> str:
+        return self.value[1]
+
+
+class ProtocolError(Exception):
+    """A request the server answers with an error status and this message."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_of(exc: BaseException) -> ProtocolError:
+    """The status and message a failed request is answered with.
+
+    aiodla's message goes out unchanged: it names the tensor, the shape, the queue.
+    """
+    if isinstance(exc, ProtocolError):
+        return exc
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, InputError):
+        return ProtocolError(Status.INVALID_ARGUMENT, message)
+    if isinstance(exc, RequestTimeoutError):
+        return ProtocolError(Status.DEADLINE_EXCEEDED, message)
+    # A full queue, a closing engine and a dead one are all "try elsewhere or later": the
+    # protocol's UNAVAILABLE, which load balancers and clients retry.
+    if isinstance(exc, (QueueFullError, EngineClosedError, EngineDeadError)):
+        return ProtocolError(Status.UNAVAILABLE, message)
+    if isinstance(exc, AiodlaError):
+        return ProtocolError(Status.INTERNAL, message)
+    return ProtocolError(Status.INTERNAL, f"internal error: {type(exc).__name__}: {message}")
+
+
+# -- metadata -------------------------------------------------------------------------------
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    return _NAMES[np.dtype(dtype)]
+
+
+def input_datatypes(spec: TensorSpec) -> tuple[str, ...]:
+    """The datatypes an input takes, the tensor's own first."""
+    own = datatype_of(spec.numpy_dtype)
+    if spec.is_integer and spec.scale is not None:
+        return (own, *_FLOATS)
+    return (own,)
+
+
+def output_datatype(spec: TensorSpec) -> str:
+    """The datatype an output goes out in: what ``Engine.infer`` returns."""
+    return datatype_of(spec.result_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def tensor_metadata(spec: TensorSpec, *, output: bool) -> TensorMetadata:
+    datatype = output_datatype(spec) if output else input_datatypes(spec)[0]
+    return TensorMetadata(spec.name, datatype, tuple(spec.shape))
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+
+def _checked_header(spec: TensorSpec, datatype: object, shape: object) -> np.dtype[Any]:
+    """The dtype of an input's values, after checking its datatype and shape."""
+    allowed = input_datatypes(spec)
+    if datatype not in allowed:
+        expected = allowed[0] if len(allowed) == 1 else f"one of {', '.join(allowed)}"
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"input {spec.name!r}: datatype {datatype!r}, expected {expected}",
+        )
+    if (
+        not isinstance(shape, Sequence)
+        or isinstance(shape, (str, bytes))
+        or not all(type(d) is int for d in shape)
+        or tuple(shape) != spec.shape
+    ):
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"input {spec.name!r}: shape {_shown(shape)}, expected {list(spec.shape)}",
+        )
+    return DATATYPES[str(datatype)]
+
+
+def _shown(shape: object) -> str:
+    return str(list(shape)) if isinstance(shape, (list, tuple)) else repr(shape)
+
+
+def decode_json(spec: TensorSpec, datatype: object, shape: object, data: object) -> _Array:
+    """An input from JSON values (nested lists or one flat list, row-major) or a gRPC
+    ``contents`` field's values."""
+    dtype = _checked_header(spec, datatype, shape)
+    if isinstance(data, (str, bytes, Mapping)) or data is None:
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT, f"input {spec.name!r}: 'data' must be a list of numbers"
+        )
+    try:
+        array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        # Ragged lists, strings, values that do not fit the datatype (300 as INT8).
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT, f"input {spec.name!r}: bad {datatype} data: {exc}"
+        ) from None
+    count = int(np.prod(spec.shape))
+    if array.size != count:
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"input {spec.name!r}: {array.size} values, shape {list(spec.shape)} holds {count}",
+        )
+    return array.reshape(spec.shape)
+
+
+def decode_raw(
+    spec: TensorSpec, datatype: object, shape: object, raw: bytes | memoryview
+) -> _Array:
+    """An input from raw little-endian bytes, row-major."""
+    dtype = _checked_header(spec, datatype, shape)
+    count = int(np.prod(spec.shape))
+    if len(raw) != count * dtype.itemsize:
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT,
+            f"input {spec.name!r}: {len(raw)} bytes of {datatype}, shape "
+            f"{list(spec.shape)} needs {count * dtype.itemsize}",
+        )
+    # A read-only view of the request's bytes: the engine copies it into staging and
+    # never writes into an input.
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(spec.shape)
+
+
+# -- outputs ------------------------------------------------------------------------------------
+
+
+def raw_bytes(array: _Array) -> bytes:
+    """An output's values as the protocol's raw bytes: little-endian, row-major."""
+    little = array.dtype.newbyteorder("<")
+    return np.ascontiguousarray(array, dtype=little).tobytes()
