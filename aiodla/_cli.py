@@ -43,8 +43,15 @@ from ._cli_frame import (
 from ._cores import read_model
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
-from ._errors import AiodlaError, DeviceError, ModelError, status_name
-from ._inspection import close_runtime, describe_module, describe_runtime
+from ._errors import DeviceError, ModelError, status_name
+from ._inspection import (
+    auto_choice,
+    close_runtime,
+    describe_module,
+    describe_runtime,
+    dla_resources,
+    version_text,
+)
 from ._tensors import TensorSpec
 from .emulator._format import (
     AUTO,
@@ -160,26 +167,14 @@ def _dla_descriptors(
 # -- devices --------------------------------------------------------------------------------
 
 
-def _version_text(version: int) -> str:
-    # cuDLA packs its version as major * 1_000_000 + minor * 1_000 + patch.
-    return f"{version // 1_000_000}.{version // 1_000 % 1_000}.{version % 1_000} ({version})"
-
-
-def _auto_choice(loadable: bytes) -> str:
-    """What runtime="auto" picks for this kind of loadable, or why it picks none."""
-    try:
-        runtime, owned = _select.select_runtime("auto", loadable)
-    except AiodlaError as exc:
-        return f"none: {exc}"
-    if owned:
-        close_runtime(runtime)
-    return runtime.name
-
-
 @cli.command(short_help="Show cuDLA, its DLA cores and what 'auto' picks.")
+@click.option("--ray-resources", is_flag=True, help="Print what 'ray start --resources' takes.")
 @debug_option
-def devices() -> None:
+def devices(ray_resources: bool) -> None:
     """Show the cuDLA runtime, its DLA cores, and which runtime "auto" picks."""
+    if ray_resources:  # JSON for `ray start --resources "$(aiodla devices --ray-resources)"`
+        click.echo(json.dumps(dla_resources()))
+        return
     usable, reason, standin = _select.cuda_probe()
     if usable:
         runtime, _owned = _select.select_runtime("cuda", b"")
@@ -188,7 +183,7 @@ def devices() -> None:
         finally:
             close_runtime(runtime)
         which = "aiodla's GPU stand-in (a test double)" if standin else "libcudla.so.1"
-        click.echo(f"cuDLA:      {which}, version {_version_text(version)}")
+        click.echo(f"cuDLA:      {which}, version {version_text(version)}")
         click.echo(f"DLA cores:  {cores}")
     else:
         click.echo(f"cuDLA:      not available: {reason}")
@@ -197,9 +192,9 @@ def devices() -> None:
             f"({_select.ORIN_DLA_CORES} emulated cores)"
         )
     click.echo('runtime="auto" picks')
-    dla_choice = _auto_choice(b"") if usable else "none: a DLA loadable needs cuDLA"
+    dla_choice = auto_choice(b"") if usable else "none: a DLA loadable needs cuDLA"
     click.echo(f"  for a DLA loadable:       {dla_choice}")
-    click.echo(f"  for an emulator loadable: {_auto_choice(MAGIC)}")
+    click.echo(f"  for an emulator loadable: {auto_choice(MAGIC)}")
 
 
 # -- inspect ----------------------------------------------------------------------------------

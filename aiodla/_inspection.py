@@ -9,10 +9,24 @@ from collections.abc import Sequence
 
 from ._cores import device_error
 from ._descriptors import TensorDescriptor
+from ._errors import AiodlaError, ConfigurationError
 from ._resources import ResourceStack
+from .emulator._format import MAGIC
+from .runtime import _select
 from .runtime._protocol import Runtime
 
-__all__ = ["close_runtime", "describe_module", "describe_runtime"]
+__all__ = [
+    "DLA_RESOURCE",
+    "auto_choice",
+    "close_runtime",
+    "describe_module",
+    "describe_runtime",
+    "dla_resources",
+    "version_text",
+]
+
+#: The Ray custom resource that counts a box's DLA cores (``ray start --resources``).
+DLA_RESOURCE = "DLA"
 
 
 def describe_module(
@@ -46,3 +60,45 @@ def describe_runtime(runtime: Runtime) -> tuple[int, int]:
 def close_runtime(runtime: Runtime) -> None:
     """Release what the runtime itself holds (threads, libraries)."""
     runtime.close()
+
+
+def version_text(version: int) -> str:
+    # cuDLA packs its version as major * 1_000_000 + minor * 1_000 + patch.
+    return f"{version // 1_000_000}.{version // 1_000 % 1_000}.{version % 1_000} ({version})"
+
+
+def auto_choice(loadable: bytes) -> str:
+    """What runtime="auto" picks for this kind of loadable, or why it picks none."""
+    try:
+        runtime, owned = _select.select_runtime("auto", loadable)
+    except AiodlaError as exc:
+        return f"none: {exc}"
+    if owned:
+        close_runtime(runtime)
+    return runtime.name
+
+
+def dla_resources(runtime: str = "auto") -> dict[str, float]:
+    """What ``ray start --resources`` should get on this box: ``{"DLA": cores}``.
+
+    ``"auto"`` counts the DLA cores cuDLA drives here (a Jetson: 2), or returns ``{}``
+    where there is none, so that no replica of a real loadable lands on this box.
+    ``"cuda"`` counts them too, and raises where cuDLA is not usable. ``"emulated"``
+    gives the emulated runtime's cores, for fleets that serve emulator loadables.
+
+    The CLI prints it as JSON: ``aiodla devices --ray-resources``; ``aiodla.ray``
+    re-exports it as ``ray_resources``.
+    """
+    if runtime not in _select.RUNTIME_CHOICES:
+        raise ConfigurationError(f"runtime={runtime!r} must be one of {_select.RUNTIME_CHOICES}")
+    if runtime == "auto" and not _select.cuda_probe()[0]:
+        return {}
+    # The emulated runtime is chosen only for an emulator loadable (its magic stands for
+    # one, as in the CLI's devices command); b"" stands for a DLA loadable.
+    probe = MAGIC if runtime == "emulated" else b""
+    chosen, _owned = _select.select_runtime(runtime, probe)  # a name: always ours to close
+    try:
+        _version, cores = describe_runtime(chosen)
+    finally:
+        close_runtime(chosen)
+    return {DLA_RESOURCE: float(cores)}

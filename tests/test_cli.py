@@ -173,6 +173,16 @@ class TestDevices:
         assert "for an emulator loadable: cuda" in result.output
 
 
+    def test_ray_resources_without_cudla(self, no_cudla: None) -> None:
+        result = run("devices", "--ray-resources")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output) == {}  # no replica of a DLA loadable lands here
+
+    def test_ray_resources_with_cudla(self, fake_cudla: list[FakeCuda]) -> None:
+        result = run("devices", "--ray-resources")
+        assert json.loads(result.output) == {"DLA": 2.0}
+
+
 class TestInspect:
     def test_table(self, model: Path) -> None:
         result = run("inspect", str(model))
