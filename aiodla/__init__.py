@@ -20,6 +20,8 @@ from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
 from ._errors import StreamClosedError as StreamClosedError
 from ._errors import TaskError as TaskError
 from ._options import EngineOptions as EngineOptions
+from ._preprocess import Geometry as Geometry
+from ._preprocess import ImagePreprocess as ImagePreprocess
 from ._session import FrameResult as FrameResult
 from ._session import LatestFrameStream as LatestFrameStream
 from ._session import StreamState as StreamState
@@ -51,7 +53,9 @@ __all__ = (
     "EngineState",
     "EngineStatistics",
     "FrameResult",
+    "Geometry",
     "Histogram",
+    "ImagePreprocess",
     "InputError",
     "InputTypeError",
     "InputValueError",

@@ -32,6 +32,7 @@ from ._errors import (
     status_name,
 )
 from ._options import EngineOptions
+from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
 from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
 from ._tensors import TensorSpec, specs_by_name
@@ -207,6 +208,8 @@ class Cores:
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
         self.path: HostPath | DevicePath | None = None
+        # The pre-processing of each input that takes camera frames, else None.
+        self.frames: tuple[ImagePreprocess | None, ...] = ()
         # The emulated runtime's failed compute= functions, by slot (None when no
         # module of this engine has one: nothing to ask with each completion then).
         self.take_compute_failure: Callable[[Slot], BaseException | None] | None = None
@@ -336,6 +339,7 @@ class Cores:
                 )
         self.inputs = tuple(s.with_scale(scales.get(s.name)) for s in inputs)
         self.outputs = tuple(s.with_scale(scales.get(s.name)) for s in outputs)
+        self.frames = frames_for(self.inputs, self._options.preprocess)
 
     def _open_slot(self, core: CoreState, index: int) -> None:
         runtime = self.runtime
@@ -367,8 +371,9 @@ class Cores:
             def allocate(name: str, create: Any, release: Any, nbytes: Any) -> Any:
                 return self._create(f"{where} tensor {name!r}", core.core, create, release, nbytes)
 
+            frames = None if number >= len(self.inputs) else self.frames[number]
             output = number >= len(self.inputs)
-            bindings.append(path.bind(spec, pointer, registered, output, allocate))
+            bindings.append(path.bind(spec, pointer, registered, output, allocate, frames))
         inputs, outputs = bindings[: len(self.inputs)], bindings[len(self.inputs) :]
         task = self._call(
             f"{where}: make_task",
@@ -471,10 +476,6 @@ class Cores:
         if len(results) == 1:
             return results[0]
         return {b.spec.name: r for b, r in zip(slot.outputs, results, strict=True)}
-
-    @property
-    def device_conversion(self) -> bool:
-        return isinstance(self.path, DevicePath)
 
     def import_device(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec`` (see :meth:`DevicePath.import_array`)."""

@@ -34,6 +34,7 @@ from ._layout import BoundTensor
 
 if TYPE_CHECKING:
     from ._cores import Slot
+    from ._preprocess import ImagePreprocess
     from ._tensors import TensorSpec
     from .runtime import HostBuffer, Runtime
 
@@ -76,6 +77,10 @@ class TensorBinding:
     host: HostBuffer
     bound: BoundTensor | None = None
     raw: int = 0
+    # An input that takes camera frames: their pre-processing, and (host conversion)
+    # where it writes the float32 model input before packing.
+    frames: ImagePreprocess | None = None
+    scratch: _Array | None = None
 
 
 def _dense_strides(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -136,15 +141,26 @@ class HostPath:
         self.runtime = runtime
 
     def bind(
-        self, spec: TensorSpec, device_ptr: int, registered: int, output: bool, allocate: Allocate
+        self,
+        spec: TensorSpec,
+        device_ptr: int,
+        registered: int,
+        output: bool,
+        allocate: Allocate,
+        frames: ImagePreprocess | None = None,
     ) -> TensorBinding:
         runtime = self.runtime
         host = allocate(spec.name, runtime.host_alloc, runtime.host_free, spec.size)
-        return TensorBinding(spec, device_ptr, registered, host, spec.bind(host.array))
+        binding = TensorBinding(spec, device_ptr, registered, host, spec.bind(host.array))
+        if frames is not None:  # opened once: pre-processing allocates nothing per frame
+            binding.frames, binding.scratch = frames, np.empty(spec.shape, np.float32)
+        return binding
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         for binding, array in zip(slot.inputs, arrays, strict=True):
             assert binding.bound is not None
+            if binding.frames is not None:
+                array = binding.frames.apply(array, binding.spec, binding.scratch, validate=False)
             binding.bound.write(array, checked=True)
 
     def write_zeros(self, slot: Slot) -> None:
@@ -221,12 +237,34 @@ class DevicePath:
         self.runtime.prepare_conversions(packs, unpacks)
 
     def bind(
-        self, spec: TensorSpec, device_ptr: int, registered: int, output: bool, allocate: Allocate
+        self,
+        spec: TensorSpec,
+        device_ptr: int,
+        registered: int,
+        output: bool,
+        allocate: Allocate,
+        frames: ImagePreprocess | None = None,
+    ) -> TensorBinding:
+        binding = self._bind(spec, device_ptr, registered, output, allocate, frames)
+        binding.frames = frames
+        return binding
+
+    def _bind(
+        self,
+        spec: TensorSpec,
+        device_ptr: int,
+        registered: int,
+        output: bool,
+        allocate: Allocate,
+        frames: ImagePreprocess | None,
     ) -> TensorBinding:
         runtime = self.runtime
-        # Inputs: the caller's bytes in any accepted type; outputs: the logical results.
+        # Inputs: the caller's bytes in any accepted type (or a camera frame up to its
+        # largest); outputs: the logical results.
         itemsize = spec.result_dtype.itemsize if output else _WIDEST
         nbytes = _elements(spec) * itemsize
+        if frames is not None:
+            nbytes = max(nbytes, frames.max_frame_nbytes)
         if self.zero_copy:
 
             def host_alloc(nbytes: int) -> HostBuffer:  # mapped: kernels reach it in place
@@ -257,6 +295,19 @@ class DevicePath:
         self, binding: TensorBinding, array: _Array
     ) -> tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]:
         spec = binding.spec
+        if binding.frames is not None:
+            # The model input, pre-processed on the host straight into staging.
+            staged = binding.host.array[: _elements(spec) * 4].view(np.float32)
+            binding.frames.apply(array, spec, staged.reshape(spec.shape), validate=False)
+            array = staged.reshape(spec.shape)
+            pointer = binding.host.device_ptr if self.zero_copy else binding.raw
+            return (pointer, array.dtype, _dense_strides(spec.shape), None)
+        return self._stage_array(binding, array)
+
+    def _stage_array(
+        self, binding: TensorBinding, array: _Array
+    ) -> tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]:
+        spec = binding.spec
         dtype = array.dtype
         if dtype not in SOURCE_DTYPES:
             # check_array let it through (int64 into a float tensor, say): the host
@@ -271,7 +322,7 @@ class DevicePath:
 
     def write_zeros(self, slot: Slot) -> None:
         slot.reads = [
-            self._stage(b, np.zeros(b.spec.shape, b.spec.numpy_dtype)) for b in slot.inputs
+            self._stage_array(b, np.zeros(b.spec.shape, b.spec.numpy_dtype)) for b in slot.inputs
         ]
 
     def enqueue_inputs(self, slot: Slot) -> None:

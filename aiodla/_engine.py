@@ -33,7 +33,7 @@ import anyio
 import numpy as np
 
 from ._cores import Cores, CoreState
-from ._data_path import release_sources
+from ._data_path import DevicePath, release_sources
 from ._device_arrays import DeviceSource, is_device_array
 from ._errors import (
     AiodlaError,
@@ -46,6 +46,7 @@ from ._errors import (
 )
 from ._flow import EngineState, Flow
 from ._options import EngineOptions, check_timeout
+from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
 from ._statistics import CoreStatistics, EngineHealth, EngineStatistics, StageTimes
 from ._tensors import TensorSpec
@@ -275,7 +276,12 @@ class Engine:
             raise EngineClosedError("the engine is not open: its inputs are not known yet")
         cores = self._cores
         arrays = _validated(
-            cores.inputs, self._input_names, inputs, self._options.casting, cores.import_device
+            cores.inputs,
+            self._input_names,
+            inputs,
+            self._options.casting,
+            cores.import_device,
+            cores.frames,
         )
         release_sources([a for a in arrays if isinstance(a, DeviceSource)])
 
@@ -359,7 +365,12 @@ class Engine:
             self._check_device_output(output)
         cores = self._cores
         arrays = _validated(
-            cores.inputs, self._input_names, inputs, self._options.casting, cores.import_device
+            cores.inputs,
+            self._input_names,
+            inputs,
+            self._options.casting,
+            cores.import_device,
+            cores.frames,
         )
         sources = tuple(a for a in arrays if isinstance(a, DeviceSource))
         scheduler = flow.scheduler
@@ -379,7 +390,7 @@ class Engine:
     def _check_device_output(self, output: object) -> None:
         if output != "device":
             raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
-        if self.runtime.has_device_memory and not self._cores.device_conversion:
+        if self.runtime.has_device_memory and not isinstance(self._cores.path, DevicePath):
             raise ConfigurationError(
                 "output='device' needs device conversion; this engine converts on the "
                 "host (Engine(convert='device') converts on the GPU)"
@@ -459,19 +470,29 @@ def _validated(
     inputs: Any,
     casting: Any,
     import_device: ImportDevice,
+    frames: tuple[ImagePreprocess | None, ...] = (),
 ) -> tuple[Any, ...]:
     """The arrays of ``inputs`` in the model's input order, each checked by its spec:
-    numpy arrays, or :class:`DeviceSource` for device arrays. On an error, the device
-    arrays taken so far are released."""
-    if type(inputs) is np.ndarray and len(specs) == 1:
+    numpy arrays, :class:`DeviceSource` for device arrays, camera frames for inputs with
+    pre-processing (``frames``). On an error, the device arrays taken so far are
+    released."""
+    if type(inputs) is np.ndarray and len(specs) == 1 and not any(frames):
         spec = specs[0]
         if inputs.dtype == spec.numpy_dtype and inputs.shape == spec.shape:
             return (inputs,)  # the common case, valid as it stands
         return (spec.check_array(inputs, casting=casting),)
     taken: list[Any] = []
     try:
-        for spec, value in zip(specs, _in_order(specs, names, inputs), strict=True):
-            if type(value) is not np.ndarray and is_device_array(value):
+        values = _in_order(specs, names, inputs)
+        for spec, value, pre in zip(specs, values, frames or (None,) * len(specs), strict=True):
+            if pre is not None:
+                if type(value) is not np.ndarray and is_device_array(value):
+                    raise InputTypeError(
+                        f"input {spec.name!r}: camera frames are pre-processed on the host "
+                        "in this version: pass the frame as a numpy array"
+                    )
+                taken.append(pre.check_frame(value, spec))
+            elif type(value) is not np.ndarray and is_device_array(value):
                 taken.append(import_device(spec, value))
             else:
                 taken.append(spec.check_array(value, casting=casting))

@@ -84,7 +84,7 @@ class Flow:
         self.loop = loop
         self.scheduler = Scheduler(cores.cores, self._options.max_consecutive_faults)
         limit = self._options.offload_bytes
-        self.offload_pack = sum(s.size for s in cores.inputs) > limit
+        self.offload_pack = sum(s.size for s in cores.inputs) > limit or any(cores.frames)
         self.offload_unpack = sum(s.size for s in cores.outputs) > limit
         self.poller = Poller(
             cores.probe, loop, self.on_completions, self._die_callback, pause=cores.poll_pause

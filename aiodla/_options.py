@@ -44,6 +44,9 @@ class EngineOptions:
     the device on a runtime with GPU memory, else the host. ``zero_copy``: with device
     conversion, kernels read and write mapped pinned staging in place and no copy is
     enqueued; None (the default) does so on an integrated GPU (a Jetson).
+    ``preprocess``: input name -> :class:`~aiodla.ImagePreprocess`: that input takes
+    camera frames (any size up to its ``max_frame``), resized, normalized and converted
+    as it says.
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -60,6 +63,7 @@ class EngineOptions:
     casting: str = "safe"
     convert: str = "auto"
     zero_copy: bool | None = None
+    preprocess: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
@@ -107,6 +111,19 @@ class EngineOptions:
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if not _finite(self.close_timeout) or self.close_timeout < 0:
             raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")
+        from ._preprocess import ImagePreprocess  # (its module imports the tensors')
+
+        preprocess: object = self.preprocess
+        if not isinstance(preprocess, Mapping):
+            raise ConfigurationError(
+                f"preprocess={preprocess!r} must map input names to ImagePreprocess"
+            )
+        for name, value in preprocess.items():
+            if not isinstance(name, str) or not isinstance(value, ImagePreprocess):
+                raise ConfigurationError(
+                    f"preprocess[{name!r}]={value!r} must be an ImagePreprocess for an input name"
+                )
+        object.__setattr__(self, "preprocess", MappingProxyType(dict(preprocess)))
         scales = dict(self.scales)
         for name, scale in scales.items():
             if not isinstance(name, str) or not _finite(scale) or not scale > 0:

@@ -240,14 +240,18 @@ class TestOverload:
         example = importlib.util.module_from_spec(spec)
         sys.modules.setdefault("camera_fanout", example)
         spec.loader.exec_module(example)
-        # 2 cores x 20 ms = 100 frames/s; 4 cameras x 50 fps = 200 frames/s offered.
-        service = 0.02
-        stats = await example.run(example.demo_model(service), cameras=4, fps=50, duration=1.0)
+        # 2 cores x 50 ms = 40 frames/s; 4 cameras x 20 fps = 80 frames/s offered, as
+        # raw 1080p frames that the engine letterboxes to the model's 640x640.
+        service = 0.05
+        stats = await example.run(example.demo_model(service), cameras=4, fps=20, duration=1.5)
         assert len(stats) == 4
         for s in stats:
             assert s.dropped > 0
             assert s.completed > 0
-            assert s.latency.p99 <= 6 * service, s  # see the test above for the bound
+            # Bounded, not a backlog: on this runtime the host pre-processes and packs
+            # each 1080p frame with numpy (about 20 ms of CPU), so the bound is looser
+            # than the test above's.
+            assert s.latency.p99 <= 10 * service, s
         printed = capsys.readouterr().out
         assert "cam3" in printed
         assert "dropped" in printed

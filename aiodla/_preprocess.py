@@ -1,0 +1,595 @@
+"""Camera frames into a model input: colour conversion, resize, letterbox and
+normalization, defined to the bit, and its numpy implementation.
+
+:class:`ImagePreprocess` is set per input tensor. The engine validates each frame with
+:meth:`~ImagePreprocess.check_frame` before anything is queued; :meth:`~ImagePreprocess.apply`
+writes the logical float32 ``(1, 3, H, W)`` array that :meth:`TensorSpec.pack
+<aiodla.TensorSpec.pack>` then converts into the tensor's dtype and DLA layout (FP16
+round to nearest even, INT8 quantization): that step is not repeated here. This numpy
+code is the emulated runtime's implementation and the reference a GPU kernel reproduces
+bit for bit; OpenCV is the tests' reference, which it matches within one pixel level.
+
+Arithmetic
+----------
+Hf x Wf is the frame, H x W the model input, and the frame is resized to h x w and
+placed at (top, left) as :meth:`ImagePreprocess.geometry` says (letterbox: s = min(H/Hf,
+W/Wf), w = round(Wf*s), h = round(Hf*s), half to even and at least 1, left = (W - w) // 2,
+top = (H - h) // 2; stretch: h x w = H x W at (0, 0); None: the frame is the input).
+``f32(x)`` is x rounded to the nearest float32, ties to even. Each float32 operation
+below is one IEEE-754 operation rounded to nearest even, in the order written, never
+fused into an FMA (on CUDA: ``__fadd_rn``, ``__fsub_rn``, ``__fmul_rn``, ``__fdiv_rn``,
+or ``-fmad=false``).
+
+1. **Pixels**, uint8 R, G, B at frame pixel (y, x).
+   bgr, rgb, bgra, rgba: the bytes at (y, x); alpha is ignored.
+   nv12 (BT.601 limited range, nearest chroma, exactly OpenCV's ``COLOR_YUV2RGB_NV12``):
+   Y = a[y, x], U = a[Hf + y//2, 2*(x//2)], V = a[Hf + y//2, 2*(x//2) + 1], then in int32
+   (no intermediate overflows), with ``>>`` an arithmetic shift::
+
+       l = max(Y - 16, 0) * 1220542 + 2**19
+       R = clamp((l + 1673527 * (V - 128)) >> 20, 0, 255)
+       G = clamp((l - 852492 * (V - 128) - 409993 * (U - 128)) >> 20, 0, 255)
+       B = clamp((l + 2116026 * (U - 128)) >> 20, 0, 255)
+
+   Model channel k reads R, G or B as ``order`` says.
+2. **Sample tables**, per axis, in float64 (each operation rounded to double; OpenCV
+   INTER_LINEAR's half-pixel centres and border clamp), for output index d in [0, n) of
+   an axis resized from m pixels to n::
+
+       src = (d + 0.5) * (m / n) - 0.5;   i = floor(src);   t = src - i
+       if i < 0:      i, t = 0, 0
+       if i >= m - 1: i, t = m - 1, 0
+       i0 = i;   i1 = min(i + 1, m - 1);   f = f32(t)
+
+3. **Interpolation**, float32: with y0, y1, fy the vertical and x0, x1, fx the horizontal
+   table entries, and p(y, x) a pixel converted exactly to float32::
+
+       a = p(y0, x0);  b = p(y0, x1);  c = p(y1, x0);  d = p(y1, x1)
+       upper = a + fx * (b - a);   lower = c + fx * (d - c)
+       v = upper + fy * (lower - upper)
+
+   v is not rounded to an integer. With f == 0 a step gives its first operand exactly,
+   so resize=None (and any axis whose size does not change) gives the pixels themselves,
+   and v always lies between the smallest and largest of a, b, c, d.
+4. **Letterbox**: outside rows [top, top + h) and columns [left, left + w), v = pad_value.
+5. **Normalization**, float32, model channel k:
+   ``y = (v * f32(scale) - f32(mean[k])) / f32(std[k])``.
+
+v matches OpenCV's float32 ``cv2.resize`` (INTER_LINEAR) to float32 rounding. Its uint8
+resize rounds the result and weighs with 11-bit fixed-point coefficients: v differs from
+it by less than one level (0.82 at most in the tests, on random pixels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+import operator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import ConfigurationError, InputTypeError, InputValueError
+from ._tensors import TensorSpec
+
+__all__ = ["Geometry", "ImagePreprocess", "frames_for"]
+
+_Array = np.ndarray[Any, Any]
+
+Source = Literal["bgr", "rgb", "bgra", "rgba", "nv12"]
+Order = Literal["rgb", "bgr"]
+Resize = Literal["letterbox", "stretch"]
+
+#: Bytes per pixel of the packed sources.
+_PACKED = {"bgr": 3, "rgb": 3, "bgra": 4, "rgba": 4}
+#: Where R, G and B sit in a packed pixel (nv12 is converted to R, G, B first).
+_RGB_AT = {"bgr": (2, 1, 0), "rgb": (0, 1, 2), "bgra": (2, 1, 0), "rgba": (0, 1, 2)}
+_ORDERS = {"rgb": (0, 1, 2), "bgr": (2, 1, 0)}
+_RESIZES = ("letterbox", "stretch", None)
+
+#: Frames are limited so that every offset into a frame, and into the staging buffer
+#: sized from ``max_frame``, fits a signed 32-bit int in the GPU kernel
+#: (16384 * 16384 * 4 bytes < 2**31).
+_MAX_SIDE = 16384
+
+#: Rows of the output interpolated at once: the temporaries of one block (rows x C x w
+#: float32) stay within L2 cache, which more than pays for the extra numpy calls.
+_BLOCK_ELEMENTS = 1 << 15
+
+# nv12 in OpenCV's fixed point (modules/imgproc/src/color_yuv.simd.hpp, ITUR_BT_601_*),
+# split into 256-entry tables per operand; the rounding term 2**19 rides on the Y table.
+_LEVELS = np.arange(256, dtype=np.int32)
+_Y_TERM = np.maximum(_LEVELS - 16, 0) * 1220542 + (1 << 19)
+_RV_TERM = (_LEVELS - 128) * 1673527
+_GV_TERM = (_LEVELS - 128) * -852492
+_GU_TERM = (_LEVELS - 128) * -409993
+_BU_TERM = (_LEVELS - 128) * 2116026
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Where the frame lands in the model input (:meth:`ImagePreprocess.geometry`).
+
+    It unpacks as the issue's ``scale, top, left = preprocess.geometry(...)``.
+
+    Frame pixel edges map linearly: ``x_model = left + x_frame * scale_x`` and
+    ``y_model = top + y_frame * scale_y`` (so pixel centres map as the resize samples
+    them). ``scale`` is the one factor of both axes: letterbox's s = min(H/Hf, W/Wf)
+    (Ultralytics' *gain*), 1.0 for resize=None, and NaN for stretch, whose axes scale
+    apart, so that a mapping that ignores ``scale_y``/``scale_x`` shows up as NaN.
+    ``scale_y``/``scale_x`` are the exact factors of the resampling (h/Hf, w/Wf, with
+    h x w the resized frame's size); map boxes with them, or with :meth:`to_frame`.
+    """
+
+    scale: float
+    top: int
+    left: int
+    scale_y: float
+    scale_x: float
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.scale, self.top, self.left))
+
+    def to_frame(self, boxes: npt.ArrayLike) -> _Array:
+        """Boxes ``(..., 4)`` as x1, y1, x2, y2 in model input pixels, mapped into frame
+        pixels (float64; not clipped to the frame: a box may reach into the padding)."""
+        result = np.array(boxes, dtype=np.float64)
+        if result.ndim < 1 or result.shape[-1] != 4:
+            raise InputValueError(f"boxes must have shape (..., 4), got {result.shape}")
+        result[..., 0::2] = (result[..., 0::2] - self.left) / self.scale_x
+        result[..., 1::2] = (result[..., 1::2] - self.top) / self.scale_y
+        return result
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImagePreprocess:
+    """Pre-processing of camera frames for one model input tensor.
+
+    ``ImagePreprocess(source="bgr", order="rgb", resize="letterbox", mean=(0.485, 0.456,
+    0.406), std=(0.229, 0.224, 0.225))``:
+
+    - ``source``: the frames' pixel format, ``"bgr"``, ``"rgb"``, ``"bgra"``, ``"rgba"``
+      (H x W x C uint8; alpha is ignored) or ``"nv12"`` (BT.601 limited range: the Y
+      plane H x W followed by interleaved U, V at half resolution, one (H*3/2) x W uint8
+      array, H and W even);
+    - ``order``: the model's channel order, ``"rgb"`` or ``"bgr"``;
+    - ``resize``: ``"letterbox"`` (keep the aspect ratio, centre on a canvas of
+      ``pad_value``), ``"stretch"`` (each axis to the model's size) or ``None`` (frames
+      must already have the model's height and width);
+    - ``pad_value``: the letterbox canvas, an integer level 0..255 before normalization;
+    - ``scale``, ``mean``, ``std``: ``y = (x * scale - mean[k]) / std[k]``; ``mean`` and
+      ``std`` are a number or one per channel in the model's ``order``;
+    - ``max_frame``: the largest frame (height, width) accepted, each side at most 16384
+      (for nv12, the image's size, not the array's); the engine sizes staging buffers
+      from it when it opens.
+
+    The module docstring defines the arithmetic to the bit.
+    """
+
+    source: Source
+    order: Order
+    resize: Resize | None
+    pad_value: int = 114
+    scale: float = 1 / 255
+    mean: float | Sequence[float] = 0.0
+    std: float | Sequence[float] = 1.0
+    max_frame: tuple[int, int] = (1080, 1920)
+    # float32 scale, mean and std (3, 1), and the normalized canvas per channel (3, 1, 1)
+    _constants: tuple[_Array, _Array, _Array, _Array] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.source not in _PACKED and self.source != "nv12":
+            raise ConfigurationError(
+                f"source={self.source!r} must be 'bgr', 'rgb', 'bgra', 'rgba' or 'nv12'"
+            )
+        if self.order not in _ORDERS:
+            raise ConfigurationError(f"order={self.order!r} must be 'rgb' or 'bgr'")
+        if self.resize not in _RESIZES:
+            raise ConfigurationError(
+                f"resize={self.resize!r} must be 'letterbox', 'stretch' or None"
+            )
+        pad = self.pad_value
+        if not _is_real(pad) or not (0 <= pad <= 255 and int(pad) == pad):
+            raise ConfigurationError(f"pad_value={pad!r} must be an integer level 0..255")
+        object.__setattr__(self, "pad_value", int(pad))
+        scale = self.scale
+        if not _is_real(scale) or not (math.isfinite(scale) and scale > 0):
+            raise ConfigurationError(f"scale={scale!r} must be a finite number > 0")
+        object.__setattr__(self, "scale", float(scale))
+        mean = _per_channel("mean", self.mean, positive=False)
+        std = _per_channel("std", self.std, positive=True)
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+        object.__setattr__(self, "max_frame", _max_frame(self.max_frame))
+        # (3, 1) broadcasts over the (rows, channel, column) blocks of apply
+        column = (3, 1)
+        f32 = np.float32
+        constants = (
+            np.full(column, self.scale, f32),
+            np.array(mean, f32).reshape(column),
+            np.array(std, f32).reshape(column),
+        )
+        canvas = ((f32(self.pad_value) * constants[0] - constants[1]) / constants[2])[:, None]
+        for array in (*constants, canvas):
+            array.flags.writeable = False
+        object.__setattr__(self, "_constants", (*constants, canvas))
+
+    # -- sizes -----------------------------------------------------------------------
+
+    @property
+    def max_frame_nbytes(self) -> int:
+        """Bytes of the largest frame accepted: what a staging buffer must hold."""
+        height, width = self.max_frame
+        if self.source == "nv12":
+            return (height // 2) * (width // 2) * 6
+        return height * width * _PACKED[self.source]
+
+    def geometry(self, frame_height: int, frame_width: int, height: int, width: int) -> Geometry:
+        """Where a frame of ``frame_height`` x ``frame_width`` lands in a model input of
+        ``height`` x ``width``: a pure function of the sizes (see :class:`Geometry`).
+
+        letterbox: s = min(height/frame_height, width/frame_width), the frame resized to
+        round(frame_width*s) x round(frame_height*s) (Python's round, half to even; at
+        least 1) at left = (width - new_width) // 2, top = (height - new_height) // 2.
+        stretch: scale NaN, top = left = 0, scale_y = height/frame_height, scale_x =
+        width/frame_width. None: the sizes must be equal; scale 1, top = left = 0.
+        """
+        sizes: list[int] = []
+        for given in (frame_height, frame_width, height, width):
+            size = _integer(given)
+            if size is None:
+                raise InputTypeError(f"geometry takes integer sizes, got {given!r}")
+            if not 1 <= size <= _MAX_SIDE:
+                raise InputValueError(f"geometry: size {given!r} is not within 1..{_MAX_SIDE}")
+            sizes.append(size)
+        if self.resize is None and (frame_height, frame_width) != (height, width):
+            raise InputValueError(
+                f"resize=None takes frames of the model's size {height}x{width} only, "
+                f"got {frame_height}x{frame_width}"
+            )
+        return _geometry(self.resize, *sizes)
+
+    # -- validation ------------------------------------------------------------------
+
+    def check_target(self, spec: TensorSpec) -> None:
+        """Refuse a model tensor these frames cannot feed (the engine calls it at open):
+        not one image of 3 channels, an integer tensor with no quantization scale, or,
+        with resize=None, a model input larger than ``max_frame``."""
+        n, channels, height, width = spec.shape
+        where = f"input {spec.name!r} ({n}x{channels}x{height}x{width} {spec.dtype})"
+        if channels != 3:
+            raise ConfigurationError(
+                f"{where}: ImagePreprocess feeds 3 channels ({self.order}), the tensor has "
+                f"{channels}"
+            )
+        if n != 1:
+            raise ConfigurationError(f"{where}: ImagePreprocess feeds one image, n is {n}")
+        if spec.is_integer and spec.scale is None:
+            raise ConfigurationError(
+                f"{where}: an integer tensor fed by ImagePreprocess needs its quantization "
+                f"scale (Engine(..., scales={{{spec.name!r}: ...}}))"
+            )
+        if self.resize is None and (height > self.max_frame[0] or width > self.max_frame[1]):
+            raise ConfigurationError(
+                f"{where}: resize=None takes frames of {height}x{width}, larger than "
+                f"max_frame={self.max_frame}"
+            )
+
+    def check_frame(self, value: Any, spec: TensorSpec) -> _Array:
+        """``value`` validated as a frame for ``spec``, and returned as an ndarray (no copy).
+
+        InputTypeError: not an array, or not uint8. InputValueError: not H x W x C with C
+        matching ``source`` (nv12: not (H*3/2) x W with H and W even), empty, larger than
+        ``max_frame``, or, with resize=None, not the model's height and width. Messages
+        name the tensor.
+        """
+        name = spec.name
+        if isinstance(value, np.ma.MaskedArray):
+            raise InputTypeError(
+                f"input {name!r}: a masked array's mask would be ignored; pass value.filled(...)"
+            )
+        try:
+            array = np.asarray(value)
+        except Exception as exc:
+            raise InputTypeError(
+                f"input {name!r}: expected a uint8 {self.source} frame, got "
+                f"{type(value).__name__} ({exc})"
+            ) from None
+        if array.dtype != np.uint8:
+            raise InputTypeError(
+                f"input {name!r}: a {self.source} frame must be uint8, got {array.dtype}"
+            )
+        frame_height, frame_width = self._frame_size(name, array.shape)
+        if frame_height > self.max_frame[0] or frame_width > self.max_frame[1]:
+            raise InputValueError(
+                f"input {name!r}: a {frame_height}x{frame_width} frame is larger than "
+                f"max_frame={self.max_frame} (height, width)"
+            )
+        height, width = spec.shape[2:]
+        if self.resize is None and (frame_height, frame_width) != (height, width):
+            raise InputValueError(
+                f"input {name!r}: with resize=None a frame must be the model's "
+                f"{height}x{width}, got {frame_height}x{frame_width}"
+            )
+        return array
+
+    def _frame_size(self, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The frame's (height, width) from its array shape, which must fit ``source``."""
+        if self.source == "nv12":
+            if len(shape) != 2 or shape[0] % 3 or min(shape) < 1:
+                raise InputValueError(
+                    f"input {name!r}: an nv12 frame is one (H*3/2) x W uint8 array (Y plane, "
+                    f"then interleaved UV), got shape {shape}"
+                )
+            # rows = 3m makes the height 2m: only the width can be odd
+            height, width = shape[0] * 2 // 3, shape[1]
+            if width % 2:
+                raise InputValueError(
+                    f"input {name!r}: an nv12 frame has an even width, got {width} "
+                    f"(array shape {shape})"
+                )
+            return height, width
+        channels = _PACKED[self.source]
+        if len(shape) != 3 or shape[2] != channels or min(shape) < 1:
+            raise InputValueError(
+                f"input {name!r}: a {self.source} frame is H x W x {channels} uint8, "
+                f"got shape {shape}"
+            )
+        return shape[0], shape[1]
+
+    # -- the numpy implementation ------------------------------------------------------
+
+    def apply(
+        self, frame: Any, spec: TensorSpec, out: _Array | None = None, *, validate: bool = True
+    ) -> _Array:
+        """The model input for ``frame``: float32 logical ``(1, 3, H, W)``, as the module
+        docstring defines it, written into ``out`` when given (a float32 array of that
+        shape). ``validate=False`` skips :meth:`check_frame` for a frame that passed it.
+        """
+        array = self.check_frame(frame, spec) if validate else np.asarray(frame)
+        height, width = spec.shape[2:]
+        if out is None:
+            out = np.empty((1, 3, height, width), np.float32)
+        elif out.shape != (1, 3, height, width) or out.dtype != np.float32:
+            raise InputValueError(
+                f"input {spec.name!r}: out must be float32 of shape (1, 3, {height}, "
+                f"{width}), got {out.dtype} {out.shape}"
+            )
+        frame_size = self._frame_size(spec.name, array.shape)
+        plan = _plan(self.source, self.order, self.resize, *frame_size, height, width)
+        top, left = plan.geometry.top, plan.geometry.left
+        rows, columns = len(plan.y0), len(plan.x0)
+        scale, mean, std, canvas = self._constants
+        if rows < height or columns < width:
+            # the canvas, only where the frame does not cover it
+            planes = out[0]
+            for region in (
+                planes[:, :top],
+                planes[:, top + rows :],
+                planes[:, top : top + rows, :left],
+                planes[:, top : top + rows, left + columns :],
+            ):
+                region[...] = canvas
+        # (rows, channel, column) views: the row blocks below are contiguous per row
+        target = out[0, :, top : top + rows, left : left + columns].transpose(1, 0, 2)
+        array = np.ascontiguousarray(array)
+        step = max(1, _BLOCK_ELEMENTS // (3 * columns))
+        for start in range(0, rows, step):
+            block = slice(start, min(start + step, rows))
+            value = _interpolate(array, plan, block)
+            view = target[block]
+            np.multiply(value, scale, out=view)
+            np.subtract(view, mean, out=view)
+            np.divide(view, std, out=view)
+        return out
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _per_channel(name: str, value: object, *, positive: bool) -> tuple[float, float, float]:
+    """A number or three, finite (and > 0 when ``positive``), as three floats."""
+    if _is_real(value):
+        values: list[object] = [value] * 3
+    elif isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes)):
+        values = list(value)
+    else:
+        values = []
+    if len(values) != 3 or not all(_is_real(v) for v in values):
+        raise ConfigurationError(
+            f"{name}={value!r} must be a number or 3 numbers (one per channel, in the "
+            "model's order)"
+        )
+    floats = [float(v) for v in values]  # type: ignore[arg-type]
+    if not all(math.isfinite(v) and (v > 0 or not positive) for v in floats):
+        bound = "finite and > 0" if positive else "finite"
+        raise ConfigurationError(f"{name}={value!r} must be {bound}")
+    return floats[0], floats[1], floats[2]
+
+
+def _integer(value: object) -> int | None:
+    """``value`` as an int when it is an integer (bool excluded), else None."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _max_frame(value: object) -> tuple[int, int]:
+    sides = [_integer(s) for s in value] if isinstance(value, (tuple, list)) else []
+    if len(sides) != 2 or not all(s is not None and 1 <= s <= _MAX_SIDE for s in sides):
+        raise ConfigurationError(
+            f"max_frame={value!r} must be (height, width), integers 1..{_MAX_SIDE}"
+        )
+    return sides[0], sides[1]  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=64)
+def _geometry(
+    resize: str | None, frame_height: int, frame_width: int, height: int, width: int
+) -> Geometry:
+    if resize == "letterbox":
+        s = min(height / frame_height, width / frame_width)
+        rows = min(height, max(1, round(frame_height * s)))
+        columns = min(width, max(1, round(frame_width * s)))
+        return Geometry(
+            s, (height - rows) // 2, (width - columns) // 2, rows / frame_height,
+            columns / frame_width,
+        )  # fmt: skip
+    if resize == "stretch":
+        return Geometry(math.nan, 0, 0, height / frame_height, width / frame_width)
+    return Geometry(1.0, 0, 0, 1.0, 1.0)
+
+
+def _axis(source: int, target: int) -> tuple[_Array, _Array, _Array]:
+    """One axis's sample table (module docstring, step 2): i0, i1 and f float32."""
+    inverse = source / target
+    position = (np.arange(target, dtype=np.float64) + 0.5) * inverse - 0.5
+    first = np.floor(position)
+    fraction = position - first
+    below, beyond = first < 0, first >= source - 1
+    first[below], fraction[below] = 0, 0
+    first[beyond], fraction[beyond] = source - 1, 0
+    i0 = first.astype(np.intp)
+    return i0, np.minimum(i0 + 1, source - 1), fraction.astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The tables for one (source, order, resize, frame size, model size)."""
+
+    geometry: Geometry
+    nv12: bool
+    y0: _Array
+    y1: _Array
+    fy: _Array  # (rows, 1, 1), to broadcast over (rows, channel, column) blocks
+    x0: _Array
+    x1: _Array
+    fx: _Array
+    # False when an axis's fractions are all zero: interpolating along it would give its
+    # first operand exactly, so it is skipped (1080 -> 360 takes every third row, say)
+    blend_y: bool
+    blend_x: bool
+    # packed sources: the byte within a frame row of each (channel, column) in the
+    # model's order, for x0 and x1; nv12: the byte of U within a UV row, for x0 and x1
+    columns0: _Array
+    columns1: _Array
+    # nv12: which of R, G, B (0, 1, 2) each model channel takes
+    lanes: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=32)
+def _plan(
+    source: str, order: str, resize: str | None, frame_height: int, frame_width: int,
+    height: int, width: int,
+) -> _Plan:  # fmt: skip
+    geometry = _geometry(resize, frame_height, frame_width, height, width)
+    if resize == "letterbox":
+        rows = round(geometry.scale_y * frame_height)
+        columns = round(geometry.scale_x * frame_width)
+    else:
+        rows, columns = height, width
+    y0, y1, fy = _axis(frame_height, rows)
+    x0, x1, fx = _axis(frame_width, columns)
+    lanes = _ORDERS[order]
+    if source == "nv12":
+        columns0, columns1 = x0 // 2 * 2, x1 // 2 * 2
+    else:
+        at = np.array([_RGB_AT[source][k] for k in lanes], np.intp)[:, None]
+        columns0 = (x0 * _PACKED[source] + at).ravel()
+        columns1 = (x1 * _PACKED[source] + at).ravel()
+    plan = _Plan(
+        geometry, source == "nv12", y0, y1, fy.reshape(-1, 1, 1), x0, x1, fx,
+        bool(fy.any()), bool(fx.any()), columns0, columns1, lanes,
+    )  # fmt: skip
+    for table in (y0, y1, fy, x0, x1, fx, columns0, columns1):
+        table.flags.writeable = False  # shared between threads through the cache
+    return plan
+
+
+def _rows(frame: _Array, plan: _Plan, which: _Array) -> tuple[_Array, ...]:
+    """The frame rows ``which`` (packed: one array of bytes per row; nv12: the Y rows
+    and the UV rows that go with them)."""
+    if plan.nv12:
+        height = frame.shape[0] * 2 // 3
+        return frame[:height].take(which, axis=0), frame[height:].take(which // 2, axis=0)
+    return (frame.reshape(frame.shape[0], -1).take(which, axis=0),)
+
+
+def _pixels(rows: tuple[_Array, ...], plan: _Plan, second: bool) -> _Array:
+    """float32 (rows, channel, column) pixels at columns x0 (x1 when ``second``)."""
+    columns = plan.columns1 if second else plan.columns0
+    if not plan.nv12:
+        (packed,) = rows
+        return packed.take(columns, axis=1).reshape(len(packed), 3, -1).astype(np.float32)
+    luma, chroma = rows
+    y = luma.take(plan.x1 if second else plan.x0, axis=1)
+    u = chroma.take(columns, axis=1)
+    v = chroma.take(columns + 1, axis=1)
+    base = _Y_TERM.take(y)
+    result = np.empty((len(luma), 3, y.shape[1]), np.float32)
+    for channel, lane in enumerate(plan.lanes):
+        if lane == 0:
+            level = base + _RV_TERM.take(v)
+        elif lane == 1:
+            level = base + _GV_TERM.take(v)
+            level += _GU_TERM.take(u)
+        else:
+            level = base + _BU_TERM.take(u)
+        level >>= 20
+        np.clip(level, 0, 255, out=level)
+        result[:, channel] = level
+    return result
+
+
+def _interpolate(frame: _Array, plan: _Plan, block: slice) -> _Array:
+    """float32 v (module docstring, step 3) for output rows ``block`` of the resized
+    frame, as (rows, channel, column)."""
+    fx = plan.fx
+    rows = _rows(frame, plan, plan.y0[block])
+    upper = _pixels(rows, plan, False)
+    if plan.blend_x:
+        step = _pixels(rows, plan, True)
+        step -= upper
+        step *= fx
+        upper += step
+    if not plan.blend_y:
+        return upper
+    rows = _rows(frame, plan, plan.y1[block])
+    lower = _pixels(rows, plan, False)
+    if plan.blend_x:
+        step = _pixels(rows, plan, True)
+        step -= lower
+        step *= fx
+        lower += step
+    lower -= upper
+    lower *= plan.fy[block]
+    upper += lower
+    return upper
+
+
+def frames_for(
+    inputs: Sequence[TensorSpec], preprocess: Mapping[str, ImagePreprocess]
+) -> tuple[ImagePreprocess | None, ...]:
+    """Each model input's pre-processing (None where it takes tensors); the names and
+    the tensors they feed are checked (ConfigurationError)."""
+    names = [spec.name for spec in inputs]
+    unknown = sorted(set(preprocess) - set(names))
+    if unknown:
+        raise ConfigurationError(
+            f"preprocess names {unknown}, not inputs of the model; its inputs are {names}"
+        )
+    frames = tuple(preprocess.get(name) for name in names)
+    for spec, pre in zip(inputs, frames, strict=True):
+        if pre is not None:
+            pre.check_target(spec)
+    return frames

@@ -1,0 +1,160 @@
+"""Camera frames into the engine (``Engine(preprocess=...)``): each input named there
+takes raw frames of any size, pre-processed as its ImagePreprocess says, on either
+conversion path; bad frames and bad settings are clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodla import (
+    ConfigurationError,
+    Engine,
+    ImagePreprocess,
+    InputTypeError,
+    InputValueError,
+    LatestFrameStream,
+    TensorSpec,
+)
+from aiodla.emulator import make_loadable
+from aiodla.runtime import EmulatedRuntime
+
+from support import counts_add_up
+
+pytestmark = pytest.mark.asyncio
+
+IMAGES = TensorSpec("images", (1, 3, 48, 64), "float16", "chw16")
+OUT = TensorSpec("out", (1, 3, 48, 64), "float32", "nchw")
+QIMAGES = TensorSpec("images", (1, 3, 48, 64), "int8", "chw32")
+QOUT = TensorSpec("out", (1, 3, 48, 64), "int8", "nchw")
+LETTERBOX = ImagePreprocess(
+    source="bgr", order="rgb", resize="letterbox", mean=(0.485, 0.456, 0.406), std=0.25
+)
+
+
+def identity_model(spec: TensorSpec = IMAGES, out: TensorSpec = OUT) -> bytes:
+    return make_loadable([spec], [out], "affine", 0.0005, scale=1.0, bias=0.0)
+
+
+def frame(height: int, width: int, seed: int = 0, channels: int = 3) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (height, width, channels)).astype(np.uint8)
+
+
+def expected(pre: ImagePreprocess, spec: TensorSpec, image: np.ndarray[Any, Any]) -> Any:
+    """What an identity model returns: the pre-processed input, stored as the tensor's
+    type and read back (independent of the engine's paths)."""
+    return spec.unpack(spec.pack(pre.apply(image, spec)))
+
+
+class TestFramesIn:
+    @pytest.mark.parametrize("convert", ["host", "device"])
+    async def test_frames_of_several_sizes(self, convert: str) -> None:
+        frames = [frame(108, 192, 1), frame(200, 100, 2), frame(48, 64, 3), frame(31, 57, 4)]
+        async with Engine(
+            identity_model(), runtime="emulated", convert=convert, preprocess={"images": LETTERBOX}
+        ) as engine:
+            results = await asyncio.gather(*(engine.infer(f) for f in frames))
+        for image, result in zip(frames, results, strict=True):
+            np.testing.assert_array_equal(result, expected(LETTERBOX, IMAGES, image))
+
+    @pytest.mark.parametrize("convert", ["host", "device"])
+    async def test_quantized_input(self, convert: str) -> None:
+        pre = ImagePreprocess(source="nv12", order="bgr", resize="stretch")
+        nv12 = frame(60 * 3 // 2, 80, 5, channels=1)[..., 0]
+        scales = {"images": 1 / 127, "out": 1 / 127}
+        model = identity_model(QIMAGES, QOUT)
+        async with Engine(
+            model, runtime="emulated", convert=convert, preprocess={"images": pre}, scales=scales
+        ) as engine:
+            result = await engine.infer(nv12)
+        # The same model fed the pre-processed input itself gives the same answer.
+        spec = dataclasses.replace(QIMAGES, scale=1 / 127)
+        async with Engine(model, runtime="emulated", scales=scales) as plain:
+            want = await plain.infer(pre.apply(nv12, spec))
+        assert result.tobytes() == want.tobytes()
+        assert np.count_nonzero(want) > want.size // 2
+
+    async def test_a_stream_of_camera_frames(self) -> None:
+        frames = [frame(72, 96, seed) for seed in range(6)]
+        async with (
+            Engine(
+                identity_model(), runtime="emulated", preprocess={"images": LETTERBOX}
+            ) as engine,
+            LatestFrameStream(engine) as stream,
+        ):
+            for image in frames:
+                stream.submit(image)
+                result = await stream.receive()
+                np.testing.assert_array_equal(result.output, expected(LETTERBOX, IMAGES, image))
+
+    async def test_no_allocation_per_frame(self) -> None:
+        runtime = EmulatedRuntime()
+        async with Engine(
+            identity_model(), runtime=runtime, convert="device", preprocess={"images": LETTERBOX}
+        ) as engine:
+            opened = runtime.counts.allocations
+            await asyncio.gather(*(engine.infer(frame(90, 120, s)) for s in range(10)))
+            assert runtime.counts.allocations == opened
+
+
+class TestBadFrames:
+    @pytest.mark.parametrize(
+        ("value", "error", "words"),
+        [
+            (np.zeros((48, 64, 3), np.float32), InputTypeError, "uint8"),
+            (np.zeros((48, 64, 4), np.uint8), InputValueError, "'images'"),
+            (np.zeros((1200, 64, 3), np.uint8), InputValueError, "max_frame"),
+        ],
+    )
+    async def test_refused_before_queueing(
+        self, value: Any, error: type[Exception], words: str
+    ) -> None:
+        async with Engine(
+            identity_model(), runtime="emulated", preprocess={"images": LETTERBOX}
+        ) as engine:
+            with pytest.raises(error, match=words):
+                await engine.infer(value)
+            stats = engine.statistics()
+            assert stats.submitted == 0 and counts_add_up(stats)
+            good = frame(48, 64)
+            np.testing.assert_array_equal(
+                await engine.infer(good), expected(LETTERBOX, IMAGES, good)
+            )
+
+    async def test_a_device_frame_is_refused_clearly(self) -> None:
+        class DeviceFrame:
+            __cuda_array_interface__ = {  # noqa: RUF012
+                "shape": (48, 64, 3),
+                "typestr": "|u1",
+                "data": (0x1000, False),
+                "version": 3,
+            }
+
+        async with Engine(
+            identity_model(), runtime="emulated", preprocess={"images": LETTERBOX}
+        ) as engine:
+            with pytest.raises(InputTypeError, match="numpy array"):
+                await engine.infer(DeviceFrame())
+
+
+class TestSettings:
+    async def test_an_unknown_input_name(self) -> None:
+        engine = Engine(identity_model(), runtime="emulated", preprocess={"img": LETTERBOX})
+        with pytest.raises(ConfigurationError, match="'img'"):
+            await engine.open()
+
+    async def test_a_tensor_it_cannot_feed(self) -> None:
+        four = TensorSpec("images", (1, 4, 8, 8), "float16", "chw16")
+        model = make_loadable([four], [dataclasses.replace(four, name="y")], "affine", 0.001)
+        engine = Engine(model, runtime="emulated", preprocess={"images": LETTERBOX})
+        with pytest.raises(ConfigurationError, match="'images'"):
+            await engine.open()
+
+    async def test_not_an_image_preprocess(self) -> None:
+        with pytest.raises(ConfigurationError, match="ImagePreprocess"):
+            Engine(identity_model(), runtime="emulated", preprocess={"images": "letterbox"})
