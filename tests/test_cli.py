@@ -172,7 +172,6 @@ class TestDevices:
         assert "GPU stand-in" in result.output
         assert "for an emulator loadable: cuda" in result.output
 
-
     def test_ray_resources_without_cudla(self, no_cudla: None) -> None:
         result = run("devices", "--ray-resources")
         assert result.exit_code == 0, result.output
