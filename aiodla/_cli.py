@@ -37,8 +37,10 @@ from ._cli_frame import (
     EXIT_INTERRUPTED,
     CommandError,
     ErrorReportingGroup,
+    cores_option,
     debug_option,
     one_line,
+    streams_option,
 )
 from ._cores import read_model
 from ._descriptors import TensorDescriptor
@@ -474,32 +476,10 @@ def _setting(given: float | None, settings: dict[str, Any], key: str, default: f
 # -- bench --------------------------------------------------------------------------------------
 
 
-def _parse_cores(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        cores = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        cores = ()
-    if not cores or min(cores) < 0:
-        raise click.BadParameter(f"{value!r} must be DLA core numbers joined by commas, e.g. 0,1")
-    return cores
-
-
 @cli.command(short_help="Measure throughput and latency of a loadable.")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option(
-    "--cores",
-    default="0,1",
-    show_default=True,
-    callback=_parse_cores,
-    help="DLA cores to use, joined by commas.",
-)
-@click.option(
-    "--streams",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="CUDA streams (slots) per core.",
-)
+@cores_option("DLA cores to use, joined by commas.")
+@streams_option
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),

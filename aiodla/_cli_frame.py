@@ -119,3 +119,31 @@ def debug_option(function: _F) -> _F:
         expose_value=False,
         help="On error, print the full traceback too.",
     )(function)
+
+
+# -- options shared by the commands that open engines -----------------------------------------
+
+
+def parse_cores(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        cores = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        cores = ()
+    if not cores or min(cores) < 0:
+        raise click.BadParameter(f"{value!r} must be DLA core numbers joined by commas, e.g. 0,1")
+    return cores
+
+
+def cores_option(help: str) -> Callable[[_F], _F]:
+    return click.option(
+        "--cores", default="0,1", show_default=True, callback=parse_cores, help=help
+    )
+
+
+streams_option = click.option(
+    "--streams",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="CUDA streams (slots) per core.",
+)

@@ -274,16 +274,7 @@ class Engine:
         exactly as ``infer`` would (names, shapes, dtypes, NaN into integers)."""
         if not self._cores.inputs:
             raise EngineClosedError("the engine is not open: its inputs are not known yet")
-        cores = self._cores
-        arrays = _validated(
-            cores.inputs,
-            self._input_names,
-            inputs,
-            self._options.casting,
-            cores.import_device,
-            cores.frames,
-        )
-        release_sources([a for a in arrays if isinstance(a, DeviceSource)])
+        release_sources([a for a in self._validated(inputs) if isinstance(a, DeviceSource)])
 
     async def infer(
         self,
@@ -363,15 +354,7 @@ class Engine:
             check_timeout(timeout)
         if output != "host":
             self._check_device_output(output)
-        cores = self._cores
-        arrays = _validated(
-            cores.inputs,
-            self._input_names,
-            inputs,
-            self._options.casting,
-            cores.import_device,
-            cores.frames,
-        )
+        arrays = self._validated(inputs)
         sources = tuple(a for a in arrays if isinstance(a, DeviceSource))
         scheduler = flow.scheduler
         limit = self._options.max_queue
@@ -386,6 +369,17 @@ class Engine:
         request.device_output = output == "device"
         request.sources = sources
         return flow.admit(request, timeout)
+
+    def _validated(self, inputs: Any) -> tuple[Any, ...]:
+        cores = self._cores
+        return _validated(
+            cores.inputs,
+            self._input_names,
+            inputs,
+            self._options.casting,
+            cores.import_device,
+            cores.frames,
+        )
 
     def _check_device_output(self, output: object) -> None:
         if output != "device":

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .._cli_frame import CommandError, debug_option
+from .._cli_frame import CommandError, cores_option, debug_option, streams_option
 from ..runtime import _select
 
 if TYPE_CHECKING:
@@ -24,16 +24,6 @@ __all__ = ["serve_command"]
 
 def _address(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
     return None if value.lower() == "off" else value
-
-
-def _cores(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        cores = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        cores = ()
-    if not cores or min(cores) < 0:
-        raise click.BadParameter(f"{value!r} must be DLA core numbers joined by commas, e.g. 0,1")
-    return cores
 
 
 def _announce(server: Server) -> None:
@@ -63,20 +53,8 @@ def _announce(server: Server) -> None:
     callback=_address,
     help="gRPC address HOST:PORT, or off.",
 )
-@click.option(
-    "--cores",
-    default="0,1",
-    show_default=True,
-    callback=_cores,
-    help="DLA cores every model's engine uses, joined by commas.",
-)
-@click.option(
-    "--streams",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="CUDA streams (slots) per core.",
-)
+@cores_option("DLA cores every model's engine uses, joined by commas.")
+@streams_option
 @click.option(
     "--max-queue",
     type=click.IntRange(min=1),
