@@ -17,9 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-import numpy as np
-
-from ._data_path import DevicePath, HostPath, TensorBinding
+from ._data_path import DevicePath, HostPath, Read, TensorBinding
 from ._descriptors import TensorDescriptor
 from ._device_arrays import DeviceSource
 from ._errors import (
@@ -113,9 +111,7 @@ class Slot:
     # the stream to wait for or None), pool memory of device outputs not handed out
     # yet, the device arrays the request's kernels read (released when the slot is),
     # and the event that orders this stream after a device array's producer.
-    reads: list[tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]] = (
-        dataclasses.field(default_factory=list)
-    )
+    reads: list[Read] = dataclasses.field(default_factory=list)
     pooled: list[int] = dataclasses.field(default_factory=list)
     keep: tuple[Any, ...] = ()
     ingest_event: int = 0
@@ -284,7 +280,7 @@ class Cores:
             zero_copy = self._call("is_integrated", runtime.is_integrated)
         path = DevicePath(runtime, zero_copy)
         try:
-            path.prepare(self.inputs, self.outputs)
+            path.prepare(self.inputs, self.outputs, self.frames)
         except RuntimeUnavailableError as exc:
             if convert == "device":
                 raise

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
-from ._errors import InputTypeError
+from ._errors import InputTypeError, RuntimeUnavailableError
 from ._layout import BoundTensor
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["SOURCE_DTYPES", "DevicePath", "HostPath", "TensorBinding", "device_dtype_check"]
 
 _Array = np.ndarray[Any, Any]
+
+logger = logging.getLogger("aiodla")
 
 #: Element types the conversion kernels read (one kernel per tensor and type).
 SOURCE_DTYPES: tuple[np.dtype[Any], ...] = tuple(
@@ -81,6 +84,21 @@ class TensorBinding:
     # where it writes the float32 model input before packing.
     frames: ImagePreprocess | None = None
     scratch: _Array | None = None
+
+
+class FrameRead(NamedTuple):
+    """A staged camera frame for the fused pre-processing kernel."""
+
+    pointer: int
+    height: int  # the image's (nv12: its Y plane's)
+    width: int
+    pitch: int  # bytes from one row to the next
+    nbytes: int
+
+
+#: What a slot's pack step reads: (pointer, dtype, element strides, stream to wait for or
+#: None), or a camera frame.
+Read = tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None] | FrameRead
 
 
 def _dense_strides(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -215,6 +233,7 @@ class DevicePath:
         self.runtime = runtime
         self.zero_copy = zero_copy
         self.ingest_stream = 0  # device arrays' exports are ordered before its work
+        self.fused = False  # camera frames go to the GPU raw, pre-processed by one kernel
 
     def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec``: checked, and its export ordered before the
@@ -229,12 +248,26 @@ class DevicePath:
             locate=self.runtime.pointer_device,  # the array interface names no device
         )
 
-    def prepare(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+    def prepare(
+        self,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        frames: Sequence[ImagePreprocess | None] = (),
+    ) -> None:
         """Have the runtime ready every conversion requests may need (the CUDA runtime
         compiles them now, at open, never on the request path)."""
         packs = [(spec, dtype) for spec in inputs for dtype in _accepted(spec)]
         unpacks = [(spec, spec.result_dtype) for spec in outputs]
         self.runtime.prepare_conversions(packs, unpacks)
+        if any(frames):
+            targets = [(s, pre) for s, pre in zip(inputs, frames, strict=True) if pre is not None]
+            try:
+                self.runtime.prepare_preprocess(targets)
+            except RuntimeUnavailableError as exc:
+                # The conversions work: pre-process on the host and pack on the GPU.
+                logger.warning("aiodla: pre-processing camera frames on the host: %s", exc)
+            else:
+                self.fused = True
 
     def bind(
         self,
@@ -281,7 +314,7 @@ class DevicePath:
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         """Copy host arrays' bytes into staging (any layout in, dense out); device
         arrays stay where they are. Records what each pack kernel reads."""
-        reads: list[tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]] = []
+        reads: list[Read] = []
         for binding, value in zip(slot.inputs, arrays, strict=True):
             if isinstance(value, DeviceSource):
                 n, c, h, w = value.strides
@@ -291,10 +324,17 @@ class DevicePath:
             reads.append(self._stage(binding, value))
         slot.reads = reads
 
-    def _stage(
-        self, binding: TensorBinding, array: _Array
-    ) -> tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]:
+    def _stage(self, binding: TensorBinding, array: _Array) -> Read:
         spec = binding.spec
+        if binding.frames is not None and self.fused:
+            # The frame's own bytes: the fused kernel does the rest on the stream.
+            staged = binding.host.array[: array.nbytes].reshape(array.shape)
+            np.copyto(staged, array)
+            height, width = array.shape[:2]
+            if binding.frames.source == "nv12":
+                height = height * 2 // 3
+            pointer = binding.host.device_ptr if self.zero_copy else binding.raw
+            return FrameRead(pointer, height, width, array.strides[0], array.nbytes)
         if binding.frames is not None:
             # The model input, pre-processed on the host straight into staging.
             staged = binding.host.array[: _elements(spec) * 4].view(np.float32)
@@ -329,7 +369,21 @@ class DevicePath:
         runtime = self.runtime
         ingest_stream = self.ingest_stream
         stream = slot.stream
-        for binding, (pointer, dtype, strides, wait) in zip(slot.inputs, slot.reads, strict=True):
+        for binding, read in zip(slot.inputs, slot.reads, strict=True):
+            if isinstance(read, FrameRead):
+                if not self.zero_copy:
+                    runtime.copy_to_device(binding.raw, binding.host, read.nbytes, stream)
+                runtime.preprocess(
+                    binding.spec,
+                    read.pointer,
+                    read.height,
+                    read.width,
+                    read.pitch,
+                    binding.device_ptr,
+                    stream,
+                )
+                continue
+            pointer, dtype, strides, wait = read
             if wait is None:  # staged host bytes
                 if not self.zero_copy:
                     nbytes = _elements(binding.spec) * dtype.itemsize

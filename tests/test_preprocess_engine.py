@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from aiodla import (
     InputTypeError,
     InputValueError,
     LatestFrameStream,
+    RuntimeUnavailableError,
     TensorSpec,
 )
 from aiodla.emulator import make_loadable
@@ -158,3 +160,57 @@ class TestSettings:
     async def test_not_an_image_preprocess(self) -> None:
         with pytest.raises(ConfigurationError, match="ImagePreprocess"):
             Engine(identity_model(), runtime="emulated", preprocess={"images": "letterbox"})
+
+
+class TestFusedOnTheStream:
+    """With device conversion, the frame's own bytes go to the device and one
+    pre-processing step on the slot's stream makes the model input of them."""
+
+    async def test_only_the_frame_is_copied(self) -> None:
+        runtime = EmulatedRuntime()
+        image = frame(108, 192, 9)
+        async with Engine(
+            identity_model(), runtime=runtime, convert="device", preprocess={"images": LETTERBOX}
+        ) as engine:
+            before = dataclasses.replace(runtime.counts)
+            result = await engine.infer(image)
+            assert runtime.counts.bytes_to_device - before.bytes_to_device == image.nbytes
+            assert runtime.counts.conversions - before.conversions == 2  # fused in, unpack
+        np.testing.assert_array_equal(result, expected(LETTERBOX, IMAGES, image))
+
+    async def test_nv12_frames_and_zero_copy(self) -> None:
+        pre = ImagePreprocess(source="nv12", order="rgb", resize="letterbox")
+        nv12 = frame(90 * 3 // 2, 160, 11, channels=1)[..., 0]
+        async with Engine(
+            identity_model(),
+            runtime="emulated",
+            convert="device",
+            zero_copy=True,
+            preprocess={"images": pre},
+        ) as engine:
+            result = await engine.infer(nv12)
+        np.testing.assert_array_equal(result, expected(pre, IMAGES, nv12))
+
+    async def test_without_the_kernel_the_host_pre_processes(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        class NoFusedKernel(EmulatedRuntime):
+            def prepare_preprocess(self, targets: Any) -> None:
+                raise RuntimeUnavailableError("no kernel for this frame format here")
+
+        runtime = NoFusedKernel()
+        image = frame(60, 80, 12)
+        with caplog.at_level(logging.WARNING, logger="aiodla"):
+            async with Engine(
+                identity_model(),
+                runtime=runtime,
+                convert="device",
+                preprocess={"images": LETTERBOX},
+            ) as engine:
+                before = dataclasses.replace(runtime.counts)
+                result = await engine.infer(image)
+                # the float32 model input was copied, not the frame
+                copied = runtime.counts.bytes_to_device - before.bytes_to_device
+                assert copied == 4 * int(np.prod(IMAGES.shape))
+        assert "pre-processing camera frames on the host" in caplog.text
+        np.testing.assert_array_equal(result, expected(LETTERBOX, IMAGES, image))

@@ -223,12 +223,13 @@ class _UnpackKernel(NamedTuple):
 
 class _Params(threading.local):
     """One kernel-parameter block per thread: cuLaunchKernel releases the GIL, so a
-    block shared between threads could change under a launch that is reading it."""
+    block shared between threads could change under a launch that is reading it.
+    ``count`` 8-byte arguments (the pre-processing kernels take more than six)."""
 
-    def __init__(self) -> None:
-        self.values = ctypes.create_string_buffer(_PARAMS.size)
+    def __init__(self, count: int = _PARAMS.size // 8) -> None:
+        self.values = ctypes.create_string_buffer(8 * count)
         base = ctypes.addressof(self.values)
-        self.pointers = (ctypes.c_void_p * 6)(*(base + 8 * i for i in range(6)))
+        self.pointers = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
         self.address = ctypes.addressof(self.pointers)
 
 
@@ -275,39 +276,11 @@ class ConversionKernels:
         NVRTC program. Raises RuntimeUnavailableError when cuda.core, NVRTC or the
         device is missing or the compile fails (with NVRTC's log)."""
         program = plan_program(packs, unpacks)
-        toolchain = _toolchain(device)
-        arch, nvrtc_version = toolchain.target()
-        key = hashlib.sha256(
-            b"\0".join(
-                [
-                    _CACHE_FORMAT,
-                    program.source.encode(),
-                    repr(sorted(_OPTIONS.items())).encode(),
-                    arch.encode(),
-                    nvrtc_version.encode(),
-                ]
-            )
-        ).hexdigest()
-        path = (kernel_cache_dir() if cache_dir is None else Path(cache_dir)) / f"{key}.cubin"
         names = [plan.name for plans in program.packs.values() for plan in plans]
         names += [plan.name for plan in program.unpacks.values()]
-        handles: dict[str, Any] | None = None
-        cubin = _read_cache(path)
-        from_cache = cubin is not None
-        if cubin is not None:
-            try:
-                handles = toolchain.load(cubin, names)
-            except Exception:  # an entry that passed its checksum yet will not load
-                handles, from_cache = None, False
-        if handles is None:
-            cubin = toolchain.compile(program.source, arch)
-            try:
-                handles = toolchain.load(cubin, names)
-            except Exception as exc:
-                raise RuntimeUnavailableError(
-                    f"the conversion kernels compiled for {arch} could not be loaded: {exc}"
-                ) from exc
-            _write_cache(path, cubin)
+        handles, from_cache = build_program(
+            program.source, names, device=device, cache_dir=cache_dir, what="conversion"
+        )
 
         def launch(plan: KernelPlan) -> _Launch:
             return _Launch(handles[plan.name], plan.grid)
@@ -376,14 +349,7 @@ class ConversionKernels:
         self._launch("unpack", kernel.launch, stream, params.address)
 
     def _launch(self, what: str, kernel: _Launch, stream: int, params: int) -> None:
-        (error,) = self._launcher(
-            kernel.function, kernel.grid, 1, 1, BLOCK, 1, 1, 0, stream, params, 0
-        )
-        if error:
-            code = int(error)
-            # The driver's codes equal the runtime's cudaError_t values for every error
-            # a launch can report, the sticky ones included (700, 719, ...).
-            raise CudaCallError(f"cuLaunchKernel ({what})", code, getattr(error, "name", None))
+        launch_kernel(self._launcher, what, kernel, stream, params)
 
     def _find_pack(self, spec: TensorSpec, source: Any) -> _PackKernels:
         kernels = self._packs.get((spec, np.dtype(source)))
@@ -417,3 +383,56 @@ def _pairs(table: Mapping[tuple[TensorSpec, np.dtype[Any]], Any]) -> str:
 
 def _toolchain(device: int) -> _Toolchain:
     return _CudaCore(device)
+
+
+def build_program(
+    source: str, names: Sequence[str], *, device: int, cache_dir: Path | None, what: str
+) -> tuple[dict[str, Any], bool]:
+    """The named kernels of ``source``, loaded: from the disk cache, keyed by the source,
+    the options, the architecture and the NVRTC version, else compiled and cached. Also
+    whether the cache served them. Raises RuntimeUnavailableError as ``compile`` says."""
+    toolchain = _toolchain(device)
+    arch, nvrtc_version = toolchain.target()
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                _CACHE_FORMAT,
+                source.encode(),
+                repr(sorted(_OPTIONS.items())).encode(),
+                arch.encode(),
+                nvrtc_version.encode(),
+            ]
+        )
+    ).hexdigest()
+    path = (kernel_cache_dir() if cache_dir is None else Path(cache_dir)) / f"{key}.cubin"
+    handles: dict[str, Any] | None = None
+    cubin = _read_cache(path)
+    from_cache = cubin is not None
+    if cubin is not None:
+        try:
+            handles = toolchain.load(cubin, names)
+        except Exception:  # an entry that passed its checksum yet will not load
+            handles, from_cache = None, False
+    if handles is None:
+        cubin = toolchain.compile(source, arch)
+        try:
+            handles = toolchain.load(cubin, names)
+        except Exception as exc:
+            raise RuntimeUnavailableError(
+                f"the {what} kernels compiled for {arch} could not be loaded: {exc}"
+            ) from exc
+        _write_cache(path, cubin)
+    return handles, from_cache
+
+
+def launch_kernel(
+    launcher: _Launcher, what: str, kernel: _Launch, stream: int, params: int
+) -> None:
+    """cuLaunchKernel of ``kernel`` (BLOCK threads a block) on ``stream`` with the
+    parameter block at ``params``; CudaCallError when the launch fails."""
+    (error,) = launcher(kernel.function, kernel.grid, 1, 1, BLOCK, 1, 1, 0, stream, params, 0)
+    if error:
+        code = int(error)
+        # The driver's codes equal the runtime's cudaError_t values for every error
+        # a launch can report, the sticky ones included (700, 719, ...).
+        raise CudaCallError(f"cuLaunchKernel ({what})", code, getattr(error, "name", None))

@@ -257,11 +257,10 @@ AIODLA_FN typename Store<T::KIND>::T load_source(const typename Store<S>::T* src
 }
 
 // One thread per VEC bytes of the DLA buffer, every byte of it written: element lanes
-// with converted values, padding (lanes beyond c, rows, surfaces, batches, tail) with 0.
-// Coalesced stores; a warp's loads of one channel are consecutive w when sw == 1.
-template <class T, int S, int VEC>
-__device__ __forceinline__ void pack_body(const typename Store<S>::T* __restrict__ src,
-                                          u8* __restrict__ dst, i64 sn, i64 sc, i64 sh, i64 sw) {
+// with load(n, c, h, w) (T's stored type), padding (lanes beyond c, rows, surfaces,
+// batches, tail) with 0. Coalesced stores. The pre-processing kernels share it.
+template <class T, int VEC, class Load>
+__device__ __forceinline__ void store_body(u8* __restrict__ dst, const Load& load) {
     typedef typename Store<T::KIND>::T D;
     typedef typename IndexOf<T::SMALL>::T I;
     constexpr int PER = VEC / T::ESIZE;
@@ -283,8 +282,7 @@ __device__ __forceinline__ void pack_body(const typename Store<S>::T* __restrict
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
             const I c = c0 + (I)k;
-            out.e[k] = ok && c < (I)T::C ? load_source<T, S>(src, n, c, h, w, sn, sc, sh, sw)
-                                         : (D)0;
+            out.e[k] = ok && c < (I)T::C ? load(n, c, h, w) : (D)0;
         }
     } else if constexpr (ALIGNED) {  // in one line
 #pragma unroll
@@ -292,7 +290,7 @@ __device__ __forceinline__ void pack_body(const typename Store<S>::T* __restrict
             const I at = r + (I)(k * T::ESIZE), w = at / (I)T::PIXEL;
             const I c = g * (I)T::LANES + (at - w * (I)T::PIXEL) / (I)T::ESIZE;
             const bool ok = row && w < (I)T::W && c < (I)T::C;
-            out.e[k] = ok ? load_source<T, S>(src, n, c, h, w, sn, sc, sh, sw) : (D)0;
+            out.e[k] = ok ? load(n, c, h, w) : (D)0;
         }
     } else {
 #pragma unroll
@@ -307,7 +305,7 @@ __device__ __forceinline__ void pack_body(const typename Store<S>::T* __restrict
             const I c = g1 * (I)T::LANES + (q - w1 * (I)T::PIXEL) / (I)T::ESIZE;
             const bool ok = n1 < (I)T::N && g1 < (I)T::GROUPS && h1 < (I)T::H && w1 < (I)T::W
                             && c < (I)T::C;
-            out.e[k] = ok ? load_source<T, S>(src, n1, c, h1, w1, sn, sc, sh, sw) : (D)0;
+            out.e[k] = ok ? load(n1, c, h1, w1) : (D)0;
         }
     }
     if (base + (I)VEC <= (I)T::SIZE) {
@@ -317,6 +315,15 @@ __device__ __forceinline__ void pack_body(const typename Store<S>::T* __restrict
         for (int i = 0; i < VEC; ++i)
             if (base + (I)i < (I)T::SIZE) dst[base + i] = out.b[i];
     }
+}
+
+// Packing a logical array: a warp's loads of one channel are consecutive w when sw == 1.
+template <class T, int S, int VEC>
+__device__ __forceinline__ void pack_body(const typename Store<S>::T* __restrict__ src,
+                                          u8* __restrict__ dst, i64 sn, i64 sc, i64 sh, i64 sw) {
+    store_body<T, VEC>(dst, [&](auto n, auto c, auto h, auto w) {
+        return load_source<T, S>(src, n, c, h, w, sn, sc, sh, sw);
+    });
 }
 
 // A stored element as the result kind R: dequantized for an integer tensor with a scale

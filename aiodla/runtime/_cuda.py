@@ -35,8 +35,10 @@ from ..emulator._format import stated_latency
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
 
 if TYPE_CHECKING:
+    from .._preprocess import ImagePreprocess
     from .._tensors import TensorSpec
     from ._conversion_kernels import ConversionKernels
+    from ._preprocess_kernels import PreprocessKernels
 
 __all__ = [
     "NO_LIBCUDLA",
@@ -187,6 +189,7 @@ class CudaRuntime:
         self._closed = False
         self._integrated: bool | None = None
         self._kernels: ConversionKernels | None = None
+        self._preprocess: PreprocessKernels | None = None
         self.counts = TransferCounts()
 
     def __repr__(self) -> str:
@@ -473,6 +476,26 @@ class CudaRuntime:
         self, spec: TensorSpec, result: np.dtype[Any], src: int, dst: int, stream: int
     ) -> None:
         self._conversion_kernels().unpack(spec, result, src, dst, stream)
+        self.counts.conversions += 1
+
+    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> None:
+        from ._preprocess_kernels import PreprocessKernels  # NVRTC only when asked for
+
+        self._preprocess = PreprocessKernels.compile(targets, device=self.device)
+
+    def preprocess(
+        self,
+        spec: TensorSpec,
+        frame: int,
+        height: int,
+        width: int,
+        pitch: int,
+        dst: int,
+        stream: int,
+    ) -> None:
+        if self._preprocess is None:
+            raise CudaCallError("cudaLaunchKernel", _INVALID_VALUE)
+        self._preprocess.launch(spec, frame, height, width, pitch, dst, stream)
         self.counts.conversions += 1
 
     def close(self) -> None:

@@ -168,6 +168,7 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
         self._closing = False
         self.counts = TransferCounts()
         self._conversions: set[tuple[str, Any, np.dtype[Any]]] = set()
+        self._frames: dict[Any, Any] = {}  # pre-processing prepared, by tensor
         self.device_time = 0.0
         """CPU seconds spent doing the emulated device's work (copies, tasks)."""
         self.invalid_releases = 0

@@ -23,6 +23,7 @@ from ._protocol import CudaCallError, TransferCounts
 from ._timeline import _Operation, _Stream
 
 if TYPE_CHECKING:
+    from .._preprocess import ImagePreprocess
     from .._tensors import TensorSpec
 
 __all__ = ["EmulatedConversion"]
@@ -46,6 +47,7 @@ class EmulatedConversion:
     device = 0
     has_device_memory = False  # "device" memory is host memory: outputs stay host-backed
     _conversions: set[tuple[str, TensorSpec, np.dtype[Any]]]
+    _frames: dict[TensorSpec, ImagePreprocess]
 
     _device_memory: dict[int, np.ndarray[Any, Any]]
     _device_starts: list[int]
@@ -137,6 +139,45 @@ class EmulatedConversion:
     def pointer_device(self, ptr: int) -> int:
         self._device_range(ptr, 1, "pointer_device")  # raises for an unknown address
         return 0
+
+    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> None:
+        self._cuda("prepare_preprocess")
+        for spec, pre in targets:
+            pre.check_target(spec)
+            self._frames[spec] = pre
+
+    def preprocess(
+        self,
+        spec: TensorSpec,
+        frame: int,
+        height: int,
+        width: int,
+        pitch: int,
+        dst: int,
+        stream: int,
+    ) -> None:
+        self._cuda("preprocess")
+        pre = self._frames.get(spec)
+        if pre is None:
+            raise ValueError(f"no pre-processing was prepared for tensor {spec.name!r}")
+        if pre.source == "nv12":  # the UV rows follow the Y rows at the same pitch
+            shape: tuple[int, ...] = (height * 3 // 2, width)
+            strides: tuple[int, ...] = (pitch, 1)
+        else:
+            channels = len(pre.source)
+            shape, strides = (height, width, channels), (pitch, channels, 1)
+        extent = (shape[0] - 1) * pitch + int(np.prod(shape[1:]))
+        image = np.ndarray(
+            shape, np.uint8, self._device_range(frame, extent, "preprocess"), 0, strides
+        )
+        target = self._device_range(dst, spec.size, "preprocess")
+        queue = self._stream(stream, "preprocess")
+        self.counts.conversions += 1
+
+        def effect() -> None:
+            spec.pack(pre.apply(image, spec, validate=False), target, validate=False)
+
+        self._push(queue, _Operation(effect))
 
     # -- ordering between streams ----------------------------------------------------------
 

@@ -29,6 +29,7 @@ from cuda.bindings import cudla
 from .._descriptors import TensorDescriptor
 
 if TYPE_CHECKING:
+    from .._preprocess import ImagePreprocess
     from .._tensors import TensorSpec
 
 __all__ = [
@@ -291,6 +292,26 @@ class Runtime(Protocol):
     ) -> None:
         """Enqueue on ``stream``: the DLA buffer at ``src`` into a dense logical array
         of ``result`` at ``dst``, as ``spec.unpack(..., dtype=result)`` would."""
+        ...
+
+    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> None:
+        """Make ready the camera-frame pre-processing of these inputs (the CUDA runtime
+        compiles one fused kernel each); raises ``RuntimeUnavailableError`` when it cannot."""
+        ...
+
+    def preprocess(
+        self,
+        spec: TensorSpec,
+        frame: int,
+        height: int,
+        width: int,
+        pitch: int,
+        dst: int,
+        stream: int,
+    ) -> None:
+        """Enqueue on ``stream``: the uint8 frame at device address ``frame`` (an image of
+        ``height`` x ``width``, rows ``pitch`` bytes apart; nv12's UV rows follow) into
+        ``spec``'s DLA layout at ``dst``, as ``spec.pack(pre.apply(frame, spec))``."""
         ...
 
     def close(self) -> None:
