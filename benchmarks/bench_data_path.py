@@ -11,9 +11,12 @@ For each configuration, interleaved and repeated (median and min..max):
 - **event-loop lag**: how late a 1 ms ticker on the loop wakes, p99, while saturated.
 
 Configurations: ``convert="host"`` and ``convert="device"`` with host frames of each
-type, and with device frames (CuPy, else torch) when a GPU is there. The conversion
-kernels' own time against a device-to-device copy is measured by
-``benchmarks/bench_convert_kernels.py``.
+type, and with device frames (CuPy, else torch) when a GPU is there; and raw 1920x1080
+BGR camera frames, letterboxed to the model's input by the engine
+(``Engine(preprocess=...)``, on either path) or by OpenCV on the host before ``infer``
+(what users write today; in a worker thread, as they should). The kernels' own time
+against a device-to-device copy is measured by ``benchmarks/bench_convert_kernels.py``
+and ``benchmarks/bench_preprocess_kernels.py``.
 
 Usage::
 
@@ -40,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from aiodla import Engine, TensorSpec
+from aiodla import Engine, ImagePreprocess, TensorSpec
 from aiodla.emulator import make_loadable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,13 +92,40 @@ async def ticker(lags: list[float], stop: asyncio.Event) -> None:
         lags.append(max(0.0, loop.time() - due))
 
 
+def opencv_letterbox(frame: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The host pre-processing users write today: OpenCV letterbox, RGB, scale to [0, 1],
+    NCHW float16, then ``infer``."""
+    import cv2
+
+    height, width = FRAME.shape[2:]
+    scale = min(height / frame.shape[0], width / frame.shape[1])
+    new_w, new_h = round(frame.shape[1] * scale), round(frame.shape[0] * scale)
+    resized = cv2.resize(frame, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    top, left = (height - new_h) // 2, (width - new_w) // 2
+    canvas = cv2.copyMakeBorder(
+        resized,
+        top,
+        height - new_h - top,
+        left,
+        width - new_w - left,
+        cv2.BORDER_CONSTANT,
+        value=(114, 114, 114),
+    )
+    rgb = cv2.cvtColor(canvas, cv2.COLOR_BGR2RGB)
+    return (rgb.transpose(2, 0, 1)[np.newaxis].astype(np.float32) / 255).astype(np.float16)
+
+
 async def measure(
-    model: bytes, make_input: Any, seconds: float, options: dict[str, Any]
+    model: bytes,
+    make_input: Any,
+    seconds: float,
+    options: dict[str, Any],
+    prepare: Any = None,
 ) -> dict[str, float]:
     async with Engine(model, cores=range(CORES), streams_per_core=4, **options) as engine:
         x = make_input()
         for _ in range(8):
-            await engine.infer(x)
+            await engine.infer(x if prepare is None else prepare(x))
         lags: list[float] = []
         stop = asyncio.Event()
         tick = asyncio.ensure_future(ticker(lags, stop))
@@ -107,7 +137,10 @@ async def measure(
         async def worker() -> None:
             nonlocal done
             while time.perf_counter() < deadline:
-                await engine.infer(x)
+                if prepare is None:
+                    await engine.infer(x)
+                else:
+                    await engine.infer(await asyncio.to_thread(prepare, x))
                 done += 1
 
         await asyncio.gather(*(worker() for _ in range(16)))
@@ -155,21 +188,32 @@ def summarize(values: list[float]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     runtime = "cuda" if args.gpu else "emulated"
     inputs = frames(args.gpu)
-    cases: list[tuple[str, bytes, Any, dict[str, Any]]] = [
-        ("small 32x32", small(), lambda: np.ones(SMALL_IN.shape, np.float16), {}),
+    cases: list[tuple[str, bytes, Any, dict[str, Any], Any]] = [
+        ("small 32x32", small(), lambda: np.ones(SMALL_IN.shape, np.float16), {}, None),
     ]
     for convert in ("host", "device"):
         for name, value in inputs.items():
             if name.startswith("device") and convert == "host":
                 continue  # device arrays need device conversion
             cases.append(
-                (f"{convert} / {name}", detector(), lambda v=value: v, {"convert": convert})
+                (f"{convert} / {name}", detector(), lambda v=value: v, {"convert": convert}, None)
             )
+    camera = np.random.default_rng(1).integers(0, 256, (1080, 1920, 3)).astype(np.uint8)
+    letterbox = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+    for convert in ("host", "device"):
+        options = {"convert": convert, "preprocess": {FRAME.name: letterbox}}
+        cases.append((f"{convert} / 1080p frames", detector(), lambda: camera, options, None))
+    try:
+        import cv2  # noqa: F401
+
+        cases.append(("OpenCV host / 1080p", detector(), lambda: camera, {}, opencv_letterbox))
+    except ImportError:
+        print("OpenCV is not installed: no host pre-processing baseline", flush=True)
     raw: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in cases}
     for repeat in range(args.repeats):
-        for name, model, make_input, options in cases:  # interleaved: drift hits all alike
+        for name, model, make_input, options, prepare in cases:  # interleaved
             result = asyncio.run(
-                measure(model, make_input, args.seconds, {"runtime": runtime, **options})
+                measure(model, make_input, args.seconds, {"runtime": runtime, **options}, prepare)
             )
             raw[name].append(result)
             print(f"[{repeat + 1}/{args.repeats}] {name}: {result}", flush=True)
