@@ -334,7 +334,8 @@ class DevicePath:
             if binding.frames.source == "nv12":
                 height = height * 2 // 3
             pointer = binding.host.device_ptr if self.zero_copy else binding.raw
-            return FrameRead(pointer, height, width, array.strides[0], array.nbytes)
+            # The staged copy is dense whatever the caller's strides (a crop, a flip).
+            return FrameRead(pointer, height, width, staged.strides[0], array.nbytes)
         if binding.frames is not None:
             # The model input, pre-processed on the host straight into staging.
             staged = binding.host.array[: _elements(spec) * 4].view(np.float32)

@@ -163,9 +163,9 @@ class ImagePreprocess:
     - ``pad_value``: the letterbox canvas, an integer level 0..255 before normalization;
     - ``scale``, ``mean``, ``std``: ``y = (x * scale - mean[k]) / std[k]``; ``mean`` and
       ``std`` are a number or one per channel in the model's ``order``;
-    - ``max_frame``: the largest frame (height, width) accepted, each side at most 16384
-      (for nv12, the image's size, not the array's); the engine sizes staging buffers
-      from it when it opens.
+    - ``max_frame``: the largest frame (height, width) accepted, in either orientation,
+      each side at most 16384 (for nv12, the image's size, not the array's); the engine
+      sizes staging buffers from it when it opens.
 
     The module docstring defines the arithmetic to the bit.
     """
@@ -306,10 +306,12 @@ class ImagePreprocess:
                 f"input {name!r}: a {self.source} frame must be uint8, got {array.dtype}"
             )
         frame_height, frame_width = self._frame_size(name, array.shape)
-        if frame_height > self.max_frame[0] or frame_width > self.max_frame[1]:
+        # Either orientation: a camera turned to portrait fits the same staging buffer.
+        largest, other = max(self.max_frame), min(self.max_frame)
+        if max(frame_height, frame_width) > largest or min(frame_height, frame_width) > other:
             raise InputValueError(
                 f"input {name!r}: a {frame_height}x{frame_width} frame is larger than "
-                f"max_frame={self.max_frame} (height, width)"
+                f"max_frame={self.max_frame} (height, width; or turned by 90 degrees)"
             )
         height, width = spec.shape[2:]
         if self.resize is None and (frame_height, frame_width) != (height, width):

@@ -110,7 +110,7 @@ class TestBadFrames:
         [
             (np.zeros((48, 64, 3), np.float32), InputTypeError, "uint8"),
             (np.zeros((48, 64, 4), np.uint8), InputValueError, "'images'"),
-            (np.zeros((1200, 64, 3), np.uint8), InputValueError, "max_frame"),
+            (np.zeros((2000, 64, 3), np.uint8), InputValueError, "max_frame"),
         ],
     )
     async def test_refused_before_queueing(
@@ -214,3 +214,37 @@ class TestFusedOnTheStream:
                 assert copied == 4 * int(np.prod(IMAGES.shape))
         assert "pre-processing camera frames on the host" in caplog.text
         np.testing.assert_array_equal(result, expected(LETTERBOX, IMAGES, image))
+
+
+class TestFrameLayouts:
+    """Frames that are views: a region of interest, a flip, every other column, a
+    decoder's pitch-aligned NV12 buffer; and a camera turned to portrait."""
+
+    @pytest.mark.parametrize("convert", ["host", "device"])
+    async def test_views_of_frames(self, convert: str) -> None:
+        big = frame(120, 200, 13)
+        views = [big[10:90, 20:150], big[::-1], big[:, ::2], big[5:65, 7:107][:, ::-1]]
+        pitched = frame(90, 192, 14, channels=1)[..., 0]  # nv12 rows padded to 192 bytes
+        nv12 = ImagePreprocess(source="nv12", order="rgb", resize="letterbox")
+        async with Engine(
+            identity_model(), runtime="emulated", convert=convert, preprocess={"images": LETTERBOX}
+        ) as engine:
+            for view in views:
+                result = await engine.infer(view)
+                np.testing.assert_array_equal(result, expected(LETTERBOX, IMAGES, view))
+        async with Engine(
+            identity_model(), runtime="emulated", convert=convert, preprocess={"images": nv12}
+        ) as engine:
+            result = await engine.infer(pitched[:, :160])
+        np.testing.assert_array_equal(result, expected(nv12, IMAGES, pitched[:, :160]))
+
+    async def test_a_portrait_frame_fits_a_landscape_max_frame(self) -> None:
+        pre = ImagePreprocess(source="bgr", order="rgb", resize="letterbox", max_frame=(60, 100))
+        portrait = frame(100, 60, 15)
+        async with Engine(
+            identity_model(), runtime="emulated", convert="device", preprocess={"images": pre}
+        ) as engine:
+            result = await engine.infer(portrait)
+            np.testing.assert_array_equal(result, expected(pre, IMAGES, portrait))
+            with pytest.raises(InputValueError, match="max_frame"):
+                await engine.infer(frame(101, 60, 16))

@@ -198,10 +198,11 @@ def _placement(
         ) from None
     height, width = spec.shape[2:]
     limit = pre.max_frame
-    if not all(1 <= side <= most for side, most in zip(sizes, limit, strict=True)):
+    # In either orientation, as check_frame takes it (the staging holds either).
+    if min(sizes) < 1 or max(sizes) > max(limit) or min(sizes) > min(limit):
         raise ValueError(
             f"tensor {spec.name!r}: a {sizes[0]}x{sizes[1]} frame is empty or larger than "
-            f"max_frame={limit} (height, width)"
+            f"max_frame={limit} (height, width; or turned by 90 degrees)"
         )
     if pre.source == "nv12" and (sizes[0] % 2 or sizes[1] % 2):
         raise ValueError(

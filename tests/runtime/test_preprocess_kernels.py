@@ -288,7 +288,9 @@ def test_launch_refusals(fake: FakeToolchain, tmp_path: Path) -> None:
     )
     kernels._launcher = lambda *args: (0,)
     with pytest.raises(ValueError, match="larger than max_frame"):
-        kernels.launch(SPEC, 0, 1081, 1920, 8000, 0, 0)
+        kernels.launch(SPEC, 0, 1081, 1081, 8000, 0, 0)
+    with pytest.raises(ValueError, match="larger than max_frame"):
+        kernels.launch(SPEC, 0, 1921, 10, 8000, 0, 0)
     with pytest.raises(ValueError, match="larger than max_frame"):
         kernels.launch(SPEC, 0, 0, 10, 30, 0, 0)
     with pytest.raises(ValueError, match="integers"):
