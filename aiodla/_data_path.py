@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
-from ._errors import InputTypeError, RuntimeUnavailableError
+from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
 from ._layout import BoundTensor
 
 if TYPE_CHECKING:
@@ -238,6 +238,18 @@ class DevicePath:
     def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec``: checked, and its export ordered before the
         ingest stream (raises an InputError, before anything is queued)."""
+        source = self._import(spec, value)
+        pointer, itemsize = source.pointer, source.dtype.itemsize
+        if pointer == 0 or pointer % itemsize:
+            # A kernel reading it would fault: a sticky error, the engine's death.
+            source.release()
+            raise InputValueError(
+                f"input {spec.name!r}: the device array's data pointer {pointer:#x} is "
+                f"{'null' if pointer == 0 else f'not aligned to its {itemsize}-byte elements'}"
+            )
+        return source
+
+    def _import(self, spec: TensorSpec, value: Any) -> DeviceSource:
         return import_device_array(
             value,
             name=spec.name,

@@ -479,3 +479,34 @@ class CountingDlpack(FakeCudaArray):
             host_array=None,
         )
         return exporter.__dlpack__(**kwargs)
+
+
+class TestDevicePointers:
+    """Pointers a kernel could not read are refused before queueing (on a GPU, reading
+    them would be a sticky error that ends the engine)."""
+
+    @pytest.mark.parametrize(("offset", "words"), [(None, "null"), (2, "not aligned")])
+    async def test_null_or_misaligned(self, offset: int | None, words: str) -> None:
+        runtime = EmulatedRuntime()
+        async with Engine(affine_model(), runtime=runtime, convert="device") as engine:
+            array = FakeCudaArray(runtime, frame(0))
+            pointer = 0 if offset is None else array.pointer + offset
+            array.interface["data"] = (pointer, False)
+            with pytest.raises(InputValueError, match=words):
+                await engine.infer(array)
+            assert engine.statistics().submitted == 0
+            array.free()
+
+    async def test_negative_strides_a_flipped_view(self) -> None:
+        runtime = EmulatedRuntime()
+        x = frame(17)
+        async with Engine(affine_model(), runtime=runtime, convert="device") as engine:
+            stored = FakeCudaArray(runtime, x[..., ::-1])  # stored flipped along W
+            _, c, h, w = x.shape
+            item = x.itemsize
+            last = stored.pointer + (w - 1) * item
+            stored.interface["data"] = (last, False)
+            stored.interface["strides"] = (c * h * w * item, h * w * item, w * item, -item)
+            y = await engine.infer(stored)
+            stored.free()
+        np.testing.assert_array_equal(y, expected_affine(x))

@@ -19,10 +19,11 @@ touch ``cuda.bindings.runtime``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -56,6 +57,7 @@ _SUCCESS = 0
 _NOT_READY = 600
 _INVALID_VALUE = 1
 _LEGACY_STREAM = 1  # cudaStreamLegacy
+_MEMORY_DEVICE, _MEMORY_MANAGED = 2, 3  # cudaMemoryType
 _INVALID_PARAM = 1  # cudlaErrorInvalidParam
 _UINT32_MAX = 0xFFFFFFFF
 _NOT_A_STATUS = re.compile(r"^\s*(-?\d+) is not a valid")
@@ -188,8 +190,9 @@ class CudaRuntime:
         self._host_buffers: dict[int, HostBuffer] = {}
         self._closed = False
         self._integrated: bool | None = None
-        self._kernels: ConversionKernels | None = None
-        self._preprocess: PreprocessKernels | None = None
+        # Compiled kernels by tensor: engines sharing this runtime each add theirs.
+        self._kernels: dict[TensorSpec, ConversionKernels] = {}
+        self._preprocess: dict[TensorSpec, PreprocessKernels] = {}
         self.counts = TransferCounts()
 
     def __repr__(self) -> str:
@@ -396,16 +399,30 @@ class CudaRuntime:
             ),
         )
 
+    @contextlib.contextmanager
+    def _on_this_device(self) -> Iterator[None]:
+        """This runtime's device current for a call made on a thread of the user's (a
+        DeviceTensor dropped or copied there), and that thread's own device again after."""
+        previous = int(check_cuda("cudaGetDevice", _rt.cudaGetDevice()))
+        if previous == self.device:
+            yield
+            return
+        self.make_current()
+        try:
+            yield
+        finally:
+            _rt.cudaSetDevice(previous)
+
     def read_device(self, src: int, out: np.ndarray[Any, Any]) -> None:
         if not out.flags.c_contiguous:
             raise CudaCallError("cudaMemcpy", _INVALID_VALUE)
-        self.make_current()  # DeviceTensor.to_host may run on any thread
-        check_cuda(
-            "cudaMemcpy",
-            _rt.cudaMemcpy(
-                out.ctypes.data, src, out.nbytes, _rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-            ),
-        )
+        with self._on_this_device():
+            check_cuda(
+                "cudaMemcpy",
+                _rt.cudaMemcpy(
+                    out.ctypes.data, src, out.nbytes, _rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+                ),
+            )
 
     def malloc_async(self, nbytes: int, stream: int) -> int:
         if nbytes <= 0:
@@ -420,8 +437,8 @@ class CudaRuntime:
         # legacy default stream: after any work the consumer queued there (torch's and
         # CuPy's default stream); the engine's own work on it finished before it was
         # handed out.
-        self.make_current()
-        check_cuda("cudaFreeAsync", _rt.cudaFreeAsync(ptr, _LEGACY_STREAM))
+        with self._on_this_device():
+            check_cuda("cudaFreeAsync", _rt.cudaFreeAsync(ptr, _LEGACY_STREAM))
 
     def is_integrated(self) -> bool:
         if self._integrated is None:
@@ -434,6 +451,9 @@ class CudaRuntime:
 
     def pointer_device(self, ptr: int) -> int:
         attributes = check_cuda("cudaPointerGetAttributes", _rt.cudaPointerGetAttributes(ptr))
+        kind = int(attributes.type)
+        if kind not in (_MEMORY_DEVICE, _MEMORY_MANAGED):  # host or unregistered memory
+            raise CudaCallError("cudaPointerGetAttributes", _INVALID_VALUE)
         return int(attributes.device)
 
     def wait_event(self, stream: int, event: int) -> None:
@@ -449,16 +469,19 @@ class CudaRuntime:
         from ._conversion_kernels import ConversionKernels  # NVRTC only when asked for
 
         try:
-            self._kernels = ConversionKernels.compile(packs, unpacks, device=self.device)
+            kernels = ConversionKernels.compile(packs, unpacks, device=self.device)
         except ValueError as exc:  # a tensor the kernels cannot take (odd strides, say)
             raise RuntimeUnavailableError(
                 f"the GPU layout conversion cannot serve: {exc}"
             ) from None
+        for spec, _ in (*packs, *unpacks):
+            self._kernels[spec] = kernels
 
-    def _conversion_kernels(self) -> ConversionKernels:
-        if self._kernels is None:
+    def _conversion_kernels(self, spec: TensorSpec) -> ConversionKernels:
+        kernels = self._kernels.get(spec)
+        if kernels is None:
             raise CudaCallError("cudaLaunchKernel", _INVALID_VALUE)
-        return self._kernels
+        return kernels
 
     def pack(
         self,
@@ -469,19 +492,21 @@ class CudaRuntime:
         dst: int,
         stream: int,
     ) -> None:
-        self._conversion_kernels().pack(spec, source, src, src_strides, dst, stream)
+        self._conversion_kernels(spec).pack(spec, source, src, src_strides, dst, stream)
         self.counts.conversions += 1
 
     def unpack(
         self, spec: TensorSpec, result: np.dtype[Any], src: int, dst: int, stream: int
     ) -> None:
-        self._conversion_kernels().unpack(spec, result, src, dst, stream)
+        self._conversion_kernels(spec).unpack(spec, result, src, dst, stream)
         self.counts.conversions += 1
 
     def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> None:
         from ._preprocess_kernels import PreprocessKernels  # NVRTC only when asked for
 
-        self._preprocess = PreprocessKernels.compile(targets, device=self.device)
+        kernels = PreprocessKernels.compile(targets, device=self.device)
+        for spec, _ in targets:
+            self._preprocess[spec] = kernels
 
     def preprocess(
         self,
@@ -493,9 +518,10 @@ class CudaRuntime:
         dst: int,
         stream: int,
     ) -> None:
-        if self._preprocess is None:
+        kernels = self._preprocess.get(spec)
+        if kernels is None:
             raise CudaCallError("cudaLaunchKernel", _INVALID_VALUE)
-        self._preprocess.launch(spec, frame, height, width, pitch, dst, stream)
+        kernels.launch(spec, frame, height, width, pitch, dst, stream)
         self.counts.conversions += 1
 
     def close(self) -> None:

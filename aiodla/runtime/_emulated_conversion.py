@@ -19,7 +19,7 @@ import numpy as np
 
 from .._errors import RuntimeUnavailableError
 from ._conversion_source import plan_program
-from ._protocol import CudaCallError, TransferCounts
+from ._protocol import TransferCounts
 from ._timeline import _Operation, _Stream
 
 if TYPE_CHECKING:
@@ -33,11 +33,12 @@ _DEVICE_ALIGNMENT = 256  # what cudaMalloc guarantees
 _NOT_READY_WAIT = 0.0002  # seconds between looks at an event a wait depends on
 
 
-def _extent(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
-    """Elements from the first to one past the last element a strided array reaches."""
-    if any(step < 0 for step in strides):
-        raise CudaCallError("pack", _INVALID_VALUE)
-    return 1 + sum((size - 1) * step for size, step in zip(shape, strides, strict=True))
+def _reach(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
+    """The lowest and one past the highest element offsets a strided array reaches
+    (strides may be negative: a flipped view)."""
+    low = sum((size - 1) * step for size, step in zip(shape, strides, strict=True) if step < 0)
+    high = sum((size - 1) * step for size, step in zip(shape, strides, strict=True) if step > 0)
+    return low, high + 1
 
 
 class EmulatedConversion:
@@ -102,9 +103,14 @@ class EmulatedConversion:
         self._cuda("pack")
         self._check_prepared("pack", spec, source)
         itemsize = source.itemsize
-        raw = self._device_range(src, _extent(spec.shape, src_strides) * itemsize, "pack")
+        low, high = _reach(spec.shape, src_strides)
+        raw = self._device_range(src + low * itemsize, (high - low) * itemsize, "pack")
         values: np.ndarray[Any, Any] = np.ndarray(
-            spec.shape, source, buffer=raw, strides=tuple(s * itemsize for s in src_strides)
+            spec.shape,
+            source,
+            buffer=raw,
+            offset=-low * itemsize,
+            strides=tuple(s * itemsize for s in src_strides),
         )
         target = self._device_range(dst, spec.size, "pack")
         queue = self._stream(stream, "pack")
