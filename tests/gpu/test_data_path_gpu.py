@@ -121,6 +121,42 @@ class TestDeviceArrays:
             assert runtime.counts.allocations == opened
 
 
+class TestOrderingAndMemory:
+    async def test_the_producers_stream_is_ordered_first(self, real_gpu: None, torch: Any) -> None:
+        # The producer writes on a side stream after a long sleep: read too early, the
+        # engine would see zeros. DLPack's stream argument must order it.
+        x = frame(4)
+        (want,) = await run(detector(), [x], convert="host")
+        async with Engine(detector(), runtime=CudaRuntime(0), convert="device") as engine:
+            tensor = torch.zeros(x.shape, dtype=torch.float32, device="cuda")
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU clock cycles
+                tensor.copy_(torch.from_numpy(x).cuda(non_blocking=True))
+                y = await engine.infer(tensor)
+        assert y.tobytes() == want.tobytes()
+
+    async def test_pool_memory_goes_back_when_dropped(self, real_gpu: None, cuda_rt: Any) -> None:
+        error, pool = cuda_rt.cudaDeviceGetDefaultMemPool(0)
+        assert int(error) == 0
+        used = cuda_rt.cudaMemPoolAttr.cudaMemPoolAttrUsedMemCurrent
+
+        def in_use() -> int:
+            cuda_rt.cudaDeviceSynchronize()
+            error, value = cuda_rt.cudaMemPoolGetAttribute(pool, used)
+            assert int(error) == 0
+            return int(value)
+
+        async with Engine(detector(), runtime=CudaRuntime(0), convert="device") as engine:
+            before = in_use()
+            outputs = [await engine.infer(frame(i), output="device") for i in range(4)]
+            assert in_use() >= before + 4 * outputs[0].nbytes
+            del outputs
+            gc.collect()
+            await asyncio.sleep(0)
+            assert in_use() == before
+
+
 class TestFailures:
     async def test_a_failed_launch_fails_that_request_only(self, real_gpu: None) -> None:
         # The launch's failure is injected (a real non-sticky launch failure cannot be
