@@ -5,12 +5,13 @@
 #
 #     bash tests/gpu/device_run.sh                       # every step
 #     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
+#     STEPS="build pytest kernels datapath" bash tests/gpu/device_run.sh  # the data path
 #
 # Everything worth keeping goes under $OUT (default ./device-out): the build log, the
 # pytest log and JUnit XML, the coverage reports, the sanitizer's logs and verdict, the
 # benchmark's JSON and log. A failing step never stops the later ones; the summary at
 # the end says what failed. Each step has its own time limit; all of them together take
-# up to about 13 minutes, so a single bounded call runs a subset through STEPS.
+# up to about 24 minutes, so a single bounded call (10 minutes) runs a subset through STEPS.
 
 set -u
 set -o pipefail
@@ -22,7 +23,7 @@ REPO="$PWD"
 STANDIN_DIR=/tmp/aiodla-standin
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export COVERAGE_FILE=/tmp/aiodla-gpu.coverage
-STEPS="${STEPS:-build pytest sanitize bench}"
+STEPS="${STEPS:-build pytest sanitize bench kernels datapath}"
 declare -A STATUS
 
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -88,10 +89,17 @@ if wanted sanitize && [ -n "${AIODLA_STANDIN_LIB:-}" ]; then
 fi
 
 wanted bench && step bench 200 python3 benchmarks/bench_gpu.py "$OUT/bench-gpu.json"
+# The GPU data path: kernels against a device-to-device copy, then the engine with
+# 640x640 frames (host and device conversion, host and device inputs, 1080p camera
+# frames) against the ideal, a 32x32 model's CPU per request and the loop's lag.
+wanted kernels && step kernels 240 bash -c "python3 benchmarks/bench_convert_kernels.py \
+    && python3 benchmarks/bench_preprocess_kernels.py"
+wanted datapath && step datapath 420 python3 benchmarks/bench_data_path.py \
+    "$OUT/data-path-gpu.json" --gpu --repeats 3 --seconds 1.5
 
 echo
 echo "=== summary"
-for name in wheels build pytest sanitize bench; do
+for name in wheels build pytest sanitize bench kernels datapath; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
