@@ -166,7 +166,7 @@ class Flow:
         # From now on the slot holds the request's device arrays: released with it,
         # once no kernel of it can read them.
         slot.keep, request.sources = request.sources, ()
-        if self.offload_pack:
+        if self.offload_pack and len(slot.keep) < len(request.arrays):  # device arrays: no work
             request.future.set_result(None)  # its coroutine packs (PACKING) off the loop
             return
         try:
@@ -275,7 +275,7 @@ class Flow:
                 self.release(slot)
                 self._finish(request, error=failure)
                 continue
-            if self.offload_unpack:
+            if self.offload_unpack and not slot.pooled:  # (pool memory: nothing to unpack)
                 scheduler.advance(request, RequestState.UNPACKING)
                 request.future.set_result(None)  # its coroutine unpacks off the loop
                 continue

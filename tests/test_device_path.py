@@ -510,3 +510,25 @@ class TestDevicePointers:
             y = await engine.infer(stored)
             stored.free()
         np.testing.assert_array_equal(y, expected_affine(x))
+
+
+class TestOffloading:
+    """Large tensors are packed and unpacked in a worker thread; device arrays and pool
+    outputs have nothing to pack or unpack there, and the results stay right."""
+
+    async def test_device_arrays_and_outputs_with_offloading(self) -> None:
+        runtime = GpuLikeRuntime()
+        x = frame(21)
+        async with Engine(
+            affine_model(), runtime=runtime, convert="device", offload_bytes=0
+        ) as engine:
+            array = FakeCudaArray(runtime, x)
+            y_host = await engine.infer(x)
+            y_device_in = await engine.infer(array)
+            y_device_out = await engine.infer(x, output="device")
+            np.testing.assert_array_equal(y_device_out.to_host(), expected_affine(x))
+            del y_device_out
+            array.free()
+            assert counts_add_up(engine.statistics())
+        for y in (y_host, y_device_in):
+            np.testing.assert_array_equal(y, expected_affine(x))
