@@ -35,7 +35,7 @@ from .._tensors import TensorSpec
 from ._deps import MISSING_EXTRA
 from ._grpc import GrpcFront
 from ._http import HttpFront
-from ._kserve import ProtocolError, Status, error_of, tensor_metadata
+from ._kserve import ProtocolError, Status, error_of, request_limit, tensor_metadata
 
 __all__ = [
     "MISSING_EXTRA",
@@ -84,7 +84,8 @@ class ServeStatistics:
 
     ``received == succeeded + sum(failed.values()) + in_flight`` always holds;
     ``failed`` counts by protocol status (``INVALID_ARGUMENT``, ``NOT_FOUND``,
-    ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``INTERNAL``) and ``CANCELLED`` for
+    ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``INTERNAL``) and
+    ``CANCELLED`` for
     requests whose caller went away (a gRPC deadline or cancellation).
     """
 
@@ -116,6 +117,25 @@ class ServedModel:
             "platform": PLATFORM,
             "inputs": [t.to_json() for t in self.input_metadata],
             "outputs": [t.to_json() for t in self.output_metadata],
+        }
+
+    def config(self) -> dict[str, Any]:
+        """A Triton-style model configuration (what ``get_model_config`` reads): no
+        batching dimension of Triton's, each tensor's full shape as its ``dims``."""
+
+        def tensors(metadata: Sequence[Any]) -> list[dict[str, Any]]:
+            return [
+                {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape)}
+                for t in metadata
+            ]
+
+        return {
+            "name": self.name,
+            "platform": PLATFORM,
+            "backend": PLATFORM,
+            "max_batch_size": 0,
+            "input": tensors(self.input_metadata),
+            "output": tensors(self.output_metadata),
         }
 
     def input_spec(self, name: object) -> TensorSpec:
@@ -200,6 +220,12 @@ class Server:
     @property
     def grpc_port(self) -> int | None:
         return None if self._grpc is None else int(self._grpc.port)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request body (HTTP) or message (gRPC) taken: the served models'
+        largest inputs as JSON (:func:`~._kserve.request_limit`); known once started."""
+        return request_limit([m.engine.inputs for m in self._models.values()])
 
     @property
     def accepting(self) -> bool:

@@ -2,11 +2,13 @@
 grpcio's asyncio server (``grpc.aio``), on the event loop that runs the engines.
 
 It answers ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and
-ModelInfer; the service's other calls (streaming, repository, shared memory, ...) get
-UNIMPLEMENTED from grpcio itself. Inputs come as ``raw_input_contents`` (every input,
-or none) or in typed ``contents``; outputs always go out as ``raw_output_contents``,
-as Triton answers. A request's deadline is the sooner of the call's gRPC deadline and
-its ``timeout`` parameter (microseconds, as tritonclient sends it).
+ModelInfer; the service's other calls (ModelConfig, statistics, streaming, repository,
+shared memory, ...) get UNIMPLEMENTED from grpcio itself. A message larger than the
+served models take (:func:`~._kserve.request_limit`) is refused RESOURCE_EXHAUSTED.
+Inputs come as ``raw_input_contents`` (every input, or none) or in typed
+``contents``; outputs always go out as ``raw_output_contents``, as Triton answers. A
+request's deadline is the sooner of the call's gRPC deadline and its ``timeout``
+parameter (microseconds, as tritonclient sends it).
 
 The handlers are registered by method name on a generic handler rather than through
 a generated ``_pb2_grpc`` module: that module pins the grpcio version it was generated
@@ -33,8 +35,6 @@ __all__ = ["SERVICE", "GrpcFront"]
 SERVICE = "inference.GRPCInferenceService"
 _Array = np.ndarray[Any, Any]
 
-# Triton's clients send whole frames in one message: no size limit, as Triton sets.
-_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 # Which InferTensorContents field carries a datatype's values (FP16 has none: raw only).
 _CONTENTS = {
@@ -57,7 +57,15 @@ class GrpcFront:
 
     def __init__(self, server: Server) -> None:
         self._server = server
-        self._grpc = aio.server(options=_OPTIONS)
+        # Triton's clients send a whole frame in one message: the limit is what the
+        # served models take (grpcio refuses a larger message, RESOURCE_EXHAUSTED, from
+        # its length prefix); answers are as large as the outputs.
+        self.limit = server.max_request_bytes
+        options = [
+            ("grpc.max_receive_message_length", self.limit),
+            ("grpc.max_send_message_length", -1),
+        ]
+        self._grpc = aio.server(options=options)
         calls: dict[str, tuple[Callable[..., Any], Any, Any]] = {
             "ServerLive": (self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
             "ServerReady": (self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),

@@ -6,8 +6,15 @@ Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2`` (server metadata)
 header's length in ``Inference-Header-Content-Length``, then each binary input's
 ``binary_data_size`` bytes in input order; outputs asked for with
 ``binary_data_output`` or an output's ``binary_data`` come back the same way), and
-``GET /metrics`` (Prometheus, Triton's families and aiodla's own). Errors are
-``{"error": message}`` with the protocol's status code.
+``GET /metrics`` (Prometheus, Triton's families and aiodla's own). Every error,
+a route not served included, is ``{"error": message}`` with its status code, which is
+what tritonclient reads.
+
+Memory: a request body may be at most :func:`~._kserve.request_limit` bytes (the served
+models' largest inputs as JSON), refused with 413 from its ``Content-Length`` before any
+of it is read; and the bodies held at once share a byte budget (:class:`ByteBudget`), a
+request waiting for its share before reading. Large JSON is parsed and written in a
+worker thread, in pieces (:mod:`._json`), so it does not stall the event loop.
 
 Why aiohttp: the server must run on the event loop that owns the engines, so a
 handler calls ``Engine.infer_nowait`` directly, with no thread hop or second loop, and
@@ -23,23 +30,29 @@ built on, so clients and tests share one dependency.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
 
+from . import _json
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 
 if TYPE_CHECKING:
     from ._app import ServedModel, Server
 
-__all__ = ["MAX_REQUEST_BYTES", "HttpFront"]
+__all__ = ["OFFLOAD_BYTES", "ByteBudget", "HttpFront", "budget_for"]
 
-#: The largest request body taken (aiohttp's default of 1 MiB is smaller than one
-#: float32 1x3x640x640 frame).
-MAX_REQUEST_BYTES = 256 * 1024 * 1024
+#: JSON larger than this (request header, or the values of JSON outputs, at about 16
+#: bytes a value) is parsed or written in a worker thread.
+OFFLOAD_BYTES = 64 * 1024
+#: The least byte budget for request bodies held at once.
+MIN_BUDGET_BYTES = 256 * 1024 * 1024
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _Array = np.ndarray[Any, Any]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -47,6 +60,80 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _error(error: ProtocolError) -> web.Response:
     return web.json_response({"error": error.message}, status=error.status.http)
+
+
+def budget_for(limit: int) -> int:
+    """The byte budget for request bodies held at once: four of the largest."""
+    return max(MIN_BUDGET_BYTES, 4 * limit)
+
+
+class ByteBudget:
+    """At most ``capacity`` bytes held at once; :meth:`hold` waits for its share, first
+    come first served. A share larger than the capacity is held alone."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        """Cancellation: a cancelled wait takes nothing and holds up no one."""
+        size = min(size, self.capacity)
+        if self._waiting or self.held + size > self.capacity:
+            future = asyncio.get_running_loop().create_future()
+            self._waiting.append((size, future))
+            try:
+                await future
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self._release(size)  # granted as the wait was cancelled
+                else:
+                    self._waiting.remove((size, future))
+                    self._grant()
+                raise
+        else:
+            self.held += size
+        try:
+            yield
+        finally:
+            self._release(size)
+
+    def _release(self, size: int) -> None:
+        self.held -= size
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self.held + self._waiting[0][0] <= self.capacity:
+            size, future = self._waiting.popleft()
+            self.held += size
+            future.set_result(None)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Every error as ``{"error": message}``: aiohttp's own (a route not served, a
+    method not allowed) come as plain text, which tritonclient cannot read."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _http_error(exc, request)
+
+
+def _http_error(exc: web.HTTPException, request: web.Request) -> web.Response:
+    """aiohttp's error as JSON, with its status and headers (``Allow`` for a 405)."""
+    headers = {
+        k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")
+    }
+    if exc.status in (404, 405):
+        message = f"{exc.reason}: {request.method} {request.path} is not served"
+    elif exc.text and exc.text != f"{exc.status}: {exc.reason}":
+        message = exc.text
+    else:
+        message = exc.reason
+    return web.json_response({"error": message}, status=exc.status, headers=headers)
 
 
 def _bad(message: str) -> ProtocolError:
@@ -68,7 +155,9 @@ class HttpFront:
         # (per-core figures, health); their names do not overlap.
         self._registry.register(EngineCollector(engines, naming="triton"))
         self._registry.register(EngineCollector(engines, naming="aiodla"))
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        self.limit = server.max_request_bytes
+        self.budget = ByteBudget(budget_for(self.limit))
+        app = web.Application(client_max_size=self.limit, middlewares=[_json_errors])
         get, post = app.router.add_get, app.router.add_post
         get("/v2/health/live", self.live)
         get("/v2/health/ready", self.ready)
@@ -77,6 +166,7 @@ class HttpFront:
         for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             get(base, self.model_metadata)
             get(base + "/ready", self.model_ready)
+            get(base + "/config", self.model_config)
             post(base + "/infer", self.infer)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         self._site: web.TCPSite | None = None
@@ -117,6 +207,12 @@ class HttpFront:
         except ProtocolError as exc:
             return _error(exc)
 
+    async def model_config(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(self._model(request).config())
+        except ProtocolError as exc:
+            return _error(exc)
+
     async def model_ready(self, request: web.Request) -> web.Response:
         try:
             ready = self._model(request).ready and self._server.accepting
@@ -137,20 +233,76 @@ class HttpFront:
         try:
             with self._server.request():
                 model = self._model(request)
-                body = await request.read()
-                header, binary = _split(body, request.headers.get(HEADER_LENGTH))
-                inputs = _inputs(model, header, binary)
-                parameters = _mapping(header.get("parameters", {}), "parameters")
-                outputs, as_binary = _outputs(model, header, parameters)
-                values = await self._server.infer(
-                    model, inputs, [spec for spec, _ in outputs], _timeout(parameters)
-                )
-                return _response(model, header, outputs, as_binary, values)
+                size = request.content_length
+                if size is not None and size > self.limit:
+                    raise _too_large(size, self.limit)
+                # A body of unknown length (chunked) may take up to the limit.
+                async with self.budget.hold(self.limit if size is None else size):
+                    return await self._infer(model, request)
+        except web.HTTPException as exc:
+            return _http_error(exc, request)
         except Exception as exc:
             return _error(error_of(exc))
 
+    async def _infer(self, model: ServedModel, request: web.Request) -> web.Response:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(None, self.limit) from None
+        length = request.headers.get(HEADER_LENGTH)
+        if _json_length(body, length) > OFFLOAD_BYTES:
+            parsed = await asyncio.to_thread(_parse, model, body, length, _json.loads)
+        else:
+            parsed = _parse(model, body, length, json.loads)
+        header, inputs, outputs, as_binary, timeout = parsed
+        values = await self._server.infer(model, inputs, [spec for spec, _ in outputs], timeout)
+        in_json = sum(v.size for (_, binary), v in zip(outputs, values, strict=True) if not binary)
+        if in_json * 16 > OFFLOAD_BYTES:
+            text, chunks = await asyncio.to_thread(_answer, model, header, outputs, values)
+        else:
+            text, chunks = _answer(model, header, outputs, values)
+        if not as_binary:
+            return web.Response(body=text, content_type="application/json")
+        return web.Response(
+            body=b"".join([text, *chunks]),
+            content_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(len(text))},
+        )
 
-def _split(body: bytes, length: str | None) -> tuple[dict[str, Any], memoryview]:
+
+def _too_large(size: int | None, limit: int) -> ProtocolError:
+    what = "the request body" if size is None else f"a request body of {size} bytes"
+    return ProtocolError(
+        Status.RESOURCE_EXHAUSTED,
+        f"{what} is larger than the {limit} bytes the served models' inputs take",
+    )
+
+
+_Parsed = tuple[Mapping[str, Any], dict[str, _Array], list[tuple[Any, bool]], bool, float | None]
+
+
+def _json_length(body: bytes, length: str | None) -> int:
+    try:
+        return min(len(body), int(length)) if length is not None else len(body)
+    except ValueError:
+        return len(body)
+
+
+def _parse(
+    model: ServedModel, body: bytes, length: str | None, loads: Callable[[bytes], Any]
+) -> _Parsed:
+    """The request's header, its inputs, the outputs asked for (each with whether it
+    goes out binary), whether any does, and its timeout."""
+    header, binary = _split(body, length, loads)
+    inputs = _inputs(model, header, binary)
+    parameters = _mapping(header.get("parameters", {}), "parameters")
+    outputs, as_binary = _outputs(model, header, parameters)
+    return header, inputs, outputs, as_binary, _timeout(parameters)
+
+
+def _split(
+    body: bytes, length: str | None, loads: Callable[[bytes], Any]
+) -> tuple[dict[str, Any], memoryview]:
     """The JSON header and the binary part of a request body."""
     if length is None:
         cut = len(body)
@@ -162,7 +314,7 @@ def _split(body: bytes, length: str | None) -> tuple[dict[str, Any], memoryview]
         if not 0 <= cut <= len(body):
             raise _bad(f"{HEADER_LENGTH}: {length!r} is not a length within the body")
     try:
-        header = json.loads(bytes(memoryview(body)[:cut]))
+        header = loads(bytes(memoryview(body)[:cut]))
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"failed to parse the request JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -216,7 +368,7 @@ def _outputs(
     if not isinstance(default, bool):
         raise _bad("parameter 'binary_data_output' must be true or false")
     asked = header.get("outputs")
-    if asked is None:
+    if not asked:  # none, or an empty list: all of them
         return [(spec, default) for spec in model.output_specs(None)], default
     if not isinstance(asked, list):
         raise _bad("'outputs' must be a list")
@@ -245,13 +397,13 @@ def _timeout(parameters: Mapping[str, Any]) -> float | None:
     return value / 1e6 if value else None
 
 
-def _response(
+def _answer(
     model: ServedModel,
     header: Mapping[str, Any],
     outputs: list[tuple[Any, bool]],
-    as_binary: bool,
     values: list[_Array],
-) -> web.Response:
+) -> tuple[bytes, list[bytes]]:
+    """The response's JSON, and the binary outputs' bytes in order."""
     answer: dict[str, Any] = {"model_name": model.name, "model_version": "1"}
     if "id" in header:
         answer["id"] = header["id"]
@@ -267,25 +419,27 @@ def _response(
             data = raw_bytes(value)
             tensor["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
+            tensors.append(_dumps(tensor))
         else:
-            tensor["data"] = _json_values(value)
-        tensors.append(tensor)
-    answer["outputs"] = tensors
-    text = json.dumps(answer, separators=(",", ":")).encode()
-    if not as_binary:
-        return web.Response(body=text, content_type="application/json")
-    return web.Response(
-        body=b"".join([text, *chunks]),
-        content_type="application/octet-stream",
-        headers={HEADER_LENGTH: str(len(text))},
-    )
+            # The values, written a chunk at a time, go in as the tensor's last key.
+            text = _dumps(tensor)
+            tensors.append(text[:-1] + ',"data":' + _json_values(value) + "}")
+    answer["outputs"] = []
+    text = _dumps(answer)
+    # ... "outputs":[]} : the tensors go between the brackets.
+    text = text[:-2] + ",".join(tensors) + "]}"
+    return text.encode(), chunks
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _datatype(model: ServedModel, name: str) -> str:
     return next(t.datatype for t in model.output_metadata if t.name == name)
 
 
-def _json_values(value: _Array) -> list[Any]:
+def _json_values(value: _Array) -> str:
     if value.dtype.kind == "f" and not np.isfinite(value).all():
         # JSON has no NaN or infinity; Triton refuses them too and points to binary.
         raise ProtocolError(
@@ -293,5 +447,4 @@ def _json_values(value: _Array) -> list[Any]:
             "an output holds NaN or infinity, which JSON cannot carry; ask for it as "
             "binary data (binary_data_output)",
         )
-    values: list[Any] = value.ravel().tolist()
-    return values
+    return _json.dumps_values(value)

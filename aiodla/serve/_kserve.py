@@ -43,6 +43,7 @@ __all__ = [
     "input_datatypes",
     "output_datatype",
     "raw_bytes",
+    "request_limit",
     "tensor_metadata",
 ]
 
@@ -72,6 +73,8 @@ class Status(enum.Enum):
 
     INVALID_ARGUMENT = (400, "INVALID_ARGUMENT")
     NOT_FOUND = (404, "NOT_FOUND")
+    #: A request larger than any the served models take.
+    RESOURCE_EXHAUSTED = (413, "RESOURCE_EXHAUSTED")
     UNAVAILABLE = (503, "UNAVAILABLE")
     # Triton has no HTTP code of its own for a request's timeout; 504 is the HTTP word
     # for "no answer in time" and tritonclient reads any code with the message.
@@ -104,6 +107,10 @@ def error_of(exc: BaseException) -> ProtocolError:
     if isinstance(exc, ProtocolError):
         return exc
     message = str(exc) or type(exc).__name__
+    code = getattr(exc, "status_code", None)  # an HTTP error of aiohttp's keeps its meaning
+    if isinstance(code, int) and 400 <= code < 500:
+        status = next((s for s in Status if s.http == code), Status.INVALID_ARGUMENT)
+        return ProtocolError(status, message)
     if isinstance(exc, InputError):
         return ProtocolError(Status.INVALID_ARGUMENT, message)
     if isinstance(exc, RequestTimeoutError):
@@ -152,6 +159,24 @@ def tensor_metadata(spec: TensorSpec, *, output: bool) -> TensorMetadata:
     return TensorMetadata(spec.name, datatype, tuple(spec.shape))
 
 
+#: JSON bytes per tensor element a request may spend: a float's 17 significant digits,
+#: sign, point and exponent ("-1.2345678901234567e-05") and tritonclient's ", " make 25;
+#: nested lists, indentation and the integer inputs' typed gRPC fields (10 bytes for a
+#: negative varint) stay within 32.
+JSON_BYTES_PER_ELEMENT = 32
+#: Room for the request's JSON around the tensors' values (names, shapes, parameters).
+HEADER_SLACK = 64 * 1024
+#: The least request size taken, whatever the models.
+MIN_REQUEST_BYTES = 1024 * 1024
+
+
+def request_limit(models: Sequence[Sequence[TensorSpec]]) -> int:
+    """The largest request body (HTTP) or message (gRPC) taken, in bytes: the inputs of
+    the model whose inputs hold the most elements, written as JSON, plus slack."""
+    elements = max((sum(int(np.prod(s.shape)) for s in inputs) for inputs in models), default=0)
+    return max(MIN_REQUEST_BYTES, elements * JSON_BYTES_PER_ELEMENT + HEADER_SLACK)
+
+
 # -- inputs -------------------------------------------------------------------------------------
 
 
@@ -190,9 +215,10 @@ def decode_json(spec: TensorSpec, datatype: object, shape: object, data: object)
             Status.INVALID_ARGUMENT, f"input {spec.name!r}: 'data' must be a list of numbers"
         )
     try:
-        array = np.asarray(data, dtype=dtype)
+        # The values' own types first (ints, floats, bools, strings), then the datatype's.
+        array = _typed(np.asarray(data), dtype, data)
     except (ValueError, TypeError, OverflowError) as exc:
-        # Ragged lists, strings, values that do not fit the datatype (300 as INT8).
+        # Ragged lists, values of the wrong kind or out of the datatype's range.
         raise ProtocolError(
             Status.INVALID_ARGUMENT, f"input {spec.name!r}: bad {datatype} data: {exc}"
         ) from None
@@ -203,6 +229,63 @@ def decode_json(spec: TensorSpec, datatype: object, shape: object, data: object)
             f"input {spec.name!r}: {array.size} values, shape {list(spec.shape)} holds {count}",
         )
     return array.reshape(spec.shape)
+
+
+def _typed(values: _Array, dtype: np.dtype[Any], data: object = ()) -> _Array:
+    """JSON values as the datatype takes them, as Triton does: integers for an integer
+    datatype (not 1.7, 2.0 or "5"), in its range; booleans for BOOL; numbers for a float
+    datatype (integers too). ``data``: the values as they came, if not ``values``."""
+    kind = values.dtype.kind
+    if values.size == 0:
+        return values.astype(dtype)
+    if dtype.kind == "b":
+        if kind != "b":
+            raise ValueError(f"the values must be JSON true or false, got {_first(values)}")
+        return values
+    if kind in "iuf" and _has_bool(data):  # numpy took true and false for 1 and 0
+        raise ValueError("the values must be JSON numbers, got booleans")
+    if kind == "O" and dtype.kind == "f" and all(type(v) in (int, float) for v in values.flat):
+        values = values.astype(np.float64)  # integers beyond int64 for a float input
+        kind = "f"
+    if dtype.kind in "iu":
+        if kind == "O" and all(type(v) is int for v in values.flat):
+            raise ValueError("a value is out of the datatype's range")
+        if kind not in "iu":
+            raise ValueError(f"the values must be JSON integers, got {_first(values)}")
+        info = np.iinfo(dtype)
+        low, high = values.min(), values.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise ValueError(f"{bad} is out of the datatype's range [{info.min}, {info.max}]")
+    elif kind not in "iuf":
+        raise ValueError(f"the values must be JSON numbers, got {_first(values)}")
+    return values.astype(dtype, copy=False)
+
+
+def _has_bool(data: object, piece: int = 65536) -> bool:
+    """Whether nested lists hold a boolean (a slice at a time: no long C call)."""
+    if not isinstance(data, list):
+        return False
+    for start in range(0, len(data), piece):
+        part = data[start : start + piece]
+        kinds = set(map(type, part))
+        if bool in kinds or (list in kinds and any(_has_bool(v) for v in part)):
+            return True
+    return False
+
+
+def _first(values: _Array) -> str:
+    """A value that does not fit, as the message shows it."""
+    kind = values.dtype.kind
+    if kind in "US":
+        return "strings"
+    if kind == "b":
+        return "booleans"
+    if kind == "f":
+        fractional = np.flatnonzero(values != np.round(values))
+        return repr(values.flat[fractional[0] if fractional.size else 0].item())
+    first = values.flat[0]
+    return repr(first.item() if isinstance(first, np.generic) else first)
 
 
 def decode_raw(
