@@ -88,6 +88,35 @@ class TestTaskFailure:
         assert handles_released(runtime)
 
 
+class TestFaultOnTheStream:
+    """A DLA fault surfacing as on hardware in hybrid mode: a sticky CUDA error on the
+    task's stream, the DLA status still in cudlaGetLastError."""
+
+    @pytest.mark.asyncio
+    async def test_kills_the_engine_in_process(self, runtime: EmulatedRuntime) -> None:
+        async with Engine(affine_model(), runtime=runtime, cores=[0]) as engine:
+            np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
+            runtime.fail_next_task(0, ENGINE_TIMEOUT, on_stream=True)
+            with pytest.raises(EngineDeadError) as caught:
+                await engine.infer(ONES)
+            cause = caught.value.__cause__
+            assert isinstance(cause, CudaCallError) and cause.code == 911 and cause.sticky
+            assert engine.health().status == "dead"
+            assert engine.dead
+            # cudaErrorExternalDevice says "a DLA broke"; cuDLA says how.
+            core_handle = next(iter(runtime._devices))
+            assert runtime.get_last_error(core_handle) == ENGINE_TIMEOUT
+
+    @pytest.mark.asyncio
+    async def test_the_default_fault_fails_only_its_request(self, runtime: EmulatedRuntime) -> None:
+        async with Engine(affine_model(), runtime=runtime, cores=[0]) as engine:
+            runtime.fail_next_task(0, ENGINE_TIMEOUT)
+            with pytest.raises(TaskError):
+                await engine.infer(ONES)
+            np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
+            assert not engine.dead
+
+
 class TestRotation:
     @pytest.mark.asyncio
     async def test_faulty_core_leaves_and_comes_back(self, runtime: EmulatedRuntime) -> None:

@@ -123,10 +123,19 @@ class FaultInjection(Timeline):
     _call_failures: list[_CallFailure]
     _devices: dict[int, _Device]
 
-    def fail_next_task(self, core: int, status: int = 0x40000001) -> None:
+    def fail_next_task(
+        self, core: int, status: int = 0x40000001, *, on_stream: bool = False
+    ) -> None:
         """The next task submitted to ``core`` fails with ``status`` (a cudlaStatus);
-        its outputs are not written."""
-        self._core(core).failures.append(int(cudla.Status(int(status))))
+        its outputs are not written.
+
+        By default the failure shows only through ``get_last_error``. ``on_stream=True``
+        makes it surface as a DLA hardware fault does in hybrid mode (NVIDIA's
+        cuDLAErrorReporting sample): a sticky ``cudaErrorExternalDevice`` on the task's
+        stream, which poisons the context, while ``get_last_error`` still reports the
+        status.
+        """
+        self._core(core).failures.append((int(cudla.Status(int(status))), on_stream))
 
     def hang_core(self, core: int, hung: bool = True) -> None:
         """Tasks submitted to ``core`` from now hang until the device's task timeout,
@@ -212,7 +221,7 @@ class FaultInjection(Timeline):
         if core.hung:
             effect.hung, effect.status = True, _STATUS_VALUES["engine_timeout"]
         elif core.failures:
-            effect.status = core.failures.popleft()
+            effect.status, effect.on_stream = core.failures.popleft()
         return effect
 
 
@@ -230,6 +239,7 @@ class _TaskEffect:
         "duration",
         "failure",
         "hung",
+        "on_stream",
         "runner",
         "runtime",
         "status",
@@ -245,6 +255,7 @@ class _TaskEffect:
         self.duration = model.latency
         self.status = 0
         self.hung = False
+        self.on_stream = False
         self.compute: ComputeTask | None = None
         self.failure: BaseException | None = None
         self.stream = 0
@@ -258,6 +269,11 @@ class _TaskEffect:
                 self.runtime._compute_failures[self.stream] = self.failure
         if self.status:
             device.last_error = self.status
+            if self.on_stream and self.runtime._poisoned is None:
+                # The stream's later work never completes: every CUDA call from now on,
+                # the poller's event query first, raises the sticky error. (The stream
+                # being advanced is left as it is; poison() would clear it under us.)
+                self.runtime._poisoned = CudaCallError("(context)", _EXTERNAL_DEVICE)
         device.tasks_in_flight -= 1
         device.core.tasks_completed += 1
 

@@ -37,7 +37,10 @@ class _Core:
     tasks_started: int = 0
     tasks_completed: int = 0
     hung: bool = False
-    failures: collections.deque[int] = dataclasses.field(default_factory=collections.deque)
+    # injected task failures: (cudlaStatus, surfaces as a sticky error on the stream)
+    failures: collections.deque[tuple[int, bool]] = dataclasses.field(
+        default_factory=collections.deque
+    )
     gate: TaskGate | None = None
     # Streams stopped at a task of this held core, in the order those tasks came.
     blocked: collections.deque[_Stream] = dataclasses.field(default_factory=collections.deque)
@@ -200,6 +203,8 @@ class Timeline:
                     break
                 operations.popleft()
                 head.effect()
+                if self._poisoned is not None:  # a fault on the stream: nothing after it runs
+                    break
             self.device_time += time.thread_time() - began
 
     def _advance_all(self) -> None:
@@ -307,4 +312,6 @@ class Timeline:
         stream = target.stream
         if stream is not None:
             self._advance(stream, self._clock())
+            if self._poisoned is not None:  # the advance reached a fault on the stream
+                raise CudaCallError("query_event", self._poisoned.code)
         return target.completed >= target.recorded
