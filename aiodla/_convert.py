@@ -10,8 +10,10 @@ Values
   finite values beyond the range first; the conversion here never refuses.)
 - Into integer tensors, float values are quantized with the tensor's ``scale``:
   ``q = round_half_even(x / scale)`` with the quotient taken in binary64, then
-  saturated to the type's range (so ±inf saturate too). NaN is an input error, and
-  a float array for an integer tensor without a scale is one too. Integer arrays
+  saturated to the type's range (so ±inf saturate too). NaN in a host array is an
+  input error (:func:`refuse_nan`, before anything is stored); the conversion itself
+  stores NaN as 0, the GPU kernels' rule for device arrays, whose values the host
+  never reads. A float array for an integer tensor without a scale is an input error. Integer arrays
   are stored as they are (already quantized); only safe integer casts are taken.
 - Out of integer tensors with a scale, values come back as float32
   ``float32(scale * q)``, the product taken in binary64 and rounded once.
@@ -44,6 +46,7 @@ from ._errors import InputValueError
 __all__ = ["refuse_nan"]
 
 _Array = np.ndarray[Any, Any]
+_BOOL = np.dtype(np.bool_)
 
 
 def refuse_nan(name: str, dtype: str, array: _Array) -> None:
@@ -311,7 +314,12 @@ def _quantizer(source: np.dtype[Any], target: np.dtype[Any], scale: float) -> _C
             np.copyto(work, values, casting="same_kind")  # exact widening
             np.divide(work, divisor, out=work)
         np.rint(work, out=work)  # half to even
-        np.clip(work, low, high, out=work)
+        # NaN stores 0, as the GPU kernels do: host arrays with NaN were refused before
+        # (refuse_nan); device arrays' values are never looked at on the host.
+        nan = _SCRATCH.array("nan", _BOOL, values.shape)
+        np.isnan(work, out=nan)
+        np.copyto(work, 0, where=nan)
+        np.clip(work, low, high, out=work)  # (±inf saturate here)
         np.copyto(out, work, casting="unsafe")
 
     return quantize

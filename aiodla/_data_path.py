@@ -153,8 +153,6 @@ Allocate = Callable[[str, Callable[..., Any], Callable[..., Any], Any], Any]
 class HostPath:
     """Host conversion: numpy packs and unpacks; the stream copies DLA bytes."""
 
-    device_conversion = False
-
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
@@ -227,8 +225,6 @@ def _elements(spec: TensorSpec) -> int:
 class DevicePath:
     """Device conversion: the runtime's kernels pack and unpack on the slot's stream."""
 
-    device_conversion = True
-
     def __init__(self, runtime: Runtime, zero_copy: bool) -> None:
         self.runtime = runtime
         self.zero_copy = zero_copy
@@ -290,19 +286,6 @@ class DevicePath:
         allocate: Allocate,
         frames: ImagePreprocess | None = None,
     ) -> TensorBinding:
-        binding = self._bind(spec, device_ptr, registered, output, allocate, frames)
-        binding.frames = frames
-        return binding
-
-    def _bind(
-        self,
-        spec: TensorSpec,
-        device_ptr: int,
-        registered: int,
-        output: bool,
-        allocate: Allocate,
-        frames: ImagePreprocess | None,
-    ) -> TensorBinding:
         runtime = self.runtime
         # Inputs: the caller's bytes in any accepted type (or a camera frame up to its
         # largest); outputs: the logical results.
@@ -316,10 +299,10 @@ class DevicePath:
                 return runtime.host_alloc(nbytes, mapped=True)
 
             host = allocate(spec.name, host_alloc, runtime.host_free, nbytes)
-            return TensorBinding(spec, device_ptr, registered, host)
+            return TensorBinding(spec, device_ptr, registered, host, frames=frames)
         host = allocate(spec.name, runtime.host_alloc, runtime.host_free, nbytes)
         raw = allocate(spec.name, runtime.malloc, runtime.free, nbytes)
-        return TensorBinding(spec, device_ptr, registered, host, raw=raw)
+        return TensorBinding(spec, device_ptr, registered, host, raw=raw, frames=frames)
 
     # -- one request (loop thread, or a worker thread for large inputs) -----------------
 

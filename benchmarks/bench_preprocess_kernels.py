@@ -24,21 +24,13 @@ from typing import Any
 
 import cupy as cp
 import numpy as np
+from bench_convert_kernels import timed  # (beside this script: same event timing)
 
 from aiodla import ImagePreprocess
 from aiodla._tensors import TensorSpec
 from aiodla.runtime._preprocess_kernels import PreprocessKernels
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
-
-
-def timed(stream: Any, run: Any) -> float:
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record(stream)
-    run()
-    stop.record(stream)
-    stop.synchronize()
-    return float(cp.cuda.get_elapsed_time(start, stop)) * 1000.0  # microseconds
 
 
 def main() -> None:

@@ -532,3 +532,21 @@ class TestOffloading:
             assert counts_add_up(engine.statistics())
         for y in (y_host, y_device_in):
             np.testing.assert_array_equal(y, expected_affine(x))
+
+
+class TestNanIntoIntegerTensors:
+    async def test_a_device_array_with_nan_stores_zero(self) -> None:
+        # Device arrays' values are never read on the host: NaN into an integer tensor
+        # stores 0 (the kernels' rule, and the emulated path's), where a host array with
+        # NaN is refused.
+        runtime = EmulatedRuntime()
+        x = np.resize(np.array([np.nan, 1.5, -2.0, np.nan, 3.25]), QUANTIZED_IN.shape)
+        options = {"scales": {"q": 0.5, "r": 0.5}}
+        async with Engine(quantized_model(), runtime=runtime, convert="device", **options) as e:
+            array = FakeCudaArray(runtime, x.astype(np.float32))
+            got = await e.infer(array)
+            array.free()
+            with pytest.raises(InputValueError, match="NaN"):
+                await e.infer(x)
+            want = await e.infer(np.nan_to_num(x, nan=0.0))
+        assert got.tobytes() == want.tobytes()

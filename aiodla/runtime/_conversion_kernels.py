@@ -257,11 +257,7 @@ class ConversionKernels:
         self._pack_ids: dict[tuple[int, Any], tuple[TensorSpec, _PackKernels]] = {}
         self._unpack_ids: dict[tuple[int, Any], tuple[TensorSpec, _UnpackKernel]] = {}
         self._params = _Params()
-        if launcher is None:
-            from cuda.bindings import driver
-
-            launcher = driver.cuLaunchKernel
-        self._launcher = launcher
+        self._launcher = launcher or default_launcher()
 
     @classmethod
     def compile(
@@ -379,6 +375,13 @@ class ConversionKernels:
 
 def _pairs(table: Mapping[tuple[TensorSpec, np.dtype[Any]], Any]) -> str:
     return ", ".join(f"{spec.name}/{dtype}" for spec, dtype in table) or "none"
+
+
+def default_launcher() -> _Launcher:
+    """The driver's cuLaunchKernel (imported on first use: it needs libcuda)."""
+    from cuda.bindings import driver
+
+    return driver.cuLaunchKernel  # type: ignore[no-any-return]
 
 
 def _toolchain(device: int) -> _Toolchain:

@@ -190,9 +190,11 @@ class CudaRuntime:
         self._host_buffers: dict[int, HostBuffer] = {}
         self._closed = False
         self._integrated: bool | None = None
-        # Compiled kernels by tensor: engines sharing this runtime each add theirs.
-        self._kernels: dict[TensorSpec, ConversionKernels] = {}
-        self._preprocess: dict[TensorSpec, PreprocessKernels] = {}
+        # Compiled kernels by id of the tensor's spec, the spec kept alive beside them:
+        # engines sharing this runtime each add theirs, and the lookup per request skips
+        # hashing a dataclass (microseconds).
+        self._kernels: dict[int, tuple[TensorSpec, ConversionKernels]] = {}
+        self._preprocess: dict[int, tuple[TensorSpec, PreprocessKernels]] = {}
         self.counts = TransferCounts()
 
     def __repr__(self) -> str:
@@ -475,13 +477,13 @@ class CudaRuntime:
                 f"the GPU layout conversion cannot serve: {exc}"
             ) from None
         for spec, _ in (*packs, *unpacks):
-            self._kernels[spec] = kernels
+            self._kernels[id(spec)] = (spec, kernels)
 
     def _conversion_kernels(self, spec: TensorSpec) -> ConversionKernels:
-        kernels = self._kernels.get(spec)
-        if kernels is None:
+        entry = self._kernels.get(id(spec))
+        if entry is None:
             raise CudaCallError("cudaLaunchKernel", _INVALID_VALUE)
-        return kernels
+        return entry[1]
 
     def pack(
         self,
@@ -506,7 +508,7 @@ class CudaRuntime:
 
         kernels = PreprocessKernels.compile(targets, device=self.device)
         for spec, _ in targets:
-            self._preprocess[spec] = kernels
+            self._preprocess[id(spec)] = (spec, kernels)
 
     def preprocess(
         self,
@@ -518,10 +520,10 @@ class CudaRuntime:
         dst: int,
         stream: int,
     ) -> None:
-        kernels = self._preprocess.get(spec)
-        if kernels is None:
+        entry = self._preprocess.get(id(spec))
+        if entry is None:
             raise CudaCallError("cudaLaunchKernel", _INVALID_VALUE)
-        kernels.launch(spec, frame, height, width, pitch, dst, stream)
+        entry[1].launch(spec, frame, height, width, pitch, dst, stream)
         self.counts.conversions += 1
 
     def close(self) -> None:

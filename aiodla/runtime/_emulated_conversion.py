@@ -116,10 +116,10 @@ class EmulatedConversion:
         queue = self._stream(stream, "pack")
         self.counts.conversions += 1
 
-        # validate=False: the engine checked the values (host arrays) or, for device
-        # arrays, leaves them to the conversion's rules, as the kernel does.
+        # checked=True: the engine checked the values (host arrays) or, for device
+        # arrays, leaves them to the conversion's rules (NaN stores 0), as the kernel does.
         def effect() -> None:
-            spec.pack(values, target, validate=False)
+            spec.bind(target).write(values, checked=True)
 
         self._push(queue, _Operation(effect))
 

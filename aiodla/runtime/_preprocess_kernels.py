@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._preprocess import _PACKED, _plan
-from ._conversion_kernels import _Launch, _Launcher, _Params, build_program, launch_kernel
+from ._conversion_kernels import (
+    _Launch,
+    _Launcher,
+    _Params,
+    build_program,
+    default_launcher,
+    launch_kernel,
+)
 from ._preprocess_source import PARAMETERS, plan_preprocess
 
 if TYPE_CHECKING:
@@ -83,11 +90,7 @@ class PreprocessKernels:
         # request, and hashing a dataclass costs microseconds.
         self._ids: dict[int, tuple[TensorSpec, _Target]] = {}
         self._params = _Params(len(PARAMETERS))
-        if launcher is None:
-            from cuda.bindings import driver
-
-            launcher = driver.cuLaunchKernel
-        self._launcher = launcher
+        self._launcher = launcher or default_launcher()
 
     @classmethod
     def compile(

@@ -434,3 +434,23 @@ def test_kernels_as_host_code_match_numpy(
             ctypes.c_void_p(raw.ctypes.data), ctypes.c_void_p(out.ctypes.data)
         )
         assert out.tobytes() == expected.tobytes(), (plan.name, result)
+
+
+def test_nan_into_an_integer_tensor_stores_zero_as_numpy_does(
+    host_kernels: tuple[cs.Program, ctypes.CDLL],
+) -> None:
+    program, library = host_kernels
+    spec = case_spec("chw32", "int8", False)
+    source = np.dtype("float32")
+    values = np.resize(np.array([np.nan, 0.5, -np.nan, 1e9, -7.0], np.float32), spec.shape)
+    expected = spec.bind(np.zeros(spec.size, np.uint8))
+    expected.write(values, checked=True)  # the conversion's own rule, no host NaN check
+    for plan in program.packs[(spec, source)]:
+        out = np.full(spec.size, 0xAB, np.uint8)
+        getattr(library, f"run_{plan.name}")(
+            ctypes.c_void_p(values.ctypes.data),
+            ctypes.c_void_p(out.ctypes.data),
+            *map(ctypes.c_int64, (s // 4 for s in values.strides)),
+        )
+        assert out.tobytes() == expected.raw.tobytes(), plan.name
+    assert not np.isnan(spec.unpack(expected.raw)).any()
