@@ -317,13 +317,22 @@ __device__ __forceinline__ void store_body(u8* __restrict__ dst, const Load& loa
     }
 }
 
+// store_body's loader for a logical array. A functor, not a lambda: NVRTC 13.0 (CUDA 13.0,
+// JetPack 7's) takes an unannotated lambda for host code, even inside a device function.
+template <class T, int S> struct SourceLoad {
+    const typename Store<S>::T* src;
+    i64 sn, sc, sh, sw;
+    template <class N, class C, class H, class W>
+    __device__ __forceinline__ typename Store<T::KIND>::T operator()(N n, C c, H h, W w) const {
+        return load_source<T, S>(src, n, c, h, w, sn, sc, sh, sw);
+    }
+};
+
 // Packing a logical array: a warp's loads of one channel are consecutive w when sw == 1.
 template <class T, int S, int VEC>
 __device__ __forceinline__ void pack_body(const typename Store<S>::T* __restrict__ src,
                                           u8* __restrict__ dst, i64 sn, i64 sc, i64 sh, i64 sw) {
-    store_body<T, VEC>(dst, [&](auto n, auto c, auto h, auto w) {
-        return load_source<T, S>(src, n, c, h, w, sn, sc, sh, sw);
-    });
+    store_body<T, VEC>(dst, SourceLoad<T, S>{src, sn, sc, sh, sw});
 }
 
 // A stored element as the result kind R: dequantized for an integer tensor with a scale

@@ -174,12 +174,14 @@ template <class T, class P> AIODLA_FN typename Store<T::KIND>::T finish(float v,
 }
 
 // The lanes of one pixel come one after another in store_body's loop: sample the pixel
-// once (taps, four fetches, three interpolations) and take each lane from it.
-template <class T, class P, int VEC>
-__device__ __forceinline__ void preprocess_body(const Frame& f, u8* __restrict__ dst) {
-    i32 at_h = -1, at_w = -1;
-    float v[3] = {0, 0, 0};
-    store_body<T, VEC>(dst, [&](auto, auto c, auto h, auto w) {
+// once (taps, four fetches, three interpolations) and take each lane from it. A functor
+// for the reason SourceLoad is one.
+template <class T, class P> struct PixelLoad {
+    const Frame& f;
+    mutable i32 at_h, at_w;
+    mutable float v[3];
+    template <class N, class C, class H, class W>
+    __device__ __forceinline__ typename Store<T::KIND>::T operator()(N, C c, H h, W w) const {
         if ((i32)h != at_h || (i32)w != at_w) {
             sample<P>(f, (i32)h, (i32)w, v);
             at_h = (i32)h;
@@ -187,7 +189,12 @@ __device__ __forceinline__ void preprocess_body(const Frame& f, u8* __restrict__
         }
         const i32 k = (i32)c;
         return finish<T, P>(k == 0 ? v[0] : (k == 1 ? v[1] : v[2]), k);
-    });
+    }
+};
+
+template <class T, class P, int VEC>
+__device__ __forceinline__ void preprocess_body(const Frame& f, u8* __restrict__ dst) {
+    store_body<T, VEC>(dst, PixelLoad<T, P>{f, -1, -1, {0, 0, 0}});
 }
 """
 
