@@ -13,6 +13,10 @@ time and queue). When it sweeps:
 * one task in flight on a core (light load): just before that task's expected end, then
   polling with short pauses (none for the CUDA runtime, whose queries release the GIL),
   so a result reaches its caller as soon as it can;
+* a task with at least ``LATE_WAKE`` of work queued behind it on its core, or on a core
+  the loop refills after every batch (a loaded engine): at its expected end and not
+  before, since a late wake-up costs that core nothing, while every wake-up costs the
+  host tens of microseconds of CPU;
 * several queued on a core (a loaded engine): when the core has only ``reserve`` seconds
   of queued work left (a few service times), so one wake-up brings the loop several
   completions, and the loop refills the core before it runs dry. Every wake-up costs the
@@ -22,13 +26,15 @@ time and queue). When it sweeps:
 
 After posting a batch it waits, without polling, until the loop has handled it and run
 the callers it woke: while the loop works, every poll would take the GIL from it and
-every wake-up would add a hop. Then the loop looks first (``harvest``): when several
-slots should have finished meanwhile (``HARVEST_AT_LEAST``, by the estimates, which
-costs no query), it takes what is done itself and goes on to the next batch with no hop
-at all; otherwise it hands polling back (``consumed``). Fewer completions are not worth
-the loop's own queries and a batch's fixed cost: an earlier version that swept after
-every batch, however few tasks were due, cost the loop more CPU on the H200 than the
-hops saved. One lock decides who sweeps;
+every wake-up would add a hop. When its next sweep is planned for well after that (a
+loaded core's next task, ``RESERVE`` or more away), it sleeps until then instead: one
+wake-up per batch, not two, and ``watch`` rings if a slot is due sooner. Then the loop
+looks first (``harvest``): when several slots should have finished meanwhile
+(``HARVEST_AT_LEAST``, by the estimates, which costs no query), it takes what is done
+itself and goes on to the next batch with no hop at all; otherwise it hands polling back
+(``consumed``). Fewer completions are not worth the loop's own queries and a batch's
+fixed cost: an earlier version that swept after every batch, however few tasks were due,
+cost the loop more CPU on the H200 than the hops saved. One lock decides who sweeps;
 the loop never waits for it (a sweep in progress will post what it finds).
 
 Each core's slots are kept in the order they were submitted, which is the order the
@@ -47,7 +53,8 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from typing import NamedTuple
 
 from ._cores import CompletionProbe, Slot
 
@@ -74,6 +81,12 @@ HARVEST_AT_LEAST = 4
 # Longest wait for the loop to handle a posted batch before sweeping anyway (a loop
 # that never answers, e.g. one that is closing, must not stall the poller).
 CONSUME_WAIT = 2e-3
+# How late a timed sleep may end on a loaded virtual machine (about 100 us measured
+# here, often more). A core with at least this much work queued behind the task the
+# poller waits for loses nothing when the poller wakes that late, so it sleeps until
+# the task's expected end instead of polling from SPIN_WINDOW before it: each wake-up
+# costs the host about 50 us of CPU, more than a spin window's worth of work saved.
+LATE_WAKE = 300e-6
 
 
 class Poller:
@@ -101,6 +114,9 @@ class Poller:
         # core runs their tasks). The thread sweeps them, and so may the loop between
         # batches: whoever holds ``_sweeping`` owns them; ``_changes`` counts changes.
         self._lanes: dict[int, collections.deque[Slot]] = {}
+        # Cores whose last completion left work queued behind it: the loop refills them
+        # after each batch, so their next task is waited for as a loaded core's.
+        self._loaded: set[int] = set()
         self._sweeping = threading.Lock()
         self._changes = 0
         # A lock used as a doorbell: the poller sleeps in acquire(timeout), ``watch``
@@ -110,6 +126,7 @@ class Poller:
         self._stopping = False
         self._wake_at = float("inf")  # when the poller means to sweep next
         self._unconsumed = False  # a batch is posted and the loop has not handled it yet
+        self._awaiting_consumption = False  # the poller sleeps until the loop consumes
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.sweeps = 0
         self.wakeups = 0
@@ -128,7 +145,8 @@ class Poller:
         """The loop has handled the last batch and run what it woke (loop thread):
         the poller may sweep again."""
         self._unconsumed = False
-        self._ring()
+        if self._awaiting_consumption:  # else the poller sleeps to a planned sweep: let it
+            self._ring()
 
     def stop(self) -> None:
         """Ask the thread to end (any thread); ``join`` waits for it."""
@@ -207,7 +225,7 @@ class Poller:
     def _sweep_until_stopped(self) -> None:
         clock = time.monotonic
         planned_at = -1  # the value of _changes that ``plan`` was made for
-        plan = (0.0, 0.0)
+        plan = _Plan(0.0, 0.0, 0.0)
         while not self._stopping:
             idle = False
             with self._sweeping:
@@ -219,8 +237,8 @@ class Poller:
                     now = clock()
                     self.sweeps += 1
                     done = self._take_done(now)
-                    if not done and planned_at != self._changes:
-                        planned_at, plan = self._changes, _next_sweep(self._lanes.values())
+                    if planned_at != self._changes:
+                        planned_at, plan = self._changes, self._plan()
             if idle:
                 self._sleep(IDLE_WAIT)
                 continue
@@ -228,21 +246,29 @@ class Poller:
                 self.wakeups += 1
                 self._unconsumed = True
                 self._post(self._deliver, done)
-                self._await_consumed()
-                continue
+                # Wait for the loop to handle the batch, unless a sweep is planned for
+                # well after it will have (a loaded core's next task): then that
+                # wake-up is the only one, and ``watch`` rings for anything due sooner.
+                ahead = plan.at - plan.window - clock()
+                if not RESERVE <= ahead < IDLE_WAIT:
+                    self._await_consumed()
+                    continue
             if planned_at != self._changes:
                 continue  # the loop harvested meanwhile: plan again
-            target, window = plan
-            ahead = target - window - now
+            now = clock()
+            ahead = plan.at - plan.window - now
             if ahead > 0:
-                self._sleep(ahead)
-            elif now > target + window:
+                self._sleep(min(ahead, IDLE_WAIT))
+            elif now > plan.at + plan.window:
                 # Overdue: back off in proportion, so a hung task is polled rarely.
-                self._sleep(min(MAX_BACKOFF, max(self._pause, (now - target) / 8)))
+                self._sleep(min(MAX_BACKOFF, max(self._pause, plan.step, (now - plan.at) / 8)))
             elif self._pause:
                 self._sleep(self._pause)
             else:
                 time.sleep(0)  # let the loop thread have the GIL between sweeps
+
+    def _plan(self) -> _Plan:
+        return _next_sweep(self._lanes, self._loaded)
 
     def _take_done(self, now: float) -> list[tuple[Slot, int]]:
         """Take the finished slots off the front of each core's lane, each with its
@@ -250,13 +276,18 @@ class Poller:
         so past its first slot not done (or not due yet) nothing is queried."""
         query = self._probe.event_done
         status = self._probe.core_status
+        loaded = self._loaded
         done = []
-        for lane in self._lanes.values():
+        for key, lane in self._lanes.items():
             while lane:
                 slot = lane[0]
                 if slot.expected_done - _window(slot) > now or not query(slot.event):
                     break
                 lane.popleft()
+                if lane:
+                    loaded.add(key)
+                else:
+                    loaded.discard(key)
                 # The status is read right after each event is seen done: read later,
                 # after the core's next task also ended, it could belong to either.
                 done.append((slot, status(slot.core.device)))
@@ -269,11 +300,15 @@ class Poller:
         # again): a wake-up time in the past tells it the poller is awake.
         self._wake_at = 0.0
         deadline = time.monotonic() + CONSUME_WAIT
-        while self._unconsumed and not self._stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self._bell.acquire(timeout=left)
+        self._awaiting_consumption = True
+        try:
+            while self._unconsumed and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._bell.acquire(timeout=left)
+        finally:
+            self._awaiting_consumption = False
 
     def _sleep(self, seconds: float) -> None:
         # Publish the wake-up time *before* looking at the incoming slots: ``watch``
@@ -289,22 +324,41 @@ def _window(slot: Slot) -> float:
     return min(SPIN_WINDOW, slot.core.service_time / 2)
 
 
-def _next_sweep(lanes: Iterable[collections.deque[Slot]]) -> tuple[float, float]:
+class _Plan(NamedTuple):
+    """The next sweep: due ``at``, polled from ``window`` before it, and past it retried
+    no more often than every ``step`` seconds."""
+
+    at: float
+    window: float
+    step: float
+
+
+def _next_sweep(
+    lanes: dict[int, collections.deque[Slot]], loaded: set[int] | frozenset[int] = frozenset()
+) -> _Plan:
     """When to sweep next, and how early polling may start around it.
 
     For each core: when the first slot of its lane is due, or, when more work is queued
     on it than its reserve, the moment only the reserve is left (see the module's
-    docstring). The earliest over the cores wins.
+    docstring). A core that will still have ``LATE_WAKE`` of work queued when its first
+    slot ends (queued now, or refilled by the loop after the last batch) is not polled
+    early: a late wake-up costs it nothing. The earliest over the cores wins.
     """
-    best, best_window = float("inf"), SPIN_WINDOW
-    for lane in lanes:
+    best = _Plan(float("inf"), SPIN_WINDOW, 0.0)
+    for key, lane in lanes.items():
         if not lane:
             continue
         head = lane[0]
         first = head.expected_done
+        service = head.core.service_time
+        behind = lane[-1].expected_done - first
         if len(lane) > 1:
-            reserve = max(RESERVE, 2 * head.core.service_time)
+            reserve = max(RESERVE, 2 * service)
             first = max(first, lane[-1].expected_done - reserve)
-        if first < best:
-            best, best_window = first, _window(head)
-    return best, best_window
+        if behind >= LATE_WAKE or (key in loaded and service >= LATE_WAKE):
+            window, step = 0.0, service / 16
+        else:
+            window, step = _window(head), 0.0
+        if first - window < best.at - best.window:
+            best = _Plan(first, window, step)
+    return best

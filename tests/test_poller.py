@@ -139,6 +139,91 @@ def test_light_load_is_collected_at_its_expected_completion() -> None:
     assert 0.05 - 0.025 <= delivered_after < 0.05 + 0.03  # half a service time early at most
 
 
+class TimedRuntime(FakeRuntime):
+    """Also records when each event was first queried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_query: dict[int, float] = {}
+
+    def query_event(self, event: int) -> bool:
+        self.first_query.setdefault(event, time.monotonic())
+        return super().query_event(event)
+
+
+def test_a_core_with_work_queued_behind_its_task_is_not_polled_early(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A wide spin window makes polling early unmistakable; the core's second task
+    # (0.2 s of work behind the first) means a late wake-up costs it nothing.
+    monkeypatch.setattr(poller_module, "SPIN_WINDOW", 0.05)
+    runtime, loop, sink = TimedRuntime(), FakeLoop(), Sink()
+    core = CoreState(0, service_time=0.2)
+    began = time.monotonic()
+    first, second = slot(1, began + 0.2, core), slot(2, began + 0.4, core)
+    runtime.done.add(1)
+    poller = start(runtime, loop, sink)
+    try:
+        poller.watch(first)
+        poller.watch(second)
+        assert loop.posted.wait(5)
+    finally:
+        poller.stop()
+        poller.join(5)
+    assert runtime.first_query[1] >= first.expected_done
+
+
+def test_a_lone_task_is_still_polled_from_its_spin_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(poller_module, "SPIN_WINDOW", 0.05)
+    runtime, loop, sink = TimedRuntime(), FakeLoop(), Sink()
+    core = CoreState(0, service_time=0.2)
+    alone = slot(1, time.monotonic() + 0.2, core)
+    poller = start(runtime, loop, sink)
+    try:
+        poller.watch(alone)
+        time.sleep(0.2)
+        runtime.done.add(1)
+        assert loop.posted.wait(5)
+    finally:
+        poller.stop()
+        poller.join(5)
+    assert runtime.first_query[1] <= alone.expected_done - 0.04  # light load: early
+
+
+def test_a_loaded_cores_next_task_is_waited_for_without_the_loop_consuming(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # After a batch from a loaded core, the next sweep is planned for the core's next
+    # task: the poller sleeps until then, not until the loop says it consumed the batch
+    # (which would cost a wake-up per batch), and the loop's ``consumed`` does not wake it.
+    monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
+    runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
+    service = 0.1
+    core = CoreState(0, service_time=service)
+    began = time.monotonic()
+    first, second = slot(1, began, core), slot(2, began + service, core)
+    runtime.done.update({1, 2})
+    poller = start(runtime, loop, sink)
+    try:
+        poller.watch(first)
+        poller.watch(second)
+        assert loop.posted.wait(5)
+        loop.posted.clear()
+        sweeps = poller.sweeps
+        poller.consumed()  # the loop handled the first batch
+        time.sleep(0.01)
+        assert poller.sweeps == sweeps  # not woken by it
+        assert loop.posted.wait(5)  # never waited on the loop: the second task comes
+        delivered_after = time.monotonic() - began
+    finally:
+        poller.stop()
+        poller.join(5)
+    assert [[s.event for s, _ in batch] for _, batch in loop.calls] == [[1], [2]]
+    assert service <= delivered_after < 1.0
+
+
 def test_sleeps_until_close_to_the_expected_completion() -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
     poller = start(runtime, loop, sink)
