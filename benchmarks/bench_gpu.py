@@ -228,10 +228,14 @@ async def aiodla_light(
 
 
 async def floor_light(slot: Slot, requests: int, service: float, *, blocking: bool) -> list[float]:
-    """A waiter thread per design (a) busy poll or (b) blocking sync, waking the loop."""
+    """A waiter thread per design (a) busy poll (any runtime: bench_threads.py runs it
+    emulated too) or (b) blocking sync (CUDA's own flag), waking the loop."""
     loop = asyncio.get_running_loop()
-    flags = rt().cudaEventDisableTiming | (rt().cudaEventBlockingSync if blocking else 0)
-    event = int(check_cuda("cudaEventCreateWithFlags", rt().cudaEventCreateWithFlags(flags)))
+    if blocking:
+        flags = rt().cudaEventDisableTiming | rt().cudaEventBlockingSync
+        event = int(check_cuda("cudaEventCreateWithFlags", rt().cudaEventCreateWithFlags(flags)))
+    else:
+        event = slot.runtime.create_event()  # cudaEventDisableTiming, as before
     jobs: queue.SimpleQueue[asyncio.Future[None] | None] = queue.SimpleQueue()
 
     def waiter() -> None:
@@ -262,7 +266,7 @@ async def floor_light(slot: Slot, requests: int, service: float, *, blocking: bo
     finally:
         jobs.put(None)
         thread.join()
-        check_cuda("cudaEventDestroy", rt().cudaEventDestroy(event))
+        slot.runtime.destroy_event(event)
     return added
 
 
