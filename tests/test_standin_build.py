@@ -81,6 +81,7 @@ print(json.dumps({
     "fake_alloc": lib.aiodlaStandinFakeAlloc(64),
     "loadable": controls.check_loadable(bytes.fromhex(sys.argv[2]))[0],
     "garbage": controls.check_loadable(b"garbage")[0],
+    "context_error": controls.context_error,
     "loaded": standin_loaded(),
 }))
 """
@@ -135,6 +136,7 @@ class TestBuild:
         assert facts["fake_alloc"] is None  # a GPU build has no fake memory
         assert facts["loadable"] == 0
         assert facts["garbage"] == INVALID_MODULE
+        assert facts["context_error"] == 0  # no CUDA call made, none lost
         assert facts["loaded"] is True  # found under its SONAME, as cuda.pathfinder looks
 
     def test_core_count_from_the_environment(self, built: Path) -> None:
@@ -173,6 +175,19 @@ class TestBuild:
         assert controls.core_tasks(0) == 0
         assert controls.core_busy_time(0) == 0.0
 
+    def test_fail_next_task_modes(self, controls: StandinControls) -> None:
+        # Checked before anything is queued: nothing here reaches a task.
+        with pytest.raises(ConfigurationError, match="status=0"):
+            controls.fail_next_task(0, 0, on_stream=True)
+        with pytest.raises(ConfigurationError, match="core="):
+            controls.fail_next_task(controls.cores, on_stream=True)
+        with pytest.raises(ValueError, match="not a valid Status"):
+            controls.fail_next_task(0, 0x12345, on_stream=True)
+        # The C entry point takes a mode of 0 or 1 only (cudlaErrorInvalidParam).
+        assert controls.library.aiodlaStandinFailNextTask(0, 0x40000006, 2) == 1
+        assert controls.library.aiodlaStandinFailNextTask(0, 0, 1) == 1
+        assert controls.context_error == 0
+
     def test_host_fake_variant(self, controls: StandinControls) -> None:
         assert Path(controls.library._name).name == "libcudla-hostfake.so.1"
         assert controls.host_fake
@@ -181,6 +196,29 @@ class TestBuild:
         controls.fake_free(pointer)
         with pytest.raises(cudla.CudlaError):  # freed already
             controls.fake_free(pointer)
+
+
+class TestFaultOnTheStreamHostFake:
+    """The sticky mode without a GPU: the child scenarios of
+    tests/gpu/test_standin_faults_gpu.py on the host-fake build, whose faulting task
+    loses its fake CUDA context (the GPU run repeats them on the real build, where the
+    task's kernel traps). Each child checks what it sees and lists what went wrong."""
+
+    @pytest.mark.parametrize("scenario", ["runtime", "engine"])
+    def test_scenario(self, controls: StandinControls, scenario: str) -> None:
+        child = Path(__file__).resolve().parent / "gpu" / "test_standin_faults_gpu.py"
+        result = subprocess.run(
+            [sys.executable, str(child), scenario, "--host-fake"],
+            env={**os.environ, "AIODLA_STANDIN_LIB": str(controls.library._name)},
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert report["problems"] == [], report
+        assert report["facts"]["context_error"] == 719  # cudaErrorLaunchFailure
 
 
 class TestBuildErrors:

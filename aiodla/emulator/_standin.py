@@ -90,13 +90,16 @@ CONTROL_FUNCTIONS = (
     "aiodlaStandinLiveHandles",
     "aiodlaStandinLiveResources",
     "aiodlaStandinReleasedByDestroy",
+    "aiodlaStandinContextError",
     "aiodlaStandinShutdown",
     "aiodlaStandinCheckLoadable",
     "aiodlaStandinRunOnHost",
     "aiodlaStandinFakeAlloc",
     "aiodlaStandinFakeFree",
 )
-ABI_VERSION = 2  # 2: aiodlaStandinLiveResources, aiodlaStandinReleasedByDestroy
+# 2: aiodlaStandinLiveResources, aiodlaStandinReleasedByDestroy; 3: the on_stream
+# argument of aiodlaStandinFailNextTask, aiodlaStandinContextError
+ABI_VERSION = 3
 _SOURCES = ("standin.cu", "cudla_abi.h", "loadable.h", "task_math.h")
 _ENGINE_TIMEOUT = 0x40000006
 _DLA_INVALID_INPUT = 0x40000001
@@ -347,7 +350,7 @@ class StandinControls:
             "aiodlaStandinAbiVersion": (u32, []),
             "aiodlaStandinIsHostFake": (u32, []),
             "aiodlaStandinCores": (u64, []),
-            "aiodlaStandinFailNextTask": (c_int, [u64, u32]),
+            "aiodlaStandinFailNextTask": (c_int, [u64, u32, u32]),
             "aiodlaStandinFailNextCall": (c_int, [ctypes.c_char_p, u32]),
             "aiodlaStandinHangCore": (c_int, [u64, c_int]),
             "aiodlaStandinHoldCore": (c_int, [u64, c_int]),
@@ -360,6 +363,7 @@ class StandinControls:
             ),
             "aiodlaStandinLiveResources": (None, [ctypes.POINTER(u64)] * 4),
             "aiodlaStandinReleasedByDestroy": (None, [ctypes.POINTER(u64)] * 2),
+            "aiodlaStandinContextError": (c_int, []),
             "aiodlaStandinShutdown": (None, []),
             "aiodlaStandinCheckLoadable": (
                 c_int,
@@ -411,14 +415,32 @@ class StandinControls:
 
     # -- faults ------------------------------------------------------------------------
 
-    def fail_next_task(self, core: int, status: int = _DLA_INVALID_INPUT) -> None:
-        """The next task to start on ``core`` fails with ``status``; its outputs are not written."""
+    def fail_next_task(
+        self, core: int, status: int = _DLA_INVALID_INPUT, *, on_stream: bool = False
+    ) -> None:
+        """The next task to start on ``core`` fails with ``status`` (a cudlaStatus); its
+        outputs are not written. The same call as ``EmulatedRuntime.fail_next_task``.
+
+        By default the failure shows only through ``get_last_error``. ``on_stream=True``
+        makes it surface as a DLA hardware fault does in hybrid mode (NVIDIA's
+        cuDLAErrorReporting sample): a sticky CUDA error on the task's stream, which
+        loses the process's CUDA context, while ``get_last_error`` still reports the
+        status. A GPU cannot raise ``cudaErrorExternalDevice`` as the DLA does, so the
+        task's kernel traps once it has published its status: every later CUDA call
+        then fails with the trap's error, ``cudaErrorLaunchFailure`` (719) or, on some
+        drivers and GPUs, ``cudaErrorIllegalInstruction`` (715), both sticky
+        (``CudaCallError.sticky``: the engine dies). Use it in a process of its own:
+        the context is not found again. :attr:`context_error` says which error it was.
+        """
         from cuda.bindings import cudla
 
         code = int(cudla.Status(int(status)))
         if code == 0:
             raise ConfigurationError("status=0 is success, not a failure")
-        self._ok("fail_next_task", self.library.aiodlaStandinFailNextTask(self._core(core), code))
+        self._ok(
+            "fail_next_task",
+            self.library.aiodlaStandinFailNextTask(self._core(core), code, int(bool(on_stream))),
+        )
 
     def fail_next_call(self, function: str, status: int) -> None:
         """The next call of the entry point ``function`` returns ``status`` and does nothing.
@@ -479,6 +501,15 @@ class StandinControls:
         self.library.aiodlaStandinLiveResources(*(ctypes.byref(c) for c in counts))
         allocations, nbytes, events, streams = (int(c.value) for c in counts)
         return {"allocations": allocations, "bytes": nbytes, "events": events, "streams": streams}
+
+    @property
+    def context_error(self) -> int:
+        """The sticky ``cudaError_t`` that lost the process's CUDA context, 0 while the
+        context is whole (as far as the stand-in's own calls and live streams tell).
+        Once lost, cuDLA handles can still be released: the work queued behind the
+        fault is gone with the context. Host-fake builds report ``cudaErrorLaunchFailure``
+        (719) once a task failed with ``on_stream=True``."""
+        return int(self.library.aiodlaStandinContextError())
 
     def released_by_destroy(self) -> dict[str, int]:
         """Modules and registrations that ``cudlaDestroyDevice`` released because the

@@ -183,7 +183,9 @@ AIODLA_EXPORT cudlaStatus cudlaSetTaskTimeoutInMs(const cudlaDevHandle devHandle
 AIODLA_EXPORT uint32_t aiodlaStandinAbiVersion(void);
 AIODLA_EXPORT uint32_t aiodlaStandinIsHostFake(void);
 AIODLA_EXPORT uint64_t aiodlaStandinCores(void);
-AIODLA_EXPORT int aiodlaStandinFailNextTask(uint64_t core, uint32_t status);
+/* on_stream 1: the failure also surfaces as a sticky CUDA error on the task's stream. */
+AIODLA_EXPORT int aiodlaStandinFailNextTask(uint64_t core, uint32_t status,
+                                            uint32_t on_stream);
 AIODLA_EXPORT int aiodlaStandinFailNextCall(const char* function, uint32_t status);
 AIODLA_EXPORT int aiodlaStandinHangCore(uint64_t core, int hung);
 AIODLA_EXPORT int aiodlaStandinHoldCore(uint64_t core, int hold);
@@ -195,6 +197,8 @@ AIODLA_EXPORT void aiodlaStandinLiveHandles(uint64_t* devices, uint64_t* modules
 AIODLA_EXPORT void aiodlaStandinLiveResources(uint64_t* allocations, uint64_t* bytes,
                                               uint64_t* events, uint64_t* streams);
 AIODLA_EXPORT void aiodlaStandinReleasedByDestroy(uint64_t* modules, uint64_t* registrations);
+/* The sticky cudaError_t that lost the CUDA context, 0 while it is whole. */
+AIODLA_EXPORT int aiodlaStandinContextError(void);
 AIODLA_EXPORT void aiodlaStandinShutdown(void);
 AIODLA_EXPORT int aiodlaStandinCheckLoadable(const void* data, size_t size, char* message,
                                              size_t messageSize);

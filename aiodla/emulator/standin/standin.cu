@@ -16,16 +16,30 @@
  *   %globaltimer, never on the host;
  * - the validation rules of cudla.h, as aiodla's emulated runtime applies them;
  * - cudlaGetLastError: a failed task writes its status into mapped pinned memory, so it
- *   reaches the host without any synchronization, and it stays latched until read.
+ *   reaches the host without any synchronization, and it stays latched until read;
+ * - the two ways a DLA task fault surfaces in hybrid mode: through cudlaGetLastError
+ *   alone, or also as a sticky CUDA error on the task's stream (NVIDIA's
+ *   cuDLAErrorReporting sample: cudaErrorExternalDevice), which loses the process's CUDA
+ *   context. A GPU cannot raise cudaErrorExternalDevice, so the faulting task traps
+ *   (__trap) once its status is published: the engine then sees the trap's sticky error
+ *   (cudaErrorLaunchFailure, 719, or cudaErrorIllegalInstruction, 715, by driver and
+ *   GPU) from every later CUDA call, and cudlaGetLastError still says what the DLA
+ *   reported. Work queued behind the fault is lost with the context, so handles whose
+ *   tasks never ran can still be released.
  *
  * Test controls (aiodlaStandin* exports, wrapped by aiodla.emulator._standin): fail the
- * next task started on a core; hang a core (its tasks run until the device's task
- * timeout, then fail with cudlaErrorDlaErrEngineTimeout); hold a core's tasks at a gate
- * on the GPU; inject a status into the next call of an entry point; count live handles.
+ * next task started on a core, through cudlaGetLastError alone or also on its stream;
+ * hang a core (its tasks run until the device's task timeout, then fail with
+ * cudlaErrorDlaErrEngineTimeout); hold a core's tasks at a gate on the GPU; inject a
+ * status into the next call of an entry point; count live handles; report the sticky
+ * error that lost the CUDA context.
  *
  * Built with -DAIODLA_STANDIN_HOST_FAKE, the same code runs each task on the calling
  * host thread at submit time over host memory from aiodlaStandinFakeAlloc: a CPU-only
- * build that lets CI drive the entry points and the bindings without a GPU.
+ * build that lets CI drive the entry points and the bindings without a GPU. There a
+ * fault on the stream marks the (fake) context lost with cudaErrorLaunchFailure, which
+ * the Python fake of the CUDA runtime (tests/gpu/_host_fake.py) then reports from every
+ * call, as a real context would.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -61,10 +75,15 @@ constexpr uint32_t kMaxTimeoutMs = 1000000;     /* 1000 s */
 constexpr uint64_t kRegisteredTag = 1ull << 56; /* as the emulated runtime: never a raw address */
 constexpr uint64_t kRegistrationAlignment = 32;
 constexpr uint32_t kThreads = 256;
-constexpr uint32_t kAbiVersion = 2;  /* 2: aiodlaStandinLiveResources, ...ReleasedByDestroy */
+/* 2: aiodlaStandinLiveResources, ...ReleasedByDestroy; 3: aiodlaStandinFailNextTask's
+ * on_stream argument, aiodlaStandinContextError */
+constexpr uint32_t kAbiVersion = 3;
 constexpr uint64_t kCudlaVersion = 1002001;     /* what the emulated runtime reports */
 constexpr uint32_t kDeviceVersion = 2;
 constexpr uint32_t kEngineTimeout = cudlaErrorDlaErrEngineTimeout;
+/* What the host-fake build's lost context reports (cudaErrorLaunchFailure): the error a
+ * trapping kernel gives on most drivers. The host fake has no cuda_runtime.h to name it. */
+constexpr int kHostFakeTrapError = 719;
 
 /* Shared with the GPU through mapped pinned memory. Each word has one writer: the host
  * writes the flags and the failure ring's head; the task running on a core writes the
@@ -77,7 +96,8 @@ struct CoreControl {
     uint32_t fail_head;   /* host: failures pushed */
     uint32_t fail_tail;   /* GPU: failures consumed */
     uint32_t reserved[3];
-    uint32_t fail_ring[kFailRing];
+    uint32_t fail_ring[kFailRing];       /* host: the statuses of the failures pushed */
+    uint32_t fail_on_stream[kFailRing];  /* host: beside each, 1 for a fault on the stream */
     unsigned long long tasks_completed;
     unsigned long long busy_ns;
 };
@@ -151,6 +171,7 @@ struct TaskArgs {
 
 struct TaskStart {
     uint32_t status;
+    uint32_t on_stream;  /* the failure also surfaces on the stream: the context is lost */
     unsigned long long start;
     unsigned long long duration;
 };
@@ -160,6 +181,7 @@ AIODLA_HD inline TaskStart begin_task(const TaskArgs& a) {
     CoreControl* core = a.core;
     TaskStart t;
     t.status = 0;
+    t.on_stream = 0;
     t.start = 0;
     t.duration = a.latency_ns;
     if (vload(&core->hold)) {
@@ -189,10 +211,13 @@ AIODLA_HD inline TaskStart begin_task(const TaskArgs& a) {
     if (head != tail) {
         fence_system();  /* read the ring entry only after seeing the head that covers it */
         t.status = vload(&core->fail_ring[tail % kFailRing]);
+        t.on_stream = vload(&core->fail_on_stream[tail % kFailRing]);
         vstore(&core->fail_tail, tail + 1);
     }
     if (vload(&core->hung)) {
+        /* A hung core's task ends by its timeout, as hang_core says, whatever it took. */
         t.status = kEngineTimeout;
+        t.on_stream = 0;
         t.duration = a.timeout_ns;
     }
     return t;
@@ -267,14 +292,37 @@ __global__ void __launch_bounds__(kThreads) task_kernel(const TaskArgs args) {
             }
         }
     }
-    if (threadIdx.x == 0) finish_task(args, started);
+    if (threadIdx.x == 0) {
+        finish_task(args, started);
+        /* The fault on the stream: finish_task has published the status and the task's
+         * end behind a system fence, so cudlaGetLastError reports them; only then does
+         * the trap lose the context, killing the stream's later work and every other
+         * kernel (the tasks queued behind this one on any core among them). */
+        if (started.on_stream) __trap();
+    }
 }
 
-/* The same task, run to the end on the calling host thread (host-fake builds). */
+/* The sticky CUDA error that lost the process's CUDA context, once the stand-in has met
+ * one (0 until then). Kept beside the context's users so that releases can tell "a task
+ * is still running" from "its work was lost with the context" (see in_flight). A context
+ * is never found again, so the first error stays. */
+inline std::atomic<int>& lost_context() {
+    static std::atomic<int>* error = new std::atomic<int>(0);  /* never destroyed */
+    return *error;
+}
+
+inline void record_lost_context(int error) {
+    int none = 0;
+    lost_context().compare_exchange_strong(none, error);
+}
+
+/* The same task, run to the end on the calling host thread (host-fake builds). A fault on
+ * the stream loses the fake context, as the kernel's trap loses the real one. */
 inline void run_task_on_host(const TaskArgs& args) {
     const TaskStart started = begin_task(args);
     if (started.status == 0) run_task_serially(*args.table, args.inputs, args.outputs);
     finish_task(args, started);
+    if (started.on_stream) record_lost_context(kHostFakeTrapError);
 }
 
 /* What the stand-in holds of the CUDA device right now: every allocation, event and
@@ -313,18 +361,50 @@ enum class Launch { kFailed, kLaunched, kLaunchedUnchained };
 
 #ifndef AIODLA_STANDIN_HOST_FAKE
 
+/* The errors after which every CUDA call in the process fails: the context is lost
+ * (aiodla.runtime's STICKY_CUDA_ERRORS). */
+inline bool sticky(cudaError_t error) {
+    switch (error) {
+        case cudaErrorECCUncorrectable:
+        case cudaErrorIllegalAddress:
+        case cudaErrorLaunchTimeout:
+        case cudaErrorHardwareStackError:
+        case cudaErrorIllegalInstruction:
+        case cudaErrorMisalignedAddress:
+        case cudaErrorInvalidAddressSpace:
+        case cudaErrorInvalidPc:
+        case cudaErrorLaunchFailure:
+        case cudaErrorExternalDevice:
+            return true;
+        default:
+            return false;
+    }
+}
+
 /* The stand-in links the CUDA runtime statically: its handles are the driver's, so the
  * streams and events of cuda.bindings.runtime (another cudart in the same process) are
  * valid here as long as both run in the device's primary context, which the runtime
- * API always uses. A failed call's error is cleared so it never leaks into a later one. */
+ * API always uses. A failed call's error is cleared so it never leaks into a later one;
+ * a sticky one cannot be, and is remembered: the context is lost. */
 inline bool cuda_ok(cudaError_t result) {
     if (result == cudaSuccess) return true;
+    if (sticky(result)) record_lost_context(static_cast<int>(result));
     (void)cudaGetLastError();
     return false;
 }
 
 struct Platform {
     static bool current_device(int* device) { return cuda_ok(cudaGetDevice(device)); }
+
+    /* True once the CUDA context is lost. `stream`, one of the stand-in's own (idle or
+     * not), is asked when no call has met the sticky error yet: any work-related call
+     * reports it from the moment the device raised it. */
+    static bool context_lost(void* stream) {
+        if (!lost_context().load() && stream) {
+            cuda_ok(cudaStreamQuery(static_cast<cudaStream_t>(stream)));
+        }
+        return lost_context().load() != 0;
+    }
 
     static bool use_device(int device) {
         int current = -1;
@@ -487,6 +567,10 @@ struct Platform {
     }
     static bool use_device(int) { return true; }
 
+    /* The fake context is lost by a fault on the stream (run_task_on_host); from then on
+     * what would make or queue work on the device fails, as on a real lost context. */
+    static bool context_lost(void*) { return lost_context().load() != 0; }
+
     static bool device_allocation(uint64_t ptr, uint64_t size) {
         std::lock_guard<std::mutex> lock(allocations_mutex());
         auto it = allocations().upper_bound(ptr);
@@ -496,6 +580,7 @@ struct Platform {
     }
 
     static bool mapped_host_alloc(size_t size, void** host, void** device) {
+        if (context_lost(nullptr)) return false;
         *host = calloc(1, size);
         *device = *host;
         if (*host) count_allocation(size);
@@ -509,7 +594,7 @@ struct Platform {
 
     static bool device_alloc(void** memory, size_t size, void*, bool* pooled) {
         *pooled = false;
-        *memory = malloc(size);
+        *memory = context_lost(nullptr) ? nullptr : malloc(size);
         if (!*memory) return false;
         count_allocation(size);
         return true;
@@ -522,11 +607,13 @@ struct Platform {
     }
 
     static bool upload(void* memory, const void* host, size_t size, void*) {
+        if (context_lost(nullptr)) return false;
         memcpy(memory, host, size);
         return true;
     }
 
     static bool stream_create(void** stream) {
+        if (context_lost(nullptr)) return false;
         *stream = new int(0);
         accounting().streams.fetch_add(1);
         return true;
@@ -537,6 +624,7 @@ struct Platform {
     }
 
     static bool event_create(void** event) {
+        if (context_lost(nullptr)) return false;
         *event = new int(0);
         accounting().events.fetch_add(1);
         return true;
@@ -547,6 +635,7 @@ struct Platform {
     }
 
     static Launch launch(void*, void*, const TaskArgs& args) {
+        if (context_lost(nullptr)) return Launch::kFailed;
         run_task_on_host(args);
         return Launch::kLaunched;
     }
@@ -688,8 +777,14 @@ inline uint64_t handle_value(const void* handle) {
     return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(handle));
 }
 
-inline uint64_t in_flight(const Library& lib, const DeviceState& device) {
-    return device.submitted - vload(&lib.control->slots[device.slot].completed);
+/* Tasks of the handle submitted and not yet ended. Once the CUDA context is lost, none:
+ * the tasks queued behind the fault never run and never will (as the emulated runtime's
+ * poison drops the device's queued work), so the caller may release the handle's
+ * module, memory and the handle itself instead of being refused forever. */
+inline uint64_t in_flight(Library& lib, const DeviceState& device) {
+    const uint64_t count = device.submitted - vload(&lib.control->slots[device.slot].completed);
+    if (count && Platform::context_lost(lib.core[device.core].upload)) return 0;
+    return count;
 }
 
 /* Give back what a loaded module holds on the device (its table), on its core's upload
@@ -1142,15 +1237,18 @@ extern "C" uint64_t aiodlaStandinCores(void) { return library().cores; }
 
 /* The next task *started* on `core` fails with `status` and writes no output. The ring
  * is read by the task itself when it starts, so tasks already queued on the core take
- * the failure in the order they run, as on the emulated runtime. */
-extern "C" int aiodlaStandinFailNextTask(uint64_t core, uint32_t status) {
+ * the failure in the order they run, as on the emulated runtime. `on_stream` (0 or 1):
+ * the failure also surfaces on the task's stream, as a sticky CUDA error that loses the
+ * context once the status is published (see task_kernel). */
+extern "C" int aiodlaStandinFailNextTask(uint64_t core, uint32_t status, uint32_t on_stream) {
     Library& lib = library();
-    if (core >= lib.cores || status == 0) return cudlaErrorInvalidParam;
+    if (core >= lib.cores || status == 0 || on_stream > 1) return cudlaErrorInvalidParam;
     std::lock_guard<std::mutex> lock(lib.control_mutex);
     CoreControl& words = active_control(lib)->cores[core];
     const uint32_t head = vload(&words.fail_head);
     if (head - vload(&words.fail_tail) >= kFailRing) return cudlaErrorOutOfResources;
     vstore(&words.fail_ring[head % kFailRing], status);
+    vstore(&words.fail_on_stream[head % kFailRing], on_stream);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     vstore(&words.fail_head, head + 1);
     return cudlaSuccess;
@@ -1246,6 +1344,21 @@ extern "C" void aiodlaStandinReleasedByDestroy(uint64_t* modules, uint64_t* regi
     std::lock_guard<std::mutex> lock(lib.mutex);
     if (modules) *modules = lib.released_modules;
     if (registrations) *registrations = lib.released_registrations;
+}
+
+/* The sticky CUDA error that lost the process's CUDA context, or 0 while it is whole, as
+ * far as the stand-in can tell: what its own calls have met, or else what its live
+ * streams report now (they report a lost context at once, busy or idle). Host-fake
+ * builds: cudaErrorLaunchFailure once a fault on the stream has run. */
+extern "C" int aiodlaStandinContextError(void) {
+    Library& lib = library();
+    if (!lost_context().load()) {
+        std::lock_guard<std::mutex> lock(lib.mutex);
+        for (uint32_t core = 0; core < lib.cores && !lost_context().load(); ++core) {
+            if (lib.core[core].upload) Platform::context_lost(lib.core[core].upload);
+        }
+    }
+    return lost_context().load();
 }
 
 /* End every gate and hang now (called at interpreter exit, while memory is still mapped):
