@@ -108,6 +108,22 @@ class TestFaultOnTheStream:
             assert runtime.get_last_error(core_handle) == ENGINE_TIMEOUT
 
     @pytest.mark.asyncio
+    async def test_tasks_queued_behind_the_fault_leave_nothing_behind(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        # The tasks behind the fault on the core never run: close must still release
+        # every registration, module and device (the real context is gone anyway).
+        async with Engine(
+            affine_model(latency=0.01), runtime=runtime, cores=[0], streams_per_core=4
+        ) as engine:
+            runtime.fail_next_task(0, ENGINE_TIMEOUT, on_stream=True)
+            outcomes = await asyncio.gather(
+                *(engine.infer(ONES) for _ in range(6)), return_exceptions=True
+            )
+            assert all(isinstance(o, EngineDeadError) for o in outcomes)
+        assert all(v == 0 for v in runtime.live_handles().values()), runtime.live_handles()
+
+    @pytest.mark.asyncio
     async def test_the_default_fault_fails_only_its_request(self, runtime: EmulatedRuntime) -> None:
         async with Engine(affine_model(), runtime=runtime, cores=[0]) as engine:
             runtime.fail_next_task(0, ENGINE_TIMEOUT)

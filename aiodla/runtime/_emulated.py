@@ -257,7 +257,7 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
             if device not in self._devices:
                 self.invalid_releases += 1
             target = self._device(device)
-            if target.tasks_in_flight:
+            if target.tasks_in_flight and self._poisoned is None:
                 raise _reject(
                     "invalid_param", f"destroy of device {device:#x} with tasks in flight"
                 )
@@ -300,7 +300,7 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
             if module not in self._modules:
                 self.invalid_releases += 1
             loaded = self._module(module)
-            if loaded.device.tasks_in_flight:
+            if loaded.device.tasks_in_flight and self._poisoned is None:
                 raise _reject("invalid_param", f"unload of module {module:#x} with tasks in flight")
             del self._modules[module]
             self._changed()
@@ -341,7 +341,9 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
             if registered not in target.registrations:
                 self.invalid_releases += 1
                 raise _reject("invalid_address", f"{registered!r} is not registered here")
-            if target.tasks_in_flight:
+            # A lost context never runs the tasks queued behind the fault: they hold
+            # nothing, and the handles can go (as with the stand-in).
+            if target.tasks_in_flight and self._poisoned is None:
                 raise _reject("invalid_param", "unregister while tasks are in flight")
             self._changed()
             del target.registrations[registered]
