@@ -23,7 +23,7 @@ REPO="$PWD"
 STANDIN_DIR=/tmp/aiodla-standin
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export COVERAGE_FILE=/tmp/aiodla-gpu.coverage
-STEPS="${STEPS:-build pytest sanitize bench kernels datapath}"
+STEPS="${STEPS:-build pytest sanitize bench kernels datapath faults threads}"
 declare -A STATUS
 
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -96,10 +96,22 @@ wanted kernels && step kernels 240 bash -c "python3 benchmarks/bench_convert_ker
     && python3 benchmarks/bench_preprocess_kernels.py"
 wanted datapath && step datapath 420 python3 benchmarks/bench_data_path.py \
     "$OUT/data-path-gpu.json" --gpu --repeats 3 --seconds 1.5
+# A DLA fault surfacing on the stream (the stand-in's trap) and the runtime's view of it.
+wanted faults && step faults 180 bash -c "python3 -m pytest tests/gpu/test_standin_faults_gpu.py \
+    ${PYTEST_ARGS[*]} && python3 tests/gpu/test_standin_faults_gpu.py runtime"
+# CPU per request by thread against BASE_TREE (a directory holding an older aiodla),
+# interleaved, then a profile of the loop and the poller at 1 ms.
+if wanted threads; then
+    step threads 420 bash -c "python3 benchmarks/compare_threads.py --runtime cuda \
+        --base '${BASE_TREE:-$REPO}' --new '$REPO' --rounds ${ROUNDS:-3} --seconds 1 \
+        --json '$OUT/threads-compare-cuda.json' \
+        && python3 benchmarks/bench_threads.py --runtime cuda --profile \
+        --profile-service 1e-3 --profile-out /tmp/profile-cuda-1000us"
+fi
 
 echo
 echo "=== summary"
-for name in wheels build pytest sanitize bench kernels datapath; do
+for name in wheels build pytest sanitize bench kernels datapath faults threads; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
