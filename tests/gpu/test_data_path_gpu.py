@@ -163,7 +163,8 @@ class TestFailures:
         # provoked on demand); a sticky one would end this test process's context.
         runtime = CudaRuntime(0)
         async with Engine(detector(), runtime=runtime, convert="device") as engine:
-            kernels = runtime._kernels[FRAME]
+            # The runtime keeps kernels by the engine's own spec object, equal to FRAME.
+            kernels = next(k for spec, k in runtime._kernels.values() if spec == FRAME)
             real_pack = kernels.pack
 
             def failing(*args: Any) -> None:
