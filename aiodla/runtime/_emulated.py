@@ -78,6 +78,7 @@ MAX_HANDLES_PER_CORE = 16  # cudla.h: at most 16 device handles per DLA
 REGISTRATION_ALIGNMENT = 32
 _REGISTERED_TAG = 1 << 56  # registered addresses differ from raw ones, as on a Jetson
 _MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
+_HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 
 def _zeros(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -471,6 +472,20 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
             buffer = HostBuffer(int(array.ctypes.data), array, self._map(array) if mapped else 0)
             self._host_memory[buffer.ptr] = buffer
             self.counts.allocations += 1
+        return buffer
+
+    def host_register(self, array: np.ndarray[Any, np.dtype[np.uint8]]) -> HostBuffer:
+        """Page-lock memory the caller allocated (``cudaHostRegister``): the staging
+        that ``isolation="process"`` shares between two processes. Released with
+        :meth:`host_free`, which then leaves the memory to its owner."""
+        self._cuda("host_register")
+        if array.nbytes <= 0:
+            raise CudaCallError("host_register", _INVALID_VALUE)
+        with self._lock:
+            buffer = HostBuffer(int(array.ctypes.data), array)
+            if buffer.ptr in self._host_memory:  # registering twice is an error in CUDA
+                raise CudaCallError("host_register", _HOST_MEMORY_ALREADY_REGISTERED)
+            self._host_memory[buffer.ptr] = buffer
         return buffer
 
     def host_free(self, buffer: HostBuffer) -> None:
