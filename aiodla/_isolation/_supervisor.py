@@ -191,7 +191,7 @@ class Supervisor:
         if ready is not None and not ready.done():
             ready.set_exception(_HungUp(why))
             return
-        self._lose(self._said or f"it exited ({why})")
+        self._lose(self._said)
 
     def submit(self, slot: Slot) -> None:
         """Send ``slot`` to the worker with this loop iteration's batch."""
@@ -292,8 +292,9 @@ class Supervisor:
         self._channel.send(("ping", time.monotonic()))
         self._schedule_heartbeat()
 
-    def _lose(self, cause: str, kill: bool = False) -> None:
-        """The worker is lost: stop using it at once; fail, restart in a task."""
+    def _lose(self, cause: str | None, kill: bool = False) -> None:
+        """The worker is lost: stop using it at once; fail, restart in a task.
+        ``cause`` None: it just ended (its exit status will say how)."""
         if self.state is not WorkerState.SERVING:
             return
         self.state = WorkerState.RESTARTING
@@ -312,11 +313,13 @@ class Supervisor:
         assert self._process is not None
         self._recovery = self._loop.create_task(self._recover(cause, kill, lost_at))
 
-    async def _recover(self, cause: str, kill: bool, lost_at: float) -> None:
+    async def _recover(self, cause: str | None, kill: bool, lost_at: float) -> None:
         assert self._process is not None
         pid = self._process.pid
         status = await self._reap(self._process, kill)
         self.exit_status = status
+        if cause is None:
+            cause = _ended(status)
         error = WorkerLostError(
             f"the worker process (pid {pid}) was lost: {cause} (exit status {status})",
             cause=cause,
@@ -378,6 +381,17 @@ class Supervisor:
         waiter = self._injections[token] = self._loop.create_future()
         self._channel.send(("inject", token, name, args, kwargs))
         await waiter
+
+
+def _ended(status: int | None) -> str:
+    """How a worker that said nothing ended, in words."""
+    if status is not None and status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"it was killed by {name}"
+    return "it exited unexpectedly"
 
 
 class _HungUp(Exception):

@@ -36,12 +36,19 @@ from ..runtime._select import select_runtime
 from ._channel import Channel, receive_blocking, send_blocking
 from ._staging import SharedStaging, StagingRuntime
 
-__all__ = ["CONTEXT_LOST_EXIT", "FAULT_INJECTIONS", "OPEN_FAILED_EXIT", "main"]
+__all__ = [
+    "CONTEXT_LOST_EXIT",
+    "FAULT_INJECTIONS",
+    "LEAKED_EXIT",
+    "OPEN_FAILED_EXIT",
+    "main",
+]
 
 logger = logging.getLogger("aiodla")
 
 CONTEXT_LOST_EXIT = 3  # the CUDA context broke: this process must be replaced
 OPEN_FAILED_EXIT = 4  # the model could not be opened (the application was told why)
+LEAKED_EXIT = 5  # closed, but the runtime still counts live handles (a bug in aiodla)
 # Test controls a worker's emulated runtime accepts over the channel (see
 # aiodla._isolation.inject_fault): fault injection happens where the runtime is.
 FAULT_INJECTIONS = frozenset({"fail_next_task", "hang_core", "poison", "fail_call"})
@@ -62,8 +69,15 @@ def main() -> None:
     cores, runtime, staging = opened
     asyncio.run(WorkerServer(sock, cores, runtime).serve())
     cores.release()
+    # Handle accounting: the emulated runtime counts what is still alive; the exit
+    # status tells the application (its supervisor logs it, tests assert on it).
+    live_handles = getattr(runtime, "live_handles", None)
+    leaked = {} if live_handles is None else {k: v for k, v in live_handles().items() if v}
     runtime.close()
     staging.close()
+    if leaked:
+        print(f"aiodla worker: handles left alive at close: {leaked}", file=sys.stderr)
+        sys.exit(LEAKED_EXIT)
 
 
 def _die_with(parent: int) -> None:
