@@ -45,17 +45,11 @@ from ._errors import (
     QueueFullError,
 )
 from ._flow import EngineState, Flow
-from ._isolation import RemoteCores, WorkerState
+from ._isolation import RemoteCores
 from ._options import EngineOptions, check_timeout
 from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
-from ._statistics import (
-    CoreStatistics,
-    EngineHealth,
-    EngineStatistics,
-    StageTimes,
-    WorkerStatistics,
-)
+from ._statistics import CoreStatistics, EngineHealth, EngineStatistics, StageTimes
 from ._tensors import TensorSpec
 from .runtime._protocol import Runtime
 
@@ -92,8 +86,7 @@ class Engine:
         self._options = EngineOptions.from_keywords(options)
         self._model = model
         self._runtime_choice = runtime
-        # isolation="process": the same device layer, its runtime in a worker process.
-        process = self._options.isolation == "process"
+        process = self._options.isolation == "process"  # the runtime in a worker process
         self._cores = RemoteCores(self._options) if process else Cores(self._options)
         self._flow = Flow(self._options, self._cores, self._die)
         self._input_names: frozenset[str] = frozenset()
@@ -127,10 +120,6 @@ class Engine:
         :class:`EngineClosedError` says so)."""
         runtime = self._cores.runtime
         if runtime is None:
-            if isinstance(self._cores, RemoteCores):
-                raise AiodlaError(
-                    "with isolation='process' the runtime lives in the worker process"
-                )
             raise EngineClosedError("the engine is not open: its runtime is not chosen yet")
         return runtime
 
@@ -187,8 +176,7 @@ class Engine:
             self._open_done.set()
             raise
         self._input_names = frozenset(s.name for s in cores.inputs)
-        supervisor = cores.supervisor if isinstance(cores, RemoteCores) else None
-        self._flow.start_serving(asyncio.get_running_loop(), supervisor)
+        self._flow.start_serving(asyncio.get_running_loop(), getattr(cores, "supervisor", None))
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
 
@@ -401,11 +389,6 @@ class Engine:
     def _check_device_output(self, output: object) -> None:
         if output != "device":
             raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
-        if isinstance(self._cores, RemoteCores):
-            raise ConfigurationError(
-                "output='device' cannot be handed across processes: with "
-                "isolation='process' outputs are host arrays"
-            )
         if self.runtime.has_device_memory and not isinstance(self._cores.path, DevicePath):
             raise ConfigurationError(
                 "output='device' needs device conversion; this engine converts on the "
@@ -441,39 +424,19 @@ class Engine:
             queue_wait_histogram=flow.queue_wait_histogram.snapshot(),
             failures=MappingProxyType(dict(scheduler.failures)),
             stages=stages,
-            worker=self._worker_statistics(),
-        )
-
-    def _worker_statistics(self) -> WorkerStatistics | None:
-        cores = self._cores
-        if not isinstance(cores, RemoteCores) or cores.supervisor is None:
-            return None
-        supervisor = cores.supervisor
-        loss = supervisor.last_loss
-        return WorkerStatistics(
-            state=supervisor.state.value,
-            pid=supervisor.pid,
-            restarts=len(supervisor.restart_times),
-            restart_times=tuple(supervisor.restart_times),
-            last_loss=None if loss is None else str(loss),
+            worker=getattr(self._cores, "worker_statistics", lambda: None)(),
         )
 
     def health(self) -> EngineHealth:
-        """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a lost
-        worker process is replaced (``isolation="process"``); ``dead`` once the device
-        broke the engine (restart the process); ``closed`` when not serving."""
+        """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker
+        process is replaced; ``dead`` once the device broke it; ``closed`` when not serving."""
         cause = self._flow.dead_cause
         if cause is not None:
             return EngineHealth("dead", f"the device broke the engine: {cause}")
         if self._flow.state is not EngineState.OPEN:
             return EngineHealth("closed", f"the engine is {self._flow.state.value}")
-        supervisor = getattr(self._cores, "supervisor", None)
-        if supervisor is not None and supervisor.state is WorkerState.RESTARTING:
-            return EngineHealth(
-                "restarting",
-                f"a new worker process is starting after {supervisor.last_loss or 'a loss'}; "
-                "queued requests wait for it",
-            )
+        if isinstance(self._cores, RemoteCores) and self._cores.restarting is not None:
+            return self._cores.restarting
         cores = self._cores.cores
         out = tuple(core.core for core in cores if not core.in_rotation)
         if out:

@@ -92,21 +92,14 @@ class Flow:
     def start_serving(
         self, loop: asyncio.AbstractEventLoop, completions: CompletionSource | None = None
     ) -> None:
-        """The cores are open: schedule over them and start the poller (unless
-        ``completions`` come from elsewhere: a worker process's supervisor)."""
+        """The cores are open: schedule over them; ``completions`` or a new poller report."""
         cores = self.cores
         self.loop = loop
         self.scheduler = Scheduler(cores.cores, self._options.max_consecutive_faults)
         limit = self._options.offload_bytes
         self.offload_pack = sum(s.size for s in cores.inputs) > limit or any(cores.frames)
         self.offload_unpack = sum(s.size for s in cores.outputs) > limit
-        if completions is None:
-            poller = Poller(
-                cores.probe, loop, self.on_completions, self._die_callback, pause=cores.poll_pause
-            )
-            poller.start()
-            completions = poller
-        self.poller = completions
+        self.poller = completions or _poller(cores, loop, self.on_completions, self._die_callback)
         self.state = EngineState.OPEN
 
     def cancel_probes(self) -> None:
@@ -466,6 +459,18 @@ class Flow:
             error.__cause__ = self.dead_cause
             return error
         return EngineClosedError("the engine was closed")
+
+
+def _poller(
+    cores: Cores,
+    loop: asyncio.AbstractEventLoop,
+    deliver: Callable[[list[tuple[Slot, int]]], None],
+    fail: Callable[[BaseException], None],
+) -> Poller:
+    """The in-process completion source (``isolation="process"`` passes the worker's)."""
+    poller = Poller(cores.probe, loop, deliver, fail, pause=cores.poll_pause)
+    poller.start()
+    return poller
 
 
 def _let_go(request: Request) -> None:

@@ -370,7 +370,7 @@ class TestRefused:
                 await engine.infer(_CudaArray())
             with pytest.raises(ConfigurationError, match="isolation='process'"):
                 await engine.infer(ONES, output="device")
-            with pytest.raises(AiodlaError, match="worker process"):
+            with pytest.raises(ConfigurationError, match="lives in the worker process"):
                 _ = engine.runtime
             assert engine.statistics().submitted == 0
 

@@ -27,11 +27,11 @@ from .._device_arrays import DeviceSource
 from .._errors import ConfigurationError, InputTypeError
 from .._options import EngineOptions
 from .._preprocess import frames_for
-from .._statistics import HistogramRecorder, LatencyWindow
+from .._statistics import EngineHealth, HistogramRecorder, LatencyWindow, WorkerStatistics
 from .._tensors import TensorSpec
 from ..runtime._protocol import HostBuffer, Runtime
 from ._staging import map_staging
-from ._supervisor import Supervisor
+from ._supervisor import Supervisor, WorkerState
 
 if TYPE_CHECKING:
     from .._flow import Flow
@@ -140,6 +140,42 @@ class RemoteCores(Cores):
         return bindings
 
     # -- what the engine calls ---------------------------------------------------------------
+
+    @property
+    def runtime(self) -> Runtime | None:
+        raise ConfigurationError(
+            "with isolation='process' the runtime lives in the worker process (device "
+            "outputs and runtime handles stay there; outputs are host arrays)"
+        )
+
+    @runtime.setter
+    def runtime(self, value: Runtime | None) -> None:
+        """The base class's constructor sets it; here there is none to set."""
+
+    @property
+    def restarting(self) -> EngineHealth | None:
+        """The engine's health while a lost worker is replaced, else None."""
+        supervisor = self.supervisor
+        if supervisor is None or supervisor.state is not WorkerState.RESTARTING:
+            return None
+        return EngineHealth(
+            "restarting",
+            f"a new worker process is starting after {supervisor.last_loss or 'a loss'}; "
+            "queued requests wait for it",
+        )
+
+    def worker_statistics(self) -> WorkerStatistics | None:
+        supervisor = self.supervisor
+        if supervisor is None:
+            return None
+        loss = supervisor.last_loss
+        return WorkerStatistics(
+            state=supervisor.state.value,
+            pid=supervisor.pid,
+            restarts=len(supervisor.restart_times),
+            restart_times=tuple(supervisor.restart_times),
+            last_loss=None if loss is None else str(loss),
+        )
 
     def number(self, slot: Slot) -> int:
         return self._numbers[id(slot)]

@@ -115,6 +115,23 @@ class _Task:
     resolved: tuple[int, int, EmulatorModel, ModelRunner | ComputeTask] | None = None
 
 
+def _host_register(
+    runtime: EmulatedRuntime, array: np.ndarray[Any, np.dtype[np.uint8]]
+) -> HostBuffer:
+    """``EmulatedRuntime.host_register``: page-lock memory the caller allocated
+    (``cudaHostRegister``): the staging that ``isolation="process"`` shares between two
+    processes. Released with ``host_free``, which leaves the memory to its owner."""
+    runtime._cuda("host_register")
+    if array.nbytes <= 0:
+        raise CudaCallError("host_register", _INVALID_VALUE)
+    with runtime._lock:
+        buffer = HostBuffer(int(array.ctypes.data), array)
+        if buffer.ptr in runtime._host_memory:  # registering twice is an error in CUDA
+            raise CudaCallError("host_register", _HOST_MEMORY_ALREADY_REGISTERED)
+        runtime._host_memory[buffer.ptr] = buffer
+    return buffer
+
+
 class EmulatedRuntime(EmulatedConversion, ComputeThreads):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, emulated on the CPU.
 
@@ -474,19 +491,7 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
             self.counts.allocations += 1
         return buffer
 
-    def host_register(self, array: np.ndarray[Any, np.dtype[np.uint8]]) -> HostBuffer:
-        """Page-lock memory the caller allocated (``cudaHostRegister``): the staging
-        that ``isolation="process"`` shares between two processes. Released with
-        :meth:`host_free`, which then leaves the memory to its owner."""
-        self._cuda("host_register")
-        if array.nbytes <= 0:
-            raise CudaCallError("host_register", _INVALID_VALUE)
-        with self._lock:
-            buffer = HostBuffer(int(array.ctypes.data), array)
-            if buffer.ptr in self._host_memory:  # registering twice is an error in CUDA
-                raise CudaCallError("host_register", _HOST_MEMORY_ALREADY_REGISTERED)
-            self._host_memory[buffer.ptr] = buffer
-        return buffer
+    host_register = _host_register  # (defined beside the class: it is long enough)
 
     def host_free(self, buffer: HostBuffer) -> None:
         with self._lock:
