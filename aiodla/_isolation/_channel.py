@@ -168,6 +168,12 @@ class Channel:
             self._sock.sendall(self._outgoing)
         self._outgoing.clear()
 
+    def abandon(self) -> None:
+        """Close the socket without the loop (which is gone: an engine collected
+        unclosed); the loop's watch of it goes with the loop."""
+        self.closed = True
+        self._sock.close()
+
     def close(self) -> None:
         """Stop watching the socket and close it (and any descriptor not taken)."""
         if self.closed:

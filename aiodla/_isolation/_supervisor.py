@@ -148,10 +148,10 @@ class Supervisor:
         if kill:
             _kill(process)
         try:
-            return await anyio.to_thread.run_sync(process.wait, EXIT_GRACE)
+            return await anyio.to_thread.run_sync(_wait, process, EXIT_GRACE)
         except subprocess.TimeoutExpired:
             _kill(process)
-            return await anyio.to_thread.run_sync(process.wait)
+            return await anyio.to_thread.run_sync(_wait, process)
 
     # -- the channel ---------------------------------------------------------------------------
 
@@ -228,9 +228,15 @@ class Supervisor:
     def stop(self) -> None:
         """Tell the worker to close (the engine drained it already); from another
         thread (an engine collected unclosed), kill it instead."""
-        if threading.get_ident() != self._loop_thread:
+        loop = self._loop
+        if threading.get_ident() != self._loop_thread or loop is None or not loop.is_running():
+            # An engine collected unclosed: no loop to talk through, so kill the worker
+            # and close the socket without the loop.
+            if self._channel is not None:
+                self._channel.abandon()
             if self._process is not None:
                 _kill(self._process)
+                _wait(self._process)  # killed: at once; no zombie is left
             return
         previous, self.state = self.state, WorkerState.STOPPED
         if self._heartbeat is not None:
@@ -252,11 +258,11 @@ class Supervisor:
             return
         limit = self._options.close_timeout + EXIT_GRACE if timeout is None else timeout
         try:
-            self.exit_status = process.wait(limit)
+            self.exit_status = _wait(process, limit)
         except subprocess.TimeoutExpired:
             logger.warning("aiodla: the worker (pid %d) did not exit; killing it", process.pid)
             _kill(process)
-            self.exit_status = process.wait()
+            self.exit_status = _wait(process)
         if self.exit_status:
             logger.warning(
                 "aiodla: the worker (pid %d) exited with status %d", process.pid, self.exit_status
@@ -268,7 +274,7 @@ class Supervisor:
         if process is not None and process.poll() is None:
             _kill(process)
         if process is not None:
-            self.exit_status = process.wait()
+            self.exit_status = _wait(process)
 
     # -- losing a worker, and replacing it ------------------------------------------------
 
@@ -421,7 +427,20 @@ def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
         raise
     finally:
         theirs.close()
+    _LIVE_WORKERS.add(process)
     return process, mine
+
+
+# Workers not reaped yet. Held here so that a worker's Popen is never collected with
+# an engine dropped unclosed (it would warn that its process still runs before the
+# engine's own finalizer could kill it).
+_LIVE_WORKERS: set[subprocess.Popen[bytes]] = set()
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float | None = None) -> int:
+    status = process.wait(timeout)
+    _LIVE_WORKERS.discard(process)
+    return status
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
