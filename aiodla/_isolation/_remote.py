@@ -29,6 +29,7 @@ from .._options import EngineOptions
 from .._preprocess import frames_for
 from .._statistics import EngineHealth, HistogramRecorder, LatencyWindow, WorkerStatistics
 from .._tensors import TensorSpec
+from ..emulator._standin import loaded_standins
 from ..runtime._protocol import HostBuffer, Runtime
 from ._staging import map_staging
 from ._supervisor import Supervisor, WorkerState
@@ -84,7 +85,10 @@ class RemoteCores(Cores):
             scales=dict(self._options.scales),
             preprocess=dict(self._options.preprocess),
         )
-        supervisor = Supervisor(self._options, (data, runtime_choice, fields), self, flow, die)
+        # A GPU stand-in this process loaded is the libcudla the worker must use too.
+        standins = [str(path) for path in loaded_standins()] if runtime_choice != "emulated" else []
+        message = (data, runtime_choice, fields, standins)
+        supervisor = Supervisor(self._options, message, self, flow, die)
         self.supervisor = supervisor
         await supervisor.start()
 

@@ -31,6 +31,7 @@ from .._cores import Cores, device_error, is_sticky
 from .._errors import AiodlaError
 from .._options import EngineOptions
 from .._poller import Poller
+from ..emulator._standin import load_standin, loaded_standins
 from ..runtime._protocol import Runtime
 from ..runtime._select import select_runtime
 from ._channel import Channel, receive_blocking, send_blocking
@@ -92,11 +93,13 @@ def _die_with(parent: int) -> None:
 
 def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
     """Open the model the application sends; tell it the layout, or why not."""
-    model, runtime_choice, fields = receive_blocking(sock)
+    model, runtime_choice, fields, standins = receive_blocking(sock)
     runtime: Runtime | None = None
     staging: SharedStaging | None = None
     cores: Cores | None = None
     try:
+        for path in standins:  # before anything binds cuda.bindings.cudla to a library
+            load_standin(path)
         runtime, _ = select_runtime(runtime_choice, model)
         staging = SharedStaging(runtime)
         cores = Cores(EngineOptions(**fields))
@@ -232,7 +235,9 @@ class WorkerServer:
 
     def _inject(self, token: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         error: BaseException | None = None
-        control = getattr(self._runtime, name, None)
+        # The emulated runtime's controls, or the GPU stand-in's under the CUDA runtime.
+        targets = [self._runtime, *loaded_standins().values()]
+        control = next((getattr(t, name) for t in targets if hasattr(t, name)), None)
         if name not in FAULT_INJECTIONS or control is None:
             error = AiodlaError(
                 f"the worker's {self._runtime.name} runtime has no control {name!r}"
