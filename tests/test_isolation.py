@@ -237,6 +237,22 @@ class TestRecovery:
             np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
 
     @pytest.mark.asyncio
+    async def test_sigkill_while_packing_and_unpacking_in_threads(self) -> None:
+        # offload_bytes=0: every request packs and unpacks in a worker thread, so a
+        # loss finds requests there; their slots come back only when the thread is done.
+        async with process_engine(offload_bytes=0) as engine:
+            pid = worker_pid(engine)
+
+            async def fault() -> None:
+                os.kill(pid, signal.SIGKILL)
+
+            lost_only_in_flight(await load_then(engine, fault))
+            await wait_until(lambda: all_idle(engine))
+            stats = engine.statistics()
+            assert counts_add_up(stats) and stats.worker.restarts == 1  # type: ignore[union-attr]
+            assert sum(core.busy_slots for core in stats.cores) == 0
+
+    @pytest.mark.asyncio
     async def test_hung_worker_is_detected_by_heartbeat(self) -> None:
         async with process_engine(heartbeat_timeout=0.3) as engine:
             first = worker_pid(engine)
@@ -312,7 +328,7 @@ class TestNothingLeaks:
         gc.collect()
         assert open_fds() == fds
 
-    def test_the_worker_dies_with_its_parent(self, tmp_path: Path) -> None:
+    def test_the_worker_dies_with_its_parent_and_cuda_stays_out(self, tmp_path: Path) -> None:
         script = tmp_path / "parent.py"
         script.write_text(
             textwrap.dedent(
@@ -323,8 +339,10 @@ class TestNothingLeaks:
                 from aiodla import Engine
 
                 async def main():
-                    async with Engine(affine_model(), runtime="emulated", isolation="process") as e:
-                        print(e.statistics().worker.pid, flush=True)
+                    async with Engine(affine_model(), runtime="auto", isolation="process") as e:
+                        # The CUDA runtime API is never loaded here: CUDA cannot start.
+                        cuda = {{"cuda.bindings.runtime", "aiodla.runtime._cuda"}} & set(sys.modules)
+                        print(e.statistics().worker.pid, sorted(cuda), flush=True)
                         await asyncio.sleep(60)
 
                 asyncio.run(main())
@@ -334,7 +352,9 @@ class TestNothingLeaks:
         parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
         try:
             assert parent.stdout is not None
-            pid = int(parent.stdout.readline())
+            pid, cuda = parent.stdout.readline().split(maxsplit=1)
+            assert cuda.strip() == "[]"  # the application's process never initializes CUDA
+            pid = int(pid)
             assert alive(pid)
             parent.kill()
             parent.wait()

@@ -35,6 +35,7 @@ import anyio
 
 from .._errors import WorkerLostError
 from .._options import EngineOptions
+from .._scheduler import RequestState
 from ._channel import Channel
 
 if TYPE_CHECKING:
@@ -371,10 +372,14 @@ class Supervisor:
         """Fail the requests the lost worker held and give their slots back."""
         self._failed_in_flight = True
         flow = self._flow
+        slots = self._cores.slots
+        # A request packing or unpacking in a worker thread keeps its slot until that
+        # thread is done with the staging; its coroutine then gives the slot back.
+        held = {id(slot) for slot in slots if _in_a_thread(slot)}
         flow.fail_running(error)
-        for slot in self._cores.slots:
+        for slot in slots:
             slot.probing = False
-            if slot not in slot.core.idle:
+            if slot not in slot.core.idle and id(slot) not in held:
                 flow.release(slot)
 
     async def inject(self, name: str, *args: Any, **kwargs: Any) -> None:
@@ -387,6 +392,11 @@ class Supervisor:
         waiter = self._injections[token] = self._loop.create_future()
         self._channel.send(("inject", token, name, args, kwargs))
         await waiter
+
+
+def _in_a_thread(slot: Slot) -> bool:
+    request = slot.request
+    return request is not None and request.state in (RequestState.PACKING, RequestState.UNPACKING)
 
 
 def _ended(status: int | None) -> str:
