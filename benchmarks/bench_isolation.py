@@ -127,7 +127,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ideal = len(CORES) / args.service
     report: dict[str, Any] = {"runtime": args.runtime, "service_s": args.service, "modes": {}}
     for isolation in ("thread", "process"):
-        options = {"cores": CORES, "streams_per_core": args.streams, "isolation": isolation}
+        options: dict[str, Any] = {"cores": CORES, "streams_per_core": args.streams}
+        if isolation == "process":  # every fault is a restart: allow them all
+            options.update(isolation=isolation, max_restarts=args.faults + 1)
         async with Engine(loadable, runtime=args.runtime, **options) as engine:
             await light_latency(engine, 20)  # warm up
             rate = await throughput(engine, args.seconds, args.concurrency)

@@ -32,6 +32,7 @@ from aiodla import (
     RequestTimeoutError,
     WorkerLostError,
 )
+from aiodla._isolation import _supervisor as supervisor_module
 from aiodla._isolation import inject_fault
 from aiodla._isolation._worker import CONTEXT_LOST_EXIT
 
@@ -265,6 +266,21 @@ class TestRecovery:
             assert "stopped answering" in lost[0].cause and lost[0].exit_status == -signal.SIGKILL
             assert time.monotonic() - started < 5
             assert not alive(first)
+
+    @pytest.mark.asyncio
+    async def test_back_off_only_for_workers_that_never_served(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(supervisor_module, "FIRST_BACKOFF", 1.0)
+        async with process_engine() as engine:
+            await engine.infer(ONES)  # this worker served: its replacement starts at once
+            os.kill(worker_pid(engine), signal.SIGKILL)
+            await wait_until(lambda: engine.statistics().worker.restarts == 1)  # type: ignore[union-attr]
+            os.kill(worker_pid(engine), signal.SIGKILL)  # lost before serving: back off
+            await wait_until(lambda: engine.statistics().worker.restarts == 2, timeout=10)  # type: ignore[union-attr]
+            first, second = engine.statistics().worker.restart_times  # type: ignore[union-attr]
+            assert first < 1.0 <= second
+            np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
 
     @pytest.mark.asyncio
     async def test_past_max_restarts_the_engine_is_dead(self) -> None:

@@ -52,7 +52,8 @@ logger = logging.getLogger("aiodla")
 OPEN_TIMEOUT = 60.0
 # A lost worker that has not exited this long after its channel closed is killed.
 EXIT_GRACE = 2.0
-# Back-off between replacements: none for the first loss in the window, then doubling.
+# Back-off before a replacement: none after a worker that served (completed a task),
+# then doubling with each worker in a row lost before it completed one (a crash loop).
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 2.0
 _WORKER_MAIN = "from aiodla._isolation._worker import main; main()"
@@ -70,7 +71,8 @@ class Supervisor:
     """One engine's worker process, replaced as often as the policy allows.
 
     State (loop thread only): ``state``; ``_channel`` and ``_process``, the current
-    worker's; ``_pending``, slot numbers to send with the next batch; ``_losses``, when
+    worker's; ``_pending``, slot numbers to send with the next batch; ``_unproven``,
+    workers lost in a row before they completed a task (the back-off); ``_losses``, when
     recent workers were lost (the restart policy's window); ``restart_times``, how long
     each replacement took, from the loss to the new worker ready.
     """
@@ -94,6 +96,8 @@ class Supervisor:
         self.restart_times: list[float] = []
         self.exit_status: int | None = None  # the last worker's, once it ended
         self._losses: collections.deque[float] = collections.deque()
+        self._unproven = 0  # workers lost in a row before completing any task
+        self._proven = False  # the current worker has completed a task
         self._process: subprocess.Popen[bytes] | None = None
         self._channel: Channel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -122,6 +126,7 @@ class Supervisor:
         assert loop is not None
         process, sock = _spawn()
         self._process, self.pid, self._said = process, process.pid, None
+        self._proven = False
         self._ready = loop.create_future()
         self._channel = Channel(sock, loop, self._on_messages, self._on_hang_up)
         self._channel.send(self._open_message)
@@ -185,6 +190,7 @@ class Supervisor:
                     else:
                         waiter.set_exception(message[2])
         if done:
+            self._proven = True
             self._flow.on_completions(done)
 
     def _on_hang_up(self, why: str) -> None:
@@ -312,6 +318,7 @@ class Supervisor:
             self._channel.close()
         self._pending.clear()
         self._failed_in_flight = False
+        self._unproven = 0 if self._proven else self._unproven + 1
         # No request is started until a new worker serves; they wait in the queue.
         for core in self._cores.cores:
             core.in_rotation = False
@@ -352,12 +359,13 @@ class Supervisor:
                 )
                 self._die(error)
                 return
-            if len(losses) > 1:
-                await asyncio.sleep(min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (len(losses) - 2)))
+            if self._unproven:
+                await asyncio.sleep(min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (self._unproven - 1)))
             try:
                 await self._launch()
             except Exception as exc:
                 logger.error("aiodla: a new worker failed to start: %s", exc)
+                self._unproven += 1
                 continue
             break
         for core in self._cores.cores:
