@@ -18,8 +18,10 @@ import asyncio
 import contextlib
 import os
 import pickle
+import select
 import socket
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,9 +84,24 @@ class Channel:
         self._incoming = bytearray()
         self._outgoing = bytearray()
         self._writing = False
+        self._send_lock = threading.Lock()
         self.closed = False
         self.fds: list[int] = []  # descriptors received and not yet taken
         loop.add_reader(sock.fileno(), self._readable)
+
+    def send_now(self, message: Any) -> None:
+        """Send from any thread, at once, waiting while the socket is full (the worker
+        sends its completion batches so, from its poller's thread: no hop through its
+        loop). Every send on a channel that uses this must use it."""
+        data = memoryview(_frame(message))
+        with self._send_lock:
+            while data and not self.closed:
+                try:
+                    data = data[self._sock.send(data) :]
+                except (BlockingIOError, InterruptedError):
+                    select.select([], [self._sock], [], 1.0)
+                except OSError:
+                    return  # the peer is gone: the reader sees it and ends the worker
 
     def send(self, message: Any) -> None:
         if self.closed:

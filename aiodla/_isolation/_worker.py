@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from .._cores import Cores, device_error, is_sticky
 from .._errors import AiodlaError
@@ -140,6 +140,21 @@ def transportable(error: BaseException) -> BaseException:
     return AiodlaError(f"{type(error).__name__}: {error}")
 
 
+class _Inline:
+    """What the worker's poller takes for its loop: a batch is handled on the poller's
+    thread at once; a failure is posted to the real loop (it ends the process)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, inline: Any) -> None:
+        self._loop = loop
+        self._inline = inline
+
+    def call_soon_threadsafe(self, callback: Any, argument: Any) -> None:
+        if callback == self._inline:  # (a bound method equal to, not the same as, it)
+            callback(argument)
+        else:
+            self._loop.call_soon_threadsafe(callback, argument)
+
+
 class WorkerServer:
     """The worker's event loop: submissions in, completion batches out."""
 
@@ -159,8 +174,12 @@ class WorkerServer:
         self._stopped = loop.create_future()
         self._channel = Channel(self._sock, loop, self._on_messages, self._on_hang_up)
         cores = self._cores
+        # The poller hands its batches straight to _deliver on its own thread, which
+        # sends them: a hop through this loop would add a wake-up to every completion.
+        # Its failure still goes through the loop.
+        inline = cast(asyncio.AbstractEventLoop, _Inline(loop, self._deliver))
         self._poller = Poller(
-            cores.probe, loop, self._deliver, self._context_lost, pause=cores.poll_pause
+            cores.probe, inline, self._deliver, self._context_lost, pause=cores.poll_pause
         )
         self._poller.start()
         try:
@@ -191,7 +210,7 @@ class WorkerServer:
 
     def _send(self, message: Any) -> None:
         assert self._channel is not None
-        self._channel.send(message)
+        self._channel.send_now(message)  # (from the loop or the poller's thread)
 
     def _submit(self, numbers: list[int]) -> None:
         cores, poller = self._cores, self._poller
@@ -216,7 +235,8 @@ class WorkerServer:
             poller.watch(slot)
 
     def _deliver(self, finished: list[tuple[Any, int]]) -> None:
-        """A poller batch: one message, whatever its size."""
+        """A poller batch: one message, whatever its size (on the poller's thread; what
+        it touches of a core, the accounting, only completions touch)."""
         cores, poller = self._cores, self._poller
         assert poller is not None
         now = time.monotonic()
@@ -252,8 +272,7 @@ class WorkerServer:
     def _context_lost(self, cause: BaseException) -> None:
         """A sticky error (or the poller failed): say why, and go at once."""
         if self._channel is not None:
-            self._channel.send(("lost", f"the CUDA context was lost: {cause}"))
-            self._channel.flush_blocking(1.0)
+            self._channel.send_now(("lost", f"the CUDA context was lost: {cause}"))
         logging.shutdown()
         with contextlib.suppress(Exception):
             sys.stderr.flush()
