@@ -28,6 +28,7 @@ from aiodla import (
     Engine,
     EngineDeadError,
     InputTypeError,
+    LatestFrameStream,
     QueueFullError,
     RequestTimeoutError,
     WorkerLostError,
@@ -80,7 +81,7 @@ async def outcome(engine: Engine, x: np.ndarray[Any, Any]) -> Any:
     return "ok"
 
 
-async def load_then(engine: Engine, fault: Any, count: int = 60) -> list[Any]:
+async def load_then(engine: Engine, fault: Any, count: int = 200) -> list[Any]:
     """``count`` requests admitted at once, ``fault`` applied while the first run."""
     tasks = [asyncio.ensure_future(outcome(engine, ONES * i)) for i in range(count)]
     await wait_until(lambda: engine.statistics().in_flight > 0)
@@ -173,6 +174,16 @@ class TestBehavesAsInProcess:
             await asyncio.gather(first, second)
             stats = engine.statistics()
             assert stats.rejected == 1 and stats.completed == 2 and counts_add_up(stats)
+
+    @pytest.mark.asyncio
+    async def test_a_latest_frame_stream(self) -> None:
+        async with process_engine() as engine, LatestFrameStream(engine, name="cam") as cam:
+            for i in range(5):
+                cam.submit(ONES * i, context=i)
+                result = await cam.receive()
+                assert result.error is None and result.context == i
+                np.testing.assert_array_equal(result.output, expected_affine(ONES * i))
+            assert cam.statistics().completed == 5
 
     @pytest.mark.asyncio
     async def test_a_task_fault_fails_only_its_request(self) -> None:
@@ -281,6 +292,15 @@ class TestRecovery:
             first, second = engine.statistics().worker.restart_times  # type: ignore[union-attr]
             assert first < 1.0 <= second
             np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
+
+    @pytest.mark.asyncio
+    async def test_a_held_up_loop_is_not_taken_for_a_hung_worker(self) -> None:
+        async with process_engine(heartbeat_timeout=0.1) as engine:
+            for _ in range(3):
+                time.sleep(0.3)  # noqa: ASYNC251 - the loop stalls, as under a blocking call
+                await asyncio.sleep(0.06)
+            np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
+            assert engine.statistics().worker.restarts == 0  # type: ignore[union-attr]
 
     @pytest.mark.asyncio
     async def test_past_max_restarts_the_engine_is_dead(self) -> None:

@@ -129,6 +129,11 @@ class Channel:
         if not self.closed:
             self._flush()
 
+    def read_now(self) -> None:
+        """Handle what has arrived without waiting for the loop to say so."""
+        if not self.closed:
+            self._readable()
+
     def _readable(self) -> None:
         hung_up = None
         while True:

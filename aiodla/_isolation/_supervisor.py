@@ -105,7 +105,7 @@ class Supervisor:
         self._pending: list[int] = []
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
-        self._last_heard = 0.0
+        self._asked_at: float | None = None  # when the unanswered ping was sent
         self._said: str | None = None  # the worker's own last words on why it goes
         self._recovery: asyncio.Task[None] | None = None
         self._failed_in_flight = False  # this loss's in-flight requests are failed
@@ -146,7 +146,7 @@ class Supervisor:
             raise
         channel = self._channel
         self._cores.bind_worker(ready, channel.fds.pop(0))
-        self._last_heard = time.monotonic()
+        self._asked_at = None
         self._schedule_heartbeat()
 
     async def _reap(self, process: subprocess.Popen[bytes], kill: bool) -> int | None:
@@ -162,7 +162,7 @@ class Supervisor:
     # -- the channel ---------------------------------------------------------------------------
 
     def _on_messages(self, messages: list[Any]) -> None:
-        self._last_heard = time.monotonic()
+        self._asked_at = None  # any message answers the heartbeat
         slots = self._cores.slots
         done: list[tuple[Slot, int]] = []
         for message in messages:
@@ -291,18 +291,29 @@ class Supervisor:
         self._heartbeat = self._loop.call_later(interval, self._beat)
 
     def _beat(self) -> None:
-        if self.state is not WorkerState.SERVING or self._channel is None:
+        """Ping the worker; a ping unanswered for ``heartbeat_timeout`` means it hangs.
+        Timed from the ping, not from the last message: a loop of ours that was held
+        up finds the answer waiting, and reads it before judging."""
+        channel = self._channel
+        if self.state is not WorkerState.SERVING or channel is None:
             return
-        silent = time.monotonic() - self._last_heard
         timeout = self._options.heartbeat_timeout
-        if silent > timeout:
-            self._lose(
-                f"it stopped answering (nothing heard for {silent:.2f} s, "
-                f"heartbeat_timeout={timeout:g} s)",
-                kill=True,
-            )
-            return
-        self._channel.send(("ping", time.monotonic()))
+        asked = self._asked_at
+        if asked is not None and time.monotonic() - asked > timeout:
+            channel.read_now()
+            if channel.closed:
+                return  # it hung up meanwhile: that loss is being handled
+            if self._asked_at is not None:
+                silent = time.monotonic() - asked
+                self._lose(
+                    f"it stopped answering (a heartbeat unanswered for {silent:.2f} s, "
+                    f"heartbeat_timeout={timeout:g} s)",
+                    kill=True,
+                )
+                return
+        if self._asked_at is None:
+            self._asked_at = time.monotonic()
+            channel.send(("ping", self._asked_at))
         self._schedule_heartbeat()
 
     def _lose(self, cause: str | None, kill: bool = False) -> None:
