@@ -10,6 +10,7 @@ import asyncio
 import gc
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -31,11 +32,13 @@ from aiodla import (
     LatestFrameStream,
     QueueFullError,
     RequestTimeoutError,
+    TaskError,
     WorkerLostError,
 )
 from aiodla._isolation import _supervisor as supervisor_module
 from aiodla._isolation import inject_fault
-from aiodla._isolation._worker import CONTEXT_LOST_EXIT
+from aiodla._isolation._channel import Channel
+from aiodla._isolation._worker import CONTEXT_LOST_EXIT, transportable
 
 from support import (
     X,
@@ -460,3 +463,44 @@ class TestRefused:
                 await inject_fault(engine, "close")
         with pytest.raises(TypeError, match="isolation='process'"):
             await inject_fault(Engine(affine_model()), "poison")
+
+
+class TestErrorPaths:
+    @pytest.mark.asyncio
+    async def test_replacements_that_fail_to_open_count_against_max_restarts(self) -> None:
+        async with process_engine(max_restarts=2) as engine:
+            supervisor = engine._cores.supervisor  # type: ignore[attr-defined]
+            _, runtime, fields, standins = supervisor._open_message
+            # From now on a new worker cannot open the model (as if the device were gone).
+            supervisor._open_message = (b"not a loadable", runtime, fields, standins)
+            os.kill(worker_pid(engine), signal.SIGKILL)
+            await wait_until(lambda: engine.dead, timeout=10)
+            with pytest.raises(EngineDeadError) as caught:
+                await engine.infer(ONES)
+            assert isinstance(caught.value.__cause__, WorkerLostError)
+            assert engine.statistics().worker.restarts == 0  # type: ignore[union-attr]
+
+    def test_errors_that_do_not_pickle_cross_as_aiodla_errors(self) -> None:
+        task_error = TaskError("the DLA task failed", status=1, core=0)  # keyword-only init
+        crossed = transportable(task_error)
+        assert type(crossed) is AiodlaError and "TaskError: the DLA task failed" in str(crossed)
+        device_error = DeviceError("submitting failed", status=7)
+        assert transportable(device_error) is device_error
+
+    @pytest.mark.asyncio
+    async def test_a_message_larger_than_the_socket_buffer(self) -> None:
+        loop = asyncio.get_running_loop()
+        mine, theirs = socket.socketpair()
+        received: list[Any] = []
+        hung_up: list[str] = []
+        sender = Channel(mine, loop, received.extend, hung_up.append)
+        reader = Channel(theirs, loop, received.extend, hung_up.append)
+        big = bytes(8 << 20)  # far more than a socket buffer: written as it drains
+        sender.send(("model", big))
+        sender.send(("after",))
+        await wait_until(lambda: len(received) == 2)
+        assert received[0] == ("model", big) and received[1] == ("after",)
+        sender.close()
+        await wait_until(lambda: bool(hung_up))
+        assert reader.closed and hung_up == ["the worker closed the control channel"]
+        sender.send(("ignored",))  # a closed channel drops what it is given
