@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from aiodla import Engine, TensorSpec, WorkerLostError
+from aiodla import AiodlaError, Engine, TensorSpec
 from aiodla._isolation import inject_fault
 from aiodla.emulator import make_loadable
 
@@ -101,7 +101,7 @@ async def one_recovery(engine: Engine, clients: int, fault: str) -> float:
         while not recovered.done():
             try:
                 await engine.infer(x)
-            except WorkerLostError:
+            except AiodlaError:  # what the fault cost: requests in flight on the worker
                 continue
             worker = engine.statistics().worker
             restarted = worker is not None and worker.restarts > before

@@ -37,6 +37,7 @@ from .._errors import WorkerLostError
 from .._options import EngineOptions
 from .._scheduler import RequestState
 from ._channel import Channel
+from ._worker import CONTEXT_LOST_EXIT
 
 if TYPE_CHECKING:
     from .._cores import Slot
@@ -328,6 +329,10 @@ class Supervisor:
         if self._channel is not None:
             self._channel.close()
         self._pending.clear()
+        waiters, self._injections = self._injections, {}
+        for waiter in waiters.values():  # a control the lost worker never confirmed
+            if not waiter.done():
+                waiter.set_exception(WorkerLostError(f"the worker was lost: {cause or 'it ended'}"))
         self._failed_in_flight = False
         self._unproven = 0 if self._proven else self._unproven + 1
         # No request is started until a new worker serves; they wait in the queue.
@@ -426,6 +431,8 @@ def _ended(status: int | None) -> str:
         except ValueError:
             name = f"signal {-status}"
         return f"it was killed by {name}"
+    if status == CONTEXT_LOST_EXIT:
+        return "its CUDA context was lost"
     return "it exited unexpectedly"
 
 

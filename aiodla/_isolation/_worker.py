@@ -221,7 +221,9 @@ class WorkerServer:
             try:
                 cores.submit(slot, now)
             except Exception as exc:
-                if is_sticky(exc):
+                if is_sticky(exc) or self._context_poisoned():
+                    # cuDLA reports a poisoned context as a status of its own: either
+                    # way, nothing more can run in this process.
                     self._context_lost(exc)
                     return
                 doing = f"core {slot.core.core}: submitting the request"
@@ -233,6 +235,13 @@ class WorkerServer:
                     self._send(("done", [(number, 0, self._failed.pop(number))]))
                     continue
             poller.watch(slot)
+
+    def _context_poisoned(self) -> bool:
+        try:
+            self._runtime.make_current()
+        except Exception as exc:
+            return is_sticky(exc)
+        return False
 
     def _deliver(self, finished: list[tuple[Any, int]]) -> None:
         """A poller batch: one message, whatever its size (on the poller's thread; what
