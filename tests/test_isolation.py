@@ -179,6 +179,17 @@ class TestBehavesAsInProcess:
             assert stats.rejected == 1 and stats.completed == 2 and counts_add_up(stats)
 
     @pytest.mark.asyncio
+    async def test_stage_times(self) -> None:
+        async with process_engine(stage_times=True, cores=[0]) as engine:
+            for _ in range(5):
+                await engine.infer(ONES)
+            stats = engine.statistics()
+        assert stats.stages is not None and stats.stages.dla.count == 5
+        assert 0.0005 < stats.stages.dla.p50 < 0.1  # the 1 ms task, as the worker timed it
+        dla = stats.cores[0].dla_time
+        assert dla is not None and dla.count == 5
+
+    @pytest.mark.asyncio
     async def test_a_latest_frame_stream(self) -> None:
         async with process_engine() as engine, LatestFrameStream(engine, name="cam") as cam:
             for i in range(5):

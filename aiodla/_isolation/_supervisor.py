@@ -169,10 +169,12 @@ class Supervisor:
         for message in messages:
             kind = message[0]
             if kind == "done":
-                for number, status, failure in message[1]:
+                for number, status, failure, stages in message[1]:
                     slot = slots[number]
                     if failure is not None:
                         self._cores.record_failure(slot, failure)
+                    if stages is not None:
+                        self._cores.record_stages(slot, stages)
                     done.append((slot, status))
             elif kind == "ready" or kind == "open_failed":
                 ready = self._ready

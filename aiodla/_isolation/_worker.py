@@ -232,9 +232,23 @@ class WorkerServer:
                 # What reached the stream must run before the slot is reused: its
                 # completion (with the error) is sent when the stream gets there.
                 if not cores.retire(slot, now):
-                    self._send(("done", [(number, 0, self._failed.pop(number))]))
+                    self._send(("done", [(number, 0, self._failed.pop(number), None)]))
                     continue
             poller.watch(slot)
+
+    def _stage_times(self, slot: Any) -> tuple[float, float, float] | None:
+        """Copy-in, DLA and copy-out seconds of the slot's last task (stage_times=True),
+        for the application's statistics; None when the events cannot be read."""
+        before_copy, before_task, after_task = slot.timing
+        elapsed = self._runtime.elapsed_time
+        try:
+            return (
+                elapsed(before_copy, before_task),
+                elapsed(before_task, after_task),
+                elapsed(after_task, slot.event),
+            )
+        except Exception:  # a timing read is never worth failing a request
+            return None
 
     def _context_poisoned(self) -> bool:
         try:
@@ -258,7 +272,8 @@ class WorkerServer:
                 cores.account(slot, status, now)  # the service-time estimate the poller uses
                 computed = None if take is None else take(slot)
                 failure = None if computed is None else transportable(computed)
-            batch.append((number, status, failure))
+            stages = None if slot.timing is None else self._stage_times(slot)
+            batch.append((number, status, failure, stages))
         self._send(("done", batch))
         poller.consumed()
 
