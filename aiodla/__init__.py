@@ -19,6 +19,7 @@ from ._errors import RequestTimeoutError as RequestTimeoutError
 from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
 from ._errors import StreamClosedError as StreamClosedError
 from ._errors import TaskError as TaskError
+from ._errors import WorkerLostError as WorkerLostError
 from ._options import EngineOptions as EngineOptions
 from ._preprocess import Geometry as Geometry
 from ._preprocess import ImagePreprocess as ImagePreprocess
@@ -32,6 +33,7 @@ from ._statistics import EngineStatistics as EngineStatistics
 from ._statistics import Histogram as Histogram
 from ._statistics import LatencySummary as LatencySummary
 from ._statistics import StageTimes as StageTimes
+from ._statistics import WorkerStatistics as WorkerStatistics
 from ._tensors import TensorSpec as TensorSpec
 from .runtime import EmulatedRuntime as EmulatedRuntime
 
@@ -72,4 +74,6 @@ __all__ = (
     "StreamStatistics",
     "TaskError",
     "TensorSpec",
+    "WorkerLostError",
+    "WorkerStatistics",
 )

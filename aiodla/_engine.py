@@ -45,6 +45,7 @@ from ._errors import (
     QueueFullError,
 )
 from ._flow import EngineState, Flow
+from ._isolation import RemoteCores
 from ._options import EngineOptions, check_timeout
 from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
@@ -85,7 +86,8 @@ class Engine:
         self._options = EngineOptions.from_keywords(options)
         self._model = model
         self._runtime_choice = runtime
-        self._cores = Cores(self._options)
+        process = self._options.isolation == "process"  # the runtime in a worker process
+        self._cores = RemoteCores(self._options) if process else Cores(self._options)
         self._flow = Flow(self._options, self._cores, self._die)
         self._input_names: frozenset[str] = frozenset()
         self._closed = asyncio.Event()
@@ -161,8 +163,11 @@ class Engine:
             # The worker thread gets the device layer, not the engine: a worker thread
             # may hold its last job's callable until its next, and an engine dropped
             # unclosed must still be collected (and warn).
-            await anyio.to_thread.run_sync(cores.open_model, self._model, self._runtime_choice)
-            cores.make_current()  # the loop thread enqueues device work too
+            if isinstance(cores, RemoteCores):
+                await cores.open_worker(self._model, self._runtime_choice, self._flow, self._die)
+            else:
+                await anyio.to_thread.run_sync(cores.open_model, self._model, self._runtime_choice)
+                cores.make_current()  # the loop thread enqueues device work too
         except BaseException:
             # Release in a thread of its own that a second cancellation cannot stop.
             await asyncio.shield(asyncio.ensure_future(anyio.to_thread.run_sync(cores.release)))
@@ -171,7 +176,7 @@ class Engine:
             self._open_done.set()
             raise
         self._input_names = frozenset(s.name for s in cores.inputs)
-        self._flow.start_serving(asyncio.get_running_loop())
+        self._flow.start_serving(asyncio.get_running_loop(), getattr(cores, "supervisor", None))
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
 
@@ -419,16 +424,19 @@ class Engine:
             queue_wait_histogram=flow.queue_wait_histogram.snapshot(),
             failures=MappingProxyType(dict(scheduler.failures)),
             stages=stages,
+            worker=getattr(self._cores, "worker_statistics", lambda: None)(),
         )
 
     def health(self) -> EngineHealth:
-        """``ok``; ``degraded`` with a core out of rotation; ``dead`` once the device
-        broke the engine (restart the process); ``closed`` when not serving."""
+        """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker
+        process is replaced; ``dead`` once the device broke it; ``closed`` when not serving."""
         cause = self._flow.dead_cause
         if cause is not None:
             return EngineHealth("dead", f"the device broke the engine: {cause}")
         if self._flow.state is not EngineState.OPEN:
             return EngineHealth("closed", f"the engine is {self._flow.state.value}")
+        if isinstance(self._cores, RemoteCores) and self._cores.restarting is not None:
+            return self._cores.restarting
         cores = self._cores.cores
         out = tuple(core.core for core in cores if not core.in_rotation)
         if out:

@@ -18,6 +18,8 @@ Every exception aiodla raises on purpose derives from :class:`AiodlaError`::
     ├── EngineClosedError          *you* closed the engine (or it never opened)
     ├── StreamClosedError          *you* closed a LatestFrameStream
     ├── EngineDeadError            the device broke the engine; ``__cause__`` says how
+    │   └── WorkerLostError        ``isolation="process"``: the worker process running
+    │                              the request was lost (``.cause``, ``.exit_status``)
     ├── TaskError                  one DLA task failed; ``.status`` and ``.core``
     └── DeviceError                a cuDLA or CUDA call failed; ``.status`` / ``.cuda_error``
 
@@ -49,6 +51,7 @@ __all__ = [
     "RuntimeUnavailableError",
     "StreamClosedError",
     "TaskError",
+    "WorkerLostError",
     "status_name",
 ]
 
@@ -135,6 +138,22 @@ class EngineDeadError(AiodlaError):
     A sticky CUDA error such as ``cudaErrorExternalDevice`` poisons the process's CUDA
     context: NVIDIA's guidance is to restart the process.
     """
+
+
+class WorkerLostError(EngineDeadError):
+    """With ``isolation="process"``: the worker process that ran this request was lost
+    (its CUDA context broke, it died, or it stopped answering), so the request failed.
+
+    Unlike its base class, the engine itself lives on: queued requests wait for the
+    new worker. ``cause`` says what happened in words; ``exit_status`` is the worker's
+    exit status as :attr:`subprocess.Popen.returncode` gives it (negative: the signal
+    that ended it), or None when it could not be learned.
+    """
+
+    def __init__(self, message: str, *, cause: str = "", exit_status: int | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.exit_status = exit_status
 
 
 class TaskError(AiodlaError):

@@ -16,7 +16,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -38,6 +38,17 @@ from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
 __all__ = ["EngineState", "Flow"]
 
 logger = logging.getLogger("aiodla")
+
+
+class CompletionSource(Protocol):
+    """What tells the flow which slots finished: the poller in-process, the worker's
+    supervisor with ``isolation="process"``."""
+
+    def watch(self, slot: Slot) -> None: ...
+    def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]: ...
+    def consumed(self) -> None: ...
+    def stop(self) -> None: ...
+    def join(self, timeout: float | None = None) -> None: ...
 
 
 class EngineState(enum.Enum):
@@ -66,7 +77,7 @@ class Flow:
         self.cores = cores
         self._die_callback = die
         self.scheduler = Scheduler([])
-        self.poller: Poller | None = None
+        self.poller: CompletionSource | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.state = EngineState.NEW
         self.dead_cause: BaseException | None = None
@@ -78,18 +89,17 @@ class Flow:
         self.latency_histogram = HistogramRecorder()
         self.queue_wait_histogram = HistogramRecorder()
 
-    def start_serving(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The cores are open: schedule over them and start the poller."""
+    def start_serving(
+        self, loop: asyncio.AbstractEventLoop, completions: CompletionSource | None = None
+    ) -> None:
+        """The cores are open: schedule over them; ``completions`` or a new poller report."""
         cores = self.cores
         self.loop = loop
         self.scheduler = Scheduler(cores.cores, self._options.max_consecutive_faults)
         limit = self._options.offload_bytes
         self.offload_pack = sum(s.size for s in cores.inputs) > limit or any(cores.frames)
         self.offload_unpack = sum(s.size for s in cores.outputs) > limit
-        self.poller = Poller(
-            cores.probe, loop, self.on_completions, self._die_callback, pause=cores.poll_pause
-        )
-        self.poller.start()
+        self.poller = completions or _poller(cores, loop, self.on_completions, self._die_callback)
         self.state = EngineState.OPEN
 
     def cancel_probes(self) -> None:
@@ -449,6 +459,18 @@ class Flow:
             error.__cause__ = self.dead_cause
             return error
         return EngineClosedError("the engine was closed")
+
+
+def _poller(
+    cores: Cores,
+    loop: asyncio.AbstractEventLoop,
+    deliver: Callable[[list[tuple[Slot, int]]], None],
+    fail: Callable[[BaseException], None],
+) -> Poller:
+    """The in-process completion source (``isolation="process"`` passes the worker's)."""
+    poller = Poller(cores.probe, loop, deliver, fail, pause=cores.poll_pause)
+    poller.start()
+    return poller
 
 
 def _let_go(request: Request) -> None:

@@ -47,6 +47,13 @@ class EngineOptions:
     ``preprocess``: input name -> :class:`~aiodla.ImagePreprocess`: that input takes
     camera frames (any size up to its ``max_frame``), resized, normalized and converted
     as it says.
+    ``isolation``: where the runtime, the CUDA context and every cuDLA handle live:
+    ``"thread"`` in this process (a sticky CUDA error kills the engine), ``"process"``
+    in a supervised worker process that is replaced when it is lost (only its in-flight
+    requests fail, with :class:`~aiodla.WorkerLostError`). ``max_restarts``: how many
+    replacements are allowed within ``restart_window`` seconds before the engine is
+    dead. ``heartbeat_timeout``: seconds a worker may stay silent before it is taken
+    for hung, killed and replaced.
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -64,6 +71,10 @@ class EngineOptions:
     convert: str = "auto"
     zero_copy: bool | None = None
     preprocess: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    isolation: str = "thread"
+    max_restarts: int = 5
+    restart_window: float = 60.0
+    heartbeat_timeout: float = 5.0
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
@@ -109,6 +120,15 @@ class EngineOptions:
             raise ConfigurationError(f"zero_copy={self.zero_copy!r} must be True, False or None")
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
+        if self.isolation not in ("thread", "process"):
+            raise ConfigurationError(f"isolation={self.isolation!r} must be 'thread' or 'process'")
+        _whole(self.max_restarts, "max_restarts", 0, None)
+        if not _finite(self.restart_window) or not self.restart_window > 0:
+            raise ConfigurationError(f"restart_window={self.restart_window!r} must be seconds > 0")
+        if not _finite(self.heartbeat_timeout) or not self.heartbeat_timeout > 0:
+            raise ConfigurationError(
+                f"heartbeat_timeout={self.heartbeat_timeout!r} must be seconds > 0"
+            )
         if not _finite(self.close_timeout) or self.close_timeout < 0:
             raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")
         from ._preprocess import ImagePreprocess  # (its module imports the tensors')

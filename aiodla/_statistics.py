@@ -27,6 +27,7 @@ __all__ = [
     "LatencySummary",
     "LatencyWindow",
     "StageTimes",
+    "WorkerStatistics",
     "failure_reason",
 ]
 
@@ -165,6 +166,26 @@ class EngineStatistics:
     queue_wait_histogram: Histogram
     failures: Mapping[str, int]
     stages: StageTimes | None
+    worker: WorkerStatistics | None = None
+    """With ``isolation="process"``: the worker process and its replacements."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatistics:
+    """The worker process of an ``isolation="process"`` engine.
+
+    ``state`` is ``serving``, ``restarting``, ``failed`` (past ``max_restarts``: the
+    engine is dead), ``starting`` or ``stopped``; ``pid`` the current worker's;
+    ``restarts`` how many workers replaced a lost one, ``restart_times`` how long each
+    replacement took (seconds from the loss to the new worker ready); ``last_loss``
+    the last :class:`WorkerLostError`'s message.
+    """
+
+    state: str
+    pid: int | None
+    restarts: int
+    restart_times: tuple[float, ...]
+    last_loss: str | None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,11 +3,18 @@
 Tests marked ``loop_variants`` run on every event loop available here: plain asyncio
 in debug mode, uvloop where installed, and asyncio with eager tasks on Python 3.12+.
 The rest run on plain asyncio in debug mode.
+
+``AIODLA_TEST_ISOLATION=process`` runs every engine a test opens on the emulated
+runtime with ``isolation="process"`` instead (its runtime in a worker process): the
+engine tests then check that both modes behave alike. A test that drives a runtime
+instance's controls directly cannot reach the worker's runtime; see
+tests/test_isolation.py for the process mode's own tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
@@ -59,6 +66,37 @@ def pytest_asyncio_loop_factories(
     return {"asyncio": _debug_loop}
 
 
+ISOLATION = os.environ.get("AIODLA_TEST_ISOLATION", "thread")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if ISOLATION != "process":
+        return
+    skip = pytest.mark.skip(reason="inspects the in-process runtime or poller")
+    for item in items:
+        if item.get_closest_marker("in_process") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def isolation_mode(monkeypatch: pytest.MonkeyPatch) -> str:
+    """With AIODLA_TEST_ISOLATION=process, an engine made on the emulated runtime (by
+    name or instance) runs it in a worker process instead."""
+    if ISOLATION == "process":
+        init = Engine.__init__
+
+        def in_a_worker(self: Engine, model: object, **kwargs: object) -> None:
+            runtime = kwargs.get("runtime", "auto")
+            if isinstance(runtime, EmulatedRuntime) or runtime in ("auto", "emulated"):
+                kwargs.setdefault("isolation", "process")
+                if kwargs["isolation"] == "process" and not isinstance(runtime, str):
+                    kwargs["runtime"] = "emulated"  # an instance cannot cross processes
+            init(self, model, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Engine, "__init__", in_a_worker)
+    return ISOLATION
+
+
 @pytest.fixture
 def runtime(aiodla_controls: DLAControls) -> EmulatedRuntime:
     """The emulated DLA of aiodla.testing's controls: a test that leaves a handle alive
@@ -77,7 +115,7 @@ def leaky_runtime() -> Iterator[EmulatedRuntime]:
 @pytest_asyncio.fixture
 async def engine(aiodla_engine: EngineFactory, runtime: EmulatedRuntime) -> AsyncIterator[Engine]:
     opened = await aiodla_engine(affine_model())
-    assert opened.runtime is runtime
+    assert ISOLATION == "process" or opened.runtime is runtime
     yield opened
     await opened.aclose()
     assert all(count == 0 for count in runtime.live_handles().values()), runtime.live_handles()

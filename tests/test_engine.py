@@ -115,6 +115,7 @@ class TestResults:
         for y in results:
             np.testing.assert_array_equal(y, expected_affine(x))
 
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_under_load_the_loop_takes_what_finished_during_a_batch(
         self, runtime: EmulatedRuntime, monkeypatch: pytest.MonkeyPatch
@@ -246,6 +247,7 @@ class TestLifecycle:
             warnings.simplefilter("error")
             gc.collect()
 
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_owned_runtime_is_closed(self) -> None:
         async with Engine(affine_model(), runtime="emulated") as engine:
@@ -294,6 +296,7 @@ class TestOpening:
         with pytest.raises(RuntimeUnavailableError, match="emulator loadables only"):
             await Engine(b"\x01\x02NVDLA-loadable", runtime="emulated").open()
 
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_auto_picks_the_emulator_for_emulator_loadables(self) -> None:
         async with Engine(affine_model(), runtime="auto") as engine:
@@ -322,6 +325,7 @@ class TestOpening:
         with pytest.raises(ConfigurationError, match="only integer"):
             await Engine(affine_model(), runtime=runtime, scales={"x": 0.1}).open()
 
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_single_core_engine(self, runtime: EmulatedRuntime) -> None:
         async with Engine(affine_model(), cores=[1], streams_per_core=3, runtime=runtime) as engine:
@@ -391,6 +395,7 @@ class TestChecksAndWaits:
         await engine.aclose()
         await asyncio.wait_for(waiter, 1)
 
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_device_not_current_on_the_loop_thread(self, runtime: EmulatedRuntime) -> None:
         # The opening thread makes the device current once; the loop thread's call fails.

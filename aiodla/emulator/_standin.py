@@ -55,6 +55,7 @@ __all__ = [
     "StandinGate",
     "build_standin",
     "load_standin",
+    "loaded_standins",
     "standin_loaded",
     "standin_source_dir",
 ]
@@ -282,6 +283,13 @@ def _check_bindings_use(library: ctypes.CDLL) -> None:
             "cuda.bindings.cudla is bound to another libcudla.so.1; load the stand-in "
             "before the first cuDLA call in the process"
         )
+
+
+def loaded_standins() -> dict[Path, StandinControls]:
+    """The stand-in libraries this process loaded, by path, with their controls (a
+    worker process of ``isolation="process"`` loads the one its application did)."""
+    with _load_lock:
+        return dict(_loaded)
 
 
 def standin_loaded() -> bool:

@@ -188,6 +188,7 @@ class CudaRuntime:
         self.device = device
         self._lock = threading.Lock()
         self._host_buffers: dict[int, HostBuffer] = {}
+        self._registered_host: set[int] = set()  # host_register's, not cudaHostAlloc's
         self._closed = False
         self._integrated: bool | None = None
         # Compiled kernels by id of the tensor's spec, the spec kept alive beside them:
@@ -369,12 +370,34 @@ class CudaRuntime:
         self.counts.allocations += 1
         return buffer
 
+    def host_register(self, array: np.ndarray[Any, np.dtype[np.uint8]]) -> HostBuffer:
+        """Page-lock memory the caller allocated (``cudaHostRegister``), so async
+        copies read and write it in place: the staging that ``isolation="process"``
+        shares between two processes. Released with :meth:`host_free`."""
+        pointer, nbytes = int(array.ctypes.data), int(array.nbytes)
+        if nbytes <= 0:
+            raise CudaCallError("cudaHostRegister", _INVALID_VALUE)
+        check_cuda(
+            "cudaHostRegister",
+            _rt.cudaHostRegister(pointer, nbytes, _rt.cudaHostRegisterPortable),
+        )
+        buffer = HostBuffer(pointer, array)
+        with self._lock:
+            self._host_buffers[pointer] = buffer
+            self._registered_host.add(pointer)
+        return buffer
+
     def host_free(self, buffer: HostBuffer) -> None:
         # Freeing pinned memory twice would corrupt the driver's tables; refuse instead.
         with self._lock:
             if self._host_buffers.get(buffer.ptr) is not buffer:
                 raise CudaCallError("cudaFreeHost", _INVALID_VALUE)
             del self._host_buffers[buffer.ptr]
+            registered = buffer.ptr in self._registered_host
+            self._registered_host.discard(buffer.ptr)
+        if registered:  # the memory is its owner's: only the page-locking ends here
+            check_cuda("cudaHostUnregister", _rt.cudaHostUnregister(buffer.ptr))
+            return
         check_cuda("cudaFreeHost", _rt.cudaFreeHost(buffer.ptr))
 
     def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None:

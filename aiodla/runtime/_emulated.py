@@ -78,6 +78,7 @@ MAX_HANDLES_PER_CORE = 16  # cudla.h: at most 16 device handles per DLA
 REGISTRATION_ALIGNMENT = 32
 _REGISTERED_TAG = 1 << 56  # registered addresses differ from raw ones, as on a Jetson
 _MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation
+_HOST_MEMORY_ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 
 def _zeros(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -112,6 +113,23 @@ class _Task:
     # What submit_task resolved last time, valid while no memory or module changed
     # (the runtime's ``_generation``): validation is then a comparison, not a search.
     resolved: tuple[int, int, EmulatorModel, ModelRunner | ComputeTask] | None = None
+
+
+def _host_register(
+    runtime: EmulatedRuntime, array: np.ndarray[Any, np.dtype[np.uint8]]
+) -> HostBuffer:
+    """``EmulatedRuntime.host_register``: page-lock memory the caller allocated
+    (``cudaHostRegister``): the staging that ``isolation="process"`` shares between two
+    processes. Released with ``host_free``, which leaves the memory to its owner."""
+    runtime._cuda("host_register")
+    if array.nbytes <= 0:
+        raise CudaCallError("host_register", _INVALID_VALUE)
+    with runtime._lock:
+        buffer = HostBuffer(int(array.ctypes.data), array)
+        if buffer.ptr in runtime._host_memory:  # registering twice is an error in CUDA
+            raise CudaCallError("host_register", _HOST_MEMORY_ALREADY_REGISTERED)
+        runtime._host_memory[buffer.ptr] = buffer
+    return buffer
 
 
 class EmulatedRuntime(EmulatedConversion, ComputeThreads):
@@ -474,6 +492,8 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
             self._host_memory[buffer.ptr] = buffer
             self.counts.allocations += 1
         return buffer
+
+    host_register = _host_register  # (defined beside the class: it is long enough)
 
     def host_free(self, buffer: HostBuffer) -> None:
         with self._lock:

@@ -1,0 +1,9 @@
+"""``Engine(isolation="process")``: the runtime in a supervised worker process."""
+
+from ._remote import NO_CUDA_IPC as NO_CUDA_IPC
+from ._remote import RemoteCores as RemoteCores
+from ._supervisor import Supervisor as Supervisor
+from ._supervisor import WorkerState as WorkerState
+from ._supervisor import inject_fault as inject_fault
+
+__all__ = ("NO_CUDA_IPC", "RemoteCores", "Supervisor", "WorkerState", "inject_fault")

@@ -1,0 +1,214 @@
+"""The control channel between the application and its worker process.
+
+One Unix stream socket (a ``socketpair``) carries small pickled messages, each framed
+by its length. Tensors never travel here: they are in shared staging
+(:mod:`._staging`). Both ends are read by their event loop itself
+(``loop.add_reader``), so a batch of completions reaches the application's loop with
+no thread hop; a writer that finds the socket full waits for it with ``add_writer``
+instead of blocking the loop.
+
+The worker hands over its staging memory as a file descriptor (``SCM_RIGHTS``) with
+the message that says it is ready: :attr:`Channel.fds` collects what arrives.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import os
+import pickle
+import select
+import socket
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Channel", "receive_blocking", "send_blocking"]
+
+_HEADER = struct.Struct("<I")
+_READ_SIZE = 1 << 16
+# Room for the few descriptors a message carries (the worker sends one).
+_FD_SPACE = socket.CMSG_SPACE(16 * array.array("i").itemsize)
+
+
+def _frame(message: Any) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+def send_blocking(sock: socket.socket, message: Any, fds: Sequence[int] = ()) -> None:
+    """Send one message on a blocking socket (the worker's handshake, its last words)."""
+    data = _frame(message)
+    if fds:
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        data = data[sent:]
+    if data:
+        sock.sendall(data)
+
+
+def receive_blocking(sock: socket.socket) -> Any:
+    """Read one message from a blocking socket; EOFError when the peer closed it."""
+    header = _read_exactly(sock, _HEADER.size)
+    return pickle.loads(_read_exactly(sock, _HEADER.unpack(header)[0]))
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    parts = bytearray()
+    while len(parts) < count:
+        chunk = sock.recv(count - len(parts))
+        if not chunk:
+            raise EOFError("the peer closed the channel")
+        parts += chunk
+    return bytes(parts)
+
+
+class Channel:
+    """A message channel on an event loop: ``send`` never blocks, ``on_messages`` gets
+    every message one read found (so a burst is handled as one batch), ``on_closed``
+    is called once when the peer hangs up or the socket fails."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        loop: asyncio.AbstractEventLoop,
+        on_messages: Callable[[list[Any]], None],
+        on_closed: Callable[[str], None],
+    ) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._loop = loop
+        self._on_messages = on_messages
+        self._on_closed = on_closed
+        self._incoming = bytearray()
+        self._outgoing = bytearray()
+        self._writing = False
+        self._send_lock = threading.Lock()
+        self.closed = False
+        self.fds: list[int] = []  # descriptors received and not yet taken
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def send_now(self, message: Any) -> None:
+        """Send from any thread, at once, waiting while the socket is full (the worker
+        sends its completion batches so, from its poller's thread: no hop through its
+        loop). Every send on a channel that uses this must use it."""
+        data = memoryview(_frame(message))
+        with self._send_lock:
+            while data and not self.closed:
+                try:
+                    data = data[self._sock.send(data) :]
+                except (BlockingIOError, InterruptedError):
+                    select.select([], [self._sock], [], 1.0)
+                except OSError:
+                    return  # the peer is gone: the reader sees it and ends the worker
+
+    def send(self, message: Any) -> None:
+        if self.closed:
+            return  # the loss is being handled already; nothing is listening
+        self._outgoing += _frame(message)
+        if not self._writing:
+            self._flush()
+
+    def _flush(self) -> None:
+        try:
+            sent = self._sock.send(self._outgoing)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._hang_up(f"the control channel failed: {exc}")
+            return
+        del self._outgoing[:sent]
+        if self._outgoing and not self._writing:
+            self._writing = True
+            self._loop.add_writer(self._sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        self._writing = False
+        self._loop.remove_writer(self._sock.fileno())
+        if not self.closed:
+            self._flush()
+
+    def read_now(self) -> None:
+        """Handle what has arrived without waiting for the loop to say so."""
+        if not self.closed:
+            self._readable()
+
+    def _readable(self) -> None:
+        hung_up = None
+        while True:
+            try:
+                data, ancillary, _, _ = self._sock.recvmsg(_READ_SIZE, _FD_SPACE)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                hung_up = f"the control channel failed: {exc}"
+                break
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                    self.fds.extend(fds)
+            if not data:
+                hung_up = "the worker closed the control channel"
+                break
+            self._incoming += data
+            if len(data) < _READ_SIZE:
+                break
+        messages = self._parse()
+        if messages:
+            self._on_messages(messages)
+        if hung_up is not None:
+            self._hang_up(hung_up)
+
+    def _parse(self) -> list[Any]:
+        messages = []
+        buffer = self._incoming
+        start = 0
+        while len(buffer) - start >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(buffer, start)
+            end = start + _HEADER.size + length
+            if end > len(buffer):
+                break
+            messages.append(pickle.loads(memoryview(buffer)[start + _HEADER.size : end]))
+            start = end
+        del buffer[:start]
+        return messages
+
+    def _hang_up(self, why: str) -> None:
+        if self.closed:
+            return
+        self.close()
+        self._on_closed(why)
+
+    def flush_blocking(self, timeout: float) -> None:
+        """Write what is still queued, waiting up to ``timeout`` (last words)."""
+        if self.closed or not self._outgoing:
+            return
+        with contextlib.suppress(OSError):
+            self._sock.settimeout(timeout)
+            self._sock.sendall(self._outgoing)
+        self._outgoing.clear()
+
+    def abandon(self) -> None:
+        """Close the socket without the loop (which is gone: an engine collected
+        unclosed); the loop's watch of it goes with the loop."""
+        self.closed = True
+        self._sock.close()
+
+    def close(self) -> None:
+        """Stop watching the socket and close it (and any descriptor not taken)."""
+        if self.closed:
+            return
+        self.closed = True
+        fileno = self._sock.fileno()
+        if fileno >= 0:
+            self._loop.remove_reader(fileno)
+            if self._writing:
+                self._loop.remove_writer(fileno)
+        self._writing = False
+        self._sock.close()
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)

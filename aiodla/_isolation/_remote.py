@@ -1,0 +1,241 @@
+"""The device layer as the application's process sees it with ``isolation="process"``.
+
+:class:`RemoteCores` is :class:`~aiodla._cores.Cores` without a runtime: the same cores,
+slots, service-time estimates and accounting, read by the same scheduler and flow,
+but every slot's staging buffers are views of the worker's shared staging, and
+``submit`` hands the slot to the :class:`~._supervisor.Supervisor`, which batches it to
+the worker. Packing and unpacking stay here, on the loop (or its worker threads), into
+and out of shared memory: the bytes are copied no extra time.
+
+The slot objects live as long as the engine: when a worker is replaced, the same slots
+are bound to the new worker's staging, so the scheduler never sees a slot change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import numpy as np
+
+from .._cores import DEFAULT_SERVICE_TIME, Cores, CoreState, Slot, TensorBinding, read_model
+from .._data_path import HostPath
+from .._device_arrays import DeviceSource
+from .._errors import ConfigurationError, InputTypeError
+from .._options import EngineOptions
+from .._preprocess import frames_for
+from .._statistics import EngineHealth, HistogramRecorder, LatencyWindow, WorkerStatistics
+from .._tensors import TensorSpec
+from ..emulator._standin import loaded_standins
+from ..runtime._protocol import HostBuffer, Runtime
+from ._staging import map_staging
+from ._supervisor import Supervisor, WorkerState
+
+if TYPE_CHECKING:
+    from .._flow import Flow
+
+__all__ = ["NO_CUDA_IPC", "RemoteCores"]
+
+NO_CUDA_IPC = (
+    "device arrays cannot cross into the worker process of isolation='process': "
+    "CUDA IPC is unavailable on Tegra (Jetson); pass a numpy (host or pinned) array, "
+    "or use isolation='thread'"
+)
+
+
+class RemoteCores(Cores):
+    """Cores whose runtime runs in a supervised worker process."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        if options.convert == "device":
+            raise ConfigurationError(
+                "convert='device' is not available with isolation='process' in this "
+                "version: the worker converts on the host (convert='host' or 'auto')"
+            )
+        super().__init__(options)
+        self.supervisor: Supervisor | None = None
+        self.worker_runtime = ""  # the name of the runtime the worker runs
+        self._failures: dict[int, BaseException] = {}  # by slot id, from the worker
+        self._numbers: dict[int, int] = {}  # slot id -> its number in the worker
+        self.take_compute_failure = self._take_failure
+
+    # -- opening: the worker's handshake ---------------------------------------------------
+
+    async def open_worker(
+        self,
+        model: str | os.PathLike[str] | bytes | bytearray | memoryview,
+        runtime_choice: str | Runtime,
+        flow: Flow,
+        die: Callable[[BaseException], None],
+    ) -> None:
+        """Start the worker, open the model there and build the slots on its staging."""
+        if not isinstance(runtime_choice, str):
+            raise ConfigurationError(
+                "isolation='process' builds its runtime in the worker process: pass "
+                "runtime='auto', 'cuda' or 'emulated', not a runtime instance"
+            )
+        data = await anyio.to_thread.run_sync(read_model, model)
+        fields = {f.name: getattr(self._options, f.name) for f in dataclasses.fields(EngineOptions)}
+        fields.update(
+            convert="host",  # see __init__: the application packs into shared staging
+            isolation="thread",  # inside the worker, the runtime is in-process
+            scales=dict(self._options.scales),
+            preprocess=dict(self._options.preprocess),
+        )
+        # A GPU stand-in this process loaded is the libcudla the worker must use too.
+        standins = [str(path) for path in loaded_standins()] if runtime_choice != "emulated" else []
+        message = (data, runtime_choice, fields, standins)
+        supervisor = Supervisor(self._options, message, self, flow, die)
+        self.supervisor = supervisor
+        await supervisor.start()
+
+    def bind_worker(self, ready: dict[str, Any], fd: int) -> None:
+        """The worker said it is ready: the first time, build cores and slots as the
+        worker has them; after a restart, bind the same slots to the new staging."""
+        staging = map_staging(fd, ready["staging_size"])
+        self.worker_runtime = ready["runtime"]
+        if not self.slots:
+            self._build(ready)
+        layout: Sequence[Sequence[int]] = ready["layout"]
+        for slot, offsets in zip(self.slots, layout, strict=True):
+            for binding, offset in zip((*slot.inputs, *slot.outputs), offsets, strict=True):
+                view = staging[offset : offset + binding.spec.size]
+                binding.host = HostBuffer(0, view)
+                binding.bound = binding.spec.bind(view)
+        self._failures.clear()
+
+    def _build(self, ready: dict[str, Any]) -> None:
+        options = self._options
+        self.inputs, self.outputs = tuple(ready["inputs"]), tuple(ready["outputs"])
+        self.frames = frames_for(self.inputs, options.preprocess)
+        stated = self.stated_service_time = ready["stated_service_time"]
+        # The application never enqueues device work: the path only packs and unpacks.
+        self.path = HostPath(_NO_RUNTIME)
+        for number in options.cores:
+            core = CoreState(
+                number,
+                service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
+                learn_service_time=stated is None,
+            )
+            if options.stage_times:
+                core.dla_times = LatencyWindow(options.latency_window)
+                core.dla_histogram = HistogramRecorder()
+            self.cores.append(core)
+            for index in range(options.streams_per_core):
+                slot = Slot(core, index, 0, 0, None, self._bindings(self.inputs, True), [])
+                slot.outputs = self._bindings(self.outputs, False)
+                self._numbers[id(slot)] = len(self.slots)
+                core.slots.append(slot)
+                core.idle.append(slot)
+                self.slots.append(slot)
+
+    def _bindings(self, specs: tuple[TensorSpec, ...], inputs: bool) -> list[TensorBinding]:
+        empty = HostBuffer(0, np.zeros(0, np.uint8))
+        bindings = []
+        for number, spec in enumerate(specs):
+            binding = TensorBinding(spec, 0, 0, empty)
+            frames = self.frames[number] if inputs else None
+            if frames is not None:  # as HostPath.bind: allocated once, used per frame
+                binding.frames, binding.scratch = frames, np.empty(spec.shape, np.float32)
+            bindings.append(binding)
+        return bindings
+
+    # -- what the engine calls ---------------------------------------------------------------
+
+    @property
+    def runtime(self) -> Runtime | None:
+        raise ConfigurationError(
+            "with isolation='process' the runtime lives in the worker process (device "
+            "outputs and runtime handles stay there; outputs are host arrays)"
+        )
+
+    @runtime.setter
+    def runtime(self, value: Runtime | None) -> None:
+        """The base class's constructor sets it; here there is none to set."""
+
+    @property
+    def restarting(self) -> EngineHealth | None:
+        """The engine's health while a lost worker is replaced, else None."""
+        supervisor = self.supervisor
+        if supervisor is None or supervisor.state is not WorkerState.RESTARTING:
+            return None
+        return EngineHealth(
+            "restarting",
+            f"a new worker process is starting after {supervisor.last_loss or 'a loss'}; "
+            "queued requests wait for it",
+        )
+
+    def worker_statistics(self) -> WorkerStatistics | None:
+        supervisor = self.supervisor
+        if supervisor is None:
+            return None
+        loss = supervisor.last_loss
+        return WorkerStatistics(
+            state=supervisor.state.value,
+            pid=supervisor.pid,
+            restarts=len(supervisor.restart_times),
+            restart_times=tuple(supervisor.restart_times),
+            last_loss=None if loss is None else str(loss),
+        )
+
+    def number(self, slot: Slot) -> int:
+        return self._numbers[id(slot)]
+
+    def make_current(self) -> None:
+        """No CUDA in this process: nothing to make current."""
+
+    def import_device(self, spec: TensorSpec, value: Any) -> DeviceSource:
+        raise InputTypeError(f"input {spec.name!r}: {NO_CUDA_IPC}")
+
+    def submit(self, slot: Slot, now: float) -> None:
+        """Hand the slot to the worker (batched); estimate when its core is done."""
+        core = slot.core
+        slot.submitted_at = now
+        core.expected_free = max(now, core.expected_free) + core.service_time
+        slot.expected_done = core.expected_free
+        assert self.supervisor is not None
+        self.supervisor.submit(slot)
+
+    def retire(self, slot: Slot, now: float) -> bool:
+        """Never needed: :meth:`submit` does not fail here (a failed submission in the
+        worker comes back as the slot's completion, with its error)."""
+        return False
+
+    def record_failure(self, slot: Slot, failure: BaseException) -> None:
+        self._failures[id(slot)] = failure
+
+    def record_stages(self, slot: Slot, stages: tuple[float, float, float]) -> None:
+        """The stage times the worker measured for the slot's task (stage_times=True):
+        into the same windows the in-process engine fills."""
+        if self.stage_windows is not None:
+            for window, seconds in zip(self.stage_windows, stages, strict=True):
+                window.add(seconds)
+        core = slot.core
+        if core.dla_times is not None and core.dla_histogram is not None:
+            core.dla_times.add(stages[1])
+            core.dla_histogram.add(stages[1])
+
+    def _take_failure(self, slot: Slot) -> BaseException | None:
+        return self._failures.pop(id(slot), None) if self._failures else None
+
+    def release(self, keep: tuple[int, ...] = ()) -> None:
+        """Stop the worker (it releases its handles itself) and let go of the staging."""
+        if self.supervisor is not None:
+            self.supervisor.shut_down()
+        empty = HostBuffer(0, np.zeros(0, np.uint8))
+        for slot in self.slots:
+            for binding in (*slot.inputs, *slot.outputs):
+                binding.host, binding.bound = empty, None
+
+
+class _NoRuntime:
+    """The application's host path packs and unpacks only; a runtime call is a bug."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the application process called the runtime ({name})")
+
+
+_NO_RUNTIME: Runtime = _NoRuntime()  # (a __getattr__ answers every attribute)

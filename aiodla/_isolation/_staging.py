@@ -1,0 +1,103 @@
+"""Staging memory shared by the application and its worker process.
+
+Every slot's staging buffer (the bytes a request packs, the bytes its outputs come
+back in) lives in one anonymous shared-memory file (``memfd_create``) that the worker
+creates, page-locks through its runtime and hands to the application with the message
+that says it is ready. The application packs inputs and unpacks outputs in place, as
+it would in its own process: a request's bytes are copied no extra time. The file has
+no name, so nothing is left in ``/dev/shm`` whichever process dies first: the memory
+goes when the last mapping of it does.
+
+The worker's runtime sees :class:`StagingRuntime`: its own runtime, whose
+``host_alloc`` carves pinned buffers out of that file instead of allocating them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from .._errors import ConfigurationError
+from ..runtime._protocol import HostBuffer, Runtime
+
+__all__ = ["SharedStaging", "StagingRuntime", "map_staging"]
+
+_PAGE = mmap.PAGESIZE
+
+
+def _round_up(value: int) -> int:
+    return -(-value // _PAGE) * _PAGE
+
+
+class SharedStaging:
+    """The worker's side: one growing memfd, a page-aligned mapping per buffer, each
+    registered (page-locked) with the runtime. ``layout`` maps a buffer's address to
+    its (offset, size) in the file, for the application."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        register = getattr(runtime, "host_register", None)
+        if register is None:
+            raise ConfigurationError(
+                f"isolation='process' needs a runtime that can page-lock shared memory "
+                f"(host_register); the {runtime.name} runtime cannot"
+            )
+        self._register = register
+        self._runtime = runtime
+        self.fd = os.memfd_create("aiodla-staging", os.MFD_CLOEXEC)
+        self.size = 0
+        self.layout: dict[int, tuple[int, int]] = {}
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
+        if mapped:
+            raise ConfigurationError("mapped (zero-copy) staging is not shared across processes")
+        offset = self.size
+        length = _round_up(max(nbytes, 1))
+        os.ftruncate(self.fd, offset + length)
+        self.size = offset + length
+        memory = mmap.mmap(self.fd, length, offset=offset)
+        view: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(memory, np.uint8, nbytes)
+        buffer: HostBuffer = self._register(view)
+        self.layout[buffer.ptr] = (offset, nbytes)
+        self._maps[buffer.ptr] = memory
+        return buffer
+
+    def host_free(self, buffer: HostBuffer) -> None:
+        self._runtime.host_free(buffer)
+        self.layout.pop(buffer.ptr, None)
+        # The mapping goes when the last view of it does (a numpy view pins it).
+        self._maps.pop(buffer.ptr, None)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class StagingRuntime:
+    """The worker's runtime as the device layer sees it: every call is the real
+    runtime's, except host allocations, which come from the shared staging."""
+
+    def __init__(self, runtime: Runtime, staging: SharedStaging) -> None:
+        self._runtime = runtime
+        self._staging = staging
+
+    def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
+        return self._staging.host_alloc(nbytes, mapped)
+
+    def host_free(self, buffer: HostBuffer) -> None:
+        self._staging.host_free(buffer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+
+def map_staging(fd: int, size: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """The application's side: the whole staging file as one array (the descriptor is
+    closed here; the mapping keeps the memory)."""
+    try:
+        memory = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    return np.frombuffer(memory, np.uint8)

@@ -1,0 +1,497 @@
+"""Supervision of the worker process: spawn, control channel, heartbeat, replacement.
+
+The supervisor is the application side of ``isolation="process"``. It spawns the
+worker (a fresh interpreter, never a fork of a process with CUDA state), sends it the
+model, and from then on is, for the flow, what the poller is in-process: slots go out
+in batches (one message per loop iteration), completions come back in batches, read by
+the event loop itself from the channel.
+
+When the worker is lost (its CUDA context broke and it said so, it died, or it stopped
+answering heartbeats) the requests in flight on it fail with :class:`WorkerLostError`
+(the cause and the exit status), queued requests stay queued, and a new worker is
+started, at once the first time and then with back-off; more than ``max_restarts``
+losses within ``restart_window`` seconds make the engine dead, as in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .._errors import WorkerLostError
+from .._options import EngineOptions
+from .._scheduler import RequestState
+from ._channel import Channel
+from ._worker import CONTEXT_LOST_EXIT
+
+if TYPE_CHECKING:
+    from .._cores import Slot
+    from .._flow import Flow
+    from ._remote import RemoteCores
+
+__all__ = ["Supervisor", "WorkerState", "inject_fault"]
+
+logger = logging.getLogger("aiodla")
+
+# Opening a model in a fresh interpreter (imports, the runtime, the module, the slots)
+# takes about a second here; a worker silent for this long while opening is hung.
+OPEN_TIMEOUT = 60.0
+# A lost worker that has not exited this long after its channel closed is killed.
+EXIT_GRACE = 2.0
+# Back-off before a replacement: none after a worker that served (completed a task),
+# then doubling with each worker in a row lost before it completed one (a crash loop).
+FIRST_BACKOFF = 0.1
+MAX_BACKOFF = 2.0
+_WORKER_MAIN = "from aiodla._isolation._worker import main; main()"
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    RESTARTING = "restarting"
+    FAILED = "failed"  # past max_restarts: the engine is dead
+    STOPPED = "stopped"
+
+
+class Supervisor:
+    """One engine's worker process, replaced as often as the policy allows.
+
+    State (loop thread only): ``state``; ``_channel`` and ``_process``, the current
+    worker's; ``_pending``, slot numbers to send with the next batch; ``_unproven``,
+    workers lost in a row before they completed a task (the back-off); ``_losses``, when
+    recent workers were lost (the restart policy's window); ``restart_times``, how long
+    each replacement took, from the loss to the new worker ready.
+    """
+
+    def __init__(
+        self,
+        options: EngineOptions,
+        open_message: tuple[Any, ...],
+        cores: RemoteCores,
+        flow: Flow,
+        die: Callable[[BaseException], None],
+    ) -> None:
+        self._options = options
+        self._die = die
+        self._open_message = open_message
+        self._cores = cores
+        self._flow = flow
+        self.state = WorkerState.STARTING
+        self.pid: int | None = None
+        self.last_loss: WorkerLostError | None = None
+        self.restart_times: list[float] = []
+        self.exit_status: int | None = None  # the last worker's, once it ended
+        self._losses: collections.deque[float] = collections.deque()
+        self._unproven = 0  # workers lost in a row before completing any task
+        self._proven = False  # the current worker has completed a task
+        self._process: subprocess.Popen[bytes] | None = None
+        self._channel: Channel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._pending: list[int] = []
+        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._heartbeat: asyncio.TimerHandle | None = None
+        self._asked_at: float | None = None  # when the unanswered ping was sent
+        self._said: str | None = None  # the worker's own last words on why it goes
+        self._recovery: asyncio.Task[None] | None = None
+        self._failed_in_flight = False  # this loss's in-flight requests are failed
+        self._injections: dict[int, asyncio.Future[None]] = {}
+        self._tokens = itertools.count()
+
+    # -- starting a worker -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the first worker; its open's failure is the engine's (raised here)."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        await self._launch()
+        self.state = WorkerState.SERVING
+
+    async def _launch(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        process, sock = _spawn()
+        self._process, self.pid, self._said = process, process.pid, None
+        self._proven = False
+        self._ready = loop.create_future()
+        self._channel = Channel(sock, loop, self._on_messages, self._on_hang_up)
+        self._channel.send(self._open_message)
+        try:
+            with anyio.fail_after(OPEN_TIMEOUT):
+                ready = await self._ready
+        except BaseException as exc:
+            self._channel.close()
+            status = await self._reap(process, kill=not isinstance(exc, _HungUp))
+            if isinstance(exc, _HungUp):
+                raise WorkerLostError(
+                    f"the worker process (pid {process.pid}) ended while opening the model "
+                    f"(exit status {status}): {self._said or exc}",
+                    cause=self._said or str(exc),
+                    exit_status=status,
+                ) from None
+            raise
+        channel = self._channel
+        self._cores.bind_worker(ready, channel.fds.pop(0))
+        self._asked_at = None
+        self._schedule_heartbeat()
+
+    async def _reap(self, process: subprocess.Popen[bytes], kill: bool) -> int | None:
+        """The worker's exit status, killing it first if asked or if it lingers."""
+        if kill:
+            _kill(process)
+        try:
+            return await anyio.to_thread.run_sync(_wait, process, EXIT_GRACE)
+        except subprocess.TimeoutExpired:
+            _kill(process)
+            return await anyio.to_thread.run_sync(_wait, process)
+
+    # -- the channel ---------------------------------------------------------------------------
+
+    def _on_messages(self, messages: list[Any]) -> None:
+        self._asked_at = None  # any message answers the heartbeat
+        slots = self._cores.slots
+        done: list[tuple[Slot, int]] = []
+        for message in messages:
+            kind = message[0]
+            if kind == "done":
+                for number, status, failure, stages in message[1]:
+                    slot = slots[number]
+                    if failure is not None:
+                        self._cores.record_failure(slot, failure)
+                    if stages is not None:
+                        self._cores.record_stages(slot, stages)
+                    done.append((slot, status))
+            elif kind == "ready" or kind == "open_failed":
+                ready = self._ready
+                if ready is not None and not ready.done():
+                    if kind == "ready":
+                        ready.set_result(message[1])
+                    else:
+                        ready.set_exception(message[1])
+            elif kind == "lost":
+                self._said = message[1]  # the hang-up follows
+            elif kind == "injected":
+                waiter = self._injections.pop(message[1], None)
+                if waiter is not None and not waiter.done():
+                    if message[2] is None:
+                        waiter.set_result(None)
+                    else:
+                        waiter.set_exception(message[2])
+        if done:
+            self._proven = True
+            self._flow.on_completions(done)
+
+    def _on_hang_up(self, why: str) -> None:
+        ready = self._ready
+        if ready is not None and not ready.done():
+            ready.set_exception(_HungUp(why))
+            return
+        self._lose(self._said)
+
+    def submit(self, slot: Slot) -> None:
+        """Send ``slot`` to the worker with this loop iteration's batch."""
+        if self.state is not WorkerState.SERVING:
+            # The worker is lost: the slot is failed with the others in flight (now,
+            # if that already happened).
+            if self._failed_in_flight and self.last_loss is not None:
+                assert self._loop is not None
+                self._loop.call_soon(self._fail_in_flight, self.last_loss)
+            return
+        pending = self._pending
+        pending.append(self._cores.number(slot))
+        if len(pending) == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._send_pending)
+
+    def _send_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and self._channel is not None and self.state is WorkerState.SERVING:
+            self._channel.send(("submit", pending))
+
+    # -- what the flow calls on its poller ------------------------------------------------------
+
+    def watch(self, slot: Slot) -> None:
+        """The slot was submitted (the worker's poller watches it)."""
+
+    def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]:
+        """Nothing to sweep here: completions arrive on the channel."""
+        return []
+
+    def consumed(self) -> None:
+        """The worker's poller goes on as soon as its batch is sent."""
+
+    def stop(self) -> None:
+        """Tell the worker to close (the engine drained it already); from another
+        thread (an engine collected unclosed), kill it instead."""
+        loop = self._loop
+        if threading.get_ident() != self._loop_thread or loop is None or not loop.is_running():
+            # An engine collected unclosed: no loop to talk through, so kill the worker
+            # and close the socket without the loop.
+            if self._channel is not None:
+                self._channel.abandon()
+            if self._process is not None:
+                _kill(self._process)
+                _wait(self._process)  # killed: at once; no zombie is left
+            return
+        previous, self.state = self.state, WorkerState.STOPPED
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._recovery is not None:
+            self._recovery.cancel()
+        channel = self._channel
+        if channel is not None and not channel.closed:
+            if previous is WorkerState.SERVING:
+                self._send_pending()
+                channel.send(("close",))
+                channel.flush_blocking(1.0)
+            channel.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the worker to exit (in a thread): it releases every handle first."""
+        process = self._process
+        if process is None:
+            return
+        limit = self._options.close_timeout + EXIT_GRACE if timeout is None else timeout
+        try:
+            self.exit_status = _wait(process, limit)
+        except subprocess.TimeoutExpired:
+            logger.warning("aiodla: the worker (pid %d) did not exit; killing it", process.pid)
+            _kill(process)
+            self.exit_status = _wait(process)
+        if self.exit_status:
+            logger.warning(
+                "aiodla: the worker (pid %d) exited with status %d", process.pid, self.exit_status
+            )
+
+    def shut_down(self) -> None:
+        """The engine's last step (in a thread): no worker is left behind."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            _kill(process)
+        if process is not None:
+            self.exit_status = _wait(process)
+
+    # -- losing a worker, and replacing it ------------------------------------------------
+
+    def _schedule_heartbeat(self) -> None:
+        assert self._loop is not None
+        interval = self._options.heartbeat_timeout / 4
+        self._heartbeat = self._loop.call_later(interval, self._beat)
+
+    def _beat(self) -> None:
+        """Ping the worker; a ping unanswered for ``heartbeat_timeout`` means it hangs.
+        Timed from the ping, not from the last message: a loop of ours that was held
+        up finds the answer waiting, and reads it before judging."""
+        channel = self._channel
+        if self.state is not WorkerState.SERVING or channel is None:
+            return
+        timeout = self._options.heartbeat_timeout
+        asked = self._asked_at
+        if asked is not None and time.monotonic() - asked > timeout:
+            channel.read_now()
+            if channel.closed:
+                return  # it hung up meanwhile: that loss is being handled
+            if self._asked_at is not None:
+                silent = time.monotonic() - asked
+                self._lose(
+                    f"it stopped answering (a heartbeat unanswered for {silent:.2f} s, "
+                    f"heartbeat_timeout={timeout:g} s)",
+                    kill=True,
+                )
+                return
+        if self._asked_at is None:
+            self._asked_at = time.monotonic()
+            channel.send(("ping", self._asked_at))
+        self._schedule_heartbeat()
+
+    def _lose(self, cause: str | None, kill: bool = False) -> None:
+        """The worker is lost: stop using it at once; fail, restart in a task.
+        ``cause`` None: it just ended (its exit status will say how)."""
+        if self.state is not WorkerState.SERVING:
+            return
+        self.state = WorkerState.RESTARTING
+        lost_at = time.monotonic()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._channel is not None:
+            self._channel.close()
+        self._pending.clear()
+        waiters, self._injections = self._injections, {}
+        for waiter in waiters.values():  # a control the lost worker never confirmed
+            if not waiter.done():
+                waiter.set_exception(WorkerLostError(f"the worker was lost: {cause or 'it ended'}"))
+        self._failed_in_flight = False
+        self._unproven = 0 if self._proven else self._unproven + 1
+        # No request is started until a new worker serves; they wait in the queue.
+        for core in self._cores.cores:
+            core.in_rotation = False
+        self._flow.cancel_probes()
+        assert self._loop is not None
+        assert self._process is not None
+        self._recovery = self._loop.create_task(self._recover(cause, kill, lost_at))
+
+    async def _recover(self, cause: str | None, kill: bool, lost_at: float) -> None:
+        assert self._process is not None
+        pid = self._process.pid
+        status = await self._reap(self._process, kill)
+        self.exit_status = status
+        if cause is None:
+            cause = _ended(status)
+        error = WorkerLostError(
+            f"the worker process (pid {pid}) was lost: {cause} (exit status {status})",
+            cause=cause,
+            exit_status=status,
+        )
+        self.last_loss = error
+        logger.error("aiodla: %s; queued requests wait for a new worker", error)
+        self._fail_in_flight(error)
+        options = self._options
+        while True:
+            now = time.monotonic()
+            losses = self._losses
+            while losses and now - losses[0] > options.restart_window:
+                losses.popleft()
+            losses.append(now)
+            if len(losses) > options.max_restarts:
+                self.state = WorkerState.FAILED
+                logger.error(
+                    "aiodla: %d worker(s) lost within %g s (max_restarts=%d): the engine is dead",
+                    len(losses),
+                    options.restart_window,
+                    options.max_restarts,
+                )
+                self._die(error)
+                return
+            if self._unproven:
+                await asyncio.sleep(min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (self._unproven - 1)))
+            try:
+                await self._launch()
+            except Exception as exc:
+                logger.error("aiodla: a new worker failed to start: %s", exc)
+                self._unproven += 1
+                continue
+            break
+        for core in self._cores.cores:
+            core.in_rotation, core.consecutive_failures = True, 0
+            core.expected_free = core.last_completion = 0.0
+        self.state = WorkerState.SERVING
+        self.restart_times.append(time.monotonic() - lost_at)
+        logger.warning("aiodla: a new worker (pid %s) serves", self.pid)
+        self._flow.transition()
+
+    def _fail_in_flight(self, error: WorkerLostError) -> None:
+        """Fail the requests the lost worker held and give their slots back."""
+        self._failed_in_flight = True
+        flow = self._flow
+        slots = self._cores.slots
+        # A request packing or unpacking in a worker thread keeps its slot until that
+        # thread is done with the staging; its coroutine then gives the slot back.
+        held = {id(slot) for slot in slots if _in_a_thread(slot)}
+        flow.fail_running(error)
+        for slot in slots:
+            slot.probing = False
+            if slot not in slot.core.idle and id(slot) not in held:
+                flow.release(slot)
+
+    async def inject(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Call the test control ``name`` on the worker's runtime, and wait until it
+        has been applied (see :func:`inject_fault`)."""
+        if self.state is not WorkerState.SERVING or self._channel is None:
+            raise WorkerLostError(f"no worker serves now ({self.state.value})")
+        assert self._loop is not None
+        token = next(self._tokens)
+        waiter = self._injections[token] = self._loop.create_future()
+        self._channel.send(("inject", token, name, args, kwargs))
+        await waiter
+
+
+def _in_a_thread(slot: Slot) -> bool:
+    request = slot.request
+    return request is not None and request.state in (RequestState.PACKING, RequestState.UNPACKING)
+
+
+def _ended(status: int | None) -> str:
+    """How a worker that said nothing ended, in words."""
+    if status is not None and status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"it was killed by {name}"
+    if status == CONTEXT_LOST_EXIT:
+        return "its CUDA context was lost"
+    return "it exited unexpectedly"
+
+
+class _HungUp(Exception):
+    """The worker's channel closed before it said it was ready."""
+
+
+def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A fresh interpreter running the worker, with one end of a socketpair.
+
+    Started from the loop's thread: the kernel's parent-death signal follows the
+    thread that started the process, and the loop's thread lives as long as the engine.
+    """
+    mine, theirs = socket.socketpair()
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    # The worker imports this very aiodla, wherever it was imported from.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_root, env.get("PYTHONPATH"))))
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_MAIN, str(theirs.fileno()), str(os.getpid())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    _LIVE_WORKERS.add(process)
+    return process, mine
+
+
+# Workers not reaped yet. Held here so that a worker's Popen is never collected with
+# an engine dropped unclosed (it would warn that its process still runs before the
+# engine's own finalizer could kill it).
+_LIVE_WORKERS: set[subprocess.Popen[bytes]] = set()
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float | None = None) -> int:
+    status = process.wait(timeout)
+    _LIVE_WORKERS.discard(process)
+    return status
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+
+
+async def inject_fault(engine: Any, name: str, *args: Any, **kwargs: Any) -> None:
+    """Test control: call ``name`` (``fail_next_task``, ``hang_core``, ``poison``,
+    ``fail_call``) with these arguments on the emulated runtime inside the worker of an
+    ``isolation="process"`` engine, and return once it is armed there."""
+    supervisor = getattr(engine._cores, "supervisor", None)  # the engine's device layer
+    if supervisor is None:
+        raise TypeError("inject_fault needs an open engine with isolation='process'")
+    await supervisor.inject(name, *args, **kwargs)

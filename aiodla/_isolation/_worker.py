@@ -1,0 +1,303 @@
+"""The worker process of ``isolation="process"``: the runtime, the CUDA context, every
+cuDLA handle and the poller live here, never in the application's process.
+
+It is started as a fresh interpreter (never forked from a process holding CUDA state)
+with one end of the control channel. It opens the model with the ordinary device
+layer (:class:`~aiodla._cores.Cores`, its staging in shared memory), says it is ready,
+then runs an event loop that submits what the application sends and sends back what
+the ordinary poller finds done, one message per batch.
+
+It ends when told to close, when the application's end of the channel closes, when its
+parent dies (``PR_SET_PDEATHSIG``: the kernel kills it), and when its CUDA context is
+lost: then it says why and exits with :data:`CONTEXT_LOST_EXIT` at once, since nothing
+can be released in a poisoned context (the process's end reclaims it all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+from typing import Any, cast
+
+from .._cores import Cores, device_error, is_sticky
+from .._errors import AiodlaError
+from .._options import EngineOptions
+from .._poller import Poller
+from ..emulator._standin import load_standin, loaded_standins
+from ..runtime._protocol import Runtime
+from ..runtime._select import select_runtime
+from ._channel import Channel, receive_blocking, send_blocking
+from ._staging import SharedStaging, StagingRuntime
+
+__all__ = [
+    "CONTEXT_LOST_EXIT",
+    "FAULT_INJECTIONS",
+    "LEAKED_EXIT",
+    "OPEN_FAILED_EXIT",
+    "main",
+]
+
+logger = logging.getLogger("aiodla")
+
+CONTEXT_LOST_EXIT = 3  # the CUDA context broke: this process must be replaced
+OPEN_FAILED_EXIT = 4  # the model could not be opened (the application was told why)
+LEAKED_EXIT = 5  # closed, but the runtime still counts live handles (a bug in aiodla)
+# Test controls a worker's emulated runtime accepts over the channel (see
+# aiodla._isolation.inject_fault): fault injection happens where the runtime is.
+FAULT_INJECTIONS = frozenset({"fail_next_task", "hang_core", "poison", "fail_call"})
+_PR_SET_PDEATHSIG = 1
+
+
+def main() -> None:
+    """Entry point: ``python -c '...main()' CHANNEL_FD PARENT_PID``."""
+    fd, parent = int(sys.argv[1]), int(sys.argv[2])
+    _die_with(parent)
+    sock = socket.socket(fileno=fd)
+    try:
+        opened = _open(sock)
+    except EOFError:
+        return
+    if opened is None:
+        os._exit(OPEN_FAILED_EXIT)
+    cores, runtime, staging = opened
+    asyncio.run(WorkerServer(sock, cores, runtime).serve())
+    cores.release()
+    # Handle accounting: the emulated runtime counts what is still alive; the exit
+    # status tells the application (its supervisor logs it, tests assert on it).
+    live_handles = getattr(runtime, "live_handles", None)
+    leaked = {} if live_handles is None else {k: v for k, v in live_handles().items() if v}
+    runtime.close()
+    staging.close()
+    if leaked:
+        print(f"aiodla worker: handles left alive at close: {leaked}", file=sys.stderr)
+        sys.exit(LEAKED_EXIT)
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux); if the parent
+    is gone already, go now. The channel's end-of-file is the portable second check."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
+    """Open the model the application sends; tell it the layout, or why not."""
+    model, runtime_choice, fields, standins = receive_blocking(sock)
+    runtime: Runtime | None = None
+    staging: SharedStaging | None = None
+    cores: Cores | None = None
+    try:
+        for path in standins:  # before anything binds cuda.bindings.cudla to a library
+            load_standin(path)
+        runtime, _ = select_runtime(runtime_choice, model)
+        staging = SharedStaging(runtime)
+        cores = Cores(EngineOptions(**fields))
+        cores.open(model, StagingRuntime(runtime, staging))
+    except Exception as exc:
+        if cores is not None:
+            cores.release()
+        if runtime is not None:
+            runtime.close()
+        send_blocking(sock, ("open_failed", transportable(exc)))
+        return None
+    layout = [
+        [staging.layout[binding.host.ptr][0] for binding in (*slot.inputs, *slot.outputs)]
+        for slot in cores.slots
+    ]
+    ready = {
+        "pid": os.getpid(),
+        "runtime": runtime.name,
+        "inputs": cores.inputs,
+        "outputs": cores.outputs,
+        "stated_service_time": cores.stated_service_time,
+        "staging_size": staging.size,
+        "layout": layout,
+    }
+    send_blocking(sock, ("ready", ready), [staging.fd])
+    return cores, runtime, staging
+
+
+def transportable(error: BaseException) -> BaseException:
+    """``error`` if it survives pickling unchanged in kind, else an AiodlaError that
+    names it (an exception whose constructor takes keywords does not)."""
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+    except Exception:
+        copy = None
+    if type(copy) is type(error):
+        return error
+    return AiodlaError(f"{type(error).__name__}: {error}")
+
+
+class _Inline:
+    """What the worker's poller takes for its loop: a batch is handled on the poller's
+    thread at once; a failure is posted to the real loop (it ends the process)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, inline: Any) -> None:
+        self._loop = loop
+        self._inline = inline
+
+    def call_soon_threadsafe(self, callback: Any, argument: Any) -> None:
+        if callback == self._inline:  # (a bound method equal to, not the same as, it)
+            callback(argument)
+        else:
+            self._loop.call_soon_threadsafe(callback, argument)
+
+
+class WorkerServer:
+    """The worker's event loop: submissions in, completion batches out."""
+
+    def __init__(self, sock: socket.socket, cores: Cores, runtime: Runtime) -> None:
+        self._sock = sock
+        self._cores = cores
+        self._runtime = runtime
+        self._slots = cores.slots
+        self._index = {id(slot): number for number, slot in enumerate(cores.slots)}
+        self._failed: dict[int, BaseException] = {}  # slots whose submission failed
+        self._stopped: asyncio.Future[None] | None = None
+        self._channel: Channel | None = None
+        self._poller: Poller | None = None
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopped = loop.create_future()
+        self._channel = Channel(self._sock, loop, self._on_messages, self._on_hang_up)
+        cores = self._cores
+        # The poller hands its batches straight to _deliver on its own thread, which
+        # sends them: a hop through this loop would add a wake-up to every completion.
+        # Its failure still goes through the loop.
+        inline = cast(asyncio.AbstractEventLoop, _Inline(loop, self._deliver))
+        self._poller = Poller(
+            cores.probe, inline, self._deliver, self._context_lost, pause=cores.poll_pause
+        )
+        self._poller.start()
+        try:
+            await self._stopped
+        finally:
+            self._poller.stop()
+            self._poller.join()
+            self._channel.close()
+
+    def _stop(self) -> None:
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
+
+    def _on_hang_up(self, why: str) -> None:
+        self._stop()  # the application closed its end, or is gone
+
+    def _on_messages(self, messages: list[Any]) -> None:
+        for message in messages:
+            kind = message[0]
+            if kind == "submit":
+                self._submit(message[1])
+            elif kind == "ping":
+                self._send(("pong", message[1]))
+            elif kind == "inject":
+                self._inject(*message[1:])
+            elif kind == "close":
+                self._stop()
+
+    def _send(self, message: Any) -> None:
+        assert self._channel is not None
+        self._channel.send_now(message)  # (from the loop or the poller's thread)
+
+    def _submit(self, numbers: list[int]) -> None:
+        cores, poller = self._cores, self._poller
+        assert poller is not None
+        now = time.monotonic()
+        for number in numbers:
+            slot = self._slots[number]
+            try:
+                cores.submit(slot, now)
+            except Exception as exc:
+                if is_sticky(exc) or self._context_poisoned():
+                    # cuDLA reports a poisoned context as a status of its own: either
+                    # way, nothing more can run in this process.
+                    self._context_lost(exc)
+                    return
+                doing = f"core {slot.core.core}: submitting the request"
+                error = device_error(doing, exc) or AiodlaError(f"{doing} failed: {exc!r}")
+                self._failed[number] = transportable(error)
+                # What reached the stream must run before the slot is reused: its
+                # completion (with the error) is sent when the stream gets there.
+                if not cores.retire(slot, now):
+                    self._send(("done", [(number, 0, self._failed.pop(number), None)]))
+                    continue
+            poller.watch(slot)
+
+    def _stage_times(self, slot: Any) -> tuple[float, float, float] | None:
+        """Copy-in, DLA and copy-out seconds of the slot's last task (stage_times=True),
+        for the application's statistics; None when the events cannot be read."""
+        before_copy, before_task, after_task = slot.timing
+        elapsed = self._runtime.elapsed_time
+        try:
+            return (
+                elapsed(before_copy, before_task),
+                elapsed(before_task, after_task),
+                elapsed(after_task, slot.event),
+            )
+        except Exception:  # a timing read is never worth failing a request
+            return None
+
+    def _context_poisoned(self) -> bool:
+        try:
+            self._runtime.make_current()
+        except Exception as exc:
+            return is_sticky(exc)
+        return False
+
+    def _deliver(self, finished: list[tuple[Any, int]]) -> None:
+        """A poller batch: one message, whatever its size (on the poller's thread; what
+        it touches of a core, the accounting, only completions touch)."""
+        cores, poller = self._cores, self._poller
+        assert poller is not None
+        now = time.monotonic()
+        take = cores.take_compute_failure
+        batch = []
+        for slot, status in finished:
+            number = self._index[id(slot)]
+            failure = self._failed.pop(number, None)
+            if failure is None:
+                cores.account(slot, status, now)  # the service-time estimate the poller uses
+                computed = None if take is None else take(slot)
+                failure = None if computed is None else transportable(computed)
+            stages = None if slot.timing is None else self._stage_times(slot)
+            batch.append((number, status, failure, stages))
+        self._send(("done", batch))
+        poller.consumed()
+
+    def _inject(self, token: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        error: BaseException | None = None
+        # The emulated runtime's controls, or the GPU stand-in's under the CUDA runtime.
+        targets = [self._runtime, *loaded_standins().values()]
+        control = next((getattr(t, name) for t in targets if hasattr(t, name)), None)
+        if name not in FAULT_INJECTIONS or control is None:
+            error = AiodlaError(
+                f"the worker's {self._runtime.name} runtime has no control {name!r}"
+            )
+        else:
+            try:
+                control(*args, **kwargs)
+            except Exception as exc:
+                error = transportable(exc)
+        self._send(("injected", token, error))
+
+    def _context_lost(self, cause: BaseException) -> None:
+        """A sticky error (or the poller failed): say why, and go at once."""
+        if self._channel is not None:
+            self._channel.send_now(("lost", f"the CUDA context was lost: {cause}"))
+        logging.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(CONTEXT_LOST_EXIT)
