@@ -257,7 +257,9 @@ class TestBuildErrors:
             assert (directory / name).is_file(), name
 
     def test_cli(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        assert _standin.main([str(tmp_path), "--nvcc", "no-such-nvcc-here"]) == 1
+        from aiodla.emulator import standin_build
+
+        assert standin_build.main([str(tmp_path), "--nvcc", "no-such-nvcc-here"]) == 1
         assert "not found" in capsys.readouterr().err
 
     @needs_nvcc

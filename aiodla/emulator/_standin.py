@@ -35,7 +35,6 @@ import ctypes
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -573,29 +572,3 @@ class StandinControls:
     def fake_free(self, pointer: int) -> None:
         """Host-fake builds: free what :meth:`fake_alloc` returned."""
         self._ok("fake_free", self.library.aiodlaStandinFakeFree(pointer))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m aiodla.emulator.standin_build OUTDIR [--nvcc NVCC] [--arch ARCH]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m aiodla.emulator.standin_build",
-        description="Build aiodla's GPU stand-in libcudla.so.1 (a test double for cuDLA).",
-    )
-    parser.add_argument("output_dir", help="directory to write libcudla.so.1 into")
-    parser.add_argument("--nvcc", default="nvcc", help="the CUDA compiler (default: nvcc)")
-    parser.add_argument("--arch", default=None, help="GPU target, e.g. sm_90 (default: detect)")
-    parser.add_argument(
-        "--host-fake", action="store_true", help="build the CPU-only test variant instead"
-    )
-    args = parser.parse_args(argv)
-    try:
-        path = build_standin(
-            args.output_dir, nvcc=args.nvcc, arch=args.arch, host_fake=args.host_fake
-        )
-    except (FileNotFoundError, RuntimeError, ConfigurationError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
