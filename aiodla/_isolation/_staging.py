@@ -75,6 +75,13 @@ class SharedStaging:
         os.close(self.fd)
 
 
+# What the Runtime protocol asks of an implementation: its methods and its attributes.
+_RUNTIME_MEMBERS = sorted(
+    {name for name in dir(Runtime) if not name.startswith("_")}
+    | set(getattr(Runtime, "__annotations__", {}))
+)
+
+
 class StagingRuntime:
     """The worker's runtime as the device layer sees it: every call is the real
     runtime's, except host allocations, which come from the shared staging."""
@@ -82,6 +89,12 @@ class StagingRuntime:
     def __init__(self, runtime: Runtime, staging: SharedStaging) -> None:
         self._runtime = runtime
         self._staging = staging
+        # Bound here, not only through __getattr__: from Python 3.12, isinstance against
+        # the Runtime protocol looks attributes up statically, so a runtime made only of
+        # __getattr__ is refused as none.
+        for name in _RUNTIME_MEMBERS:
+            if name not in ("host_alloc", "host_free"):
+                setattr(self, name, getattr(runtime, name))
 
     def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
         return self._staging.host_alloc(nbytes, mapped)
