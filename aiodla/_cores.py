@@ -120,6 +120,20 @@ class Slot:
         return f"<Slot core {self.core.core} #{self.index}>"
 
 
+def new_core(number: int, stated: float | None, options: EngineOptions) -> CoreState:
+    """DLA core ``number``'s state, before anything is opened on it: its service time
+    as the loadable states it (else learned), its stage-time windows if asked for."""
+    core = CoreState(
+        number,
+        service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
+        learn_service_time=stated is None,
+    )
+    if options.stage_times:
+        core.dla_times = LatencyWindow(options.latency_window)
+        core.dla_histogram = HistogramRecorder()
+    return core
+
+
 class CompletionProbe(NamedTuple):
     """The three runtime calls the poller thread makes, handed to it by the device layer."""
 
@@ -242,14 +256,7 @@ class Cores:
         stated = self.stated_service_time = runtime.stated_service_time(model)
         reference: tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]] | None = None
         for number in options.cores:
-            core = CoreState(
-                number,
-                service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
-                learn_service_time=stated is None,
-            )
-            if options.stage_times:
-                core.dla_times = LatencyWindow(options.latency_window)
-                core.dla_histogram = HistogramRecorder()
+            core = new_core(number, stated, options)
             self.cores.append(core)
             found = self._open_core(core, model)
             if reference is None:

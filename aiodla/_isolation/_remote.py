@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
-from .._cores import DEFAULT_SERVICE_TIME, Cores, CoreState, Slot, TensorBinding, read_model
+from .._cores import Cores, Slot, TensorBinding, new_core, read_model
 from .._data_path import HostPath
 from .._device_arrays import DeviceSource
 from .._errors import ConfigurationError, InputTypeError
 from .._options import EngineOptions
 from .._preprocess import frames_for
-from .._statistics import EngineHealth, HistogramRecorder, LatencyWindow, WorkerStatistics
+from .._statistics import EngineHealth, WorkerStatistics
 from .._tensors import TensorSpec
 from ..emulator._standin import loaded_standins
 from ..runtime._protocol import HostBuffer, Runtime
@@ -115,14 +115,7 @@ class RemoteCores(Cores):
         # The application never enqueues device work: the path only packs and unpacks.
         self.path = HostPath(_NO_RUNTIME)
         for number in options.cores:
-            core = CoreState(
-                number,
-                service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
-                learn_service_time=stated is None,
-            )
-            if options.stage_times:
-                core.dla_times = LatencyWindow(options.latency_window)
-                core.dla_histogram = HistogramRecorder()
+            core = new_core(number, stated, options)
             self.cores.append(core)
             for index in range(options.streams_per_core):
                 slot = Slot(core, index, 0, 0, None, self._bindings(self.inputs, True), [])
