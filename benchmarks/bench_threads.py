@@ -377,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-out", help="pstats path prefix")
     parser.add_argument(
         "--profiler",
-        choices=("cprofile", "profile"),
+        choices=("cprofile", "process", "profile"),
         default=None,
-        help="default: cprofile up to Python 3.11, profile from 3.12",
+        help="default: cprofile up to Python 3.11, process from 3.12",
     )
     parser.add_argument(
         "--profile-clock", choices=("wall", "cpu"), default="wall", help="the profiler's timer"

@@ -13,7 +13,11 @@ Two profilers, the same output:
   thread; the loop's is on for the measurement window only. From 3.12 cProfile runs on
   ``sys.monitoring``: one profiler a process, fed by every thread's events, so two
   threads cannot each have their own (CPython issue 124656).
-- ``profile`` (any version, the default from 3.12): the pure-Python ``profile.Profile``
+- ``process`` (the default from 3.12): one ``cProfile.Profile`` over the window, fed
+  by every thread (what ``sys.monitoring`` allows); the loop's and the poller's
+  functions are told apart by name (``aiodla/_poller.py`` and the runtime's event query
+  are the poller's), and the CPU of each thread is still measured separately.
+- ``profile`` (any version): the pure-Python ``profile.Profile``
   per thread, through ``sys.setprofile``, which stays per thread. It cannot start in the
   middle of a stack, so the loop's profile covers the whole ``asyncio.run`` of the
   measurement (engine open, warm-up, window, close); the benchmark warms caches with an
@@ -48,7 +52,7 @@ T = TypeVar("T")
 
 
 def default_backend() -> str:
-    return "cprofile" if sys.version_info < (3, 12) else "profile"
+    return "cprofile" if sys.version_info < (3, 12) else "process"
 
 
 class ThreadProfiler:
@@ -63,14 +67,14 @@ class ThreadProfiler:
         if backend == "cprofile" and sys.version_info >= (3, 12):
             raise SystemExit(
                 "cProfile cannot profile two threads at once from Python 3.12 "
-                "(one sys.monitoring profiler a process): use --profiler profile"
+                "(one sys.monitoring profiler a process): use --profiler process"
             )
         self.backend = backend
         self.clock = clock
         self.stats: dict[str, dict[Any, Any]] = {}
         self.cpu: dict[str, float] = {}
         self._original_run: Callable[..., None] | None = None
-        self._profiles: dict[str, list[Any]] = {name: [] for name in THREADS}
+        self._profiles: dict[str, list[Any]] = {name: [] for name in (*THREADS, "process")}
         self._window: cProfile.Profile | None = None
 
     def _new(self) -> Any:
@@ -82,6 +86,8 @@ class ThreadProfiler:
     # -- lifecycle ---------------------------------------------------------------------
 
     def install(self) -> None:
+        if self.backend == "process":
+            return  # one profiler sees every thread: nothing to wrap
         original = _poller.Poller._run
         self._original_run = original
         profiles, new = self._profiles["poller"], self._new
@@ -100,7 +106,7 @@ class ThreadProfiler:
 
     def run(self, call: Callable[[], T]) -> T:
         """Run the measurement on this thread (under the profiler, for ``profile``)."""
-        if self.backend == "cprofile":
+        if self.backend in ("cprofile", "process"):
             return call()
         profiler = self._new()
         self._profiles["loop"].append(profiler)
@@ -117,9 +123,12 @@ class ThreadProfiler:
             raise RuntimeError("no poller thread: is the engine open?")
         self._threads = {"loop": threading.current_thread(), "poller": poller}
         self._cpu_before = {name: _cpu(t) for name, t in self._threads.items()}
-        if self.backend == "cprofile":
-            self._window = self._new()
-            self._profiles["loop"].append(self._window)
+        self._process_before = time.process_time()
+        if self.backend in ("cprofile", "process"):
+            self._window = cProfile.Profile(
+                time.thread_time if self.clock == "cpu" else time.perf_counter
+            )
+            self._profiles["process" if self.backend == "process" else "loop"].append(self._window)
             self._window.enable()
 
     def stop(self) -> None:
@@ -128,10 +137,13 @@ class ThreadProfiler:
         self.cpu = {
             name: _cpu(thread) - self._cpu_before[name] for name, thread in self._threads.items()
         }
+        self.cpu["process"] = time.process_time() - self._process_before
 
     def collect(self) -> None:
         """After the engine closed (the poller's profile is complete then)."""
         for name, profilers in self._profiles.items():
+            if not profilers:
+                continue
             merged: dict[Any, Any] = {}
             for profiler in profilers:
                 profiler.create_stats()
@@ -144,14 +156,14 @@ class ThreadProfiler:
         """Print the top functions per thread; save ``PREFIX-loop.pstats`` and
         ``PREFIX-poller.pstats``; return their paths."""
         paths = []
-        for name in THREADS:
+        for name in self.stats:
             path = Path(f"{prefix}-{name}.pstats")
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as file:
                 marshal.dump(self.stats[name], file)
             paths.append(path)
             cpu = self.cpu.get(name, 0.0)
-            whole = name == "poller" or self.backend != "cprofile"
+            whole = name == "poller" or self.backend == "profile"
             print(
                 f"\n=== {name} thread: {cpu * 1e3:.1f} ms CPU in the window, "
                 f"{cpu * 1e6 / max(requests, 1):.1f} us per request; profile: {self.backend}, "
