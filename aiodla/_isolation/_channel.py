@@ -22,6 +22,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -135,31 +136,72 @@ class Channel:
             self._readable()
 
     def _readable(self) -> None:
-        hung_up = None
+        hung_up = self._receive()
+        messages = self._parse()
+        if messages:
+            self._on_messages(messages)
+        if hung_up is not None:
+            self._hang_up(hung_up)
+
+    def _receive(self) -> str | None:
+        """Read what the socket holds into the buffer; why the peer is gone, if it is."""
         while True:
             try:
                 data, ancillary, _, _ = self._sock.recvmsg(_READ_SIZE, _FD_SPACE)
             except (BlockingIOError, InterruptedError):
-                break
+                return None
             except OSError as exc:
-                hung_up = f"the control channel failed: {exc}"
-                break
+                return f"the control channel failed: {exc}"
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds = array.array("i")
                     fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                     self.fds.extend(fds)
             if not data:
-                hung_up = "the worker closed the control channel"
-                break
+                return "the worker closed the control channel"
             self._incoming += data
             if len(data) < _READ_SIZE:
-                break
-        messages = self._parse()
-        if messages:
-            self._on_messages(messages)
-        if hung_up is not None:
-            self._hang_up(hung_up)
+                return None
+
+    def call_blocking(self, message: Any, is_reply: Callable[[Any], bool], timeout: float) -> Any:
+        """Send ``message`` and block this thread until the message ``is_reply`` picks
+        arrives; the others that arrive meanwhile go to ``on_messages`` on the loop's
+        next iteration, in order (before anything the loop reads later).
+
+        For aiodla.testing's controls, which act before the test's next line: called on
+        the loop's thread, so no reader competes. ``TimeoutError`` after ``timeout``
+        seconds; ``EOFError`` if the peer is gone (the loop's reader then sees it too).
+        """
+        if self.closed:
+            raise EOFError("the control channel is closed")
+        self._outgoing += _frame(message)
+        deadline = time.monotonic() + timeout
+        others: list[Any] = []
+        hung_up: str | None = None
+        try:
+            while True:
+                if self._outgoing and hung_up is None:
+                    with contextlib.suppress(BlockingIOError, InterruptedError):
+                        del self._outgoing[: self._sock.send(self._outgoing)]
+                for arrived in self._parse():
+                    if is_reply(arrived):
+                        return arrived
+                    others.append(arrived)
+                if hung_up is not None:
+                    raise EOFError(hung_up)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no answer from the worker within {timeout:g} s")
+                writing = [self._sock] if self._outgoing else []
+                select.select([self._sock], writing, [], remaining)
+                hung_up = self._receive()
+        except OSError as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            raise EOFError(f"the control channel failed: {exc}") from None
+        finally:
+            if others:
+                self._loop.call_soon(self._on_messages, others)
 
     def _parse(self) -> list[Any]:
         messages = []

@@ -53,6 +53,14 @@ LEAKED_EXIT = 5  # closed, but the runtime still counts live handles (a bug in a
 # Test controls a worker's emulated runtime accepts over the channel (see
 # aiodla._isolation.inject_fault): fault injection happens where the runtime is.
 FAULT_INJECTIONS = frozenset({"fail_next_task", "hang_core", "poison", "fail_call"})
+# What aiodla.testing's controls may call on the worker's emulated runtime ("control"
+# messages): the fault injections, gates, and the counters tests read.
+RUNTIME_CONTROLS = FAULT_INJECTIONS | {"hold", "core_tasks", "core_busy_time", "live_handles"}
+# ... and before the model opens, those armed before the engine opened (and the
+# compute function bound to the model).
+SETUP_CONTROLS = frozenset({"fail_call", "fail_next_task", "hang_core", "bind_compute"})
+# ... and on a gate the worker holds for them.
+GATE_CONTROLS = frozenset({"release", "held", "released"})
 _PR_SET_PDEATHSIG = 1
 
 
@@ -93,7 +101,7 @@ def _die_with(parent: int) -> None:
 
 def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
     """Open the model the application sends; tell it the layout, or why not."""
-    model, runtime_choice, fields, standins = receive_blocking(sock)
+    model, runtime_choice, fields, standins, setup = receive_blocking(sock)
     runtime: Runtime | None = None
     staging: SharedStaging | None = None
     cores: Cores | None = None
@@ -101,6 +109,10 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
         for path in standins:  # before anything binds cuda.bindings.cudla to a library
             load_standin(path)
         runtime, _ = select_runtime(runtime_choice, model)
+        for name, args, kwargs in setup:  # aiodla.testing's, armed before the open
+            if name not in SETUP_CONTROLS or not hasattr(runtime, name):
+                raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")
+            getattr(runtime, name)(*args, **kwargs)
         staging = SharedStaging(runtime)
         cores = Cores(EngineOptions(**fields))
         cores.open(model, StagingRuntime(runtime, staging))
@@ -168,6 +180,8 @@ class WorkerServer:
         self._stopped: asyncio.Future[None] | None = None
         self._channel: Channel | None = None
         self._poller: Poller | None = None
+        # Gates put up by the application's test controls, by the number it gave them.
+        self._gates: dict[int, Any] = {}
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -205,6 +219,8 @@ class WorkerServer:
                 self._send(("pong", message[1]))
             elif kind == "inject":
                 self._inject(*message[1:])
+            elif kind == "control":
+                self._control(*message[1:])
             elif kind == "close":
                 self._stop()
 
@@ -292,6 +308,48 @@ class WorkerServer:
             except Exception as exc:
                 error = transportable(exc)
         self._send(("injected", token, error))
+
+    def _control(
+        self,
+        token: int | None,
+        gate: int | None,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """A test control (``gate`` None: the runtime's; else that gate's). A reply
+        (result, error) goes back when ``token`` is not None; an unanswered control
+        that fails is logged, since nobody waits for it."""
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = self._apply_control(gate, name, args, kwargs)
+        except Exception as exc:
+            error = transportable(exc)
+        if token is not None:
+            self._send(("controlled", token, result, error))
+        elif error is not None:
+            logger.warning("aiodla worker: test control %s failed: %s", name, error)
+
+    def _apply_control(
+        self, gate: int | None, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if gate is not None:
+            if name not in GATE_CONTROLS:
+                raise AiodlaError(f"a gate has no control {name!r}")
+            target = self._gates.get(gate)
+            if target is None:  # a gate of a worker this one replaced: gone with it
+                return {"release": None, "held": 0, "released": True}[name]
+            value = getattr(target, name)
+            return value() if name == "release" else value
+        control = getattr(self._runtime, name, None)
+        if name not in RUNTIME_CONTROLS or control is None:
+            raise AiodlaError(f"the worker's {self._runtime.name} runtime has no control {name!r}")
+        if name == "hold":  # args: the core, then the number the application gave the gate
+            core, number = args
+            self._gates[number] = control(core)
+            return None
+        return control(*args, **kwargs)
 
     def _context_lost(self, cause: BaseException) -> None:
         """A sticky error (or the poller failed): say why, and go at once."""
