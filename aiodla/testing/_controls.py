@@ -328,7 +328,9 @@ class DLAControls:
 
     def poison(self) -> None:
         """Break the device as a sticky CUDA error does: engines on it die, every
-        waiting and in-flight request fails with :class:`aiodla.EngineDeadError`."""
+        waiting and in-flight request fails with :class:`aiodla.EngineDeadError`.
+        An ``isolation="process"`` engine loses its worker instead: the requests in
+        flight fail with :class:`aiodla.WorkerLostError`, a new worker serves the rest."""
         self.runtime.poison()
 
     def release_all(self) -> None:
