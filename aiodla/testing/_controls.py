@@ -361,6 +361,11 @@ class DLAControls:
                 + "): an engine opened on this runtime was not closed; use "
                 "'async with Engine(...)' or 'await engine.aclose()'"
             )
+        if self._runtime.workers.leaked:
+            problems.append(
+                f"{self._runtime.workers.leaked} worker process(es) of isolation='process' "
+                "engines exited with emulated DLA handles still alive"
+            )
         if self.runtime.invalid_releases:
             problems.append(
                 f"{self.runtime.invalid_releases} release(s) of handles that were not alive"

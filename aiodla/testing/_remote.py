@@ -11,6 +11,7 @@ trip: a control has acted before the test's next line, as in-process. A held cor
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -72,24 +73,26 @@ class Workers:
     """The worker processes of the process-mode engines open on one controlled runtime."""
 
     def __init__(self) -> None:
-        self._supervisors: list[Supervisor] = []
+        # Weakly: the controls must not keep an engine dropped unclosed alive (its
+        # collection warns, and kills its worker).
+        self._attached: weakref.WeakSet[Supervisor] = weakref.WeakSet()
         self._numbers = itertools.count()  # gate numbers, unique across workers
         self.leaked = 0  # workers that exited with handles still alive
 
     def __bool__(self) -> bool:
-        return bool(self._supervisors)
+        return bool(self._attached)
 
     def attach(
         self, supervisor: Supervisor, on_submit: Callable[[Supervisor, int], None]
     ) -> Callable[[], None]:
         """Forward the controls to this engine's worker until the returned function
         is called (the engine's close); ``on_submit`` hears of each submission."""
-        self._supervisors.append(supervisor)
+        self._attached.add(supervisor)
         supervisor.submit_hook = lambda core: on_submit(supervisor, core)
 
         def detach() -> None:
             supervisor.submit_hook = None
-            self._supervisors.remove(supervisor)
+            self._attached.discard(supervisor)
             if supervisor.exit_status == LEAKED_EXIT:
                 self.leaked += 1
 
@@ -98,13 +101,13 @@ class Workers:
     def act(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Apply the runtime control ``name`` in every worker; raises its error (and
         :class:`aiodla.WorkerLostError` while a worker is being replaced)."""
-        for supervisor in list(self._supervisors):
+        for supervisor in list(self._attached):
             supervisor.control(None, name, args, kwargs)
 
     def count(self, name: str, *args: Any) -> list[Any]:
         """The counter ``name`` of every worker that serves now."""
         answers = []
-        for supervisor in list(self._supervisors):
+        for supervisor in list(self._attached):
             try:
                 answers.append(supervisor.control(None, name, args))
             except WorkerLostError:
@@ -115,7 +118,7 @@ class Workers:
         """Hold ``core`` in every worker (or in ``only``'s, without waiting: it is
         sent ahead of the submission being made)."""
         gates = []
-        for supervisor in [only] if only is not None else list(self._supervisors):
+        for supervisor in [only] if only is not None else list(self._attached):
             number = next(self._numbers)
             supervisor.control(None, "hold", (core, number), wait=only is None)
             gates.append((supervisor, number))
