@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Channel", "receive_blocking", "send_blocking"]
+__all__ = ["Channel", "frame", "parse_frames", "receive_blocking", "send_blocking"]
 
 _HEADER = struct.Struct("<I")
 _READ_SIZE = 1 << 16
@@ -34,14 +34,15 @@ _READ_SIZE = 1 << 16
 _FD_SPACE = socket.CMSG_SPACE(16 * array.array("i").itemsize)
 
 
-def _frame(message: Any) -> bytes:
+def frame(message: Any) -> bytes:
+    """``message`` as it travels: its length, then its pickle."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(data)) + data
 
 
 def send_blocking(sock: socket.socket, message: Any, fds: Sequence[int] = ()) -> None:
     """Send one message on a blocking socket (the worker's handshake, its last words)."""
-    data = _frame(message)
+    data = frame(message)
     if fds:
         sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         data = data[sent:]
@@ -63,6 +64,21 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
             raise EOFError("the peer closed the channel")
         parts += chunk
     return bytes(parts)
+
+
+def parse_frames(buffer: bytearray) -> list[Any]:
+    """The whole messages at the start of ``buffer``, removed from it."""
+    messages = []
+    start = 0
+    while len(buffer) - start >= _HEADER.size:
+        (length,) = _HEADER.unpack_from(buffer, start)
+        end = start + _HEADER.size + length
+        if end > len(buffer):
+            break
+        messages.append(pickle.loads(memoryview(buffer)[start + _HEADER.size : end]))
+        start = end
+    del buffer[:start]
+    return messages
 
 
 class Channel:
@@ -94,7 +110,7 @@ class Channel:
         """Send from any thread, at once, waiting while the socket is full (the worker
         sends its completion batches so, from its poller's thread: no hop through its
         loop). Every send on a channel that uses this must use it."""
-        data = memoryview(_frame(message))
+        data = memoryview(frame(message))
         with self._send_lock:
             while data and not self.closed:
                 try:
@@ -107,7 +123,7 @@ class Channel:
     def send(self, message: Any) -> None:
         if self.closed:
             return  # the loss is being handled already; nothing is listening
-        self._outgoing += _frame(message)
+        self._outgoing += frame(message)
         if not self._writing:
             self._flush()
 
@@ -174,7 +190,7 @@ class Channel:
         """
         if self.closed:
             raise EOFError("the control channel is closed")
-        self._outgoing += _frame(message)
+        self._outgoing += frame(message)
         deadline = time.monotonic() + timeout
         others: list[Any] = []
         hung_up: str | None = None
@@ -204,18 +220,7 @@ class Channel:
                 self._loop.call_soon(self._on_messages, others)
 
     def _parse(self) -> list[Any]:
-        messages = []
-        buffer = self._incoming
-        start = 0
-        while len(buffer) - start >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(buffer, start)
-            end = start + _HEADER.size + length
-            if end > len(buffer):
-                break
-            messages.append(pickle.loads(memoryview(buffer)[start + _HEADER.size : end]))
-            start = end
-        del buffer[:start]
-        return messages
+        return parse_frames(self._incoming)
 
     def _hang_up(self, why: str) -> None:
         if self.closed:

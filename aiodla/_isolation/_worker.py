@@ -4,8 +4,8 @@ cuDLA handle and the poller live here, never in the application's process.
 It is started as a fresh interpreter (never forked from a process holding CUDA state)
 with one end of the control channel. It opens the model with the ordinary device
 layer (:class:`~aiodla._cores.Cores`, its staging in shared memory), says it is ready,
-then runs an event loop that submits what the application sends and sends back what
-the ordinary poller finds done, one message per batch.
+then submits what the application sends as it arrives (a thread blocked on the
+channel) and sends back what the ordinary poller finds done, one message per batch.
 
 It ends when told to close, when the application's end of the channel closes, when its
 parent dies (``PR_SET_PDEATHSIG``: the kernel kills it), and when its CUDA context is
@@ -24,6 +24,7 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any, cast
 
@@ -34,7 +35,7 @@ from .._poller import Poller
 from ..emulator._standin import load_standin, loaded_standins
 from ..runtime._protocol import Runtime
 from ..runtime._select import select_runtime
-from ._channel import Channel, receive_blocking, send_blocking
+from ._channel import frame, parse_frames, receive_blocking, send_blocking
 from ._staging import SharedStaging, StagingRuntime
 
 __all__ = [
@@ -62,6 +63,7 @@ SETUP_CONTROLS = frozenset({"fail_call", "fail_next_task", "hang_core", "bind_co
 # ... and on a gate the worker holds for them.
 GATE_CONTROLS = frozenset({"release", "held", "released"})
 _PR_SET_PDEATHSIG = 1
+_READ_SIZE = 1 << 16
 
 
 def main() -> None:
@@ -76,7 +78,7 @@ def main() -> None:
     if opened is None:
         os._exit(OPEN_FAILED_EXIT)
     cores, runtime, staging = opened
-    asyncio.run(WorkerServer(sock, cores, runtime).serve())
+    WorkerServer(sock, cores, runtime).serve()
     cores.release()
     # Handle accounting: the emulated runtime counts what is still alive; the exit
     # status tells the application (its supervisor logs it, tests assert on it).
@@ -152,23 +154,23 @@ def transportable(error: BaseException) -> BaseException:
     return AiodlaError(f"{type(error).__name__}: {error}")
 
 
-class _Inline:
-    """What the worker's poller takes for its loop: a batch is handled on the poller's
-    thread at once; a failure is posted to the real loop (it ends the process)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, inline: Any) -> None:
-        self._loop = loop
-        self._inline = inline
+class _Direct:
+    """What the worker's poller takes for its loop: it has none. A batch is handled on
+    the poller's thread at once (sent from there: a hop to another thread would add a
+    wake-up to every completion); a failure too (it ends the process)."""
 
     def call_soon_threadsafe(self, callback: Any, argument: Any) -> None:
-        if callback == self._inline:  # (a bound method equal to, not the same as, it)
-            callback(argument)
-        else:
-            self._loop.call_soon_threadsafe(callback, argument)
+        callback(argument)
 
 
 class WorkerServer:
-    """The worker's event loop: submissions in, completion batches out."""
+    """The worker's service: submissions in, completion batches out.
+
+    No event loop: the main thread blocks on the channel and submits what arrives as
+    soon as it arrives (an event loop's wake-up and dispatch cost tens of microseconds
+    per message on the light-load path); the poller's thread sends the completions.
+    Both send under ``_send_lock``, each message whole.
+    """
 
     def __init__(self, sock: socket.socket, cores: Cores, runtime: Runtime) -> None:
         self._sock = sock
@@ -177,38 +179,41 @@ class WorkerServer:
         self._slots = cores.slots
         self._index = {id(slot): number for number, slot in enumerate(cores.slots)}
         self._failed: dict[int, BaseException] = {}  # slots whose submission failed
-        self._stopped: asyncio.Future[None] | None = None
-        self._channel: Channel | None = None
+        self._stopped = False
+        self._send_lock = threading.Lock()
         self._poller: Poller | None = None
         # Gates put up by the application's test controls, by the number it gave them.
         self._gates: dict[int, Any] = {}
 
-    async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._stopped = loop.create_future()
-        self._channel = Channel(self._sock, loop, self._on_messages, self._on_hang_up)
-        cores = self._cores
-        # The poller hands its batches straight to _deliver on its own thread, which
-        # sends them: a hop through this loop would add a wake-up to every completion.
-        # Its failure still goes through the loop.
-        inline = cast(asyncio.AbstractEventLoop, _Inline(loop, self._deliver))
+    def serve(self) -> None:
+        """Serve until told to close or the application hangs up (main thread)."""
+        cores, sock = self._cores, self._sock
+        sock.setblocking(True)
+        direct = cast(asyncio.AbstractEventLoop, _Direct())
         self._poller = Poller(
-            cores.probe, inline, self._deliver, self._context_lost, pause=cores.poll_pause
+            cores.probe, direct, self._deliver, self._context_lost, pause=cores.poll_pause
         )
         self._poller.start()
+        incoming = bytearray()
         try:
-            await self._stopped
+            while not self._stopped:
+                try:
+                    data = sock.recv(_READ_SIZE)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break  # the channel failed: nobody is left to serve
+                if not data:
+                    break  # the application closed its end, or is gone
+                incoming += data
+                self._on_messages(parse_frames(incoming))
         finally:
             self._poller.stop()
             self._poller.join()
-            self._channel.close()
+            sock.close()
 
     def _stop(self) -> None:
-        if self._stopped is not None and not self._stopped.done():
-            self._stopped.set_result(None)
-
-    def _on_hang_up(self, why: str) -> None:
-        self._stop()  # the application closed its end, or is gone
+        self._stopped = True
 
     def _on_messages(self, messages: list[Any]) -> None:
         for message in messages:
@@ -225,8 +230,10 @@ class WorkerServer:
                 self._stop()
 
     def _send(self, message: Any) -> None:
-        assert self._channel is not None
-        self._channel.send_now(message)  # (from the loop or the poller's thread)
+        """Send from either thread; a gone peer is seen by the receiving thread."""
+        data = frame(message)
+        with self._send_lock, contextlib.suppress(OSError):
+            self._sock.sendall(data)
 
     def _submit(self, numbers: list[int]) -> None:
         cores, poller = self._cores, self._poller
@@ -353,8 +360,7 @@ class WorkerServer:
 
     def _context_lost(self, cause: BaseException) -> None:
         """A sticky error (or the poller failed): say why, and go at once."""
-        if self._channel is not None:
-            self._channel.send_now(("lost", f"the CUDA context was lost: {cause}"))
+        self._send(("lost", f"the CUDA context was lost: {cause}"))
         logging.shutdown()
         with contextlib.suppress(Exception):
             sys.stderr.flush()
