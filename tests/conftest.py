@@ -72,7 +72,7 @@ ISOLATION = os.environ.get("AIODLA_TEST_ISOLATION", "thread")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if ISOLATION != "process":
         return
-    skip = pytest.mark.skip(reason="inspects the in-process runtime or poller")
+    skip = pytest.mark.skip(reason="in-process only (the comment above the test says why)")
     for item in items:
         if item.get_closest_marker("in_process") is not None:
             item.add_marker(skip)

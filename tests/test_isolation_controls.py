@@ -20,6 +20,7 @@ import pytest
 from aiodla import AiodlaError, ConfigurationError, DeviceError, Engine, TaskError, WorkerLostError
 from aiodla._isolation._channel import Channel, send_blocking
 from aiodla.testing import DLAControls, EngineFactory, HandleLeakError
+from aiodla.testing._remote import Workers
 
 from support import X, affine_model, expected_affine, wait_until
 
@@ -89,6 +90,7 @@ class TestControls:
         assert "released" in repr(gate)
         await engine.aclose()
         assert not any(runtime.live_handles().values())
+        assert runtime.core_tasks(0) == 1  # a closed worker's counters outlive it
 
     @pytest.mark.asyncio
     async def test_poison_replaces_the_worker(
@@ -197,6 +199,15 @@ class TestErrorPaths:
                 controls.check_released()
         finally:
             controls.close()
+
+    def test_a_worker_lost_while_its_counters_are_read_counts_nothing(self) -> None:
+        class Lost:
+            def control(self, *args: object) -> None:
+                raise WorkerLostError("the worker was lost: it ended")
+
+        workers = Workers(2)
+        workers._keep_counters(Lost())  # type: ignore[arg-type]
+        assert workers.closed_tasks == [0, 0] and workers.closed_busy_time == [0.0, 0.0]
 
 
 class TestBlockingRoundTrip:

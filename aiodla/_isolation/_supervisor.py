@@ -118,6 +118,8 @@ class Supervisor:
         # aiodla.testing's controls, told of each submission before it is sent (a
         # fault meant for "the next task, wherever it goes" is armed there first).
         self.submit_hook: Callable[[int], None] | None = None
+        # ... and asked, before a serving worker is told to close, to read its counters.
+        self.close_hook: Callable[[], None] | None = None
 
     # -- starting a worker -------------------------------------------------------------------
 
@@ -256,6 +258,8 @@ class Supervisor:
                 _kill(self._process)
                 _wait(self._process)  # killed: at once; no zombie is left
             return
+        if self.state is WorkerState.SERVING and self.close_hook is not None:
+            self.close_hook()  # its last round trips, while the worker still serves
         previous, self.state = self.state, WorkerState.STOPPED
         if self._heartbeat is not None:
             self._heartbeat.cancel()

@@ -53,7 +53,7 @@ class _ControlledRuntime(EmulatedRuntime):
         self._controls = controls
         # Device handles are never reused, so this map needs no pruning.
         self._device_cores: dict[int, int] = {}
-        self.workers = Workers()
+        self.workers = Workers(cores)
         # Call failures armed while no worker was attached, for the next worker to open
         # (as in-process, they belong to the next engine to open); the compute functions
         # bound to loadables.
@@ -127,11 +127,12 @@ class _ControlledRuntime(EmulatedRuntime):
             self._armed.append((armed, (call, error), {"after": after, "core": core}))
 
     def core_tasks(self, core: int) -> int:
-        return super().core_tasks(core) + int(sum(self.workers.count("core_tasks", core)))
+        live = int(sum(self.workers.count("core_tasks", core)))
+        return super().core_tasks(core) + self.workers.closed_tasks[core] + live
 
     def core_busy_time(self, core: int) -> float:
-        busy = sum(self.workers.count("core_busy_time", core))
-        return super().core_busy_time(core) + float(busy)
+        busy = float(sum(self.workers.count("core_busy_time", core)))
+        return super().core_busy_time(core) + self.workers.closed_busy_time[core] + busy
 
     def live_handles(self) -> dict[str, int]:
         live = super().live_handles()

@@ -10,6 +10,7 @@ trip: a control has acted before the test's next line, as in-process. A held cor
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from collections.abc import Callable
@@ -72,12 +73,17 @@ def _ask(supervisor: Supervisor, gate: int, name: str, default: Any) -> Any:
 class Workers:
     """The worker processes of the process-mode engines open on one controlled runtime."""
 
-    def __init__(self) -> None:
+    def __init__(self, cores: int) -> None:
+        self._cores = cores
         # Weakly: the controls must not keep an engine dropped unclosed alive (its
         # collection warns, and kills its worker).
         self._attached: weakref.WeakSet[Supervisor] = weakref.WeakSet()
         self._numbers = itertools.count()  # gate numbers, unique across workers
         self.leaked = 0  # workers that exited with handles still alive
+        # The task counters of closed workers, by core, read as each closed: the
+        # runtime's counters outlive its engines, as in-process.
+        self.closed_tasks = [0] * cores
+        self.closed_busy_time = [0.0] * cores
 
     def __bool__(self) -> bool:
         return bool(self._attached)
@@ -89,14 +95,24 @@ class Workers:
         is called (the engine's close); ``on_submit`` hears of each submission."""
         self._attached.add(supervisor)
         supervisor.submit_hook = lambda core: on_submit(supervisor, core)
+        supervisor.close_hook = lambda: self._keep_counters(supervisor)
 
         def detach() -> None:
-            supervisor.submit_hook = None
+            supervisor.submit_hook = supervisor.close_hook = None
             self._attached.discard(supervisor)
             if supervisor.exit_status == LEAKED_EXIT:
                 self.leaked += 1
 
         return detach
+
+    def _keep_counters(self, supervisor: Supervisor) -> None:
+        """The worker is about to close: keep what its cores did."""
+        for core in range(self._cores):
+            with contextlib.suppress(WorkerLostError, TimeoutError):
+                tasks = supervisor.control(None, "core_tasks", (core,))
+                busy = supervisor.control(None, "core_busy_time", (core,))
+                self.closed_tasks[core] += tasks
+                self.closed_busy_time[core] += busy
 
     def act(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Apply the runtime control ``name`` in every worker; raises its error (and
