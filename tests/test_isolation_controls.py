@@ -219,10 +219,11 @@ class TestBlockingRoundTrip:
         try:
             send_blocking(theirs, ("done", 1))
             send_blocking(theirs, ("reply", 2))
+            send_blocking(theirs, ("done", 3))  # read with the reply: kept as well
             reply = channel.call_blocking(("ask",), lambda m: m[0] == "reply", 1.0)
             assert reply == ("reply", 2) and delivered == []
             await asyncio.sleep(0)
-            assert delivered == [("done", 1)]
+            assert delivered == [("done", 1), ("done", 3)]
         finally:
             channel.close()
             theirs.close()

@@ -193,16 +193,18 @@ class Channel:
         self._outgoing += frame(message)
         deadline = time.monotonic() + timeout
         others: list[Any] = []
+        reply: list[Any] = []
         hung_up: str | None = None
         try:
             while True:
                 if self._outgoing and hung_up is None:
                     with contextlib.suppress(BlockingIOError, InterruptedError):
                         del self._outgoing[: self._sock.send(self._outgoing)]
+                # (every message parsed is kept: those read after the reply as well)
                 for arrived in self._parse():
-                    if is_reply(arrived):
-                        return arrived
-                    others.append(arrived)
+                    (reply if not reply and is_reply(arrived) else others).append(arrived)
+                if reply:
+                    return reply[0]
                 if hung_up is not None:
                     raise EOFError(hung_up)
                 remaining = deadline - time.monotonic()
