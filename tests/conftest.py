@@ -6,8 +6,8 @@ The rest run on plain asyncio in debug mode.
 
 ``AIODLA_TEST_ISOLATION=process`` runs every engine a test opens on the emulated
 runtime with ``isolation="process"`` instead (its runtime in a worker process): the
-engine tests then check that both modes behave alike. A test that drives a runtime
-instance's controls directly cannot reach the worker's runtime; see
+engine tests then check that both modes behave alike. The controls of aiodla.testing's runtime
+(the ``runtime`` and ``leaky_runtime`` fixtures) then act in the engine's worker; see
 tests/test_isolation.py for the process mode's own tests.
 """
 
@@ -72,7 +72,7 @@ ISOLATION = os.environ.get("AIODLA_TEST_ISOLATION", "thread")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if ISOLATION != "process":
         return
-    skip = pytest.mark.skip(reason="inspects the in-process runtime or poller")
+    skip = pytest.mark.skip(reason="in-process only (the comment above the test says why)")
     for item in items:
         if item.get_closest_marker("in_process") is not None:
             item.add_marker(skip)
@@ -89,8 +89,11 @@ def isolation_mode(monkeypatch: pytest.MonkeyPatch) -> str:
             runtime = kwargs.get("runtime", "auto")
             if isinstance(runtime, EmulatedRuntime) or runtime in ("auto", "emulated"):
                 kwargs.setdefault("isolation", "process")
+                # An instance cannot cross processes; aiodla.testing's controlled one
+                # reaches the worker's runtime instead (its controls are forwarded).
+                controlled = hasattr(runtime, "attach_worker")
                 if kwargs["isolation"] == "process" and not isinstance(runtime, str):
-                    kwargs["runtime"] = "emulated"  # an instance cannot cross processes
+                    kwargs["runtime"] = runtime if controlled else "emulated"
             init(self, model, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(Engine, "__init__", in_a_worker)
@@ -106,10 +109,11 @@ def runtime(aiodla_controls: DLAControls) -> EmulatedRuntime:
 
 @pytest.fixture
 def leaky_runtime() -> Iterator[EmulatedRuntime]:
-    """A runtime for the tests that leave handles alive on purpose (a hung core's)."""
-    rt = EmulatedRuntime(cores=2)
-    yield rt
-    rt.close()
+    """A runtime for the tests that leave handles alive on purpose (a hung core's):
+    aiodla.testing's, with no check for leaks at the end."""
+    controls = DLAControls(2)
+    yield controls.runtime
+    controls.close()
 
 
 @pytest_asyncio.fixture

@@ -115,6 +115,7 @@ class TestResults:
         for y in results:
             np.testing.assert_array_equal(y, expected_affine(x))
 
+    # The application's loop sweeps no events in process mode: the worker's poller does.
     @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_under_load_the_loop_takes_what_finished_during_a_batch(
@@ -247,6 +248,7 @@ class TestLifecycle:
             warnings.simplefilter("error")
             gc.collect()
 
+    # A process-mode engine's runtime is in its worker (engine.runtime says so).
     @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_owned_runtime_is_closed(self) -> None:
@@ -296,6 +298,7 @@ class TestOpening:
         with pytest.raises(RuntimeUnavailableError, match="emulator loadables only"):
             await Engine(b"\x01\x02NVDLA-loadable", runtime="emulated").open()
 
+    # A process-mode engine's runtime is in its worker (engine.runtime says so).
     @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_auto_picks_the_emulator_for_emulator_loadables(self) -> None:
@@ -325,7 +328,6 @@ class TestOpening:
         with pytest.raises(ConfigurationError, match="only integer"):
             await Engine(affine_model(), runtime=runtime, scales={"x": 0.1}).open()
 
-    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_single_core_engine(self, runtime: EmulatedRuntime) -> None:
         async with Engine(affine_model(), cores=[1], streams_per_core=3, runtime=runtime) as engine:
@@ -395,6 +397,7 @@ class TestChecksAndWaits:
         await engine.aclose()
         await asyncio.wait_for(waiter, 1)
 
+    # No CUDA in the application's process: its loop thread makes nothing current.
     @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_device_not_current_on_the_loop_thread(self, runtime: EmulatedRuntime) -> None:

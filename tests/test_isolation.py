@@ -481,9 +481,9 @@ class TestErrorPaths:
     async def test_replacements_that_fail_to_open_count_against_max_restarts(self) -> None:
         async with process_engine(max_restarts=2) as engine:
             supervisor = engine._cores.supervisor  # type: ignore[attr-defined]
-            _, runtime, fields, standins = supervisor._open_message
+            _, runtime, fields, standins, setup = supervisor._open_message
             # From now on a new worker cannot open the model (as if the device were gone).
-            supervisor._open_message = (b"not a loadable", runtime, fields, standins)
+            supervisor._open_message = (b"not a loadable", runtime, fields, standins, setup)
             os.kill(worker_pid(engine), signal.SIGKILL)
             await wait_until(lambda: engine.dead, timeout=10)
             with pytest.raises(EngineDeadError) as caught:

@@ -229,6 +229,8 @@ class TestOverload:
         total = sum(s.completed for s in stats)
         assert total <= 1.1 * 2 / service * duration + streams
 
+    # The example prints engine.runtime.name: a process-mode engine's runtime is in its worker.
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_camera_example_at_twice_capacity(
         self, capsys: pytest.CaptureFixture[str]

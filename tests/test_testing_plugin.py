@@ -227,6 +227,8 @@ class TestControls:
             aiodla_controls.hold(-1)
         assert aiodla_controls.cores == 2
 
+    # Process mode survives a lost context by replacing its worker (tests/test_isolation.py).
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_poison_kills_the_engine(
         self, aiodla_engine: EngineFactory, aiodla_controls: DLAControls

@@ -22,10 +22,11 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Channel", "receive_blocking", "send_blocking"]
+__all__ = ["Channel", "frame", "parse_frames", "receive_blocking", "send_blocking"]
 
 _HEADER = struct.Struct("<I")
 _READ_SIZE = 1 << 16
@@ -33,14 +34,15 @@ _READ_SIZE = 1 << 16
 _FD_SPACE = socket.CMSG_SPACE(16 * array.array("i").itemsize)
 
 
-def _frame(message: Any) -> bytes:
+def frame(message: Any) -> bytes:
+    """``message`` as it travels: its length, then its pickle."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(data)) + data
 
 
 def send_blocking(sock: socket.socket, message: Any, fds: Sequence[int] = ()) -> None:
     """Send one message on a blocking socket (the worker's handshake, its last words)."""
-    data = _frame(message)
+    data = frame(message)
     if fds:
         sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         data = data[sent:]
@@ -62,6 +64,21 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
             raise EOFError("the peer closed the channel")
         parts += chunk
     return bytes(parts)
+
+
+def parse_frames(buffer: bytearray) -> list[Any]:
+    """The whole messages at the start of ``buffer``, removed from it."""
+    messages = []
+    start = 0
+    while len(buffer) - start >= _HEADER.size:
+        (length,) = _HEADER.unpack_from(buffer, start)
+        end = start + _HEADER.size + length
+        if end > len(buffer):
+            break
+        messages.append(pickle.loads(memoryview(buffer)[start + _HEADER.size : end]))
+        start = end
+    del buffer[:start]
+    return messages
 
 
 class Channel:
@@ -93,7 +110,7 @@ class Channel:
         """Send from any thread, at once, waiting while the socket is full (the worker
         sends its completion batches so, from its poller's thread: no hop through its
         loop). Every send on a channel that uses this must use it."""
-        data = memoryview(_frame(message))
+        data = memoryview(frame(message))
         with self._send_lock:
             while data and not self.closed:
                 try:
@@ -106,7 +123,7 @@ class Channel:
     def send(self, message: Any) -> None:
         if self.closed:
             return  # the loss is being handled already; nothing is listening
-        self._outgoing += _frame(message)
+        self._outgoing += frame(message)
         if not self._writing:
             self._flush()
 
@@ -135,45 +152,77 @@ class Channel:
             self._readable()
 
     def _readable(self) -> None:
-        hung_up = None
-        while True:
-            try:
-                data, ancillary, _, _ = self._sock.recvmsg(_READ_SIZE, _FD_SPACE)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                hung_up = f"the control channel failed: {exc}"
-                break
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                    self.fds.extend(fds)
-            if not data:
-                hung_up = "the worker closed the control channel"
-                break
-            self._incoming += data
-            if len(data) < _READ_SIZE:
-                break
+        hung_up = self._receive()
         messages = self._parse()
         if messages:
             self._on_messages(messages)
         if hung_up is not None:
             self._hang_up(hung_up)
 
+    def _receive(self) -> str | None:
+        """Read what the socket holds into the buffer; why the peer is gone, if it is."""
+        while True:
+            try:
+                data, ancillary, _, _ = self._sock.recvmsg(_READ_SIZE, _FD_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError as exc:
+                return f"the control channel failed: {exc}"
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                    self.fds.extend(fds)
+            if not data:
+                return "the worker closed the control channel"
+            self._incoming += data
+            if len(data) < _READ_SIZE:
+                return None
+
+    def call_blocking(self, message: Any, is_reply: Callable[[Any], bool], timeout: float) -> Any:
+        """Send ``message`` and block this thread until the message ``is_reply`` picks
+        arrives; the others that arrive meanwhile go to ``on_messages`` on the loop's
+        next iteration, in order (before anything the loop reads later).
+
+        For aiodla.testing's controls, which act before the test's next line: called on
+        the loop's thread, so no reader competes. ``TimeoutError`` after ``timeout``
+        seconds; ``EOFError`` if the peer is gone (the loop's reader then sees it too).
+        """
+        if self.closed:
+            raise EOFError("the control channel is closed")
+        self._outgoing += frame(message)
+        deadline = time.monotonic() + timeout
+        others: list[Any] = []
+        reply: list[Any] = []
+        hung_up: str | None = None
+        try:
+            while True:
+                if self._outgoing and hung_up is None:
+                    with contextlib.suppress(BlockingIOError, InterruptedError):
+                        del self._outgoing[: self._sock.send(self._outgoing)]
+                # (every message parsed is kept: those read after the reply as well)
+                for arrived in self._parse():
+                    (reply if not reply and is_reply(arrived) else others).append(arrived)
+                if reply:
+                    return reply[0]
+                if hung_up is not None:
+                    raise EOFError(hung_up)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no answer from the worker within {timeout:g} s")
+                writing = [self._sock] if self._outgoing else []
+                select.select([self._sock], writing, [], remaining)
+                hung_up = self._receive()
+        except OSError as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            raise EOFError(f"the control channel failed: {exc}") from None
+        finally:
+            if others:
+                self._loop.call_soon(self._on_messages, others)
+
     def _parse(self) -> list[Any]:
-        messages = []
-        buffer = self._incoming
-        start = 0
-        while len(buffer) - start >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(buffer, start)
-            end = start + _HEADER.size + length
-            if end > len(buffer):
-                break
-            messages.append(pickle.loads(memoryview(buffer)[start + _HEADER.size : end]))
-            start = end
-        del buffer[:start]
-        return messages
+        return parse_frames(self._incoming)
 
     def _hang_up(self, why: str) -> None:
         if self.closed:

@@ -61,6 +61,7 @@ class RemoteCores(Cores):
         self._failures: dict[int, BaseException] = {}  # by slot id, from the worker
         self._numbers: dict[int, int] = {}  # slot id -> its number in the worker
         self.take_compute_failure = self._take_failure
+        self._detach: Callable[[], None] | None = None  # from aiodla.testing's controls
 
     # -- opening: the worker's handshake ---------------------------------------------------
 
@@ -72,7 +73,8 @@ class RemoteCores(Cores):
         die: Callable[[BaseException], None],
     ) -> None:
         """Start the worker, open the model there and build the slots on its staging."""
-        if not isinstance(runtime_choice, str):
+        attach = getattr(runtime_choice, "attach_worker", None)
+        if not isinstance(runtime_choice, str) and attach is None:
             raise ConfigurationError(
                 "isolation='process' builds its runtime in the worker process: pass "
                 "runtime='auto', 'cuda' or 'emulated', not a runtime instance"
@@ -86,11 +88,23 @@ class RemoteCores(Cores):
             preprocess=dict(self._options.preprocess),
         )
         # A GPU stand-in this process loaded is the libcudla the worker must use too.
-        standins = [str(path) for path in loaded_standins()] if runtime_choice != "emulated" else []
-        message = (data, runtime_choice, fields, standins)
+        # aiodla.testing's controlled runtime: the worker runs an emulated runtime of
+        # its own, which the controls reach through the supervisor.
+        choice = "emulated" if attach is not None else runtime_choice
+        standins = [str(path) for path in loaded_standins()] if choice != "emulated" else []
+        # Controls armed there before this open (a call that fails while opening, say)
+        # are the first worker's only: a replacement opens as a fresh device does.
+        setup_for = getattr(runtime_choice, "worker_setup", None)
+        setup: list[Any] = [] if setup_for is None else setup_for(data)
+        message = (data, choice, fields, standins, setup)
         supervisor = Supervisor(self._options, message, self, flow, die)
         self.supervisor = supervisor
-        await supervisor.start()
+        try:
+            await supervisor.start()
+        finally:
+            setup.clear()
+        if attach is not None:
+            self._detach = attach(supervisor, data)
 
     def bind_worker(self, ready: dict[str, Any], fd: int) -> None:
         """The worker said it is ready: the first time, build cores and slots as the
@@ -218,6 +232,9 @@ class RemoteCores(Cores):
         """Stop the worker (it releases its handles itself) and let go of the staging."""
         if self.supervisor is not None:
             self.supervisor.shut_down()
+        if self._detach is not None:
+            self._detach()
+            self._detach = None
         empty = HostBuffer(0, np.zeros(0, np.uint8))
         for slot in self.slots:
             for binding in (*slot.inputs, *slot.outputs):

@@ -56,6 +56,9 @@ EXIT_GRACE = 2.0
 # Back-off before a replacement: none after a worker that served (completed a task),
 # then doubling with each worker in a row lost before it completed one (a crash loop).
 FIRST_BACKOFF = 0.1
+# A test control's round trip: the worker answers between two messages, in well under
+# a millisecond; this long without an answer means it is not going to.
+CONTROL_TIMEOUT = 10.0
 MAX_BACKOFF = 2.0
 _WORKER_MAIN = "from aiodla._isolation._worker import main; main()"
 
@@ -112,6 +115,11 @@ class Supervisor:
         self._failed_in_flight = False  # this loss's in-flight requests are failed
         self._injections: dict[int, asyncio.Future[None]] = {}
         self._tokens = itertools.count()
+        # aiodla.testing's controls, told of each submission before it is sent (a
+        # fault meant for "the next task, wherever it goes" is armed there first).
+        self.submit_hook: Callable[[int], None] | None = None
+        # ... and asked, before a serving worker is told to close, to read its counters.
+        self.close_hook: Callable[[], None] | None = None
 
     # -- starting a worker -------------------------------------------------------------------
 
@@ -212,6 +220,8 @@ class Supervisor:
                 assert self._loop is not None
                 self._loop.call_soon(self._fail_in_flight, self.last_loss)
             return
+        if self.submit_hook is not None:
+            self.submit_hook(slot.core.core)
         pending = self._pending
         pending.append(self._cores.number(slot))
         if len(pending) == 1:
@@ -248,6 +258,8 @@ class Supervisor:
                 _kill(self._process)
                 _wait(self._process)  # killed: at once; no zombie is left
             return
+        if self.state is WorkerState.SERVING and self.close_hook is not None:
+            self.close_hook()  # its last round trips, while the worker still serves
         previous, self.state = self.state, WorkerState.STOPPED
         if self._heartbeat is not None:
             self._heartbeat.cancel()
@@ -407,6 +419,43 @@ class Supervisor:
             slot.probing = False
             if slot not in slot.core.idle and id(slot) not in held:
                 flow.release(slot)
+
+    def control(
+        self,
+        gate: int | None,
+        name: str,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        wait: bool = True,
+    ) -> Any:
+        """A test control of aiodla.testing on the worker's runtime (``gate`` None) or
+        on one of its gates. It is sent after the submissions queued so far, as
+        in-process it acts after them. With ``wait``, block until the worker applied it
+        and return its result (or raise its error): a blocking round trip, so that it
+        has acted before the test's next line."""
+        channel = self._channel
+        if self.state is not WorkerState.SERVING or channel is None:
+            raise WorkerLostError(f"no worker serves now ({self.state.value})")
+        if threading.get_ident() != self._loop_thread:
+            raise RuntimeError("call the controls of a process-mode engine from its loop's thread")
+        self._send_pending()
+        if not wait:
+            channel.send(("control", None, gate, name, args, kwargs or {}))
+            return None
+        token = next(self._tokens)
+        try:
+            reply = channel.call_blocking(
+                ("control", token, gate, name, args, kwargs or {}),
+                lambda message: message[0] == "controlled" and message[1] == token,
+                CONTROL_TIMEOUT,
+            )
+        except EOFError as exc:
+            raise WorkerLostError(f"the worker was lost: {exc}") from None
+        _, _, result, error = reply
+        if error is not None:
+            raise error
+        return result
 
     async def inject(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Call the test control ``name`` on the worker's runtime, and wait until it

@@ -4,8 +4,8 @@ cuDLA handle and the poller live here, never in the application's process.
 It is started as a fresh interpreter (never forked from a process holding CUDA state)
 with one end of the control channel. It opens the model with the ordinary device
 layer (:class:`~aiodla._cores.Cores`, its staging in shared memory), says it is ready,
-then runs an event loop that submits what the application sends and sends back what
-the ordinary poller finds done, one message per batch.
+then submits what the application sends as it arrives (a thread blocked on the
+channel) and sends back what the ordinary poller finds done, one message per batch.
 
 It ends when told to close, when the application's end of the channel closes, when its
 parent dies (``PR_SET_PDEATHSIG``: the kernel kills it), and when its CUDA context is
@@ -24,6 +24,7 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any, cast
 
@@ -34,7 +35,7 @@ from .._poller import Poller
 from ..emulator._standin import load_standin, loaded_standins
 from ..runtime._protocol import Runtime
 from ..runtime._select import select_runtime
-from ._channel import Channel, receive_blocking, send_blocking
+from ._channel import frame, parse_frames, receive_blocking, send_blocking
 from ._staging import SharedStaging, StagingRuntime
 
 __all__ = [
@@ -53,7 +54,16 @@ LEAKED_EXIT = 5  # closed, but the runtime still counts live handles (a bug in a
 # Test controls a worker's emulated runtime accepts over the channel (see
 # aiodla._isolation.inject_fault): fault injection happens where the runtime is.
 FAULT_INJECTIONS = frozenset({"fail_next_task", "hang_core", "poison", "fail_call"})
+# What aiodla.testing's controls may call on the worker's emulated runtime ("control"
+# messages): the fault injections, gates, and the counters tests read.
+RUNTIME_CONTROLS = FAULT_INJECTIONS | {"hold", "core_tasks", "core_busy_time", "live_handles"}
+# ... and before the model opens, those armed before the engine opened (and the
+# compute function bound to the model).
+SETUP_CONTROLS = frozenset({"fail_call", "fail_next_task", "hang_core", "bind_compute"})
+# ... and on a gate the worker holds for them.
+GATE_CONTROLS = frozenset({"release", "held", "released"})
 _PR_SET_PDEATHSIG = 1
+_READ_SIZE = 1 << 16
 
 
 def main() -> None:
@@ -68,7 +78,7 @@ def main() -> None:
     if opened is None:
         os._exit(OPEN_FAILED_EXIT)
     cores, runtime, staging = opened
-    asyncio.run(WorkerServer(sock, cores, runtime).serve())
+    WorkerServer(sock, cores, runtime).serve()
     cores.release()
     # Handle accounting: the emulated runtime counts what is still alive; the exit
     # status tells the application (its supervisor logs it, tests assert on it).
@@ -93,7 +103,7 @@ def _die_with(parent: int) -> None:
 
 def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
     """Open the model the application sends; tell it the layout, or why not."""
-    model, runtime_choice, fields, standins = receive_blocking(sock)
+    model, runtime_choice, fields, standins, setup = receive_blocking(sock)
     runtime: Runtime | None = None
     staging: SharedStaging | None = None
     cores: Cores | None = None
@@ -101,6 +111,10 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
         for path in standins:  # before anything binds cuda.bindings.cudla to a library
             load_standin(path)
         runtime, _ = select_runtime(runtime_choice, model)
+        for name, args, kwargs in setup:  # aiodla.testing's, armed before the open
+            if name not in SETUP_CONTROLS or not hasattr(runtime, name):
+                raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")
+            getattr(runtime, name)(*args, **kwargs)
         staging = SharedStaging(runtime)
         cores = Cores(EngineOptions(**fields))
         cores.open(model, StagingRuntime(runtime, staging))
@@ -140,23 +154,23 @@ def transportable(error: BaseException) -> BaseException:
     return AiodlaError(f"{type(error).__name__}: {error}")
 
 
-class _Inline:
-    """What the worker's poller takes for its loop: a batch is handled on the poller's
-    thread at once; a failure is posted to the real loop (it ends the process)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, inline: Any) -> None:
-        self._loop = loop
-        self._inline = inline
+class _Direct:
+    """What the worker's poller takes for its loop: it has none. A batch is handled on
+    the poller's thread at once (sent from there: a hop to another thread would add a
+    wake-up to every completion); a failure too (it ends the process)."""
 
     def call_soon_threadsafe(self, callback: Any, argument: Any) -> None:
-        if callback == self._inline:  # (a bound method equal to, not the same as, it)
-            callback(argument)
-        else:
-            self._loop.call_soon_threadsafe(callback, argument)
+        callback(argument)
 
 
 class WorkerServer:
-    """The worker's event loop: submissions in, completion batches out."""
+    """The worker's service: submissions in, completion batches out.
+
+    No event loop: the main thread blocks on the channel and submits what arrives as
+    soon as it arrives (an event loop's wake-up and dispatch cost tens of microseconds
+    per message on the light-load path); the poller's thread sends the completions.
+    Both send under ``_send_lock``, each message whole.
+    """
 
     def __init__(self, sock: socket.socket, cores: Cores, runtime: Runtime) -> None:
         self._sock = sock
@@ -165,36 +179,41 @@ class WorkerServer:
         self._slots = cores.slots
         self._index = {id(slot): number for number, slot in enumerate(cores.slots)}
         self._failed: dict[int, BaseException] = {}  # slots whose submission failed
-        self._stopped: asyncio.Future[None] | None = None
-        self._channel: Channel | None = None
+        self._stopped = False
+        self._send_lock = threading.Lock()
         self._poller: Poller | None = None
+        # Gates put up by the application's test controls, by the number it gave them.
+        self._gates: dict[int, Any] = {}
 
-    async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._stopped = loop.create_future()
-        self._channel = Channel(self._sock, loop, self._on_messages, self._on_hang_up)
-        cores = self._cores
-        # The poller hands its batches straight to _deliver on its own thread, which
-        # sends them: a hop through this loop would add a wake-up to every completion.
-        # Its failure still goes through the loop.
-        inline = cast(asyncio.AbstractEventLoop, _Inline(loop, self._deliver))
+    def serve(self) -> None:
+        """Serve until told to close or the application hangs up (main thread)."""
+        cores, sock = self._cores, self._sock
+        sock.setblocking(True)
+        direct = cast(asyncio.AbstractEventLoop, _Direct())
         self._poller = Poller(
-            cores.probe, inline, self._deliver, self._context_lost, pause=cores.poll_pause
+            cores.probe, direct, self._deliver, self._context_lost, pause=cores.poll_pause
         )
         self._poller.start()
+        incoming = bytearray()
         try:
-            await self._stopped
+            while not self._stopped:
+                try:
+                    data = sock.recv(_READ_SIZE)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break  # the channel failed: nobody is left to serve
+                if not data:
+                    break  # the application closed its end, or is gone
+                incoming += data
+                self._on_messages(parse_frames(incoming))
         finally:
             self._poller.stop()
             self._poller.join()
-            self._channel.close()
+            sock.close()
 
     def _stop(self) -> None:
-        if self._stopped is not None and not self._stopped.done():
-            self._stopped.set_result(None)
-
-    def _on_hang_up(self, why: str) -> None:
-        self._stop()  # the application closed its end, or is gone
+        self._stopped = True
 
     def _on_messages(self, messages: list[Any]) -> None:
         for message in messages:
@@ -205,12 +224,16 @@ class WorkerServer:
                 self._send(("pong", message[1]))
             elif kind == "inject":
                 self._inject(*message[1:])
+            elif kind == "control":
+                self._control(*message[1:])
             elif kind == "close":
                 self._stop()
 
     def _send(self, message: Any) -> None:
-        assert self._channel is not None
-        self._channel.send_now(message)  # (from the loop or the poller's thread)
+        """Send from either thread; a gone peer is seen by the receiving thread."""
+        data = frame(message)
+        with self._send_lock, contextlib.suppress(OSError):
+            self._sock.sendall(data)
 
     def _submit(self, numbers: list[int]) -> None:
         cores, poller = self._cores, self._poller
@@ -293,10 +316,51 @@ class WorkerServer:
                 error = transportable(exc)
         self._send(("injected", token, error))
 
+    def _control(
+        self,
+        token: int | None,
+        gate: int | None,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """A test control (``gate`` None: the runtime's; else that gate's). A reply
+        (result, error) goes back when ``token`` is not None; an unanswered control
+        that fails is logged, since nobody waits for it."""
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = self._apply_control(gate, name, args, kwargs)
+        except Exception as exc:
+            error = transportable(exc)
+        if token is not None:
+            self._send(("controlled", token, result, error))
+        elif error is not None:
+            logger.warning("aiodla worker: test control %s failed: %s", name, error)
+
+    def _apply_control(
+        self, gate: int | None, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if gate is not None:
+            if name not in GATE_CONTROLS:
+                raise AiodlaError(f"a gate has no control {name!r}")
+            target = self._gates.get(gate)
+            if target is None:  # a gate of a worker this one replaced: gone with it
+                return {"release": None, "held": 0, "released": True}[name]
+            value = getattr(target, name)
+            return value() if name == "release" else value
+        control = getattr(self._runtime, name, None)
+        if name not in RUNTIME_CONTROLS or control is None:
+            raise AiodlaError(f"the worker's {self._runtime.name} runtime has no control {name!r}")
+        if name == "hold":  # args: the core, then the number the application gave the gate
+            core, number = args
+            self._gates[number] = control(core)
+            return None
+        return control(*args, **kwargs)
+
     def _context_lost(self, cause: BaseException) -> None:
         """A sticky error (or the poller failed): say why, and go at once."""
-        if self._channel is not None:
-            self._channel.send_now(("lost", f"the CUDA context was lost: {cause}"))
+        self._send(("lost", f"the CUDA context was lost: {cause}"))
         logging.shutdown()
         with contextlib.suppress(Exception):
             sys.stderr.flush()

@@ -98,6 +98,11 @@ class CudaCallError(Exception):
             f"{call} failed: {self.name} ({self.code})" + (f": {detail}" if detail else "")
         )
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Rebuilt from its fields (not from the message): it crosses into and out of
+        # the worker process of isolation="process".
+        return type(self), (self.call, self.code, self.name, self.detail)
+
     @property
     def sticky(self) -> bool:
         """True when the error poisoned the CUDA context for the whole process."""

@@ -13,8 +13,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+import pickle
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._engine import Engine
 from .._tensors import TensorSpec
@@ -22,11 +23,17 @@ from ..emulator._compute import ComputeFunction
 from ..runtime._emulated import EmulatedRuntime
 from ..runtime._faults import TaskGate
 from ._model import ModelDescription, emulated_model
+from ._remote import RemoteGate, Workers
+
+if TYPE_CHECKING:
+    from .._isolation._supervisor import Supervisor
 
 __all__ = ["DLA_TASK_FAILURE", "DLAControls", "EngineFactory", "Gate", "HandleLeakError"]
 
 # cudlaErrorDlaErrInvalidInput: what a DLA task reports when it faults on its input.
 DLA_TASK_FAILURE = 0x40000001
+# How often Gate.reached asks a worker process how many tasks its gate holds.
+_POLL_INTERVAL = 0.001
 
 
 class HandleLeakError(AssertionError):
@@ -34,13 +41,105 @@ class HandleLeakError(AssertionError):
 
 
 class _ControlledRuntime(EmulatedRuntime):
-    """The emulated runtime, telling its :class:`DLAControls` about every task."""
+    """The emulated runtime, telling its :class:`DLAControls` about every task.
+
+    An engine opened on it with ``isolation="process"`` runs an emulated runtime of its
+    own in its worker: while one is open, the fault controls and gates act in the
+    workers instead (:class:`Workers`), and the counters add the workers' up.
+    """
 
     def __init__(self, controls: DLAControls, cores: int) -> None:
         super().__init__(cores)
         self._controls = controls
         # Device handles are never reused, so this map needs no pruning.
         self._device_cores: dict[int, int] = {}
+        self.workers = Workers(cores)
+        # Call failures armed while no worker was attached, for the next worker to open
+        # (as in-process, they belong to the next engine to open); the compute functions
+        # bound to loadables.
+        self._armed: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self._computes: dict[bytes, ComputeFunction | str] = {}
+
+    def bind_compute(self, loadable: bytes, compute: ComputeFunction | str | None) -> None:
+        super().bind_compute(loadable, compute)
+        if compute is None:
+            self._computes.pop(bytes(loadable), None)
+        else:
+            self._computes[bytes(loadable)] = compute
+
+    def worker_setup(self, loadable: bytes) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        """What a process-mode engine's worker applies before it opens ``loadable``: the
+        call failures armed here and not used yet (they move there), the compute bound."""
+        setup: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        for failure, args, kwargs in self._armed:
+            if failure in self._call_failures:
+                self._call_failures.remove(failure)
+                setup.append(("fail_call", args, kwargs))
+        self._armed.clear()
+        compute = self._computes.get(bytes(loadable))
+        if compute is not None:
+            try:
+                pickle.loads(pickle.dumps(compute))
+            except Exception as exc:
+                raise TypeError(
+                    f"compute={compute!r} cannot reach the worker process of "
+                    "isolation='process': pass a function defined at a module's top level, "
+                    f"or a 'module:function' reference ({exc})"
+                ) from None
+            setup.append(("bind_compute", (bytes(loadable), compute), {}))
+        return setup
+
+    def attach_worker(self, supervisor: Supervisor, loadable: bytes) -> Callable[[], None]:
+        """A process-mode engine opened on this runtime (its device layer calls this)."""
+        return self.workers.attach(supervisor, self._controls._submitting_remote)
+
+    def fail_next_task(
+        self, core: int, status: int = 0x40000001, *, on_stream: bool = False
+    ) -> None:
+        if self.workers:
+            self.workers.act("fail_next_task", core, status, on_stream=on_stream)
+        else:
+            super().fail_next_task(core, status, on_stream=on_stream)
+
+    def hang_core(self, core: int, hung: bool = True) -> None:
+        if self.workers:
+            self.workers.act("hang_core", core, hung)
+        else:
+            super().hang_core(core, hung)
+
+    def hold(self, core: int) -> Any:
+        return self.workers.hold(core) if self.workers else super().hold(core)
+
+    def poison(self, code: int = 911) -> None:
+        if self.workers:
+            self.workers.act("poison", code)
+        else:
+            super().poison(code)
+
+    def fail_call(
+        self, call: str, error: BaseException | int, *, after: int = 0, core: int | None = None
+    ) -> None:
+        if self.workers:
+            self.workers.act("fail_call", call, error, after=after, core=core)
+        else:
+            super().fail_call(call, error, after=after, core=core)
+            armed = self._call_failures[-1]
+            self._armed.append((armed, (call, error), {"after": after, "core": core}))
+
+    def core_tasks(self, core: int) -> int:
+        live = int(sum(self.workers.count("core_tasks", core)))
+        return super().core_tasks(core) + self.workers.closed_tasks[core] + live
+
+    def core_busy_time(self, core: int) -> float:
+        busy = float(sum(self.workers.count("core_busy_time", core)))
+        return super().core_busy_time(core) + self.workers.closed_busy_time[core] + busy
+
+    def live_handles(self) -> dict[str, int]:
+        live = super().live_handles()
+        for worker in self.workers.count("live_handles"):
+            for kind, count in worker.items():
+                live[kind] = live.get(kind, 0) + count
+        return live
 
     def create_device(self, core: int) -> int:
         handle = super().create_device(core)
@@ -77,7 +176,7 @@ class Gate:
     release on exit, or call :meth:`release`.
     """
 
-    def __init__(self, controls: DLAControls, gates: dict[int, TaskGate]) -> None:
+    def __init__(self, controls: DLAControls, gates: dict[int, TaskGate | RemoteGate]) -> None:
         self._controls = controls
         self._gates = gates
 
@@ -105,6 +204,9 @@ class Gate:
         """
         if self.count >= count:
             return
+        if self._controls._runtime.workers:
+            await self._poll(count, timeout)
+            return
         waiter = _Waiter(self, count, asyncio.get_running_loop().create_future())
         self._controls._waiters.append(waiter)
         try:
@@ -116,6 +218,19 @@ class Gate:
             ) from None
         finally:
             self._controls._waiters.remove(waiter)
+
+    async def _poll(self, count: int, timeout: float) -> None:
+        """:meth:`reached` for gates in worker processes: their tasks arrive there, so
+        ask (a round trip each) until enough have, yielding to the loop in between."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.count < count:
+            if loop.time() > deadline:
+                raise TimeoutError(
+                    f"{self.count} of the {count} task(s) waited for reached the gate on "
+                    f"core(s) {list(self.cores)} within {timeout:g} s"
+                )
+            await asyncio.sleep(_POLL_INTERVAL)
 
     def release(self) -> None:
         """Let the held tasks start now, in the order they came; idempotent."""
@@ -154,12 +269,13 @@ class DLAControls:
     """
 
     def __init__(self, cores: int = 2) -> None:
-        self.runtime: EmulatedRuntime = _ControlledRuntime(self, cores)
+        self._runtime = _ControlledRuntime(self, cores)
+        self.runtime: EmulatedRuntime = self._runtime
         self._cores = cores
         self._failures: collections.deque[_Fault] = collections.deque()
         self._delays: collections.deque[_Fault] = collections.deque()
         # Cores held, by a Gate of the test's or by a delay; at most one gate each.
-        self._held: dict[int, TaskGate] = {}
+        self._held: dict[int, TaskGate | RemoteGate] = {}
         self._timers: list[asyncio.TimerHandle] = []
         self._waiters: list[_Waiter] = []
 
@@ -207,13 +323,15 @@ class DLAControls:
                     f"core {core} is held already (by a gate, or for a delayed task); "
                     "release that gate first"
                 )
-        gates = {core: self.runtime.hold(core) for core in chosen}
+        gates: dict[int, TaskGate | RemoteGate] = {core: self.runtime.hold(core) for core in chosen}
         self._held.update(gates)
         return Gate(self, gates)
 
     def poison(self) -> None:
         """Break the device as a sticky CUDA error does: engines on it die, every
-        waiting and in-flight request fails with :class:`aiodla.EngineDeadError`."""
+        waiting and in-flight request fails with :class:`aiodla.EngineDeadError`.
+        An ``isolation="process"`` engine loses its worker instead: the requests in
+        flight fail with :class:`aiodla.WorkerLostError`, a new worker serves the rest."""
         self.runtime.poison()
 
     def release_all(self) -> None:
@@ -243,6 +361,11 @@ class DLAControls:
                 + ", ".join(f"{kind} {n}" for kind, n in live.items())
                 + "): an engine opened on this runtime was not closed; use "
                 "'async with Engine(...)' or 'await engine.aclose()'"
+            )
+        if self._runtime.workers.leaked:
+            problems.append(
+                f"{self._runtime.workers.leaked} worker process(es) of isolation='process' "
+                "engines exited with emulated DLA handles still alive"
             )
         if self.runtime.invalid_releases:
             problems.append(
@@ -279,29 +402,47 @@ class DLAControls:
                 return fault
         return None
 
-    def _submitting(self, core: int) -> tuple[TaskGate, float, asyncio.AbstractEventLoop] | None:
-        """Arm the faults meant for this task; a delay puts up a gate it will pass."""
+    def _submitting(
+        self, core: int, worker: Supervisor | None = None
+    ) -> tuple[TaskGate | RemoteGate, float, asyncio.AbstractEventLoop] | None:
+        """Arm the faults meant for this task; a delay puts up a gate it will pass.
+        ``worker``: the task is being sent to that worker process, so they are armed
+        there (sent ahead of the task on its channel), not in this process."""
+        runtime = self._runtime
         failure = self._take(self._failures, core)
         if failure is not None:
-            self.runtime.fail_next_task(core, failure.value)
+            if worker is None:
+                EmulatedRuntime.fail_next_task(runtime, core, failure.value)
+            else:
+                worker.control(None, "fail_next_task", (core, failure.value), wait=False)
         if self._is_held(core):
             return None
         delay = self._take(self._delays, core)
         if delay is None:
             return None
-        gate = self.runtime.hold(core)
+        gate: TaskGate | RemoteGate
+        if worker is None:
+            gate = EmulatedRuntime.hold(runtime, core)
+        else:
+            gate = runtime.workers.hold(core, only=worker)
         self._held[core] = gate
         seconds, loop = delay.value
         return gate, seconds, loop
 
-    def _submitted(self, delay: tuple[TaskGate, float, asyncio.AbstractEventLoop] | None) -> None:
+    def _submitting_remote(self, worker: Supervisor, core: int) -> None:
+        """A process-mode engine is sending a task to ``core`` of its worker."""
+        self._submitted(self._submitting(core, worker))
+
+    def _submitted(
+        self, delay: tuple[TaskGate | RemoteGate, float, asyncio.AbstractEventLoop] | None
+    ) -> None:
         if delay is not None:
             gate, seconds, loop = delay
             self._on_loop(loop, self._start_delay, gate, seconds)
         for waiter in list(self._waiters):
             self._on_loop(waiter.future.get_loop(), waiter.check)
 
-    def _start_delay(self, gate: TaskGate, seconds: float) -> None:
+    def _start_delay(self, gate: TaskGate | RemoteGate, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         self._timers.append(loop.call_later(seconds, gate.release))
 
