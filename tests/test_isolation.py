@@ -203,7 +203,7 @@ class TestBehavesAsInProcess:
     async def test_a_task_fault_fails_only_its_request(self) -> None:
         async with process_engine(cores=[0]) as engine:
             await inject_fault(engine, "fail_next_task", 0, ENGINE_TIMEOUT)
-            with pytest.raises(AiodlaError, match=r"ERR_ENGINE_TIMEOUT|ErrDlaErrEngineTimeout"):
+            with pytest.raises(AiodlaError, match=r"ERR_ENGINE_TIMEOUT|ErrEngineTimeout"):
                 await engine.infer(ONES)
             np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
             stats = engine.statistics()

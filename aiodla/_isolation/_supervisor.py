@@ -152,6 +152,13 @@ class Supervisor:
                     cause=self._said or str(exc),
                     exit_status=status,
                 ) from None
+            if isinstance(exc, TimeoutError):  # anyio's, bare: say whose and why
+                raise WorkerLostError(
+                    f"the worker process (pid {process.pid}) did not open the model within "
+                    f"{OPEN_TIMEOUT:g} s (exit status {status})",
+                    cause="open timed out",
+                    exit_status=status,
+                ) from None
             raise
         channel = self._channel
         self._cores.bind_worker(ready, channel.fds.pop(0))
@@ -177,9 +184,11 @@ class Supervisor:
         for message in messages:
             kind = message[0]
             if kind == "done":
-                for number, status, failure, stages in message[1]:
+                for number, status, failure, stages, ran in message[1]:
                     slot = slots[number]
-                    if failure is not None:
+                    if not ran:  # as in-process: the request fails, nothing is counted
+                        _end_unsubmitted(self._flow, slot, failure)
+                    elif failure is not None:
                         self._cores.record_failure(slot, failure)
                     if stages is not None:
                         self._cores.record_stages(slot, stages)
@@ -544,3 +553,18 @@ async def inject_fault(engine: Any, name: str, *args: Any, **kwargs: Any) -> Non
     if supervisor is None:
         raise TypeError("inject_fault needs an open engine with isolation='process'")
     await supervisor.inject(name, *args, **kwargs)
+
+
+def _end_unsubmitted(flow: Flow, slot: Slot, error: BaseException) -> None:
+    """The worker could not submit ``slot``'s task (and its stream has reached what was
+    queued): end its request with the error and leave the slot retired, so the
+    completion that follows only returns it (no task is counted, no probe succeeds).
+    In-process, ``Flow._submit_failed`` does the same at the failed call."""
+    request = slot.request
+    if request is not None:
+        slot.request = None
+        request.slot = None
+        flow._finish(request, error=error)
+    if slot.probing:  # the probe never ran: try again later
+        slot.probing = False
+        flow._schedule_probe(slot.core)

@@ -255,7 +255,7 @@ class WorkerServer:
                 # What reached the stream must run before the slot is reused: its
                 # completion (with the error) is sent when the stream gets there.
                 if not cores.retire(slot, now):
-                    self._send(("done", [(number, 0, self._failed.pop(number), None)]))
+                    self._send(("done", [(number, 0, self._failed.pop(number), None, False)]))
                     continue
             poller.watch(slot)
 
@@ -291,12 +291,13 @@ class WorkerServer:
         for slot, status in finished:
             number = self._index[id(slot)]
             failure = self._failed.pop(number, None)
-            if failure is None:
+            ran = failure is None  # else its submission failed: no task ran
+            if ran:
                 cores.account(slot, status, now)  # the service-time estimate the poller uses
                 computed = None if take is None else take(slot)
                 failure = None if computed is None else transportable(computed)
             stages = None if slot.timing is None else self._stage_times(slot)
-            batch.append((number, status, failure, stages))
+            batch.append((number, status, failure, stages, ran))
         self._send(("done", batch))
         poller.consumed()
 
