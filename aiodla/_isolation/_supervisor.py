@@ -145,21 +145,10 @@ class Supervisor:
         except BaseException as exc:
             self._channel.close()
             status = await self._reap(process, kill=not isinstance(exc, _HungUp))
-            if isinstance(exc, _HungUp):
-                raise WorkerLostError(
-                    f"the worker process (pid {process.pid}) ended while opening the model "
-                    f"(exit status {status}): {self._said or exc}",
-                    cause=self._said or str(exc),
-                    exit_status=status,
-                ) from None
-            if isinstance(exc, TimeoutError):  # anyio's, bare: say whose and why
-                raise WorkerLostError(
-                    f"the worker process (pid {process.pid}) did not open the model within "
-                    f"{OPEN_TIMEOUT:g} s (exit status {status})",
-                    cause="open timed out",
-                    exit_status=status,
-                ) from None
-            raise
+            lost = _open_lost(process.pid, status, exc, self._said)
+            if lost is None:
+                raise
+            raise lost from None
         channel = self._channel
         self._cores.bind_worker(ready, channel.fds.pop(0))
         self._asked_at = None
@@ -553,6 +542,29 @@ async def inject_fault(engine: Any, name: str, *args: Any, **kwargs: Any) -> Non
     if supervisor is None:
         raise TypeError("inject_fault needs an open engine with isolation='process'")
     await supervisor.inject(name, *args, **kwargs)
+
+
+def _open_lost(
+    pid: int, status: int | None, exc: BaseException, said: str | None
+) -> WorkerLostError | None:
+    """Why a worker did not open the model: it ended, or it did not answer within
+    ``OPEN_TIMEOUT`` (anyio's timeout is bare); None for anything else (a cancellation),
+    which goes on as it is."""
+    if isinstance(exc, _HungUp):
+        return WorkerLostError(
+            f"the worker process (pid {pid}) ended while opening the model "
+            f"(exit status {status}): {said or exc}",
+            cause=said or str(exc),
+            exit_status=status,
+        )
+    if isinstance(exc, TimeoutError):
+        return WorkerLostError(
+            f"the worker process (pid {pid}) did not open the model within "
+            f"{OPEN_TIMEOUT:g} s (exit status {status})",
+            cause="open timed out",
+            exit_status=status,
+        )
+    return None
 
 
 def _end_unsubmitted(flow: Flow, slot: Slot, error: BaseException) -> None:
