@@ -242,8 +242,8 @@ class Engine:
         state = EngineState.CLOSED if flow is None else flow.state
         if state in (EngineState.NEW, EngineState.CLOSED):
             return
-        if self._flow.poller is not None:
-            self._flow.poller.stop()
+        if self._flow.poller is not None:  # a worker process is killed and reaped at once
+            getattr(self._flow.poller, "abandon", self._flow.poller.stop)()
         _warn(
             f"unclosed engine {self!r}; use 'async with' or 'await engine.aclose()'",
             ResourceWarning,

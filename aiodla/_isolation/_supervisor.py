@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import itertools
 import logging
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +34,7 @@ from .._errors import WorkerLostError
 from .._options import EngineOptions
 from .._scheduler import RequestState
 from ._channel import Channel
+from ._process import _kill, _spawn, _wait
 from ._worker import CONTEXT_LOST_EXIT
 
 if TYPE_CHECKING:
@@ -60,7 +58,6 @@ FIRST_BACKOFF = 0.1
 # a millisecond; this long without an answer means it is not going to.
 CONTROL_TIMEOUT = 10.0
 MAX_BACKOFF = 2.0
-_WORKER_MAIN = "from aiodla._isolation._worker import main; main()"
 
 
 class WorkerState(enum.Enum):
@@ -137,7 +134,9 @@ class Supervisor:
         self._process, self.pid, self._said = process, process.pid, None
         self._proven = False
         self._ready = loop.create_future()
-        self._channel = Channel(sock, loop, self._on_messages, self._on_hang_up)
+        # Weakly: the loop's reader must not keep an engine dropped unclosed alive (it
+        # could never warn, and its worker would run as long as the loop).
+        self._channel = Channel(sock, loop, _weakly(self._on_messages), _weakly(self._on_hang_up))
         self._channel.send(self._open_message)
         try:
             with anyio.fail_after(OPEN_TIMEOUT):
@@ -248,13 +247,7 @@ class Supervisor:
         thread (an engine collected unclosed), kill it instead."""
         loop = self._loop
         if threading.get_ident() != self._loop_thread or loop is None or not loop.is_running():
-            # An engine collected unclosed: no loop to talk through, so kill the worker
-            # and close the socket without the loop.
-            if self._channel is not None:
-                self._channel.abandon()
-            if self._process is not None:
-                _kill(self._process)
-                _wait(self._process)  # killed: at once; no zombie is left
+            self.abandon()  # an engine collected unclosed: no loop to talk through
             return
         if self.state is WorkerState.SERVING and self.close_hook is not None:
             self.close_hook()  # its last round trips, while the worker still serves
@@ -270,6 +263,13 @@ class Supervisor:
                 channel.send(("close",))
                 channel.flush_blocking(1.0)
             channel.close()
+
+    def abandon(self) -> None:
+        """An engine collected unclosed (its finalizer, on any thread): kill the worker
+        and reap it, and let the socket go, with no round trip."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        _let_go(self._channel, self._loop, self._loop_thread, self._process)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the worker to exit (in a thread): it releases every handle first."""
@@ -301,7 +301,7 @@ class Supervisor:
     def _schedule_heartbeat(self) -> None:
         assert self._loop is not None
         interval = self._options.heartbeat_timeout / 4
-        self._heartbeat = self._loop.call_later(interval, self._beat)
+        self._heartbeat = self._loop.call_later(interval, _weakly(self._beat))
 
     def _beat(self) -> None:
         """Ping the worker; a ping unanswered for ``heartbeat_timeout`` means it hangs.
@@ -489,51 +489,6 @@ class _HungUp(Exception):
     """The worker's channel closed before it said it was ready."""
 
 
-def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """A fresh interpreter running the worker, with one end of a socketpair.
-
-    Started from the loop's thread: the kernel's parent-death signal follows the
-    thread that started the process, and the loop's thread lives as long as the engine.
-    """
-    mine, theirs = socket.socketpair()
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    # The worker imports this very aiodla, wherever it was imported from.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_root, env.get("PYTHONPATH"))))
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_MAIN, str(theirs.fileno()), str(os.getpid())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-    except BaseException:
-        mine.close()
-        raise
-    finally:
-        theirs.close()
-    _LIVE_WORKERS.add(process)
-    return process, mine
-
-
-# Workers not reaped yet. Held here so that a worker's Popen is never collected with
-# an engine dropped unclosed (it would warn that its process still runs before the
-# engine's own finalizer could kill it).
-_LIVE_WORKERS: set[subprocess.Popen[bytes]] = set()
-
-
-def _wait(process: subprocess.Popen[bytes], timeout: float | None = None) -> int:
-    status = process.wait(timeout)
-    _LIVE_WORKERS.discard(process)
-    return status
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGKILL)
-
-
 async def inject_fault(engine: Any, name: str, *args: Any, **kwargs: Any) -> None:
     """Test control: call ``name`` (``fail_next_task``, ``hang_core``, ``poison``,
     ``fail_call``) with these arguments on the emulated runtime inside the worker of an
@@ -542,6 +497,37 @@ async def inject_fault(engine: Any, name: str, *args: Any, **kwargs: Any) -> Non
     if supervisor is None:
         raise TypeError("inject_fault needs an open engine with isolation='process'")
     await supervisor.inject(name, *args, **kwargs)
+
+
+def _let_go(
+    channel: Channel | None,
+    loop: asyncio.AbstractEventLoop | None,
+    loop_thread: int | None,
+    process: subprocess.Popen[bytes] | None,
+) -> None:
+    """Close ``channel`` (through the loop when this is its running thread, which also
+    stops the loop's watch of it) and kill and reap ``process``: no zombie is left."""
+    if channel is not None and not channel.closed:
+        on_loop = threading.get_ident() == loop_thread
+        if on_loop and loop is not None and loop.is_running():
+            channel.close()
+        else:
+            channel.abandon()
+    if process is not None:
+        _kill(process)
+        _wait(process)
+
+
+def _weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """``method``, held weakly: a no-op once its object is gone."""
+    reference = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        target = reference()
+        if target is not None:
+            target(*args)
+
+    return call
 
 
 def _open_lost(
