@@ -582,8 +582,13 @@ class Cores:
         except Exception as exc:  # a timing read is never worth failing a request
             logger.debug("aiodla: stage times unavailable: %s", exc)
             return
-        for window, seconds in zip(self.stage_windows, stages, strict=True):
-            window.add(seconds)
+        self.record_stages(slot, stages)
+
+    def record_stages(self, slot: Slot, stages: tuple[float, float, float]) -> None:
+        """Copy-in, DLA and copy-out seconds of ``slot``'s task, into the windows."""
+        if self.stage_windows is not None:
+            for window, seconds in zip(self.stage_windows, stages, strict=True):
+                window.add(seconds)
         core = slot.core
         if core.dla_times is not None and core.dla_histogram is not None:
             core.dla_times.add(stages[1])

@@ -214,17 +214,6 @@ class RemoteCores(Cores):
     def record_failure(self, slot: Slot, failure: BaseException) -> None:
         self._failures[id(slot)] = failure
 
-    def record_stages(self, slot: Slot, stages: tuple[float, float, float]) -> None:
-        """The stage times the worker measured for the slot's task (stage_times=True):
-        into the same windows the in-process engine fills."""
-        if self.stage_windows is not None:
-            for window, seconds in zip(self.stage_windows, stages, strict=True):
-                window.add(seconds)
-        core = slot.core
-        if core.dla_times is not None and core.dla_histogram is not None:
-            core.dla_times.add(stages[1])
-            core.dla_histogram.add(stages[1])
-
     def _take_failure(self, slot: Slot) -> BaseException | None:
         return self._failures.pop(id(slot), None) if self._failures else None
 
