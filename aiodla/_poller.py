@@ -81,11 +81,12 @@ HARVEST_AT_LEAST = 4
 # Longest wait for the loop to handle a posted batch before sweeping anyway (a loop
 # that never answers, e.g. one that is closing, must not stall the poller).
 CONSUME_WAIT = 2e-3
-# How late a timed sleep may end on a loaded virtual machine (about 100 us measured
-# here, often more). A core with at least this much work queued behind the task the
-# poller waits for loses nothing when the poller wakes that late, so it sleeps until
-# the task's expected end instead of polling from SPIN_WINDOW before it: each wake-up
-# costs the host about 50 us of CPU, more than a spin window's worth of work saved.
+# How late a timed sleep may end on a loaded virtual machine (a one-off timing of
+# lock.acquire(timeout) on this project's 2-CPU machine: 95 to 150 us late, often
+# more). A core with at least this much work queued behind the task the poller waits
+# for loses nothing when the poller wakes that late, so it sleeps until the task's
+# expected end instead of polling from SPIN_WINDOW before it: each wake-up cost 40 to
+# 65 us of the thread's CPU in that timing, more than a spin window's work saved.
 LATE_WAKE = 300e-6
 
 
