@@ -10,8 +10,11 @@ Measures, on the same model and machine:
   completed on the new worker, median and max over ``--faults`` faults, under a light
   load of ``--clients`` concurrent callers. The fault is a DLA fault surfacing on the
   stream as a sticky CUDA error (``--fault sticky``, the emulated runtime's
-  ``fail_next_task(on_stream=True)``), or a SIGKILL of the worker (``--fault sigkill``;
-  the default on the CUDA runtime, whose stand-in may lack the on-stream fault).
+  ``fail_next_task(on_stream=True)``, on the GPU stand-in its trap), or a SIGKILL of
+  the worker (``--fault sigkill``).
+
+Throughput and latency are measured ``--repeats`` times, the two modes interleaved in
+alternating order; the table gives medians with their spread.
 
 ``--runtime emulated`` (default) needs nothing; ``--runtime cuda`` runs the CUDA runtime
 with aiodla's GPU stand-in (``--standin PATH`` or ``AIODLA_STANDIN_LIB``, else built
@@ -20,7 +23,8 @@ with nvcc), loaded here and, by the engine, in its worker process.
 Usage::
 
     python benchmarks/bench_isolation.py [--runtime emulated|cuda] [--service 0.001]
-        [--seconds 2] [--clients 4] [--faults 20] [--fault sticky|sigkill] [--json PATH]
+        [--seconds 2] [--repeats 5] [--clients 4] [--faults 20] [--fault sticky|sigkill]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -122,32 +126,72 @@ async def one_recovery(engine: Engine, clients: int, fault: str) -> float:
     return took
 
 
+async def measure(args: argparse.Namespace, isolation: str) -> dict[str, float]:
+    """One engine of ``isolation``: throughput against the ideal, light-load latency."""
+    options: dict[str, Any] = {"cores": CORES, "streams_per_core": args.streams}
+    if isolation == "process":
+        options["isolation"] = isolation
+    async with Engine(model(args.service), runtime=args.runtime, **options) as engine:
+        await light_latency(engine, 20)  # warm up
+        rate = await throughput(engine, args.seconds, args.concurrency)
+        latencies = await light_latency(engine, args.requests)
+    return {
+        "throughput": rate,
+        "of_ideal": rate * args.service / len(CORES),
+        "p50_latency_us": 1e6 * statistics.median(latencies),
+        "p50_added_us": 1e6 * (statistics.median(latencies) - args.service),
+    }
+
+
+def summary(samples: list[dict[str, float]]) -> dict[str, Any]:
+    """Median of each figure over the repeats, with its spread (min, max)."""
+    return {key: statistics.median(s[key] for s in samples) for key in samples[0]} | {
+        "spread": {
+            key: [min(s[key] for s in samples), max(s[key] for s in samples)] for key in samples[0]
+        },
+        "repeats": samples,
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    loadable = model(args.service)
-    ideal = len(CORES) / args.service
-    report: dict[str, Any] = {"runtime": args.runtime, "service_s": args.service, "modes": {}}
-    for isolation in ("thread", "process"):
-        options: dict[str, Any] = {"cores": CORES, "streams_per_core": args.streams}
-        if isolation == "process":  # every fault is a restart: allow them all
-            options.update(isolation=isolation, max_restarts=args.faults + 1)
-        async with Engine(loadable, runtime=args.runtime, **options) as engine:
-            await light_latency(engine, 20)  # warm up
-            rate = await throughput(engine, args.seconds, args.concurrency)
-            latencies = await light_latency(engine, args.requests)
-            entry: dict[str, Any] = {
-                "throughput": rate,
-                "of_ideal": rate / ideal,
-                "p50_latency_us": 1e6 * statistics.median(latencies),
-                "p50_added_us": 1e6 * (statistics.median(latencies) - args.service),
-            }
-            if isolation == "process":
-                times = await recovery(engine, args.faults, args.clients, args.fault)
-                entry["recovery_ms"] = {
-                    "median": 1e3 * statistics.median(times),
-                    "max": 1e3 * max(times),
-                    "all": [1e3 * t for t in times],
-                }
-            report["modes"][isolation] = entry
+    report: dict[str, Any] = {
+        "runtime": args.runtime,
+        "service_s": args.service,
+        "repeats": args.repeats,
+        "modes": {},
+    }
+    samples: dict[str, list[dict[str, float]]] = {"thread": [], "process": []}
+    differences = []
+    for repeat in range(args.repeats):  # interleaved, the order alternating
+        order = ("thread", "process") if repeat % 2 == 0 else ("process", "thread")
+        for isolation in order:
+            samples[isolation].append(await measure(args, isolation))
+        differences.append(
+            samples["process"][-1]["p50_added_us"] - samples["thread"][-1]["p50_added_us"]
+        )
+    for isolation, taken in samples.items():
+        report["modes"][isolation] = summary(taken)
+    report["added_latency_difference_us"] = {
+        "median": statistics.median(differences),
+        "min": min(differences),
+        "max": max(differences),
+    }
+    if args.faults:  # every fault is a restart: allow them all
+        async with Engine(
+            model(args.service),
+            runtime=args.runtime,
+            cores=CORES,
+            streams_per_core=args.streams,
+            isolation="process",
+            max_restarts=args.faults + 1,
+        ) as engine:
+            times = await recovery(engine, args.faults, args.clients, args.fault)
+        report["recovery_ms"] = {
+            "fault": args.fault,
+            "median": 1e3 * statistics.median(times),
+            "max": 1e3 * max(times),
+            "all": [1e3 * t for t in times],
+        }
     return report
 
 
@@ -155,23 +199,32 @@ def table(report: dict[str, Any]) -> str:
     thread, process = report["modes"]["thread"], report["modes"]["process"]
     lines = [
         f"runtime {report['runtime']}, {1e3 * report['service_s']:.2f} ms service, "
-        f"{len(CORES)} cores",
-        f"{'':>10}{'req/s':>10}{'x ideal':>9}{'p50 us':>9}{'added us':>10}",
+        f"{len(CORES)} cores, medians of {report['repeats']} interleaved repeats "
+        "[min-max]",
+        f"{'':>10}{'req/s':>10}{'x ideal':>22}{'p50 us':>9}{'added us':>20}",
     ]
     for name, entry in (("thread", thread), ("process", process)):
+        low, high = entry["spread"]["of_ideal"]
+        added_low, added_high = entry["spread"]["p50_added_us"]
         lines.append(
-            f"{name:>10}{entry['throughput']:>10.0f}{entry['of_ideal']:>9.3f}"
-            f"{entry['p50_latency_us']:>9.0f}{entry['p50_added_us']:>10.0f}"
+            f"{name:>10}{entry['throughput']:>10.0f}"
+            f"{entry['of_ideal']:>9.3f} [{low:.3f}-{high:.3f}]"
+            f"{entry['p50_latency_us']:>9.0f}"
+            f"{entry['p50_added_us']:>8.0f} [{added_low:.0f}-{added_high:.0f}]"
         )
-    recovery_ms = process["recovery_ms"]
+    difference = report["added_latency_difference_us"]
     lines += [
         f"process/thread throughput ratio: {process['throughput'] / thread['throughput']:.3f}",
-        f"process - thread added p50 latency: "
-        f"{process['p50_added_us'] - thread['p50_added_us']:+.0f} us",
-        f"recovery (fault to first completion on the new worker, "
-        f"{len(recovery_ms['all'])} faults): median {recovery_ms['median']:.0f} ms, "
-        f"max {recovery_ms['max']:.0f} ms",
+        f"process - thread added p50 latency, per repeat: median "
+        f"{difference['median']:+.0f} us [{difference['min']:+.0f} to {difference['max']:+.0f}]",
     ]
+    recovery_ms = report.get("recovery_ms")
+    if recovery_ms is not None:
+        lines.append(
+            f"recovery ({recovery_ms['fault']}: fault to first completion on the new "
+            f"worker, {len(recovery_ms['all'])} faults): median {recovery_ms['median']:.0f} "
+            f"ms, max {recovery_ms['max']:.0f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -191,13 +244,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="throughput run")
     parser.add_argument("--concurrency", type=int, default=32, help="throughput callers")
     parser.add_argument("--requests", type=int, default=300, help="light-load requests")
-    parser.add_argument("--faults", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats")
+    parser.add_argument("--faults", type=int, default=20, help="0: no recovery run")
     parser.add_argument("--clients", type=int, default=4, help="callers while faulting")
-    parser.add_argument("--fault", choices=("sticky", "sigkill"), default=None)
+    parser.add_argument("--fault", choices=("sticky", "sigkill"), default="sticky")
     parser.add_argument("--json", help="write the report here too")
     args = parser.parse_args()
-    if args.fault is None:
-        args.fault = "sigkill" if args.runtime == "cuda" else "sticky"
     if args.runtime == "cuda":
         load_standin(args.standin)
     report = asyncio.run(run(args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -79,3 +80,29 @@ def doubled(inputs: Any) -> dict[str, Any]:
     """A compute function for single-pair models of tensors ``x`` -> ``y``, importable
     as the compute reference ``support:doubled``."""
     return {"y": inputs["x"].astype(np.float32) * 2}
+
+
+# -- Engine(isolation="process") ----------------------------------------------------------
+
+
+def worker_pid(engine: Any) -> int:
+    worker = engine.statistics().worker
+    assert worker is not None and worker.pid is not None
+    return int(worker.pid)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, reaped or not, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}

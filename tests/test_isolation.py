@@ -43,11 +43,15 @@ from aiodla._isolation._worker import CONTEXT_LOST_EXIT, transportable
 from support import (
     X,
     affine_model,
+    alive,
     all_idle,
     counts_add_up,
     expected_affine,
+    open_fds,
+    shm_entries,
     two_pair_model,
     wait_until,
+    worker_pid,
 )
 
 ENGINE_TIMEOUT = 0x40000006
@@ -57,21 +61,6 @@ SLOTS = 4  # two cores, two streams each: at most this many requests in flight
 
 def process_engine(model: bytes | None = None, **options: Any) -> Engine:
     return Engine(model or affine_model(), runtime="emulated", isolation="process", **options)
-
-
-def worker_pid(engine: Engine) -> int:
-    worker = engine.statistics().worker
-    assert worker is not None and worker.pid is not None
-    return worker.pid
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, reaped or not, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def outcome(engine: Engine, x: np.ndarray[Any, Any]) -> Any:
@@ -335,14 +324,6 @@ class TestRecovery:
             with pytest.raises(EngineDeadError) as caught:
                 await engine.infer(ONES)
             assert isinstance(caught.value.__cause__, WorkerLostError)
-
-
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def open_fds() -> set[int]:
-    return {int(name) for name in os.listdir("/proc/self/fd")}
 
 
 class TestNothingLeaks:

@@ -80,15 +80,25 @@ def main() -> None:
     cores, runtime, staging = opened
     WorkerServer(sock, cores, runtime).serve()
     cores.release()
-    # Handle accounting: the emulated runtime counts what is still alive; the exit
-    # status tells the application (its supervisor logs it, tests assert on it).
-    live_handles = getattr(runtime, "live_handles", None)
-    leaked = {} if live_handles is None else {k: v for k, v in live_handles().items() if v}
+    leaked = left_alive(runtime)
     runtime.close()
     staging.close()
     if leaked:
         print(f"aiodla worker: handles left alive at close: {leaked}", file=sys.stderr)
         sys.exit(LEAKED_EXIT)
+
+
+def left_alive(runtime: Runtime) -> dict[str, int]:
+    """Handle accounting once the cores are released: what the emulated runtime, or
+    the GPU stand-in under the CUDA runtime, still counts alive. The exit status tells
+    the application (its supervisor logs it, tests assert on it)."""
+    counts: dict[str, int] = {}
+    for source in (runtime, *loaded_standins().values()):
+        for name in ("live_handles", "live_resources"):
+            count = getattr(source, name, None)
+            if count is not None:
+                counts.update(count())
+    return {name: value for name, value in counts.items() if value}
 
 
 def _die_with(parent: int) -> None:

@@ -23,7 +23,7 @@ REPO="$PWD"
 STANDIN_DIR=/tmp/aiodla-standin
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export COVERAGE_FILE=/tmp/aiodla-gpu.coverage
-STEPS="${STEPS:-build pytest sanitize bench kernels datapath faults threads}"
+STEPS="${STEPS:-build pytest sanitize bench kernels datapath faults isolation threads}"
 declare -A STATUS
 
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -99,6 +99,11 @@ wanted datapath && step datapath 420 python3 benchmarks/bench_data_path.py \
 # A DLA fault surfacing on the stream (the stand-in's trap) and the runtime's view of it.
 wanted faults && step faults 180 bash -c "python3 -m pytest tests/gpu/test_standin_faults_gpu.py \
     ${PYTEST_ARGS[*]} && python3 tests/gpu/test_standin_faults_gpu.py runtime"
+# Engine(isolation="process") with the CUDA runtime in its worker: throughput at 1 ms and
+# light-load latency against the in-process engine (interleaved), then recovery from 20
+# DLA faults surfacing on the stream (the stand-in's trap).
+wanted isolation && step isolation 420 python3 benchmarks/bench_isolation.py --runtime cuda \
+    --repeats "${ROUNDS:-5}" --seconds 1.5 --faults 20 --json "$OUT/isolation-gpu.json"
 # CPU per request by thread against BASE_TREE (a directory holding an older aiodla),
 # interleaved, then a profile of the loop and the poller at 1 ms.
 if wanted threads; then
@@ -111,11 +116,12 @@ fi
 
 echo
 echo "=== summary"
-for name in wheels build pytest sanitize bench kernels datapath faults threads; do
+for name in wheels build pytest sanitize bench kernels datapath faults isolation threads; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
 echo "_cuda.py: $(grep -E 'aiodla/runtime/_cuda.py' "$OUT/coverage-cuda.txt" 2> /dev/null | tail -n 1)"
 echo "sanitizer: $(grep -E '^sanitizer: ' "$OUT/sanitize.log" 2> /dev/null | tail -n 1)"
 grep -E 'x ideal|aiodla p50 / floor' "$OUT/bench.log" 2> /dev/null | sed 's/^/bench:  /'
+grep -E 'thread|process|recovery' "$OUT/isolation.log" 2> /dev/null | sed 's/^/isolation: /'
 echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

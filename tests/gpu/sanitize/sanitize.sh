@@ -42,7 +42,11 @@ outs = [TensorSpec("image_out", (1, 3, 1, 1), "float16", "chw16"), TensorSpec("f
 (out / "multi.bin").write_bytes(make_loadable(ins, outs, "mean_hw", 0.0005, scale=0.5, bias=3.0))
 EOF
 
-PYTEST=(python3 -m pytest tests/gpu -p no:cacheprovider -q -rfE)
+# tests/gpu/test_isolation_gpu.py is left out: it kills and stops its worker processes
+# by signal and traps in them on purpose, which leaves their sanitizer logs cut short;
+# the worker makes the same CUDA calls the in-process tests make under the sanitizer.
+PYTEST=(python3 -m pytest tests/gpu -p no:cacheprovider -q -rfE
+    --ignore=tests/gpu/test_isolation_gpu.py)
 if python3 -c "import pytest_timeout" 2> /dev/null; then
     PYTEST+=(--timeout=240)
 else

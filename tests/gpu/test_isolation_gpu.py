@@ -1,0 +1,155 @@
+"""Engine(isolation="process") on the GPU: the CUDA runtime and the stand-in in a worker.
+
+The same faults as tests/test_isolation.py, with the real ``cuda.bindings`` code in the
+worker process: a DLA fault surfacing on the stream (the stand-in's trap, which loses
+the worker's CUDA context), a SIGKILL of the worker and a hung worker (SIGSTOP). Each
+costs only the requests the worker held; every queued request completes, correctly, on
+the worker that replaces it; and nothing is left behind: the worker's handle
+accounting (the stand-in's handles and CUDA resources, the worker's exit status), and
+in this process the shared-memory segments and file descriptors.
+
+The application's process (pytest's) has the stand-in loaded only so that the engine
+can hand its path to the worker; the staging buffers the worker pins here are a memfd
+it maps, so ``CudaRuntime.host_register`` runs on every request's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodla import AiodlaError, Engine, TensorSpec, WorkerLostError
+from aiodla._isolation import inject_fault
+from aiodla._isolation._worker import CONTEXT_LOST_EXIT
+from aiodla.emulator._format import make_loadable, parse_loadable
+from aiodla.emulator._ops import compute_logical, to_storage
+
+from support import alive, counts_add_up, open_fds, shm_entries, wait_until, worker_pid
+
+pytestmark = [pytest.mark.gpu, pytest.mark.asyncio]
+
+ENGINE_TIMEOUT = 0x40000006
+X = TensorSpec("x", (1, 16, 4, 4), "float16", "chw16")
+Y = TensorSpec("y", (1, 16, 4, 4), "float16", "nchw")
+SLOTS = 4  # two cores, two streams each
+LOADABLE = make_loadable([X], [Y], "affine", 0.002, scale=0.5, bias=1.0)
+
+
+def request(i: int) -> np.ndarray[Any, Any]:
+    return np.full(X.shape, (i % 64) * 0.25 - 8, np.float16)
+
+
+def expected(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return to_storage(compute_logical(parse_loadable(LOADABLE), 0, x), Y.numpy_dtype)
+
+
+def process_engine(**options: Any) -> Engine:
+    return Engine(
+        LOADABLE,
+        runtime="cuda",
+        isolation="process",
+        cores=(0, 1),
+        streams_per_core=2,
+        **options,
+    )
+
+
+async def outcome(engine: Engine, i: int) -> Any:
+    try:
+        y = await engine.infer(request(i))
+    except AiodlaError as error:
+        return error
+    np.testing.assert_array_equal(y, expected(request(i)))
+    return "ok"
+
+
+async def under_load(engine: Engine, fault: Any, count: int = 300) -> list[WorkerLostError]:
+    """``count`` requests at once, ``fault`` while the first run: returns the losses,
+    having checked that they are only what the worker held and the rest completed."""
+    tasks = [asyncio.ensure_future(outcome(engine, i)) for i in range(count)]
+    await wait_until(lambda: engine.statistics().in_flight > 0, timeout=30)
+    await fault()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    lost = [r for r in results if r != "ok"]
+    assert all(isinstance(r, WorkerLostError) for r in lost), lost
+    assert 1 <= len(lost) <= SLOTS, lost  # the queue survived onto the new worker
+    stats = engine.statistics()
+    assert stats.completed == count - len(lost) and stats.failed == len(lost)
+    assert counts_add_up(stats) and stats.worker is not None and stats.worker.restarts == 1
+    return lost  # type: ignore[return-value]
+
+
+@pytest.fixture
+def accounted(real_gpu: None) -> Any:
+    """This process's segments and descriptors are the same after the test."""
+    gc.collect()
+    before = (shm_entries(), open_fds())
+    yield
+    gc.collect()
+    assert (shm_entries(), open_fds()) == before
+
+
+async def closed_cleanly(engine: Engine) -> None:
+    supervisor = engine._cores.supervisor  # type: ignore[attr-defined]
+    pid = worker_pid(engine)
+    await engine.aclose()
+    assert not alive(pid)
+    # 0: the worker released every stand-in handle and CUDA resource it counted.
+    assert supervisor.exit_status == 0
+
+
+async def test_results_on_both_cores(accounted: None) -> None:
+    engine = process_engine()
+    await engine.open()
+    results = await asyncio.gather(*(outcome(engine, i) for i in range(200)))
+    assert results == ["ok"] * 200
+    stats = engine.statistics()
+    assert all(core.completed > 0 for core in stats.cores) and counts_add_up(stats)
+    await closed_cleanly(engine)
+
+
+async def test_poisoned_context_costs_only_in_flight_requests(accounted: None) -> None:
+    engine = process_engine()
+    await engine.open()
+    first = worker_pid(engine)
+
+    async def fault() -> None:
+        await inject_fault(engine, "fail_next_task", 0, ENGINE_TIMEOUT, on_stream=True)
+
+    lost = await under_load(engine, fault)
+    assert "CUDA context was lost" in lost[0].cause, lost[0].cause
+    assert lost[0].exit_status == CONTEXT_LOST_EXIT
+    assert not alive(first) and engine.health().status == "ok"
+    await closed_cleanly(engine)
+
+
+async def test_sigkill_costs_only_in_flight_requests(accounted: None) -> None:
+    engine = process_engine()
+    await engine.open()
+    first = worker_pid(engine)
+
+    async def fault() -> None:
+        os.kill(first, signal.SIGKILL)
+
+    lost = await under_load(engine, fault)
+    assert lost[0].exit_status == -signal.SIGKILL
+    await closed_cleanly(engine)
+
+
+async def test_a_hung_worker_costs_only_in_flight_requests(accounted: None) -> None:
+    engine = process_engine(heartbeat_timeout=0.5)
+    await engine.open()
+    first = worker_pid(engine)
+
+    async def fault() -> None:
+        os.kill(first, signal.SIGSTOP)
+
+    lost = await under_load(engine, fault)
+    assert "stopped answering" in lost[0].cause and not alive(first)
+    await closed_cleanly(engine)
