@@ -328,7 +328,7 @@ class DevicePath:
             height, width = array.shape[:2]
             if binding.frames.source == "nv12":
                 height = height * 2 // 3
-            pointer = binding.host.device_ptr if self.zero_copy else binding.raw
+            pointer = self._staged_at(binding)
             # The staged copy is dense whatever the caller's strides (a crop, a flip).
             return FrameRead(pointer, height, width, staged.strides[0], array.nbytes)
         if binding.frames is not None:
@@ -336,7 +336,7 @@ class DevicePath:
             staged = binding.host.array[: _elements(spec) * 4].view(np.float32)
             binding.frames.apply(array, spec, staged.reshape(spec.shape), validate=False)
             array = staged.reshape(spec.shape)
-            pointer = binding.host.device_ptr if self.zero_copy else binding.raw
+            pointer = self._staged_at(binding)
             return (pointer, array.dtype, _dense_strides(spec.shape), None)
         return self._stage_array(binding, array)
 
@@ -353,8 +353,25 @@ class DevicePath:
         nbytes = array.size * dtype.itemsize
         staging = binding.host.array[:nbytes].view(dtype).reshape(spec.shape)
         np.copyto(staging, array, casting="unsafe")
-        pointer = binding.host.device_ptr if self.zero_copy else binding.raw
+        pointer = self._staged_at(binding)
         return (pointer, dtype, _dense_strides(spec.shape), None)
+
+    def _staged_at(self, binding: TensorBinding) -> int:
+        """Where the kernels read the binding's staged bytes: the mapped staging itself,
+        or its device copy."""
+        return binding.host.device_ptr if self.zero_copy else binding.raw
+
+    def staged_elsewhere(self, slot: Slot, reads: Sequence[Read]) -> None:
+        """Take reads that another process staged into the slot's shared staging
+        (``isolation="process"``): the same reads, at this process's addresses."""
+        local: list[Read] = []
+        for binding, read in zip(slot.inputs, reads, strict=True):
+            pointer = self._staged_at(binding)
+            if isinstance(read, FrameRead):
+                local.append(read._replace(pointer=pointer))
+            else:
+                local.append((pointer, read[1], read[2], None))
+        slot.reads = local
 
     def write_zeros(self, slot: Slot) -> None:
         slot.reads = [

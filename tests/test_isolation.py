@@ -445,8 +445,6 @@ class TestRefused:
             Engine(affine_model(), restart_window=0)
         with pytest.raises(ConfigurationError, match="heartbeat_timeout"):
             Engine(affine_model(), heartbeat_timeout=float("nan"))
-        with pytest.raises(ConfigurationError, match="convert='device'"):
-            Engine(affine_model(), isolation="process", convert="device")
 
     @pytest.mark.asyncio
     async def test_an_unknown_fault_control_is_refused(self) -> None:

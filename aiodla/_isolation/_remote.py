@@ -22,7 +22,7 @@ import anyio
 import numpy as np
 
 from .._cores import Cores, Slot, TensorBinding, new_core, read_model
-from .._data_path import HostPath
+from .._data_path import DevicePath, HostPath
 from .._device_arrays import DeviceSource
 from .._errors import ConfigurationError, InputTypeError
 from .._options import EngineOptions
@@ -50,11 +50,6 @@ class RemoteCores(Cores):
     """Cores whose runtime runs in a supervised worker process."""
 
     def __init__(self, options: EngineOptions) -> None:
-        if options.convert == "device":
-            raise ConfigurationError(
-                "convert='device' is not available with isolation='process' in this "
-                "version: the worker converts on the host (convert='host' or 'auto')"
-            )
         super().__init__(options)
         self.supervisor: Supervisor | None = None
         self.worker_runtime = ""  # the name of the runtime the worker runs
@@ -82,7 +77,6 @@ class RemoteCores(Cores):
         data = await anyio.to_thread.run_sync(read_model, model)
         fields = {f.name: getattr(self._options, f.name) for f in dataclasses.fields(EngineOptions)}
         fields.update(
-            convert="host",  # see __init__: the application packs into shared staging
             isolation="thread",  # inside the worker, the runtime is in-process
             scales=dict(self._options.scales),
             preprocess=dict(self._options.preprocess),
@@ -113,12 +107,15 @@ class RemoteCores(Cores):
         self.worker_runtime = ready["runtime"]
         if not self.slots:
             self._build(ready)
-        layout: Sequence[Sequence[int]] = ready["layout"]
-        for slot, offsets in zip(self.slots, layout, strict=True):
-            for binding, offset in zip((*slot.inputs, *slot.outputs), offsets, strict=True):
-                view = staging[offset : offset + binding.spec.size]
+        layout: Sequence[Sequence[tuple[int, int]]] = ready["layout"]
+        host_path = isinstance(self.path, HostPath)
+        for slot, places in zip(self.slots, layout, strict=True):
+            for binding, (offset, nbytes) in zip(
+                (*slot.inputs, *slot.outputs), places, strict=True
+            ):
+                view = staging[offset : offset + nbytes]
                 binding.host = HostBuffer(0, view)
-                binding.bound = binding.spec.bind(view)
+                binding.bound = binding.spec.bind(view) if host_path else None
         self._failures.clear()
 
     def _build(self, ready: dict[str, Any]) -> None:
@@ -126,8 +123,15 @@ class RemoteCores(Cores):
         self.inputs, self.outputs = tuple(ready["inputs"]), tuple(ready["outputs"])
         self.frames = frames_for(self.inputs, options.preprocess)
         stated = self.stated_service_time = ready["stated_service_time"]
-        # The application never enqueues device work: the path only packs and unpacks.
-        self.path = HostPath(_NO_RUNTIME)
+        # The application never enqueues device work: the path only stages and reads
+        # back. With device conversion it stages the caller's bytes; the reads it
+        # records go to the worker with the slot (its pointers are the worker's to set).
+        if ready["device_path"]:
+            path = DevicePath(_NO_RUNTIME, zero_copy=False)
+            path.fused = ready["fused"]
+            self.path = path
+        else:
+            self.path = HostPath(_NO_RUNTIME)
         for number in options.cores:
             core = new_core(number, stated, options)
             self.cores.append(core)
@@ -190,6 +194,12 @@ class RemoteCores(Cores):
 
     def number(self, slot: Slot) -> int:
         return self._numbers[id(slot)]
+
+    def submission(self, slot: Slot) -> int | tuple[int, list[Any]]:
+        """What the worker needs to submit ``slot``: its number, with the reads its
+        conversion kernels take when the worker converts on the device."""
+        number = self._numbers[id(slot)]
+        return number if isinstance(self.path, HostPath) else (number, slot.reads)
 
     def make_current(self) -> None:
         """No CUDA in this process: nothing to make current."""

@@ -52,15 +52,13 @@ class SharedStaging:
         self._maps: dict[int, mmap.mmap] = {}
 
     def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
-        if mapped:
-            raise ConfigurationError("mapped (zero-copy) staging is not shared across processes")
         offset = self.size
         length = _round_up(max(nbytes, 1))
         os.ftruncate(self.fd, offset + length)
         self.size = offset + length
         memory = mmap.mmap(self.fd, length, offset=offset)
         view: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(memory, np.uint8, nbytes)
-        buffer: HostBuffer = self._register(view)
+        buffer: HostBuffer = self._register(view, mapped)
         self.layout[buffer.ptr] = (offset, nbytes)
         self._maps[buffer.ptr] = memory
         return buffer

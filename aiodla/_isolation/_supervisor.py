@@ -103,7 +103,7 @@ class Supervisor:
         self._channel: Channel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._pending: list[int] = []
+        self._pending: list[Any] = []  # RemoteCores.submission of each slot
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._heartbeat: asyncio.TimerHandle | None = None
         self._asked_at: float | None = None  # when the unanswered ping was sent
@@ -220,7 +220,7 @@ class Supervisor:
         if self.submit_hook is not None:
             self.submit_hook(slot.core.core)
         pending = self._pending
-        pending.append(self._cores.number(slot))
+        pending.append(self._cores.submission(slot))
         if len(pending) == 1:
             assert self._loop is not None
             self._loop.call_soon(self._send_pending)

@@ -29,6 +29,7 @@ import time
 from typing import Any, cast
 
 from .._cores import Cores, device_error, is_sticky
+from .._data_path import DevicePath
 from .._errors import AiodlaError
 from .._options import EngineOptions
 from .._poller import Poller
@@ -136,10 +137,15 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
         send_blocking(sock, ("open_failed", transportable(exc)))
         return None
     layout = [
-        [staging.layout[binding.host.ptr][0] for binding in (*slot.inputs, *slot.outputs)]
+        [staging.layout[binding.host.ptr] for binding in (*slot.inputs, *slot.outputs)]
         for slot in cores.slots
     ]
+    path = cores.path
     ready = {
+        # The application stages what the worker's path reads: DLA bytes (host
+        # conversion), or the caller's bytes for the conversion kernels (device).
+        "device_path": isinstance(path, DevicePath),
+        "fused": isinstance(path, DevicePath) and path.fused,
         "pid": os.getpid(),
         "runtime": runtime.name,
         "inputs": cores.inputs,
@@ -245,12 +251,20 @@ class WorkerServer:
         with self._send_lock, contextlib.suppress(OSError):
             self._sock.sendall(data)
 
-    def _submit(self, numbers: list[int]) -> None:
+    def _submit(self, entries: list[Any]) -> None:
+        """Submit each slot: an entry is its number, or (device conversion) its number
+        and the reads the application staged for its conversion kernels."""
         cores, poller = self._cores, self._poller
         assert poller is not None
         now = time.monotonic()
-        for number in numbers:
-            slot = self._slots[number]
+        for entry in entries:
+            if isinstance(entry, tuple):
+                number, reads = entry
+                slot = self._slots[number]
+                assert isinstance(cores.path, DevicePath)
+                cores.path.staged_elsewhere(slot, reads)
+            else:
+                number, slot = entry, self._slots[entry]
             try:
                 cores.submit(slot, now)
             except Exception as exc:

@@ -370,18 +370,30 @@ class CudaRuntime:
         self.counts.allocations += 1
         return buffer
 
-    def host_register(self, array: np.ndarray[Any, np.dtype[np.uint8]]) -> HostBuffer:
+    def host_register(
+        self, array: np.ndarray[Any, np.dtype[np.uint8]], mapped: bool = False
+    ) -> HostBuffer:
         """Page-lock memory the caller allocated (``cudaHostRegister``), so async
         copies read and write it in place: the staging that ``isolation="process"``
-        shares between two processes. Released with :meth:`host_free`."""
+        shares between two processes. ``mapped``: kernels reach it in place too, at
+        the buffer's ``device_ptr``. Released with :meth:`host_free`."""
         pointer, nbytes = int(array.ctypes.data), int(array.nbytes)
         if nbytes <= 0:
             raise CudaCallError("cudaHostRegister", _INVALID_VALUE)
-        check_cuda(
-            "cudaHostRegister",
-            _rt.cudaHostRegister(pointer, nbytes, _rt.cudaHostRegisterPortable),
-        )
-        buffer = HostBuffer(pointer, array)
+        flags = _rt.cudaHostRegisterPortable
+        if mapped:
+            flags |= _rt.cudaHostRegisterMapped
+        check_cuda("cudaHostRegister", _rt.cudaHostRegister(pointer, nbytes, flags))
+        device_pointer = 0
+        if mapped:
+            try:
+                device_pointer = int(
+                    check_cuda("cudaHostGetDevicePointer", _rt.cudaHostGetDevicePointer(pointer, 0))
+                )
+            except CudaCallError:
+                _rt.cudaHostUnregister(pointer)
+                raise
+        buffer = HostBuffer(pointer, array, device_pointer)
         with self._lock:
             self._host_buffers[pointer] = buffer
             self._registered_host.add(pointer)

@@ -116,18 +116,20 @@ class _Task:
 
 
 def _host_register(
-    runtime: EmulatedRuntime, array: np.ndarray[Any, np.dtype[np.uint8]]
+    runtime: EmulatedRuntime, array: np.ndarray[Any, np.dtype[np.uint8]], mapped: bool = False
 ) -> HostBuffer:
     """``EmulatedRuntime.host_register``: page-lock memory the caller allocated
     (``cudaHostRegister``): the staging that ``isolation="process"`` shares between two
-    processes. Released with ``host_free``, which leaves the memory to its owner."""
+    processes; ``mapped``, with a device address as well (``cudaHostRegisterMapped``).
+    Released with ``host_free``, which leaves the memory to its owner."""
     runtime._cuda("host_register")
     if array.nbytes <= 0:
         raise CudaCallError("host_register", _INVALID_VALUE)
     with runtime._lock:
-        buffer = HostBuffer(int(array.ctypes.data), array)
-        if buffer.ptr in runtime._host_memory:  # registering twice is an error in CUDA
+        pointer = int(array.ctypes.data)
+        if pointer in runtime._host_memory:  # registering twice is an error in CUDA
             raise CudaCallError("host_register", _HOST_MEMORY_ALREADY_REGISTERED)
+        buffer = HostBuffer(pointer, array, runtime._map(array) if mapped else 0)
         runtime._host_memory[buffer.ptr] = buffer
     return buffer
 

@@ -10,7 +10,8 @@ in this process the shared-memory segments and file descriptors.
 
 The application's process (pytest's) has the stand-in loaded only so that the engine
 can hand its path to the worker; the staging buffers the worker pins here are a memfd
-it maps, so ``CudaRuntime.host_register`` runs on every request's bytes.
+it maps, so ``CudaRuntime.host_register`` runs on every request's bytes. ``convert``
+defaults to "auto": on the GPU the worker converts on the device.
 """
 
 from __future__ import annotations
@@ -104,8 +105,16 @@ async def closed_cleanly(engine: Engine) -> None:
     assert supervisor.exit_status == 0
 
 
-async def test_results_on_both_cores(accounted: None) -> None:
-    engine = process_engine()
+@pytest.mark.parametrize(
+    ("convert", "zero_copy"),
+    # Device conversion in the worker, its kernels reading a device copy of the shared
+    # staging or (cudaHostRegisterMapped, as on a Jetson) the staging in place.
+    [("host", None), ("device", False), ("device", True)],
+)
+async def test_results_on_both_cores(
+    accounted: None, convert: str, zero_copy: bool | None
+) -> None:
+    engine = process_engine(convert=convert, zero_copy=zero_copy)
     await engine.open()
     results = await asyncio.gather(*(outcome(engine, i) for i in range(200)))
     assert results == ["ok"] * 200
