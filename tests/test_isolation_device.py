@@ -101,7 +101,9 @@ async def test_auto_follows_the_worker_runtime() -> None:
     # The emulated runtime has no GPU memory: "auto" converts on the host, as in-process.
     async with Engine(affine_model(), runtime="emulated", isolation="process") as engine:
         assert isinstance(engine._cores.path, HostPath)  # type: ignore[attr-defined]
-        np.testing.assert_array_equal(await engine.infer(np.ones(X.shape)), expected_affine(np.ones(X.shape)))
+        np.testing.assert_array_equal(
+            await engine.infer(np.ones(X.shape)), expected_affine(np.ones(X.shape))
+        )
 
 
 async def test_a_fault_costs_only_in_flight_requests() -> None:
@@ -139,6 +141,8 @@ async def test_device_outputs_and_arrays_are_refused_saying_why() -> None:
             await engine.infer(CudaArray())
         with pytest.raises(ConfigurationError, match="runtime lives in the worker process"):
             await engine.infer(np.ones(X.shape), output="device")
-        np.testing.assert_array_equal(await engine.infer(np.ones(X.shape)), expected_affine(np.ones(X.shape)))
+        np.testing.assert_array_equal(
+            await engine.infer(np.ones(X.shape)), expected_affine(np.ones(X.shape))
+        )
         stats = engine.statistics()
         assert stats.completed == 1 and counts_add_up(stats)

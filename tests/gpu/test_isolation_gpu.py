@@ -111,9 +111,7 @@ async def closed_cleanly(engine: Engine) -> None:
     # staging or (cudaHostRegisterMapped, as on a Jetson) the staging in place.
     [("host", None), ("device", False), ("device", True)],
 )
-async def test_results_on_both_cores(
-    accounted: None, convert: str, zero_copy: bool | None
-) -> None:
+async def test_results_on_both_cores(accounted: None, convert: str, zero_copy: bool | None) -> None:
     engine = process_engine(convert=convert, zero_copy=zero_copy)
     await engine.open()
     results = await asyncio.gather(*(outcome(engine, i) for i in range(200)))
