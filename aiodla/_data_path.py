@@ -34,8 +34,8 @@ from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
 from ._layout import BoundTensor
 
 if TYPE_CHECKING:
-    from ._cores import Slot
     from ._preprocess import ImagePreprocess
+    from ._slots import Slot
     from ._tensors import TensorSpec
     from .runtime import HostBuffer, Runtime
 

@@ -163,11 +163,7 @@ class Engine:
             # The worker thread gets the device layer, not the engine: a worker thread
             # may hold its last job's callable until its next, and an engine dropped
             # unclosed must still be collected (and warn).
-            if isinstance(cores, RemoteCores):
-                await cores.open_worker(self._model, self._runtime_choice, self._flow, self._die)
-            else:
-                await anyio.to_thread.run_sync(cores.open_model, self._model, self._runtime_choice)
-                cores.make_current()  # the loop thread enqueues device work too
+            await cores.start(self._model, self._runtime_choice, self._flow, self._die)
         except BaseException:
             # Release in a thread of its own that a second cancellation cannot stop.
             await asyncio.shield(asyncio.ensure_future(anyio.to_thread.run_sync(cores.release)))
@@ -176,7 +172,7 @@ class Engine:
             self._open_done.set()
             raise
         self._input_names = frozenset(s.name for s in cores.inputs)
-        self._flow.start_serving(asyncio.get_running_loop(), getattr(cores, "supervisor", None))
+        self._flow.start_serving(asyncio.get_running_loop(), cores.completions)
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
 
@@ -243,7 +239,7 @@ class Engine:
         if state in (EngineState.NEW, EngineState.CLOSED):
             return
         if self._flow.poller is not None:  # a worker process is killed and reaped at once
-            getattr(self._flow.poller, "abandon", self._flow.poller.stop)()
+            self._flow.poller.abandon()
         _warn(
             f"unclosed engine {self!r}; use 'async with' or 'await engine.aclose()'",
             ResourceWarning,
@@ -424,7 +420,7 @@ class Engine:
             queue_wait_histogram=flow.queue_wait_histogram.snapshot(),
             failures=MappingProxyType(dict(scheduler.failures)),
             stages=stages,
-            worker=getattr(self._cores, "worker_statistics", lambda: None)(),
+            worker=self._cores.worker_statistics(),
         )
 
     def health(self) -> EngineHealth:
@@ -435,8 +431,9 @@ class Engine:
             return EngineHealth("dead", f"the device broke the engine: {cause}")
         if self._flow.state is not EngineState.OPEN:
             return EngineHealth("closed", f"the engine is {self._flow.state.value}")
-        if isinstance(self._cores, RemoteCores) and self._cores.restarting is not None:
-            return self._cores.restarting
+        restarting = self._cores.restarting
+        if restarting is not None:
+            return restarting
         cores = self._cores.cores
         out = tuple(core.core for core in cores if not core.in_rotation)
         if out:

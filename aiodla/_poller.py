@@ -56,7 +56,7 @@ import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ._cores import CompletionProbe, Slot
+from ._slots import CompletionProbe, Slot
 
 __all__ = ["Poller"]
 
@@ -153,6 +153,10 @@ class Poller:
         """Ask the thread to end (any thread); ``join`` waits for it."""
         self._stopping = True
         self._ring()
+
+    def abandon(self) -> None:
+        """An engine dropped unclosed: stop, without waiting (the thread's own)."""
+        self.stop()
 
     def _ring(self) -> None:
         with contextlib.suppress(RuntimeError):  # rung already, not yet answered

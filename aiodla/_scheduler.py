@@ -16,7 +16,7 @@ import collections
 import enum
 from typing import Any
 
-from ._cores import CoreState, Slot
+from ._slots import CoreState, Slot
 from ._statistics import FAILURE_REASONS
 
 __all__ = ["Outcome", "Request", "RequestState", "Scheduler"]

@@ -35,7 +35,7 @@ from ._staging import map_staging
 from ._supervisor import Supervisor, WorkerState
 
 if TYPE_CHECKING:
-    from .._flow import Flow
+    from .._flow import CompletionSource, Flow
 
 __all__ = ["NO_CUDA_IPC", "RemoteCores"]
 
@@ -60,7 +60,7 @@ class RemoteCores(Cores):
 
     # -- opening: the worker's handshake ---------------------------------------------------
 
-    async def open_worker(
+    async def start(
         self,
         model: str | os.PathLike[str] | bytes | bytearray | memoryview,
         runtime_choice: str | Runtime,
@@ -166,6 +166,11 @@ class RemoteCores(Cores):
     @runtime.setter
     def runtime(self, value: Runtime | None) -> None:
         """The base class's constructor sets it; here there is none to set."""
+
+    @property
+    def completions(self) -> CompletionSource | None:
+        """The worker's completions, which the supervisor reads from the channel."""
+        return self.supervisor
 
     @property
     def restarting(self) -> EngineHealth | None:

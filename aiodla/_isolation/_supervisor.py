@@ -38,8 +38,8 @@ from ._process import _kill, _spawn, _wait
 from ._worker import CONTEXT_LOST_EXIT
 
 if TYPE_CHECKING:
-    from .._cores import Slot
     from .._flow import Flow
+    from .._slots import Slot
     from ._remote import RemoteCores
 
 __all__ = ["Supervisor", "WorkerState", "inject_fault"]

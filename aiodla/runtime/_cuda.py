@@ -159,6 +159,16 @@ def probe() -> tuple[bool, str]:
         return False, f"probing cuDLA failed: {type(exc).__name__}: {exc}"
 
 
+def _device_pointer(pointer: int, undo: Callable[[int], Any]) -> int:
+    """The device address of mapped host memory at ``pointer``; when there is none,
+    ``undo`` the allocation or registration and raise."""
+    try:
+        return int(check_cuda("cudaHostGetDevicePointer", _rt.cudaHostGetDevicePointer(pointer, 0)))
+    except CudaCallError:
+        undo(pointer)
+        raise
+
+
 def _is_not_found(exc: BaseException) -> bool:
     try:
         from cuda.pathfinder import DynamicLibNotFoundError
@@ -354,15 +364,7 @@ class CudaRuntime:
         if mapped:
             flags |= _rt.cudaHostAllocMapped
         pointer = int(check_cuda("cudaHostAlloc", _rt.cudaHostAlloc(nbytes, flags)))
-        device_pointer = 0
-        if mapped:
-            try:
-                device_pointer = int(
-                    check_cuda("cudaHostGetDevicePointer", _rt.cudaHostGetDevicePointer(pointer, 0))
-                )
-            except CudaCallError:
-                _rt.cudaFreeHost(pointer)
-                raise
+        device_pointer = _device_pointer(pointer, _rt.cudaFreeHost) if mapped else 0
         storage = (ctypes.c_ubyte * nbytes).from_address(pointer)
         buffer = HostBuffer(pointer, np.ctypeslib.as_array(storage), device_pointer)
         with self._lock:
@@ -384,15 +386,7 @@ class CudaRuntime:
         if mapped:
             flags |= _rt.cudaHostRegisterMapped
         check_cuda("cudaHostRegister", _rt.cudaHostRegister(pointer, nbytes, flags))
-        device_pointer = 0
-        if mapped:
-            try:
-                device_pointer = int(
-                    check_cuda("cudaHostGetDevicePointer", _rt.cudaHostGetDevicePointer(pointer, 0))
-                )
-            except CudaCallError:
-                _rt.cudaHostUnregister(pointer)
-                raise
+        device_pointer = _device_pointer(pointer, _rt.cudaHostUnregister) if mapped else 0
         buffer = HostBuffer(pointer, array, device_pointer)
         with self._lock:
             self._host_buffers[pointer] = buffer

@@ -1,0 +1,129 @@
+"""A DLA core's state and its ring of slots: what the scheduler, the poller and the
+flow read and write of the device layer, with no runtime call of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._options import EngineOptions
+from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
+from .runtime._protocol import Runtime, cudla_status
+
+if TYPE_CHECKING:
+    from ._data_path import Read, TensorBinding
+
+__all__ = [
+    "DEFAULT_SERVICE_TIME",
+    "CompletionProbe",
+    "CoreState",
+    "Slot",
+    "completion_probe",
+    "new_core",
+]
+
+# Until a core has completed tasks, poll as if one task took this long.
+DEFAULT_SERVICE_TIME = 0.001
+
+
+@dataclasses.dataclass(eq=False)
+class CoreState:
+    """One DLA core: its device handles, slots, service-time estimate and the counts
+    the scheduler's policy reads."""
+
+    core: int
+    device: int = 0
+    module: int = 0
+    slots: list[Slot] = dataclasses.field(default_factory=list)
+    idle: collections.deque[Slot] = dataclasses.field(default_factory=collections.deque)
+    outstanding: int = 0  # slots assigned: to a request or a probe
+    assigned_total: int = 0  # ties between equally loaded cores go to the less used one
+    completed: int = 0
+    failed: int = 0
+    busy_time: float = 0.0
+    last_completion: float = 0.0
+    expected_free: float = 0.0  # when the core should finish what it has (poller back-off)
+    service_time: float = DEFAULT_SERVICE_TIME  # estimated seconds per task on this core
+    learn_service_time: bool = True  # False when the loadable states it
+    # Recent task times as observed: each is the true time plus how late the poller
+    # saw it, so the minimum is the estimate. (A mean would grow with the poller's
+    # lateness, and the poller would sleep longer the next time: a runaway loop.)
+    observed: collections.deque[float] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=32)
+    )
+    # Fault policy: out of rotation, no request is assigned here; probes test the core.
+    in_rotation: bool = True
+    consecutive_failures: int = 0
+    probe: asyncio.TimerHandle | None = None
+    # Observability.
+    busy_window: BusyWindow = dataclasses.field(default_factory=BusyWindow)
+    dla_times: LatencyWindow | None = None
+    dla_histogram: HistogramRecorder | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Slot:
+    """One (core, stream) pair and everything a request needs on it."""
+
+    core: CoreState
+    index: int
+    stream: int
+    event: int
+    task: Any
+    inputs: list[TensorBinding]
+    outputs: list[TensorBinding]
+    request: Any = None  # the scheduler's Request running here, if any
+    submitted_at: float = 0.0
+    expected_done: float = 0.0
+    timing: tuple[int, int, int] | None = None  # events before copy-in, task, copy-out
+    probing: bool = False  # the slot runs a probe task for a core out of rotation
+    # Device conversion: what each pack kernel reads (pointer, dtype, element strides,
+    # the stream to wait for or None), pool memory of device outputs not handed out
+    # yet, the device arrays the request's kernels read (released when the slot is),
+    # and the event that orders this stream after a device array's producer.
+    reads: list[Read] = dataclasses.field(default_factory=list)
+    pooled: list[int] = dataclasses.field(default_factory=list)
+    keep: tuple[Any, ...] = ()
+    ingest_event: int = 0
+
+    def __repr__(self) -> str:
+        return f"<Slot core {self.core.core} #{self.index}>"
+
+
+def new_core(number: int, stated: float | None, options: EngineOptions) -> CoreState:
+    """DLA core ``number``'s state, before anything is opened on it: its service time
+    as the loadable states it (else learned), its stage-time windows if asked for."""
+    core = CoreState(
+        number,
+        service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
+        learn_service_time=stated is None,
+    )
+    if options.stage_times:
+        core.dla_times = LatencyWindow(options.latency_window)
+        core.dla_histogram = HistogramRecorder()
+    return core
+
+
+class CompletionProbe(NamedTuple):
+    """The three runtime calls the poller thread makes, handed to it by the device layer."""
+
+    make_current: Callable[[], None]
+    event_done: Callable[[int], bool]
+    core_status: Callable[[int], int]
+
+
+def completion_probe(runtime: Runtime) -> CompletionProbe:
+    """What the poller needs of ``runtime``: a status that cannot be read is reported
+    as a failed task (-1 when it names no cuDLA status)."""
+    get_last_error = runtime.get_last_error
+
+    def core_status(device: int) -> int:
+        try:
+            return get_last_error(device)
+        except Exception as exc:
+            return cudla_status(exc) or -1
+
+    return CompletionProbe(runtime.make_current, runtime.query_event, core_status)
