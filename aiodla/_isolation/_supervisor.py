@@ -222,6 +222,11 @@ class Supervisor:
         pending = self._pending
         pending.append(self._cores.submission(slot))
         if len(pending) == 1:
+            if sum(core.outstanding for core in self._cores.cores) <= 1:
+                # The only request the worker will hold: nothing can join its batch,
+                # so it goes now rather than on the loop's next turn (light load).
+                self._send_pending()
+                return
             assert self._loop is not None
             self._loop.call_soon(self._send_pending)
 
