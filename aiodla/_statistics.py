@@ -13,7 +13,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._errors import ComputeError, DeviceError, EngineClosedError, EngineDeadError, TaskError
+from ._errors import (
+    ComputeError,
+    DeviceError,
+    EngineClosedError,
+    EngineDeadError,
+    TaskError,
+    WorkerLostError,
+)
 
 __all__ = [
     "FAILURE_REASONS",
@@ -34,7 +41,7 @@ __all__ = [
 # The causes ``EngineStatistics.failures`` splits ``failed`` into, each a key of it:
 # the DLA reported an error, a cuDLA or CUDA call failed, the emulated runtime's
 # compute= function failed, you closed the engine, the device broke it, anything else.
-FAILURE_REASONS = ("task", "device", "compute", "closed", "dead", "other")
+FAILURE_REASONS = ("task", "device", "compute", "closed", "worker_lost", "dead", "other")
 
 
 def failure_reason(error: BaseException) -> str:
@@ -47,6 +54,8 @@ def failure_reason(error: BaseException) -> str:
         return "device"
     if isinstance(error, EngineClosedError):
         return "closed"
+    if isinstance(error, WorkerLostError):  # (an EngineDeadError; the engine lives on)
+        return "worker_lost"
     if isinstance(error, EngineDeadError):
         return "dead"
     return "other"
@@ -144,8 +153,9 @@ class EngineStatistics:
     they were never submitted. A request whose result was ready when its caller was
     cancelled counts as completed. ``failures`` splits ``failed`` by cause: ``task``
     (the DLA reported an error), ``device`` (a cuDLA or CUDA call failed), ``compute``
-    (the emulated runtime's ``compute=`` function failed), ``closed``, ``dead`` and
-    ``other``.
+    (the emulated runtime's ``compute=`` function failed), ``closed``,
+    ``worker_lost`` (in flight on a worker process that was lost, ``isolation="process"``),
+    ``dead`` and ``other``.
     """
 
     state: str

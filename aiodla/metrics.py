@@ -124,7 +124,7 @@ logger = logging.getLogger("aiodla.metrics")
 # The reason label of aiodla_request_failure_total: EngineStatistics.failures' causes,
 # then the ways a request ends unserved that statistics counts apart.
 REQUEST_FAILURE_REASONS = (*FAILURE_REASONS, "timeout", "cancelled", "rejected")
-HEALTH_STATUSES = ("ok", "degraded", "dead", "closed")
+HEALTH_STATUSES = ("ok", "degraded", "restarting", "dead", "closed")
 NAMINGS = ("aiodla", "triton")
 # The stage label of aiodla_stage_duration_seconds, in the order a request passes them;
 # "compute" is StageTimes.dla, Triton's word for it.

@@ -236,6 +236,7 @@ class TestRecovery:
             assert len(stats.worker.restart_times) == 1 and 0 < stats.worker.restart_times[0] < 10
             assert stats.worker.pid != first and not alive(first)
             assert stats.failed == len(lost) and counts_add_up(stats)
+            assert stats.failures["worker_lost"] == len(lost) and stats.failures["dead"] == 0
             assert not engine.dead
 
     @pytest.mark.asyncio

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -34,7 +35,9 @@ from aiodla import (
     QueueFullError,
     RequestTimeoutError,
     TaskError,
+    WorkerLostError,
 )
+from aiodla._isolation import _supervisor as supervisor_module
 from aiodla._statistics import FAILURE_REASONS, BusyWindow
 from aiodla.metrics import (
     HEALTH_STATUSES,
@@ -44,7 +47,7 @@ from aiodla.metrics import (
     EngineCollector,
 )
 
-from support import X, affine_model, wait_until
+from support import X, affine_model, wait_until, worker_pid
 
 ONES = np.ones(X.shape, np.float32)
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "metrics_server.py"
@@ -183,6 +186,7 @@ class TestCounts:
             "device": 0,
             "compute": 0,
             "closed": 0,
+            "worker_lost": 0,
             "dead": 0,
             "other": 0,
             "timeout": 1,
@@ -316,6 +320,32 @@ class TestHealth:
         assert scrape["aiodla_engine_health", engine_labels(status="dead")] == 1
         assert scrape["aiodla_engine_health", engine_labels(status="ok")] == 0
         assert scrape["aiodla_request_failure_total", engine_labels(reason="dead")] == 1
+
+    @pytest.mark.asyncio
+    async def test_a_lost_worker(self, endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+        # isolation="process": requests in flight on a lost worker count as worker_lost
+        # (not dead: the engine lives on), and health reads restarting until a new one
+        # serves (held back here so that a scrape sees it).
+        monkeypatch.setattr(supervisor_module, "FIRST_BACKOFF", 30.0)
+        engine = Engine(affine_model(0.05), runtime="emulated", isolation="process", cores=[0])
+        async with engine:
+            endpoint.register(EngineCollector({"dla": engine}))
+            await engine.infer(ONES)
+            os.kill(worker_pid(engine), signal.SIGKILL)  # a worker that served: no back-off
+            await wait_until(lambda: engine.statistics().worker.restarts == 1)  # type: ignore[union-attr]
+            request = asyncio.create_task(engine.infer(ONES))
+            await wait_until(lambda: engine.statistics().in_flight == 1)
+            os.kill(worker_pid(engine), signal.SIGKILL)  # before it served: backed off
+            with pytest.raises(WorkerLostError):
+                await request
+            await wait_until(lambda: engine.health().status == "restarting")
+            scrape = await endpoint.scrape()
+            stats = engine.statistics()
+        assert scrape["aiodla_engine_health", engine_labels(status="restarting")] == 1
+        assert scrape["aiodla_engine_health", engine_labels(status="ok")] == 0
+        assert scrape["aiodla_request_failure_total", engine_labels(reason="worker_lost")] == 1
+        assert scrape["aiodla_request_failure_total", engine_labels(reason="dead")] == 0
+        assert stats.failures["worker_lost"] == 1 and stats.failures["dead"] == 0
 
 
 class TestFailureReasons:
