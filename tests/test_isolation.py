@@ -37,7 +37,7 @@ from aiodla import (
 )
 from aiodla._isolation import _supervisor as supervisor_module
 from aiodla._isolation import inject_fault
-from aiodla._isolation._channel import Channel
+from aiodla._isolation._channel import Channel, frame
 from aiodla._isolation._worker import CONTEXT_LOST_EXIT, transportable
 
 from support import (
@@ -495,3 +495,20 @@ class TestErrorPaths:
         await wait_until(lambda: bool(hung_up))
         assert reader.closed and hung_up == ["the worker closed the control channel"]
         sender.send(("ignored",))  # a closed channel drops what it is given
+
+    @pytest.mark.asyncio
+    async def test_a_failed_send_reads_the_peers_last_words_first(self) -> None:
+        # The worker says why it goes, then exits; the application, sending meanwhile,
+        # fails first. The cause must still be the worker's own words, not a guess.
+        loop = asyncio.get_running_loop()
+        mine, theirs = socket.socketpair()
+        events: list[Any] = []
+        channel = Channel(mine, loop, events.extend, lambda why: events.append(("closed", why)))
+        loop.remove_reader(mine.fileno())  # the send comes before the loop reads
+        theirs.sendall(frame(("lost", "the CUDA context was lost: poisoned")))
+        theirs.close()
+        channel.send(("submit", [0]))  # EPIPE: the peer is gone
+        assert events == []  # nothing decided inside the sender
+        await wait_until(lambda: channel.closed)
+        assert events[0] == ("lost", "the CUDA context was lost: poisoned")
+        assert events[1][0] == "closed" and len(events) == 2

@@ -133,7 +133,10 @@ class Channel:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
-            self._hang_up(f"the control channel failed: {exc}")
+            # The peer is gone. What it said before it went (why it went) is still to
+            # be read: that first, on the loop's next turn (not inside the sender).
+            self._outgoing.clear()
+            self._loop.call_soon(self._last_words, f"the control channel failed: {exc}")
             return
         del self._outgoing[:sent]
         if self._outgoing and not self._writing:
@@ -145,6 +148,11 @@ class Channel:
         self._loop.remove_writer(self._sock.fileno())
         if not self.closed:
             self._flush()
+
+    def _last_words(self, why: str) -> None:
+        if not self.closed:
+            self._readable()  # hangs up itself at the end of what the peer sent
+            self._hang_up(why)
 
     def read_now(self) -> None:
         """Handle what has arrived without waiting for the loop to say so."""
