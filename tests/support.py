@@ -106,3 +106,16 @@ def shm_entries() -> set[str]:
 
 def open_fds() -> set[int]:
     return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+class FakeCudaArray:
+    """A device array as an array library exports it (refused unread: no GPU behind it)."""
+
+    def __init__(self, shape: tuple[int, ...], typestr: str = "<f4") -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (0x1000, False),
+            "version": 3,
+            "strides": None,
+        }

@@ -41,6 +41,7 @@ from aiodla._isolation._channel import Channel, frame
 from aiodla._isolation._worker import CONTEXT_LOST_EXIT, transportable
 
 from support import (
+    FakeCudaArray,
     X,
     affine_model,
     alive,
@@ -102,15 +103,16 @@ class TestRoundTrip:
             assert engine.inputs[0].name == "x" and engine.stated_service_time == 0.001
 
     @pytest.mark.asyncio
-    async def test_several_inputs_and_outputs(self) -> None:
+    @pytest.mark.parametrize("convert", ["host", "device"])
+    async def test_several_inputs_and_outputs(self, convert: str) -> None:
         rng = np.random.default_rng(1)
         inputs = {
             "a": rng.standard_normal((1, 4, 6, 6)).astype(np.float16),
             "b": rng.standard_normal((2, 3, 5, 7)).astype(np.float32),
         }
-        async with Engine(two_pair_model(), runtime="emulated") as threaded:
+        async with Engine(two_pair_model(), runtime="emulated", convert=convert) as threaded:
             expected = await threaded.infer(inputs)
-        async with process_engine(two_pair_model()) as engine:
+        async with process_engine(two_pair_model(), convert=convert) as engine:
             got = await engine.infer(inputs)
         assert set(got) == set(expected)
         for name in got:
@@ -401,25 +403,12 @@ class TestNothingLeaks:
                 parent.stdout.close()
 
 
-class _CudaArray:
-    """A device array as an array library exports it (never read: it is refused)."""
-
-    def __init__(self) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": X.shape,
-            "typestr": "<f2",
-            "data": (0x1000, False),
-            "version": 3,
-            "strides": None,
-        }
-
-
 class TestRefused:
     @pytest.mark.asyncio
     async def test_device_arrays_are_refused_saying_why(self) -> None:
         async with process_engine() as engine:
             with pytest.raises(InputTypeError, match="CUDA IPC is unavailable on Tegra"):
-                await engine.infer(_CudaArray())
+                await engine.infer(FakeCudaArray(X.shape))
             with pytest.raises(ConfigurationError, match="isolation='process'"):
                 await engine.infer(ONES, output="device")
             with pytest.raises(ConfigurationError, match="lives in the worker process"):
