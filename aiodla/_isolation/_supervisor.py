@@ -221,14 +221,12 @@ class Supervisor:
             self.submit_hook(slot.core.core)
         pending = self._pending
         pending.append(self._cores.submission(slot))
-        if len(pending) == 1:
-            if sum(core.outstanding for core in self._cores.cores) <= 1:
-                # The only request the worker will hold: nothing can join its batch,
-                # so it goes now rather than on the loop's next turn (light load).
-                self._send_pending()
-                return
-            assert self._loop is not None
-            self._loop.call_soon(self._send_pending)
+        # Alone in the worker (light load), nothing can join its batch: it goes now,
+        # not on the loop's next turn.
+        if sum(core.outstanding for core in self._cores.cores) <= 1:
+            self._send_pending()
+        elif len(pending) == 1:
+            self._loop.call_soon(self._send_pending)  # type: ignore[union-attr]
 
     def _send_pending(self) -> None:
         pending, self._pending = self._pending, []
