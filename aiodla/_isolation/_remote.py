@@ -4,8 +4,10 @@
 slots, service-time estimates and accounting, read by the same scheduler and flow,
 but every slot's staging buffers are views of the worker's shared staging, and
 ``submit`` hands the slot to the :class:`~._supervisor.Supervisor`, which batches it to
-the worker. Packing and unpacking stay here, on the loop (or its worker threads), into
-and out of shared memory: the bytes are copied no extra time.
+the worker. Staging stays here, on the loop (or its worker threads), into and out of
+shared memory: packing to the DLA layout with host conversion; with device conversion,
+the caller's bytes, whose reads go to the worker with the slot. The bytes are copied no
+extra time.
 
 The slot objects live as long as the engine: when a worker is replaced, the same slots
 are bound to the new worker's staging, so the scheduler never sees a slot change.
@@ -246,7 +248,7 @@ class RemoteCores(Cores):
 
 
 class _NoRuntime:
-    """The application's host path packs and unpacks only; a runtime call is a bug."""
+    """The application's path only stages and reads back; a runtime call is a bug."""
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the application process called the runtime ({name})")

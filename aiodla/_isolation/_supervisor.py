@@ -223,7 +223,7 @@ class Supervisor:
         pending.append(self._cores.submission(slot))
         # Alone in the worker (light load), nothing can join its batch: it goes now,
         # not on the loop's next turn.
-        if sum(core.outstanding for core in self._cores.cores) <= 1:
+        if slot.core.outstanding <= 1 and sum(c.outstanding for c in self._cores.cores) <= 1:
             self._send_pending()
         elif len(pending) == 1:
             self._loop.call_soon(self._send_pending)  # type: ignore[union-attr]

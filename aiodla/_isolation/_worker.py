@@ -5,7 +5,8 @@ It is started as a fresh interpreter (never forked from a process holding CUDA s
 with one end of the control channel. It opens the model with the ordinary device
 layer (:class:`~aiodla._cores.Cores`, its staging in shared memory), says it is ready,
 then submits what the application sends as it arrives (a thread blocked on the
-channel) and sends back what the ordinary poller finds done, one message per batch.
+channel, awake around its one task's end at light load: ``AWAKE_BEFORE``) and sends
+back what the ordinary poller finds done, one message per batch.
 
 It ends when told to close, when the application's end of the channel closes, when its
 parent dies (``PR_SET_PDEATHSIG``: the kernel kills it), and when its CUDA context is
