@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -176,41 +177,26 @@ def device_floor(model: bytes, runtime_name: str, seconds: float, service: float
     from aiodla import EmulatedRuntime
     from aiodla.runtime import CudaRuntime
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    from _setup import ModelSetup  # the cuDLA calls by hand, as the GPU tests make them
+
     runtime: Any = CudaRuntime(0) if runtime_name == "cuda" else EmulatedRuntime()
     runtime.make_current()
-    opened: list[tuple[int, int, list[int], list[int], Any, list[int]]] = []
-    try:
-        for core in range(CORES):
-            device = runtime.create_device(core)
-            module = runtime.load_module(device, model)
-            inputs, outputs = runtime.module_tensors(module)
-            memory = [runtime.malloc(d.size) for d in (*inputs, *outputs)]
-            registered = [
-                runtime.mem_register(device, ptr, d.size)
-                for ptr, d in zip(memory, (*inputs, *outputs), strict=True)
-            ]
-            task = runtime.make_task(module, registered[: len(inputs)], registered[len(inputs) :])
-            streams = [runtime.create_stream() for _ in range(4)]
-            opened.append((device, module, memory, registered, task, streams))
+    with contextlib.ExitStack() as opened:
+        cores = [opened.enter_context(ModelSetup(runtime, core, model)) for core in range(CORES)]
+        rings = [[runtime.create_stream() for _ in range(4)] for _ in cores]
+        for ring in rings:
+            for stream in ring:
+                opened.callback(runtime.destroy_stream, stream)
         per_core = max(4, int(seconds / service))
         began = time.perf_counter()
         for index in range(per_core):
-            for device, _, _, _, task, streams in opened:
-                runtime.submit_task(device, task, streams[index % len(streams)])
-        for *_, streams in opened:
-            for stream in streams:
+            for core, ring in zip(cores, rings, strict=True):
+                runtime.submit_task(core.device, core.task, ring[index % len(ring)])
+        for ring in rings:
+            for stream in ring:
                 runtime.synchronize_stream(stream)
         return CORES * per_core / (time.perf_counter() - began)
-    finally:
-        for device, module, memory, registered, _, streams in opened:
-            for stream in streams:
-                runtime.destroy_stream(stream)
-            for handle in registered:
-                runtime.mem_unregister(device, handle)
-            for ptr in memory:
-                runtime.free(ptr)
-            runtime.unload_module(module)
-            runtime.destroy_device(device)
 
 
 def frames(gpu: bool) -> dict[str, Any]:
