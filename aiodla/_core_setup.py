@@ -19,6 +19,7 @@ from ._errors import (
     RuntimeUnavailableError,
     status_name,
 )
+from ._graphs import Graphs
 from ._options import EngineOptions
 from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
@@ -93,6 +94,8 @@ class CoreSetup:
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
         self.path: HostPath | DevicePath | None = None
+        # Captures and launches the slots' graphs; None when Engine(graphs=False).
+        self.graphs: Graphs | None = None
         # The pre-processing of each input that takes camera frames, else None.
         self.frames: tuple[ImagePreprocess | None, ...] = ()
         # The emulated runtime's failed compute= functions, by slot (None when no
@@ -119,6 +122,8 @@ class CoreSetup:
         runtime, owned = select_runtime(runtime_choice, model)
         self.runtime, self._owns_runtime = runtime, owned
         options = self._options
+        if options.graphs:
+            self.graphs = Graphs(runtime, self._resources)
         self._call("make_current", runtime.make_current)
         available = self._call("device_count", runtime.device_count)
         for number in options.cores:

@@ -173,28 +173,61 @@ class Cores(CoreSetup):
     def submit(self, slot: Slot, now: float) -> None:
         """Enqueue the slot's copies in, its task, copies out and its event on its
         stream, and estimate when the core will be done with it. Raises what the runtime
-        raised (see :meth:`retire` for the slot afterwards)."""
+        raised (see :meth:`retire` for the slot afterwards).
+
+        The work before and after the task goes as two graphs, captured by the slot's
+        first request of each kind (see ``aiodla._graphs``), unless stage times are
+        measured."""
         runtime = self.runtime
         assert runtime is not None
-        stream = slot.stream
-        core = slot.core
-        timing = slot.timing
         path = self.path
-        if timing is not None:
-            runtime.record_event(timing[0], stream)
         assert path is not None
-        path.enqueue_inputs(slot)
-        if timing is not None:
-            runtime.record_event(timing[1], stream)
-        runtime.submit_task(core.device, slot.task, stream)
-        if timing is not None:
-            runtime.record_event(timing[2], stream)
         request = slot.request
-        path.enqueue_outputs(slot, request is not None and request.device_output)
-        runtime.record_event(slot.event, stream)
+        device = request is not None and request.device_output
+        graphs = self.graphs
+        if slot.timing is not None or graphs is None:
+            self._enqueue_each(slot, device)
+        else:
+            kind = path.inputs_kind(slot)
+            if kind is None:
+                path.enqueue_inputs(slot)
+            else:
+                graphs.enqueue(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
+            runtime.submit_task(slot.core.device, slot.task, slot.stream)
+            kind = path.outputs_kind(device)
+            if kind is None:
+                self._enqueue_after(slot, device)
+            else:
+                graphs.enqueue(slot, slot.graphs_out, kind, self._enqueue_after, slot, device)
+        core = slot.core
         slot.submitted_at = now
         core.expected_free = max(now, core.expected_free) + core.service_time
         slot.expected_done = core.expected_free
+
+    def _enqueue_after(self, slot: Slot, device: bool) -> None:
+        """The work after the task: outputs, then the event the poller waits for."""
+        assert self.path is not None
+        assert self.runtime is not None
+        self.path.enqueue_outputs(slot, device)
+        self.runtime.record_event(slot.event, slot.stream)
+
+    def _enqueue_each(self, slot: Slot, device: bool) -> None:
+        """Every call on its own, with the stage-timing events when they are measured."""
+        runtime = self.runtime
+        path = self.path
+        assert runtime is not None
+        assert path is not None
+        stream = slot.stream
+        timing = slot.timing
+        if timing is not None:
+            runtime.record_event(timing[0], stream)
+        path.enqueue_inputs(slot)
+        if timing is not None:
+            runtime.record_event(timing[1], stream)
+        runtime.submit_task(slot.core.device, slot.task, stream)
+        if timing is not None:
+            runtime.record_event(timing[2], stream)
+        self._enqueue_after(slot, device)
 
     def retire(self, slot: Slot, now: float) -> bool:
         """After a failed :meth:`submit`: mark the end of what reached the stream, so the

@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -183,6 +183,14 @@ class HostPath:
         for binding in slot.inputs:
             assert binding.bound is not None
             binding.bound.write(np.zeros(binding.spec.shape, binding.spec.numpy_dtype))
+
+    def inputs_kind(self, slot: Slot) -> Hashable | None:
+        """What makes the slot's work before its task differ between requests (a graph
+        key, see ``aiodla._graphs``): here nothing."""
+        return ()
+
+    def outputs_kind(self, device: bool) -> Hashable | None:
+        return ()
 
     def enqueue_inputs(self, slot: Slot) -> None:
         copy = self.runtime.copy_to_device
@@ -377,6 +385,20 @@ class DevicePath:
         slot.reads = [
             self._stage_array(b, np.zeros(b.spec.shape, b.spec.numpy_dtype)) for b in slot.inputs
         ]
+
+    def inputs_kind(self, slot: Slot) -> Hashable | None:
+        """What makes the slot's work before its task differ between requests: the
+        reads (their types; a frame's size), or None when a device array's pointer and
+        producer change with each request."""
+        reads = slot.reads
+        for read in reads:
+            if type(read) is not FrameRead and read[3] is not None:  # a device array
+                return None
+        return tuple(reads)
+
+    def outputs_kind(self, device: bool) -> Hashable | None:
+        """None for device outputs (pool memory, new with each request)."""
+        return None if device and self.runtime.has_device_memory else ()
 
     def enqueue_inputs(self, slot: Slot) -> None:
         runtime = self.runtime

@@ -53,7 +53,10 @@ class EngineOptions:
     requests fail, with :class:`~aiodla.WorkerLostError`). ``max_restarts``: how many
     replacements are allowed within ``restart_window`` seconds before the engine is
     dead. ``heartbeat_timeout``: seconds a worker may stay silent before it is taken
-    for hung, killed and replaced.
+    for hung, killed and replaced. ``graphs``: each slot captures the work around its
+    task (copies, conversions, its event) into a graph the first time a request of a
+    kind runs there, and enqueues the graph, one call, for every later one; False
+    enqueues each call every time.
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -75,6 +78,7 @@ class EngineOptions:
     max_restarts: int = 5
     restart_window: float = 60.0
     heartbeat_timeout: float = 5.0
+    graphs: bool = True
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
@@ -118,6 +122,8 @@ class EngineOptions:
             raise ConfigurationError(f"convert={self.convert!r} must be 'auto', 'device' or 'host'")
         if self.zero_copy is not None and not isinstance(self.zero_copy, bool):
             raise ConfigurationError(f"zero_copy={self.zero_copy!r} must be True, False or None")
+        if not isinstance(self.graphs, bool):
+            raise ConfigurationError(f"graphs={self.graphs!r} must be True or False")
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if self.isolation not in ("thread", "process"):

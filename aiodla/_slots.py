@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._options import EngineOptions
@@ -88,6 +88,9 @@ class Slot:
     pooled: list[int] = dataclasses.field(default_factory=list)
     keep: tuple[Any, ...] = ()
     ingest_event: int = 0
+    # Graphs of the work before and after the task, by kind of request (see _graphs).
+    graphs_in: dict[Hashable, Any] = dataclasses.field(default_factory=dict)
+    graphs_out: dict[Hashable, Any] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<Slot core {self.core.core} #{self.index}>"

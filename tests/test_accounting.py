@@ -229,7 +229,8 @@ class TestHungCoreAtClose:
         kept = {kind: runtime.live_handles()[kind] - before[kind] for kind in before}
         # One core's share: its device and module, and per slot (2) one stream, one
         # event, and per tensor (x and y) a device buffer, its registration and a
-        # pinned host buffer.
+        # pinned host buffer; and each slot's two graphs (the work before and after
+        # the task), captured by its first request.
         assert kept == {
             "devices": 1,
             "modules": 1,
@@ -238,6 +239,7 @@ class TestHungCoreAtClose:
             "events": 2,
             "device_memory": 4,
             "host_memory": 4,
+            "graphs": 4,
         }
 
 

@@ -33,6 +33,7 @@ from cuda.bindings import runtime as _rt
 from .._descriptors import TensorDescriptor
 from .._errors import RuntimeUnavailableError
 from ..emulator._format import stated_latency
+from ._cuda_graphs import CudaGraphs
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, DynamicLibNotFoundError)
 
 
-class CudaRuntime:
+class CudaRuntime(CudaGraphs):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, on CUDA device ``device``.
 
     Creating it calls nothing; :meth:`make_current` (which the engine calls on each of
@@ -207,6 +208,7 @@ class CudaRuntime:
         self._kernels: dict[int, tuple[TensorSpec, ConversionKernels]] = {}
         self._preprocess: dict[int, tuple[TensorSpec, PreprocessKernels]] = {}
         self.counts = TransferCounts()
+        self._capturing = {}
 
     def __repr__(self) -> str:
         return f"<CudaRuntime device={self.device}>"
@@ -336,7 +338,8 @@ class CudaRuntime:
         check_cuda("cudaEventDestroy", _rt.cudaEventDestroy(event))
 
     def record_event(self, event: int, stream: int) -> None:
-        check_cuda("cudaEventRecord", _rt.cudaEventRecord(event, stream))
+        if not self._capturing or not self._record_captured(event, stream):
+            check_cuda("cudaEventRecord", _rt.cudaEventRecord(event, stream))
 
     def query_event(self, event: int) -> bool:
         error = _rt.cudaEventQuery(event)[0]

@@ -61,6 +61,7 @@ from ..emulator._format import EmulatorModel, parse_loadable, stated_latency
 from ..emulator._ops import ModelRunner
 from ._compute_threads import ComputeThreads, _ComputeWorker, compute_function
 from ._emulated_conversion import EmulatedConversion
+from ._emulated_graphs import EmulatedGraphs, records_stream_work
 from ._faults import EmulatedCudlaError, TaskGate, _CallFailure, _reject
 from ._protocol import CudaCallError, HostBuffer, TransferCounts
 from ._timeline import (
@@ -134,7 +135,16 @@ def _host_register(
     return buffer
 
 
-class EmulatedRuntime(EmulatedConversion, ComputeThreads):
+@records_stream_work(
+    copy_to_device=3,
+    copy_to_host=3,
+    pack=5,
+    unpack=4,
+    preprocess=6,
+    record_event=1,
+    wait_event=0,
+)
+class EmulatedRuntime(EmulatedGraphs, EmulatedConversion, ComputeThreads):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, emulated on the CPU.
 
     ``cores``: how many DLA cores exist (Orin has 2). ``copy_bandwidth``: bytes per
@@ -173,6 +183,8 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
         self._streams: dict[int, _Stream] = {}
         self._retired: list[_Stream] = []  # destroyed streams whose work still runs
         self._events: dict[int, _Event] = {}
+        self._recordings = {}  # streams capturing (see _emulated_graphs)
+        self._graphs = {}
         self._device_memory: dict[int, np.ndarray[Any, Any]] = {}
         self._device_starts: list[int] = []
         self._next_address = 0x7F00_0000_0000
@@ -205,15 +217,8 @@ class EmulatedRuntime(EmulatedConversion, ComputeThreads):
                 "events": len(self._events),
                 "device_memory": len(self._device_memory),
                 "host_memory": len(self._host_memory),
+                "graphs": len(self._graphs),
             }
-
-    def core_busy_time(self, core: int) -> float:
-        """Seconds of task time on the core's timeline."""
-        return self._core(core).busy_time
-
-    def core_tasks(self, core: int) -> int:
-        """Tasks that finished on ``core`` (as observed so far)."""
-        return self._core(core).tasks_completed
 
     def _device(self, device: int) -> _Device:
         try:

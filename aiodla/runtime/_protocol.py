@@ -267,6 +267,24 @@ class Runtime(Protocol):
         (blocking: ``DeviceTensor.to_host``)."""
         ...
 
+    # -- a stream's work, captured once and replayed --------------------------------------
+    def begin_capture(self, stream: int) -> None:
+        """From now on, work this thread enqueues on ``stream`` (copies, conversions,
+        event records) is recorded, not run, until :meth:`end_capture`. Raises when
+        the runtime cannot capture (the engine then enqueues each call instead)."""
+        ...
+
+    def end_capture(self, stream: int) -> Any:
+        """Stop recording ``stream``; the recorded work as a graph that
+        :meth:`launch_graph` enqueues, whole, any number of times (a CUDA graph)."""
+        ...
+
+    def launch_graph(self, graph: Any, stream: int) -> None:
+        """Enqueue a captured graph's work on ``stream``, as its calls would have."""
+        ...
+
+    def destroy_graph(self, graph: Any) -> None: ...
+
     # -- layout conversion on the stream -------------------------------------------------
     def prepare_conversions(
         self,

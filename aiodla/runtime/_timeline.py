@@ -133,6 +133,14 @@ class Timeline:
             raise ConfigurationError(f"{core=} is not one of the {len(self._cores)} cores")
         return self._cores[core]
 
+    def core_busy_time(self, core: int) -> float:
+        """Seconds of task time on the core's timeline."""
+        return self._core(core).busy_time
+
+    def core_tasks(self, core: int) -> int:
+        """Tasks that finished on ``core`` (as observed so far)."""
+        return self._core(core).tasks_completed
+
     def _check_injected(self, call: str, core: int | None = None) -> None:
         """Where an injected failure of ``call`` would raise; none at this layer."""
 

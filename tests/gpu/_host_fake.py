@@ -78,6 +78,7 @@ class HostFakeRuntime:
     cudaEventBlockingSync = cudaEventBlockingSync
     cudaHostAllocPortable = cudaHostAllocPortable
     cudaHostAllocDefault = cudaHostAllocDefault
+    cudaStreamCaptureMode = _real.cudaStreamCaptureMode
 
     def __init__(self, controls: StandinControls) -> None:
         self._controls = controls
@@ -128,6 +129,11 @@ class HostFakeRuntime:
     @_in_context(returns_value=False)
     def cudaStreamDestroy(self, stream: int) -> tuple[Any]:
         return self._drop(self.streams, int(stream))
+
+    def cudaStreamBeginCapture(self, stream: int, mode: Any) -> tuple[Any]:
+        # Every call here runs as it is made: nothing could be recorded. The engine
+        # then enqueues each call, as with a driver that cannot capture.
+        return (cudaError_t.cudaErrorStreamCaptureUnsupported,)
 
     @_in_context(returns_value=False)
     def cudaStreamSynchronize(self, stream: int) -> tuple[Any]:

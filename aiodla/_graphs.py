@@ -1,0 +1,123 @@
+"""A slot's stream work captured once as a graph and launched whole for each request.
+
+Around its DLA task, every request on a slot enqueues the same work on the same
+buffers: the copies and conversion kernels in, then the conversions and copies out and
+the completion event. Only what the caller passes changes it (an input's source dtype,
+a camera frame's size; device arrays and device outputs change pointers). So the first
+request of each kind on a slot captures that work, before and after the task, into two
+graphs (CUDA graphs on the CUDA runtime), and every later one enqueues each graph with
+one runtime call instead of four to six calls and the Python around them: at short
+service times that host work per request is what limits the rate.
+
+The DLA task is submitted between the two graphs, as before: cuDLA does not document
+capturing its tasks into a graph. Work that is not the same each time (a device array's
+pointer, pool memory for device outputs) and stage timing are enqueued call by call. A
+slot keeps at most ``MAX_GRAPHS`` of each; past that, a new kind is enqueued call by
+call. If a capture fails (a runtime that cannot capture, a driver that refuses), the
+engine logs it once, stops capturing, and enqueues call by call from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._resources import ResourceStack
+    from ._slots import Slot
+    from .runtime._protocol import Runtime
+
+__all__ = ["MAX_GRAPHS", "Graphs"]
+
+logger = logging.getLogger("aiodla")
+
+#: Graphs a slot keeps for its work before the task, and as many for after it.
+MAX_GRAPHS = 8
+
+
+class Graphs:
+    """Captures and launches the slots' graphs of one engine (loop thread, or the
+    worker's submitting thread with ``isolation="process"``)."""
+
+    def __init__(self, runtime: Runtime, resources: ResourceStack) -> None:
+        self._runtime = runtime
+        self._resources = resources
+        self.enabled = True  # until a capture fails
+        self.captured = 0
+
+    def enqueue(
+        self,
+        slot: Slot,
+        table: dict[Hashable, Any],
+        key: Hashable,
+        work: Callable[..., None],
+        *args: Any,
+    ) -> None:
+        """Enqueue ``work(*args)`` on the slot's stream: the graph ``table`` holds for
+        ``key``, captured now if there is none yet, or the calls themselves."""
+        graph = table.get(key)
+        if graph is None:
+            graph = self._capture(slot, table, key, work, args)
+            if graph is None:
+                work(*args)
+                return
+        self._runtime.launch_graph(graph, slot.stream)
+
+    def _capture(
+        self,
+        slot: Slot,
+        table: dict[Hashable, Any],
+        key: Hashable,
+        work: Callable[..., None],
+        args: tuple[Any, ...],
+    ) -> Any:
+        """The graph of ``work(*args)`` on the slot's stream, kept in ``table``; None to
+        enqueue the calls instead (the slot keeps enough graphs, or capture failed)."""
+        if not self.enabled or len(table) >= MAX_GRAPHS:
+            return None
+        runtime = self._runtime
+        stream = slot.stream
+        try:
+            runtime.begin_capture(stream)
+        except Exception as exc:
+            self._give_up(slot, exc)
+            return None
+        try:
+            work(*args)
+        except Exception as exc:
+            # Nothing ran (the calls were being recorded): stop capturing, and let the
+            # calls themselves run, which raise again if the request is at fault.
+            self._end_quietly(stream)
+            self._give_up(slot, exc)
+            return None
+        try:
+            graph = runtime.end_capture(stream)
+        except Exception as exc:
+            self._give_up(slot, exc)
+            return None
+        core = slot.core.core
+        self._resources.push(
+            f"core {core} slot {slot.index}: graph", core, runtime.destroy_graph, graph
+        )
+        table[key] = graph
+        self.captured += 1
+        return graph
+
+    def _end_quietly(self, stream: int) -> None:
+        try:
+            graph = self._runtime.end_capture(stream)
+        except Exception:  # an invalidated capture has no graph to destroy
+            return
+        try:
+            self._runtime.destroy_graph(graph)
+        except Exception as exc:
+            logger.debug("aiodla: destroying a graph of a failed capture: %s", exc)
+
+    def _give_up(self, slot: Slot, exc: BaseException) -> None:
+        self.enabled = False
+        logger.warning(
+            "aiodla: capturing %r's stream work failed (%s); enqueuing each call from now on",
+            slot,
+            exc,
+        )
