@@ -28,12 +28,15 @@ if TYPE_CHECKING:
     from ._slots import Slot
     from .runtime._protocol import Runtime
 
-__all__ = ["MAX_GRAPHS", "Graphs"]
+__all__ = ["CAPTURE_REFUSED", "MAX_GRAPHS", "Graphs"]
 
 logger = logging.getLogger("aiodla")
 
 #: Graphs a slot keeps for its work before the task, and as many for after it.
 MAX_GRAPHS = 8
+#: cudaError_t values of a call that stream capture does not allow (cudaErrorStreamCapture
+#: Unsupported ... WrongThread): the work runs call by call from then on.
+CAPTURE_REFUSED = range(900, 909)
 
 
 class Graphs:
@@ -86,9 +89,11 @@ class Graphs:
         try:
             work(*args)
         except Exception as exc:
-            # Nothing ran (the calls were being recorded): stop capturing, and let the
-            # calls themselves run, which raise again if the request is at fault.
+            # Nothing ran (the calls were being recorded): stop capturing. A call the
+            # capture refused runs outside it; any other failure is the request's own.
             self._end_quietly(stream)
+            if getattr(exc, "code", None) not in CAPTURE_REFUSED:
+                raise
             self._give_up(slot, exc)
             return None
         try:

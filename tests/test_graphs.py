@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiodla import DeviceError, Engine, ImagePreprocess, TensorSpec
+from aiodla import AiodlaError, DeviceError, Engine, ImagePreprocess, TensorSpec
 from aiodla._data_path import DevicePath
 from aiodla._graphs import MAX_GRAPHS, Graphs
 from aiodla.emulator import make_loadable
@@ -191,9 +191,7 @@ class TestCaptureFails:
         assert runtime.invalid_releases == 0
         assert set(runtime.live_handles().values()) == {0}
 
-    async def test_a_failing_call_while_recording_is_not_lost(self) -> None:
-        """Work that raises while it is recorded (nothing ran) ends the capture, and
-        the calls themselves run: the request succeeds when they do."""
+    async def test_a_call_the_capture_refuses_runs_outside_it(self) -> None:
         runtime = EmulatedRuntime()
         async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
             graphs = graphs_of(e)
@@ -203,7 +201,7 @@ class TestCaptureFails:
             def work() -> None:
                 attempts.append(1)
                 if len(attempts) == 1:
-                    raise ValueError("only while recording")
+                    raise CudaCallError("cudaMemcpyAsync", 900)  # not in a capture
 
             graphs.enqueue(slot, {}, "kind", work)
             assert attempts == [1, 1]
@@ -211,6 +209,32 @@ class TestCaptureFails:
             assert runtime.live_handles()["graphs"] == 0
             x = inputs(1)[0]
             np.testing.assert_array_equal(await e.infer(x), expected_affine(x))
+
+    async def test_a_call_failing_for_its_own_reason_fails_the_request(self) -> None:
+        """Recorded or not, a failing call fails its request alone; the next request of
+        the kind captures its graph."""
+        runtime = EmulatedRuntime()
+        async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
+            path = e._cores.path
+            assert path is not None
+            real = path.enqueue_inputs
+            failures = [ValueError("a launch failed")]
+
+            def failing(slot: Any) -> None:
+                if failures:
+                    raise failures.pop()
+                real(slot)
+
+            path.enqueue_inputs = failing  # type: ignore[method-assign]
+            x = inputs(1)[0]
+            with pytest.raises(AiodlaError, match="a launch failed"):
+                await e.infer(x)
+            np.testing.assert_array_equal(await e.infer(x), expected_affine(x))
+            assert graphs_of(e).enabled
+            assert runtime.live_handles()["graphs"] == 2
+            stats = e.statistics()
+            assert (stats.completed, stats.failed) == (1, 1)
+            assert counts_add_up(stats)
 
 
 class TestLaunchFails:
