@@ -201,6 +201,7 @@ class Cores(CoreSetup):
                 graphs.enqueue(slot, slot.graphs_out, kind, self._enqueue_after, slot, device)
         core = slot.core
         slot.submitted_at = now
+        slot.running_at = slot.done_at = 0.0
         core.expected_free = max(now, core.expected_free) + core.service_time
         slot.expected_done = core.expected_free
 
@@ -252,6 +253,7 @@ class Cores(CoreSetup):
         spanned = core.last_completion != now
         elapsed = now - max(slot.submitted_at, core.last_completion)
         core.last_completion = now
+        _follow_the_core(slot)
         # Observed spans include how late the poller saw the task; a service time the
         # loadable states is the truth for the busy figures.
         if not spanned:
@@ -298,3 +300,31 @@ class Cores(CoreSetup):
         if core.dla_times is not None and core.dla_histogram is not None:
             core.dla_times.add(stages[1])
             core.dla_histogram.add(stages[1])
+
+
+def _follow_the_core(slot: Slot) -> None:
+    """Move the estimates of the tasks queued behind ``slot`` on its core (and of the
+    core's end) to where the evidence puts the core's timeline.
+
+    Each submission's estimate is the core's previous one plus the service time, so a
+    service time a little off the real one (a loadable's stated time, a stand-in's
+    overhead) moves a saturated core's estimates ever further from its tasks. Too early,
+    the poller queries every task several times and wakes the loop for each one
+    (measured on the emulated runtime, stated 2 % short at 1 ms: 4.6 queries a request
+    instead of 1.1, and twice the CPU); too late, the ring runs dry before the poller
+    looks. Only the poller's evidence moves them, and never past it: a task found still
+    running after its estimate moves those behind it later by that much; one found done
+    before its estimate, earlier by as much. The poller's lateness in seeing a task done
+    moves nothing, so no error feeds on itself.
+    """
+    estimate = slot.expected_done
+    if slot.running_at > estimate:
+        offset = slot.running_at - estimate
+    elif 0.0 < slot.done_at < estimate:
+        offset = slot.done_at - estimate
+    else:
+        return
+    for other in slot.core.slots:
+        if other.expected_done > estimate:
+            other.expected_done += offset
+    slot.core.expected_free += offset
