@@ -84,6 +84,17 @@ class TensorBinding:
     # where it writes the float32 model input before packing.
     frames: ImagePreprocess | None = None
     scratch: _Array | None = None
+    # Device conversion, per request: the staging as a dense array of each source dtype
+    # with the read the pack kernel makes from it (inputs), and the results' view
+    # (outputs); views of ``host``, made once (see :meth:`rehost`).
+    staged: dict[np.dtype[Any], tuple[_Array, Read]] = dataclasses.field(default_factory=dict)
+    results: _Array | None = None
+
+    def rehost(self, host: HostBuffer, bound: BoundTensor | None) -> None:
+        """Stage in ``host`` from now on (a new worker's shared staging)."""
+        self.host, self.bound = host, bound
+        self.staged.clear()
+        self.results = None
 
 
 class FrameRead(NamedTuple):
@@ -351,18 +362,21 @@ class DevicePath:
     def _stage_array(
         self, binding: TensorBinding, array: _Array
     ) -> tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None]:
+        staged = binding.staged.get(array.dtype)
+        if staged is None:
+            if array.dtype not in SOURCE_DTYPES:
+                # check_array let it through (int64 into a float tensor, say): the host
+                # stores it as the tensor's type first, as the host path would.
+                return self._stage_array(binding, array.astype(binding.spec.numpy_dtype))
+            staged = binding.staged[array.dtype] = self._staging_of(binding, array.dtype)
+        np.copyto(staged[0], array, casting="unsafe")
+        return staged[1]  # type: ignore[return-value]
+
+    def _staging_of(self, binding: TensorBinding, dtype: np.dtype[Any]) -> tuple[_Array, Read]:
         spec = binding.spec
-        dtype = array.dtype
-        if dtype not in SOURCE_DTYPES:
-            # check_array let it through (int64 into a float tensor, say): the host
-            # stores it as the tensor's type first, as the host path would.
-            array = array.astype(spec.numpy_dtype)
-            dtype = array.dtype
-        nbytes = array.size * dtype.itemsize
+        nbytes = _elements(spec) * dtype.itemsize
         staging = binding.host.array[:nbytes].view(dtype).reshape(spec.shape)
-        np.copyto(staging, array, casting="unsafe")
-        pointer = self._staged_at(binding)
-        return (pointer, dtype, _dense_strides(spec.shape), None)
+        return staging, (self._staged_at(binding), dtype, _dense_strides(spec.shape), None)
 
     def _staged_at(self, binding: TensorBinding) -> int:
         """Where the kernels read the binding's staged bytes: the mapped staging itself,
@@ -458,9 +472,12 @@ class DevicePath:
             ]
         results = []
         for binding in slot.outputs:
-            spec = binding.spec
-            nbytes = _elements(spec) * spec.result_dtype.itemsize
-            view = binding.host.array[:nbytes].view(spec.result_dtype).reshape(spec.shape)
+            view = binding.results
+            if view is None:
+                spec = binding.spec
+                nbytes = _elements(spec) * spec.result_dtype.itemsize
+                view = binding.host.array[:nbytes].view(spec.result_dtype).reshape(spec.shape)
+                binding.results = view
             array = view.copy()  # the staging buffer serves the slot's next request
             results.append(_host_backed(array) if device else array)
         return results

@@ -116,8 +116,7 @@ class RemoteCores(Cores):
                 (*slot.inputs, *slot.outputs), places, strict=True
             ):
                 view = staging[offset : offset + nbytes]
-                binding.host = HostBuffer(0, view)
-                binding.bound = binding.spec.bind(view) if host_path else None
+                binding.rehost(HostBuffer(0, view), binding.spec.bind(view) if host_path else None)
         self._failures.clear()
 
     def _build(self, ready: dict[str, Any]) -> None:
@@ -244,7 +243,7 @@ class RemoteCores(Cores):
         empty = HostBuffer(0, np.zeros(0, np.uint8))
         for slot in self.slots:
             for binding in (*slot.inputs, *slot.outputs):
-                binding.host, binding.bound = empty, None
+                binding.rehost(empty, None)
 
 
 class _NoRuntime:
