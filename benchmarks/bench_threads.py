@@ -182,6 +182,8 @@ async def measure(
             profiler.start()
         before = _thread_cpu.snapshot()
         device_before = device_time(engine)
+        poller = engine._flow.poller
+        posts, sweeps = getattr(poller, "wakeups", 0), getattr(poller, "sweeps", 0)
         started = time.perf_counter()
         stop = started + seconds
         done = 0
@@ -209,6 +211,9 @@ async def measure(
         if profiler is not None:
             profiler.stop()
         device = 1e6 * (device_time(engine) - device_before) / done
+        # The poller's hand-offs to the loop (a wake-up each) and its own sweeps.
+        posts = (getattr(poller, "wakeups", 0) - posts) / done
+        sweeps = (getattr(poller, "sweeps", 0) - sweeps) / done
     per, by_name = _thread_cpu.per_request(before, after, done, loop_id)
     ideal = CORES / service if service else float("inf")
     return {
@@ -221,6 +226,8 @@ async def measure(
         "rate": done / elapsed,
         "x_ideal": (done / elapsed) / ideal if service else float("nan"),
         "requests": done,
+        "loop_wakeups": posts,
+        "poller_sweeps": sweeps,
         "other_by_thread": by_name,
     }
 
@@ -285,10 +292,23 @@ def print_table(report: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"CPU per request by thread (us), {args.runtime} runtime, {CORES} cores, 64 in flight "
         f"(saturated) or half the ideal rate; median of {args.repeats} (min..max); "
-        "host = process less emulated device work"
+        "host = process less emulated device work; posts: the poller's hand-offs to the "
+        "loop, sweeps: its own, per request"
     )
-    header = ("case", "loop", "poller", "other", "process", "device", "host", "rate/s", "x ideal")
-    print("{:<20} {:>7} {:>7} {:>7} {:>8} {:>7} {:>16} {:>8} {:>18}".format(*header))
+    header = (
+        "case",
+        "loop",
+        "poller",
+        "other",
+        "process",
+        "device",
+        "host",
+        "rate/s",
+        "x ideal",
+        "posts",
+        "sweeps",
+    )
+    print("{:<20} {:>7} {:>7} {:>7} {:>8} {:>7} {:>16} {:>8} {:>18} {:>6} {:>6}".format(*header))
     for name, row in report["results"].items():
         host, ideal = row["host_us"], row["x_ideal"]
         spread = f"({host['min']:.0f}..{host['max']:.0f})"
@@ -301,7 +321,8 @@ def print_table(report: dict[str, Any], args: argparse.Namespace) -> None:
             f"{name:<20} {row['loop_us']['median']:7.1f} {row['poller_us']['median']:7.1f} "
             f"{row['other_us']['median']:7.1f} {row['process_us']['median']:8.1f} "
             f"{row['device_us']['median']:7.1f} {host['median']:6.1f} {spread:>9} "
-            f"{row['rate']['median']:8.0f} {ratio:>18}"
+            f"{row['rate']['median']:8.0f} {ratio:>18} "
+            f"{row['loop_wakeups']['median']:6.2f} {row['poller_sweeps']['median']:6.2f}"
         )
     if "light" in report:
         lt = report["light"]
