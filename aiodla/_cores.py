@@ -164,6 +164,8 @@ class Cores(CoreSetup):
 
     def recycle(self, slot: Slot) -> None:
         """The slot's work is over: give back what its request held on the device."""
+        if not slot.keep and not slot.pooled:  # the common case: nothing was held
+            return
         keep, slot.keep = slot.keep, ()
         for source in keep:
             source.release()
@@ -188,15 +190,20 @@ class Cores(CoreSetup):
         if slot.timing is not None or graphs is None:
             self._enqueue_each(slot, device)
         else:
+            stream = slot.stream
             kind = path.inputs_kind(slot)
             if kind is None:
                 path.enqueue_inputs(slot)
+            elif (graph := slot.graphs_in.get(kind)) is not None:  # (enqueue's common case)
+                runtime.launch_graph(graph, stream)
             else:
                 graphs.enqueue(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
-            runtime.submit_task(slot.core.device, slot.task, slot.stream)
+            runtime.submit_task(slot.core.device, slot.task, stream)
             kind = path.outputs_kind(device)
             if kind is None:
                 self._enqueue_after(slot, device)
+            elif (graph := slot.graphs_out.get(kind)) is not None:
+                runtime.launch_graph(graph, stream)
             else:
                 graphs.enqueue(slot, slot.graphs_out, kind, self._enqueue_after, slot, device)
         core = slot.core
@@ -253,7 +260,9 @@ class Cores(CoreSetup):
         spanned = core.last_completion != now
         elapsed = now - max(slot.submitted_at, core.last_completion)
         core.last_completion = now
-        _follow_the_core(slot)
+        estimate = slot.expected_done
+        if slot.running_at > estimate or 0.0 < slot.done_at < estimate:
+            _follow_the_core(slot)
         # Observed spans include how late the poller saw the task; a service time the
         # loadable states is the truth for the busy figures.
         if not spanned:

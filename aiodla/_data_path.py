@@ -334,8 +334,10 @@ class DevicePath:
                 n, c, h, w = value.strides
                 # 0: after the ingest stream (DLPack); else the interface's own stream
                 reads.append((value.pointer, value.dtype, (n, c, h, w), value.wait_stream or 0))
-                continue
-            reads.append(self._stage(binding, value))
+            elif binding.frames is None:
+                reads.append(self._stage_array(binding, value))
+            else:
+                reads.append(self._stage(binding, value))
         slot.reads = reads
 
     def _stage(self, binding: TensorBinding, array: _Array) -> Read:

@@ -356,7 +356,7 @@ class Engine:
         if output != "host":
             self._check_device_output(output)
         arrays = self._validated(inputs)
-        sources = tuple(a for a in arrays if isinstance(a, DeviceSource))
+        sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler
         limit = self._options.max_queue
         if not wait and scheduler.waiting >= limit and not scheduler.idle_slots:

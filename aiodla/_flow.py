@@ -362,7 +362,8 @@ class Flow:
             outcome, reason = Outcome.COMPLETED, None
         if not self.scheduler.finish(request, outcome, reason):
             return None
-        _let_go(request)
+        if request.sources:
+            _let_go(request)
         if outcome is Outcome.COMPLETED:
             latency = (time.monotonic() if now is None else now) - request.started
             self.latency.add(latency)

@@ -77,9 +77,11 @@ class CudaGraphs:
         return CudaGraph(executable, made)
 
     def launch_graph(self, graph: CudaGraph, stream: int) -> None:
-        _cuda.check_cuda("cudaGraphLaunch", _cudart().cudaGraphLaunch(graph.executable, stream))
+        (error,) = _cudart().cudaGraphLaunch(graph.executable, stream)
+        if error != 0:
+            raise _cuda.cuda_error("cudaGraphLaunch", error)
         counts = self.counts
-        for name, made in graph.counts:
+        for name, made in graph.counts:  # (per request: the fields a launch changes)
             setattr(counts, name, getattr(counts, name) + made)
 
     def destroy_graph(self, graph: CudaGraph) -> None:
