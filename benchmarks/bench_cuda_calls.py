@@ -15,7 +15,10 @@ interleaved repeats (min..max).
 Usage (GPU machine, stand-in built; ``--runtime emulated`` dry-runs it here)::
 
     python benchmarks/bench_cuda_calls.py [--convert device|host] [--calls 2000]
-        [--repeats 5] [--json PATH]
+        [--repeats 5] [--gap SECONDS] [--json PATH]
+
+``--gap 0.0038`` idles 3.8 ms before each timed call: what a call costs when the host
+and the GPU wait between tasks, as at long service times.
 """
 
 from __future__ import annotations
@@ -36,11 +39,24 @@ from aiodla.runtime import EmulatedRuntime
 SYNC_EVERY = 32  # keep the stream's queue short: a full queue blocks the enqueuing call
 
 
-def per_call(calls: int, sync: Callable[[], None], call: Callable[[], Any]) -> float:
+def per_call(
+    calls: int, sync: Callable[[], None], call: Callable[[], Any], gap: float = 0.0
+) -> float:
     """CPU microseconds per ``call()``, synchronizing every SYNC_EVERY calls (timed too:
-    what a queue that drains costs belongs to the call's share)."""
+    what a queue that drains costs belongs to the call's share). With a ``gap``, the
+    thread sleeps that long before each call, which alone is timed: a call made after
+    the host and the GPU sat idle, as at long service times."""
     call()
     sync()
+    if gap:
+        spent = 0.0
+        for _ in range(calls):
+            time.sleep(gap)
+            began = time.process_time()
+            call()
+            spent += time.process_time() - began
+            sync()
+        return spent / calls * 1e6
     began = time.process_time()
     for index in range(calls):
         call()
@@ -73,7 +89,7 @@ async def one_engine(runtime: Any, args: argparse.Namespace, graphs: bool) -> di
 
         cores.write_inputs(slot, [x])
         name = "submit, graphs" if graphs else "submit, each call"
-        figures[name] = per_call(args.calls, sync, lambda: cores.submit(slot, 0.0))
+        figures[name] = per_call(args.calls, sync, lambda: cores.submit(slot, 0.0), args.gap)
         if graphs:
             return figures
         # The pieces, on the same slot: the calls the device layer makes.
@@ -90,7 +106,7 @@ async def one_engine(runtime: Any, args: argparse.Namespace, graphs: bool) -> di
             ),
         }
         for piece, call in pieces.items():
-            figures[piece] = per_call(args.calls, sync, call)
+            figures[piece] = per_call(args.calls, sync, call, args.gap)
     return figures
 
 
@@ -107,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--convert", choices=("device", "host"), default="device")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--gap", type=float, default=0.0, help="seconds idle before each call (0: back to back)"
+    )
     parser.add_argument("--standin", default=None)
     parser.add_argument("--nvcc", default="nvcc")
     parser.add_argument("--host-fake", action="store_true")
@@ -123,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         runtime = EmulatedRuntime()
     repeats = [asyncio.run(one_repeat(runtime, args)) for _ in range(args.repeats)]
     print(
-        f"CPU us per call, one thread, {args.runtime} runtime, {args.convert} conversion; "
+        f"CPU us per call, one thread, {args.runtime} runtime, {args.convert} conversion, "
+        f"{f'{args.gap * 1e3:g} ms idle before each' if args.gap else 'back to back'}; "
         f"median of {args.repeats} (min..max)"
     )
     summary = {}
@@ -140,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             f"({summary[name]['min']:.2f}..{summary[name]['max']:.2f})"
         )
     if args.json:
-        report = {"runtime": args.runtime, "convert": args.convert, "results": summary}
+        report = {
+            "runtime": args.runtime,
+            "convert": args.convert,
+            "gap": args.gap,
+            "results": summary,
+        }
         with open(args.json, "w") as file:
             json.dump(report, file, indent=1)
     return 0
