@@ -88,6 +88,9 @@ CONSUME_WAIT = 2e-3
 # expected end instead of polling from SPIN_WINDOW before it: each wake-up cost 40 to
 # 65 us of the thread's CPU in that timing, more than a spin window's work saved.
 LATE_WAKE = 300e-6
+# Service times between two looks at a core's task before its estimate that found it
+# running (see _take_done).
+PEEK_EVERY = 4
 
 
 class Poller:
@@ -118,6 +121,8 @@ class Poller:
         # Cores whose last completion left work queued behind it: the loop refills them
         # after each batch, so their next task is waited for as a loaded core's.
         self._loaded: set[int] = set()
+        # When each core's next look at a task before its estimate may be made.
+        self._peeks: dict[int, float] = {}
         self._sweeping = threading.Lock()
         self._changes = 0
         # A lock used as a doorbell: the poller sleeps in acquire(timeout), ``watch``
@@ -282,6 +287,7 @@ class Poller:
         query = self._probe.event_done
         status = self._probe.core_status
         loaded = self._loaded
+        peeks = self._peeks
         done = []
         for key, lane in self._lanes.items():
             took = False
@@ -290,12 +296,17 @@ class Poller:
                 # Past a task found done, the next is queried even before its estimate:
                 # found done, it shows that the core runs ahead of the estimates; found
                 # running after its estimate, behind; either moves them (see
-                # Cores.account). It costs a query a core a sweep at most.
-                if not took and slot.expected_done - _window(slot) > now:
+                # Cores.account). A look that finds it running waits PEEK_EVERY service
+                # times before the core's next (with two slots a core, every sweep would
+                # pay for one).
+                due = slot.expected_done - _window(slot) <= now
+                if not due and (not took or now < peeks.get(key, 0.0)):
                     break
                 if not query(slot.event):
                     if now > slot.expected_done:
                         slot.running_at = now
+                    if not due:
+                        peeks[key] = now + PEEK_EVERY * slot.core.service_time
                     break
                 lane.popleft()
                 slot.done_at = now
