@@ -13,8 +13,10 @@ The DLA task is submitted between the two graphs, as before: cuDLA does not docu
 capturing its tasks into a graph. Work that is not the same each time (a device array's
 pointer, pool memory for device outputs) and stage timing are enqueued call by call. A
 slot keeps at most ``MAX_GRAPHS`` of each; past that, a new kind is enqueued call by
-call. If a capture fails (a runtime that cannot capture, a driver that refuses), the
-engine logs it once, stops capturing, and enqueues call by call from then on.
+call. If capturing fails (a runtime that cannot capture, a driver that refuses a call in
+a capture), the engine logs it once, stops capturing, and enqueues call by call from
+then on; a call that fails for its own reason while it is recorded fails its request,
+as it would have outside a capture.
 """
 
 from __future__ import annotations

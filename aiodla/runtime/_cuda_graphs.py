@@ -59,7 +59,7 @@ class CudaGraphs:
     def end_capture(self, stream: int) -> CudaGraph:
         rt = _cudart()
         before = self._capturing.pop(stream, None)
-        graph = _cuda.check_cuda("cudaStreamEndCapture", rt.cudaStreamEndCapture(stream))
+        # The counts go back first: whether the capture ends well or not, nothing ran.
         counts = self.counts
         made: tuple[tuple[str, int], ...] = ()
         if before is not None:
@@ -70,6 +70,7 @@ class CudaGraphs:
             )
             for name, _ in made:
                 setattr(counts, name, getattr(before, name))
+        graph = _cuda.check_cuda("cudaStreamEndCapture", rt.cudaStreamEndCapture(stream))
         try:
             executable = _cuda.check_cuda("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
         finally:
