@@ -268,3 +268,82 @@ def test_cudla_half_through_the_bindings(tmp_path: Path) -> None:
     usable, reason = facts["probe"]
     assert not usable
     assert "CUDA device" in reason
+
+
+class _CaptureBindings:
+    """The graph calls of cuda.bindings.runtime, answering as told (no GPU needed)."""
+
+    cudaStreamCaptureMode = rt.cudaStreamCaptureMode
+    cudaEventRecordExternal = rt.cudaEventRecordExternal
+
+    def __init__(self) -> None:
+        self.end_error = rt.cudaError_t.cudaSuccess
+        self.launch_error = rt.cudaError_t.cudaSuccess
+        self.calls: list[str] = []
+
+    def cudaStreamBeginCapture(self, stream: int, mode: Any) -> tuple[Any]:
+        self.calls.append("begin")
+        return (rt.cudaError_t.cudaSuccess,)
+
+    def cudaStreamEndCapture(self, stream: int) -> tuple[Any, Any]:
+        self.calls.append("end")
+        return (self.end_error, "graph")
+
+    def cudaGraphInstantiate(self, graph: Any, flags: int) -> tuple[Any, Any]:
+        return (rt.cudaError_t.cudaSuccess, "executable")
+
+    def cudaGraphDestroy(self, graph: Any) -> tuple[Any]:
+        self.calls.append("destroy graph")
+        return (rt.cudaError_t.cudaSuccess,)
+
+    def cudaGraphLaunch(self, executable: Any, stream: int) -> tuple[Any]:
+        self.calls.append("launch")
+        return (self.launch_error,)
+
+    def cudaEventRecordWithFlags(self, event: int, stream: int, flags: Any) -> tuple[Any]:
+        self.calls.append(f"record {int(flags)}")
+        return (rt.cudaError_t.cudaSuccess,)
+
+
+class TestGraphs:
+    """CudaRuntime's capture: the transfer counts a capture made are taken back and
+    added at each launch; failures name their call (tests/gpu runs real graphs)."""
+
+    @pytest.fixture
+    def bindings(self, monkeypatch: pytest.MonkeyPatch) -> _CaptureBindings:
+        fake = _CaptureBindings()
+        monkeypatch.setattr(cuda_module, "_rt", fake)
+        return fake
+
+    def test_counts_follow_launches_not_captures(self, bindings: _CaptureBindings) -> None:
+        runtime = CudaRuntime()
+        runtime.begin_capture(7)
+        runtime.counts.copies_to_device += 1  # as a copy recorded in the capture counts it
+        runtime.counts.bytes_to_device += 64
+        runtime.record_event(3, 7)  # recorded in a capture: an external record node
+        graph = runtime.end_capture(7)
+        assert (runtime.counts.copies_to_device, runtime.counts.bytes_to_device) == (0, 0)
+        for _ in range(2):
+            runtime.launch_graph(graph, 7)
+        assert (runtime.counts.copies_to_device, runtime.counts.bytes_to_device) == (2, 128)
+        assert bindings.calls == ["begin", "record 1", "end", "destroy graph", "launch", "launch"]
+
+    def test_a_capture_that_fails_to_end_counts_nothing(self, bindings: _CaptureBindings) -> None:
+        runtime = CudaRuntime()
+        runtime.begin_capture(7)
+        runtime.counts.conversions += 2
+        bindings.end_error = rt.cudaError_t.cudaErrorStreamCaptureInvalidated
+        with pytest.raises(CudaCallError, match="cudaStreamEndCapture") as caught:
+            runtime.end_capture(7)
+        assert caught.value.code == 901
+        assert runtime.counts.conversions == 0
+        assert not runtime._capturing  # a later record_event is an ordinary one
+
+    def test_a_failed_launch_names_its_call(self, bindings: _CaptureBindings) -> None:
+        runtime = CudaRuntime()
+        runtime.begin_capture(7)
+        graph = runtime.end_capture(7)
+        bindings.launch_error = rt.cudaError_t.cudaErrorLaunchFailure
+        with pytest.raises(CudaCallError, match="cudaGraphLaunch") as caught:
+            runtime.launch_graph(graph, 7)
+        assert caught.value.sticky
