@@ -36,8 +36,9 @@ Layers: ``_timeline`` places operations and serves the stream and event calls;
 :meth:`~EmulatedRuntime.hang_core`, :meth:`~EmulatedRuntime.hold`,
 :meth:`~EmulatedRuntime.poison`, :meth:`~EmulatedRuntime.fail_call`);
 ``_compute_threads`` runs compute functions (:meth:`~EmulatedRuntime.bind_compute`,
-:meth:`~EmulatedRuntime.take_compute_failure`); this module adds
-the cuDLA calls and memory, and owns the state all four share.
+:meth:`~EmulatedRuntime.take_compute_failure`); ``_emulated_graphs`` records a
+capturing stream's calls and makes them again at each graph launch; this module adds
+the cuDLA calls and memory, and owns the state they all share.
 """
 
 from __future__ import annotations
