@@ -190,22 +190,22 @@ class Cores(CoreSetup):
         if slot.timing is not None or graphs is None:
             self._enqueue_each(slot, device)
         else:
+            # A kind of request the slot has a graph of is launched here, with no call
+            # in between: the common case, per request.
             stream = slot.stream
             kind = path.inputs_kind(slot)
-            if kind is None:
-                path.enqueue_inputs(slot)
-            elif (graph := slot.graphs_in.get(kind)) is not None:  # (enqueue's common case)
+            graph = slot.graphs_in.get(kind)
+            if graph is not None:
                 runtime.launch_graph(graph, stream)
             else:
-                graphs.enqueue(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
+                graphs.enqueue_new(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
             runtime.submit_task(slot.core.device, slot.task, stream)
             kind = path.outputs_kind(device)
-            if kind is None:
-                self._enqueue_after(slot, device)
-            elif (graph := slot.graphs_out.get(kind)) is not None:
+            graph = slot.graphs_out.get(kind)
+            if graph is not None:
                 runtime.launch_graph(graph, stream)
             else:
-                graphs.enqueue(slot, slot.graphs_out, kind, self._enqueue_after, slot, device)
+                graphs.enqueue_new(slot, slot.graphs_out, kind, self._enqueue_after, slot, device)
         core = slot.core
         slot.submitted_at = now
         slot.running_at = slot.done_at = 0.0

@@ -51,36 +51,37 @@ class Graphs:
         self.enabled = True  # until a capture fails
         self.captured = 0
 
-    def enqueue(
+    def enqueue_new(
         self,
         slot: Slot,
         table: dict[Hashable, Any],
-        key: Hashable,
+        key: Hashable | None,
         work: Callable[..., None],
         *args: Any,
     ) -> None:
-        """Enqueue ``work(*args)`` on the slot's stream: the graph ``table`` holds for
-        ``key``, captured now if there is none yet, or the calls themselves."""
-        graph = table.get(key)
+        """Enqueue ``work(*args)`` on the slot's stream for a kind ``table`` has no graph
+        of yet (the caller launches the graph when it has one): capture it into a new
+        graph kept under ``key`` and launch that, or make the calls themselves when the
+        work cannot be captured (``key`` None: it changes with each request), the slot
+        keeps enough graphs, or capturing failed."""
+        graph = None
+        if key is not None and self.enabled and len(table) < MAX_GRAPHS:
+            graph = self._capture(slot, work, args)
         if graph is None:
-            graph = self._capture(slot, table, key, work, args)
-            if graph is None:
-                work(*args)
-                return
-        self._runtime.launch_graph(graph, slot.stream)
+            work(*args)
+            return
+        core = slot.core.core
+        runtime = self._runtime
+        self._resources.push(
+            f"core {core} slot {slot.index}: graph", core, runtime.destroy_graph, graph
+        )
+        table[key] = graph
+        self.captured += 1
+        runtime.launch_graph(graph, slot.stream)
 
-    def _capture(
-        self,
-        slot: Slot,
-        table: dict[Hashable, Any],
-        key: Hashable,
-        work: Callable[..., None],
-        args: tuple[Any, ...],
-    ) -> Any:
-        """The graph of ``work(*args)`` on the slot's stream, kept in ``table``; None to
-        enqueue the calls instead (the slot keeps enough graphs, or capture failed)."""
-        if not self.enabled or len(table) >= MAX_GRAPHS:
-            return None
+    def _capture(self, slot: Slot, work: Callable[..., None], args: tuple[Any, ...]) -> Any:
+        """The graph of ``work(*args)`` on the slot's stream; None when capturing failed
+        (from then on this engine enqueues call by call)."""
         runtime = self._runtime
         stream = slot.stream
         try:
@@ -99,17 +100,10 @@ class Graphs:
             self._give_up(slot, exc)
             return None
         try:
-            graph = runtime.end_capture(stream)
+            return runtime.end_capture(stream)
         except Exception as exc:
             self._give_up(slot, exc)
             return None
-        core = slot.core.core
-        self._resources.push(
-            f"core {core} slot {slot.index}: graph", core, runtime.destroy_graph, graph
-        )
-        table[key] = graph
-        self.captured += 1
-        return graph
 
     def _end_quietly(self, stream: int) -> None:
         try:

@@ -159,7 +159,7 @@ async def test_a_slot_keeps_at_most_max_graphs() -> None:
         event = runtime.create_event()
         table: dict[Any, Any] = {}
         for kind in range(MAX_GRAPHS + 3):
-            graphs.enqueue(slot, table, kind, runtime.record_event, event, slot.stream)
+            graphs.enqueue_new(slot, table, kind, runtime.record_event, event, slot.stream)
         assert len(table) == MAX_GRAPHS
         assert runtime.live_handles()["graphs"] == MAX_GRAPHS
         assert graphs.enabled
@@ -203,7 +203,7 @@ class TestCaptureFails:
                 if len(attempts) == 1:
                     raise CudaCallError("cudaMemcpyAsync", 900)  # not in a capture
 
-            graphs.enqueue(slot, {}, "kind", work)
+            graphs.enqueue_new(slot, {}, "kind", work)
             assert attempts == [1, 1]
             assert not graphs.enabled
             assert runtime.live_handles()["graphs"] == 0
