@@ -208,7 +208,7 @@ class Cores(CoreSetup):
                 graphs.enqueue_new(slot, slot.graphs_out, kind, self._enqueue_after, slot, device)
         core = slot.core
         slot.submitted_at = now
-        slot.running_at = slot.done_at = 0.0
+        slot.behind = 0.0
         core.expected_free = max(now, core.expected_free) + core.service_time
         slot.expected_done = core.expected_free
 
@@ -260,8 +260,7 @@ class Cores(CoreSetup):
         spanned = core.last_completion != now
         elapsed = now - max(slot.submitted_at, core.last_completion)
         core.last_completion = now
-        estimate = slot.expected_done
-        if slot.running_at > estimate or 0.0 < slot.done_at < estimate:
+        if slot.behind:
             _follow_the_core(slot)
         # Observed spans include how late the poller saw the task; a service time the
         # loadable states is the truth for the busy figures.
@@ -321,18 +320,12 @@ def _follow_the_core(slot: Slot) -> None:
     the poller queries every task several times and wakes the loop for each one
     (measured on the emulated runtime, stated 2 % short at 1 ms: 4.6 queries a request
     instead of 1.1, and twice the CPU); too late, the ring runs dry before the poller
-    looks. Only the poller's evidence moves them, and never past it: a task found still
-    running after its estimate moves those behind it later by that much; one found done
-    before its estimate, earlier by as much. The poller's lateness in seeing a task done
-    moves nothing, so no error feeds on itself.
+    looks. Only the poller's evidence (``slot.behind``) moves them, and never past it: a
+    task found still running after its estimate moves those behind it later by that
+    much; one found done before its estimate, earlier by as much. The poller's lateness
+    in seeing a task done moves nothing, so no error feeds on itself.
     """
-    estimate = slot.expected_done
-    if slot.running_at > estimate:
-        offset = slot.running_at - estimate
-    elif 0.0 < slot.done_at < estimate:
-        offset = slot.done_at - estimate
-    else:
-        return
+    estimate, offset = slot.expected_done, slot.behind
     for other in slot.core.slots:
         if other.expected_done > estimate:
             other.expected_done += offset

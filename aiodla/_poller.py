@@ -303,13 +303,14 @@ class Poller:
                 if not due and (not took or now < peeks.get(key, 0.0)):
                     break
                 if not query(slot.event):
-                    if now > slot.expected_done:
-                        slot.running_at = now
+                    if now > slot.expected_done:  # the core runs behind the estimates
+                        slot.behind = now - slot.expected_done
                     if not due:
                         peeks[key] = now + PEEK_EVERY * slot.core.service_time
                     break
                 lane.popleft()
-                slot.done_at = now
+                if now < slot.expected_done:  # the core runs ahead of the estimates
+                    slot.behind = now - slot.expected_done
                 took = True
                 if lane:
                     loaded.add(key)

@@ -78,11 +78,11 @@ class Slot:
     request: Any = None  # the scheduler's Request running here, if any
     submitted_at: float = 0.0
     expected_done: float = 0.0
-    # When the poller last found the slot's task still running, and when it found it
-    # done (0: not since submitted): evidence of where the core's timeline really is
-    # against ``expected_done`` (see ``_cores._follow_the_core``).
-    running_at: float = 0.0
-    done_at: float = 0.0
+    # How far the core's timeline is from ``expected_done`` as the poller found it:
+    # > 0 when it found the task still running that long after its estimate, < 0 when
+    # it found it done that long before, 0 without such evidence (see
+    # ``_cores._follow_the_core``).
+    behind: float = 0.0
     timing: tuple[int, int, int] | None = None  # events before copy-in, task, copy-out
     probing: bool = False  # the slot runs a probe task for a core out of rotation
     # Device conversion: what each pack kernel reads (pointer, dtype, element strides,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 
 from aiodla import Engine, TensorSpec
 from aiodla._cores import _follow_the_core
-from aiodla._slots import CoreState, Slot
+from aiodla._poller import Poller
+from aiodla._slots import CoreState, Slot, completion_probe
 from aiodla.emulator import make_loadable
 from aiodla.runtime import EmulatedRuntime
 
@@ -40,31 +42,81 @@ def estimates(slots: list[Slot]) -> list[float]:
 class TestFollowTheCore:
     def test_a_task_found_running_after_its_estimate_moves_those_behind_later(self) -> None:
         core, slots = ring([0.5, 1.0, 2.0, 3.0])  # 0.5: an idle slot's old estimate
-        slots[1].running_at = 1.25
+        slots[1].behind = 0.25  # the poller found it running at 1.25
         _follow_the_core(slots[1])
         assert estimates(slots) == [0.5, 1.0, 2.25, 3.25]
         assert core.expected_free == 3.25
 
     def test_a_task_found_done_before_its_estimate_moves_those_behind_earlier(self) -> None:
         core, slots = ring([0.5, 1.0, 2.0, 3.0])
-        slots[1].done_at = 0.75
+        slots[1].behind = -0.25  # the poller found it done at 0.75
         _follow_the_core(slots[1])
         assert estimates(slots) == [0.5, 1.0, 1.75, 2.75]
         assert core.expected_free == 2.75
 
+
+class _Sink:
+    """The poller is never started here: nothing is delivered."""
+
+    def deliver(self, finished: Any) -> None:
+        raise AssertionError("not started, the poller delivers nothing")
+
+    def fail(self, error: BaseException) -> None:
+        raise AssertionError(error)
+
+
+class TestThePollersEvidence:
+    """What a sweep leaves in ``slot.behind``: only what it saw contradict an estimate.
+    Seeing a task done late is the poller's lateness, not the core's; a task still
+    running before its estimate is on time."""
+
+    def sweep(self, lanes: list[list[tuple[float, bool]]]) -> list[list[float]]:
+        """Each lane a core's slots as (estimate from now, done); their ``behind`` after
+        one sweep, from the front of each lane."""
+        done: set[int] = set()
+        runtime = types.SimpleNamespace(
+            make_current=lambda: None,
+            query_event=lambda event: event in done,
+            get_last_error=lambda device: 0,
+        )
+        sink = _Sink()
+        poller = Poller(completion_probe(runtime), None, sink.deliver, sink.fail, pause=0.0)  # type: ignore[arg-type]
+        now = time.monotonic()
+        made = []
+        event = 0
+        for number, lane in enumerate(lanes):
+            core = CoreState(number, service_time=1.0)
+            slots = []
+            for estimate, finished in lane:
+                event += 1
+                slot = Slot(core, event, event, event, None, [], [])
+                slot.expected_done = now + estimate
+                if finished:
+                    done.add(event)
+                poller.watch(slot)
+                slots.append(slot)
+            made.append(slots)
+        poller.harvest(at_least=0)
+        return [[s.behind for s in slots] for slots in made]
+
+    def test_found_running_after_its_estimate(self) -> None:
+        ((behind,),) = self.sweep([[(-0.5, False)]])
+        assert behind >= 0.5
+
+    def test_found_done_before_its_estimate(self) -> None:
+        # The second is queried once the first is found done, before its estimate.
+        ((first, second),) = self.sweep([[(-0.5, True), (5.0, True)]])
+        assert first == 0.0
+        assert -5.0 <= second < -4.9
+
     @pytest.mark.parametrize(
-        ("running_at", "done_at"),
-        [(0.0, 0.0), (0.0, 1.5), (0.9, 1.2)],
-        ids=["no-evidence", "seen-late", "running-before-its-estimate"],
+        "lane",
+        [[(-0.5, True)], [(5.0, False)], [(-0.5, True), (5.0, False)]],
+        ids=["done-late", "not-due", "running-before-its-estimate"],
     )
-    def test_without_evidence_nothing_moves(self, running_at: float, done_at: float) -> None:
-        """Seeing a task done late is the poller's lateness, not the core's; a task still
-        running before its estimate is on time."""
-        core, slots = ring([0.5, 1.0, 2.0, 3.0])
-        slots[1].running_at, slots[1].done_at = running_at, done_at
-        _follow_the_core(slots[1])
-        assert estimates(slots) == [0.5, 1.0, 2.0, 3.0]
-        assert core.expected_free == 3.0
+    def test_no_evidence(self, lane: list[tuple[float, bool]]) -> None:
+        (behinds,) = self.sweep([lane])
+        assert behinds == [0.0] * len(lane)
 
 
 def misstated_model(service: float) -> bytes:
