@@ -318,8 +318,8 @@ def _follow_the_core(slot: Slot) -> None:
     service time a little off the real one (a loadable's stated time, a stand-in's
     overhead) moves a saturated core's estimates ever further from its tasks. Too early,
     the poller queries every task several times and wakes the loop for each one
-    (measured on the emulated runtime, stated 2 % short at 1 ms: 4.6 queries a request
-    instead of 1.1, and twice the CPU); too late, the ring runs dry before the poller
+    (``benchmarks/bench_estimates.py``, stated 2 % short at 1 ms: 4.7 queries a request
+    instead of 1.0, and twice the CPU); too late, the ring runs dry before the poller
     looks. Only the poller's evidence (``slot.behind``) moves them, and never past it: a
     task found still running after its estimate moves those behind it later by that
     much; one found done before its estimate, earlier by as much. The poller's lateness
