@@ -22,13 +22,16 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from aiodla import Engine, TensorSpec
 from aiodla.emulator import make_loadable
-from aiodla.runtime import EmulatedRuntime
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support import Misstated  # the runtime tests/test_estimates.py uses
 
 X = TensorSpec("x", (1, 16, 8, 8), "float16", "chw16")
 Y = TensorSpec("y", (1, 16, 8, 8), "float16", "nchw")
@@ -36,25 +39,8 @@ LATENCY = 1e-3
 CORES = 2
 
 
-class Misstated(EmulatedRuntime):
-    """States ``factor`` times the loadable's latency; counts event queries."""
-
-    def __init__(self, factor: float) -> None:
-        super().__init__(CORES)
-        self.factor = factor
-        self.queries = 0
-
-    def stated_service_time(self, loadable: bytes) -> float | None:
-        stated = super().stated_service_time(loadable)
-        return None if stated is None else stated * self.factor
-
-    def query_event(self, event: int) -> bool:
-        self.queries += 1
-        return super().query_event(event)
-
-
 async def measure(factor: float, seconds: float) -> dict[str, float]:
-    runtime = Misstated(factor)
+    runtime = Misstated(factor, CORES)
     model = make_loadable([X], [Y], "affine", LATENCY, scale=0.5, bias=0.25)
     x = np.ones(X.shape, np.float16)
     async with Engine(model, runtime=runtime, streams_per_core=8) as engine:

@@ -11,6 +11,7 @@ import numpy as np
 
 from aiodla import TensorSpec
 from aiodla.emulator import make_loadable
+from aiodla.runtime import EmulatedRuntime
 
 X = TensorSpec("x", (1, 3, 8, 8), "float16", "chw16")
 Y = TensorSpec("y", (1, 3, 8, 8), "float32", "nchw")
@@ -119,3 +120,22 @@ class FakeCudaArray:
             "version": 3,
             "strides": None,
         }
+
+
+class Misstated(EmulatedRuntime):
+    """An emulated runtime that states ``factor`` times the loadable's service time
+    (each task still takes the loadable's own), and counts its event queries
+    (tests/test_estimates.py, benchmarks/bench_estimates.py)."""
+
+    def __init__(self, factor: float, cores: int = 2) -> None:
+        super().__init__(cores)
+        self.factor = factor
+        self.queries = 0
+
+    def stated_service_time(self, loadable: bytes) -> float | None:
+        stated = super().stated_service_time(loadable)
+        return None if stated is None else stated * self.factor
+
+    def query_event(self, event: int) -> bool:
+        self.queries += 1
+        return super().query_event(event)

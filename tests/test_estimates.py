@@ -17,7 +17,8 @@ from aiodla._cores import _follow_the_core
 from aiodla._poller import Poller
 from aiodla._slots import CoreState, Slot, completion_probe
 from aiodla.emulator import make_loadable
-from aiodla.runtime import EmulatedRuntime
+
+from support import Misstated
 
 X = TensorSpec("x", (1, 16, 8, 8), "float16", "chw16")
 Y = TensorSpec("y", (1, 16, 8, 8), "float16", "nchw")
@@ -121,24 +122,6 @@ class TestThePollersEvidence:
 
 def misstated_model(service: float) -> bytes:
     return make_loadable([X], [Y], "affine", service, scale=0.5, bias=0.25)
-
-
-class Misstated(EmulatedRuntime):
-    """The loadable's stated service time, off the real one by ``factor``; counts
-    the event queries."""
-
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-        self.queries = 0
-
-    def stated_service_time(self, loadable: bytes) -> float | None:
-        stated = super().stated_service_time(loadable)
-        return None if stated is None else stated * self.factor
-
-    def query_event(self, event: int) -> bool:
-        self.queries += 1
-        return super().query_event(event)
 
 
 async def saturate(runtime: Misstated, seconds: float) -> tuple[int, int]:
