@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from cuda.bindings import cudla
+from cuda.bindings import runtime as _bindings_runtime
 from cuda.bindings import runtime as _rt
 
 from .._descriptors import TensorDescriptor
 from .._errors import RuntimeUnavailableError
 from ..emulator._format import stated_latency
+from . import _gil_held
 from ._cuda_graphs import CudaGraphs
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
 
@@ -56,6 +58,7 @@ _T = TypeVar("_T")
 
 _SUCCESS = 0
 _NOT_READY = 600
+_SETTLED = (_SUCCESS, _NOT_READY)
 _INVALID_VALUE = 1
 _LEGACY_STREAM = 1  # cudaStreamLegacy
 _MEMORY_DEVICE, _MEMORY_MANAGED = 2, 3  # cudaMemoryType
@@ -107,6 +110,14 @@ def _cudla_call(call: str, function: Callable[..., _T], *args: Any) -> _T:
         if match is None:
             raise
         raise UnknownCudlaStatusError(int(match.group(1)), call) from None
+
+
+def _cudla_failure(call: str, status: int) -> cudla.CudlaError:
+    """What the bindings raise for a failing ``status`` of ``call``."""
+    try:
+        return cudla.CudlaError(status)
+    except ValueError:  # not in cudla.Status
+        return UnknownCudlaStatusError(status, call)
 
 
 def _error_name(error: Any) -> str:
@@ -181,22 +192,23 @@ def _is_not_found(exc: BaseException) -> bool:
 class CudaRuntime(CudaGraphs):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, on CUDA device ``device``.
 
-    Creating it calls nothing; :meth:`make_current` (which the engine calls on each of
-    its threads) sets the device. Every cuDLA call works in the CUDA context current
-    on the calling thread, as cuDLA's hybrid mode requires.
-    """
+    Creating it calls nothing; :meth:`make_current` (called by the engine on each of its
+    threads) sets the device: cuDLA works in the calling thread's CUDA context."""
 
     name = "cuda"
-    # Querying a CUDA event is cheap and releases the GIL: the poller need not pause.
+    # A CUDA event query costs a microsecond or two: the poller need not pause.
     poll_pause = 0.0
     has_device_memory = True
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, *, hold_gil: bool = True) -> None:
         if not isinstance(device, int) or isinstance(device, bool) or device < 0:
             from .._errors import ConfigurationError
 
             raise ConfigurationError(f"{device=} must be a CUDA device index >= 0")
         self.device = device
+        # Whether the hot path's calls keep the GIL (_gil_held), found at create_device.
+        self.hold_gil = hold_gil
+        self._held_submit, self._held_launch, self._held_query = _gil_held.NONE
         self._lock = threading.Lock()
         self._host_buffers: dict[int, HostBuffer] = {}
         self._registered_host: set[int] = set()  # host_register's, not cudaHostAlloc's
@@ -239,9 +251,14 @@ class CudaRuntime(CudaGraphs):
     def create_device(self, core: int) -> int:
         # Hybrid mode binds the DLA handle to the CUDA context current now.
         self.make_current()
-        return int(
+        handle = int(
             _cudla_call("cudlaCreateDevice", cudla.create_device, core, int(cudla.Mode.CUDA_DLA))
         )
+        if self.hold_gil and self._held_submit is None:
+            # The driver's only over the real bindings (a test fake's handles are not its).
+            held = _gil_held.entry_points(driver=_rt is _bindings_runtime)
+            self._held_submit, self._held_launch, self._held_query = held
+        return handle
 
     def destroy_device(self, device: int) -> None:
         _cudla_call("cudlaDestroyDevice", cudla.destroy_device, device)
@@ -298,7 +315,11 @@ class CudaRuntime(CudaGraphs):
 
     def submit_task(self, device: int, task: Any, stream: int) -> None:
         # task.ptr: the cudlaTask's address; every bindings release takes it as an int.
-        _cudla_call("cudlaSubmitTask", cudla.submit_task, device, task.ptr, 1, stream, 0)
+        held = self._held_submit
+        if held is None:
+            _cudla_call("cudlaSubmitTask", cudla.submit_task, device, task.ptr, 1, stream, 0)
+        elif status := held(device, task.ptr, 1, stream, 0):
+            raise _cudla_failure("cudlaSubmitTask", status)
 
     def get_last_error(self, device: int) -> int:
         return int(cudla.get_last_error(device))
@@ -342,7 +363,10 @@ class CudaRuntime(CudaGraphs):
             check_cuda("cudaEventRecord", _rt.cudaEventRecord(event, stream))
 
     def query_event(self, event: int) -> bool:
-        error = _rt.cudaEventQuery(event)[0]
+        held = self._held_query
+        error = _rt.cudaEventQuery(event)[0] if held is None else held(event)
+        if held is not None and error not in _SETTLED:  # asked again: the bindings name it
+            error = _rt.cudaEventQuery(event)[0]
         if error == _SUCCESS:
             return True
         if error == _NOT_READY:

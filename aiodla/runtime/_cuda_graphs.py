@@ -18,6 +18,7 @@ the device did.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from . import _cuda
@@ -36,17 +37,21 @@ def _cudart() -> Any:
 class CudaGraph:
     """An instantiated graph and the transfers each launch makes."""
 
-    __slots__ = ("counts", "executable")
+    __slots__ = ("address", "counts", "executable")
 
-    def __init__(self, executable: Any, counts: tuple[tuple[str, int], ...]) -> None:
+    def __init__(
+        self, executable: Any, counts: tuple[tuple[str, int], ...], address: int = 0
+    ) -> None:
         self.executable = executable
         self.counts = counts
+        self.address = address  # the driver's CUgraphExec, for a launch keeping the GIL
 
 
 class CudaGraphs:
     """Mixed into :class:`~aiodla.runtime.CudaRuntime`."""
 
     counts: TransferCounts
+    _held_launch: Callable[[int, int], int] | None
     # The streams this runtime captures now, each with the counts when capture began.
     _capturing: dict[int, TransferCounts]
 
@@ -75,12 +80,16 @@ class CudaGraphs:
             executable = _cuda.check_cuda("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
         finally:
             _cuda.check_cuda("cudaGraphDestroy", rt.cudaGraphDestroy(graph))
-        return CudaGraph(executable, made)
+        return CudaGraph(executable, made, int(executable) if self._held_launch else 0)
 
     def launch_graph(self, graph: CudaGraph, stream: int) -> None:
-        (error,) = _cudart().cudaGraphLaunch(graph.executable, stream)
-        if error != 0:
-            raise _cuda.cuda_error("cudaGraphLaunch", error)
+        held = self._held_launch
+        # A launch that fails through the driver is made again through the bindings,
+        # which name the error (it enqueued nothing, so nothing runs twice).
+        if held is None or held(graph.address, stream) != 0:
+            (error,) = _cudart().cudaGraphLaunch(graph.executable, stream)
+            if error != 0:
+                raise _cuda.cuda_error("cudaGraphLaunch", error)
         counts = self.counts
         for name, made in graph.counts:  # (per request: the fields a launch changes)
             setattr(counts, name, getattr(counts, name) + made)

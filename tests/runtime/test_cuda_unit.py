@@ -225,6 +225,31 @@ for vector in vectors(requests=2):
         controls.fake_free(p)
     runtime.unload_module(module)
     runtime.destroy_device(device)
+# The submissions above went through the stand-in's cudlaSubmitTask keeping the GIL;
+# its failures read as the bindings' do.
+facts["held"] = runtime._held_submit is not None
+device = runtime.create_device(0)
+module = runtime.load_module(device, vector.loadable)
+inputs, outputs = runtime.module_tensors(module)
+memory = [controls.fake_alloc(d.size) for d in (*inputs, *outputs)]
+registered = [runtime.mem_register(device, p, d.size) for p, d in zip(memory, (*inputs, *outputs))]
+task = runtime.make_task(module, registered[: len(inputs)], registered[len(inputs):])
+for status in (4, 4243):
+    controls.fail_next_call("cudlaSubmitTask", status)
+    try:
+        runtime.submit_task(device, task, 0)
+    except cudla.CudlaError as exc:
+        facts.setdefault("submit_failed", []).append([type(exc).__name__, int(exc.status)])
+for r in registered:
+    runtime.mem_unregister(device, r)
+for p in memory:
+    controls.fake_free(p)
+runtime.unload_module(module)
+runtime.destroy_device(device)
+unheld = CudaRuntime(hold_gil=False)
+unheld.make_current = lambda: None
+unheld.destroy_device(unheld.create_device(0))
+facts["unheld"] = unheld._held_submit is None
 controls.fail_next_call("cudlaCreateDevice", 4242)
 try:
     runtime.create_device(0)
@@ -263,6 +288,8 @@ def test_cudla_half_through_the_bindings(tmp_path: Path) -> None:
     assert facts["mismatches"] == 0
     assert all(pair == [0x40000006, 0] for pair in facts["failed"])
     assert facts["unknown"] == 4242
+    assert facts["held"] and facts["unheld"]
+    assert facts["submit_failed"] == [["CudlaError", 4], ["UnknownCudlaStatusError", 4243]]
     assert facts["no_core"] == 1
     assert facts["live"] == {"devices": 0, "modules": 0, "registrations": 0}
     usable, reason = facts["probe"]

@@ -1,0 +1,194 @@
+"""CudaRuntime's hot path through the calls that keep the GIL (``_gil_held``), without a
+GPU: what each driver or cuDLA status becomes, and when the bindings are asked instead.
+
+The real entry points run in tests/runtime/test_cuda_unit.py (cudlaSubmitTask of the
+host-fake stand-in) and in tests/gpu (all three, on a GPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import pytest
+from cuda.bindings import cudla
+from cuda.bindings import runtime as rt
+
+import aiodla.runtime._cuda as cuda_module
+from aiodla.runtime import _gil_held
+from aiodla.runtime._cuda import CudaRuntime, UnknownCudlaStatusError
+from aiodla.runtime._cuda_graphs import CudaGraph
+from aiodla.runtime._protocol import CudaCallError
+
+_NOT_READY = 600
+_LAUNCH_FAILURE = 719
+
+
+class _Bindings:
+    """The two runtime calls the hot path may fall back to, answering as told."""
+
+    def __init__(self) -> None:
+        self.query_error = rt.cudaError_t.cudaSuccess
+        self.launch_error = rt.cudaError_t.cudaSuccess
+        self.calls: list[str] = []
+
+    def cudaEventQuery(self, event: int) -> tuple[Any]:
+        self.calls.append(f"query {event}")
+        return (self.query_error,)
+
+    def cudaGraphLaunch(self, executable: Any, stream: int) -> tuple[Any]:
+        self.calls.append(f"launch {executable} {stream}")
+        return (self.launch_error,)
+
+
+class _Entry:
+    """A held entry point: answers ``status`` and remembers its arguments."""
+
+    def __init__(self, status: int = 0) -> None:
+        self.status = status
+        self.calls: list[tuple[int, ...]] = []
+
+    def __call__(self, *args: int) -> int:
+        self.calls.append(args)
+        return self.status
+
+
+@pytest.fixture
+def bindings(monkeypatch: pytest.MonkeyPatch) -> _Bindings:
+    fake = _Bindings()
+    monkeypatch.setattr(cuda_module, "_rt", fake)
+    return fake
+
+
+class TestSubmit:
+    @pytest.fixture
+    def runtime(self, monkeypatch: pytest.MonkeyPatch) -> CudaRuntime:
+        def not_through_the_bindings(*args: Any) -> None:
+            raise AssertionError("the held entry point answered: the bindings must not be called")
+
+        monkeypatch.setattr(cudla, "submit_task", not_through_the_bindings)
+        return CudaRuntime()
+
+    def test_success_passes_the_task_once(self, runtime: CudaRuntime) -> None:
+        entry = runtime._held_submit = _Entry()
+        task = runtime.make_task(11, [32], [64])
+        runtime.submit_task(5, task, 9)
+        assert entry.calls == [(5, task.ptr, 1, 9, 0)]
+
+    def test_a_known_status_raises_what_the_bindings_raise(self, runtime: CudaRuntime) -> None:
+        runtime._held_submit = _Entry(int(cudla.Status.ERROR_INVALID_ADDRESS))
+        with pytest.raises(cudla.CudlaError) as caught:
+            runtime.submit_task(5, runtime.make_task(11, [32], [64]), 9)
+        assert caught.value.status == cudla.Status.ERROR_INVALID_ADDRESS
+        assert not isinstance(caught.value, UnknownCudlaStatusError)
+
+    def test_a_status_outside_the_enum_is_named(self, runtime: CudaRuntime) -> None:
+        runtime._held_submit = _Entry(4242)
+        with pytest.raises(UnknownCudlaStatusError) as caught:
+            runtime.submit_task(5, runtime.make_task(11, [32], [64]), 9)
+        assert (caught.value.status, caught.value.call) == (4242, "cudlaSubmitTask")
+
+
+class TestQuery:
+    def test_done_and_running_need_no_binding_call(self, bindings: _Bindings) -> None:
+        runtime = CudaRuntime()
+        runtime._held_query = _Entry(0)
+        assert runtime.query_event(3) is True
+        runtime._held_query = _Entry(_NOT_READY)
+        assert runtime.query_event(3) is False
+        assert bindings.calls == []
+
+    def test_an_error_is_asked_again_and_named_by_the_bindings(self, bindings: _Bindings) -> None:
+        runtime = CudaRuntime()
+        runtime._held_query = _Entry(_LAUNCH_FAILURE)
+        bindings.query_error = rt.cudaError_t.cudaErrorLaunchFailure
+        with pytest.raises(CudaCallError) as caught:
+            runtime.query_event(3)
+        assert (caught.value.call, caught.value.name) == (
+            "cudaEventQuery",
+            "cudaErrorLaunchFailure",
+        )
+        assert caught.value.sticky
+        assert bindings.calls == ["query 3"]
+
+    def test_the_bindings_answer_wins(self, bindings: _Bindings) -> None:
+        runtime = CudaRuntime()
+        runtime._held_query = _Entry(_LAUNCH_FAILURE)
+        assert runtime.query_event(3) is True  # the bindings found it done
+
+
+class TestLaunch:
+    def _graph(self) -> CudaGraph:
+        return CudaGraph("executable", (("copies_to_device", 1),), address=77)
+
+    def test_a_held_launch_counts_once_and_skips_the_bindings(self, bindings: _Bindings) -> None:
+        runtime = CudaRuntime()
+        entry = runtime._held_launch = _Entry(0)
+        runtime.launch_graph(self._graph(), 7)
+        assert entry.calls == [(77, 7)]
+        assert bindings.calls == []
+        assert runtime.counts.copies_to_device == 1
+
+    def test_a_failed_launch_is_made_once_through_the_bindings(self, bindings: _Bindings) -> None:
+        runtime = CudaRuntime()
+        runtime._held_launch = _Entry(2)  # e.g. out of memory for the launch, then not
+        runtime.launch_graph(self._graph(), 7)
+        assert bindings.calls == ["launch executable 7"]
+        assert runtime.counts.copies_to_device == 1
+
+    def test_a_launch_failing_both_ways_names_the_runtime_error(self, bindings: _Bindings) -> None:
+        runtime = CudaRuntime()
+        runtime._held_launch = _Entry(_LAUNCH_FAILURE)
+        bindings.launch_error = rt.cudaError_t.cudaErrorLaunchFailure
+        with pytest.raises(CudaCallError, match="cudaGraphLaunch") as caught:
+            runtime.launch_graph(self._graph(), 7)
+        assert caught.value.sticky
+        assert runtime.counts.copies_to_device == 0  # nothing ran
+
+
+class TestFindingTheEntryPoints:
+    @pytest.fixture
+    def found(self, monkeypatch: pytest.MonkeyPatch) -> dict[str, _Entry]:
+        entries = {"submit": _Entry(), "launch": _Entry(), "query": _Entry()}
+        monkeypatch.setattr(_gil_held, "submit_task", lambda: entries["submit"])
+        monkeypatch.setattr(
+            _gil_held, "driver_calls", lambda: (entries["launch"], entries["query"])
+        )
+        monkeypatch.setattr(cudla, "create_device", lambda core, mode: 1000 + core)
+        monkeypatch.setattr(CudaRuntime, "make_current", lambda self: None)
+        return entries
+
+    def test_found_with_the_first_device(self, found: dict[str, _Entry]) -> None:
+        runtime = CudaRuntime()
+        assert runtime._held_submit is None  # creating the runtime calls nothing
+        assert runtime.create_device(1) == 1001
+        assert runtime._held_submit is found["submit"]
+        assert (runtime._held_launch, runtime._held_query) == (found["launch"], found["query"])
+
+    def test_not_when_told_not_to(self, found: dict[str, _Entry]) -> None:
+        runtime = CudaRuntime(hold_gil=False)
+        runtime.create_device(0)
+        assert (runtime._held_submit, runtime._held_launch, runtime._held_query) == (None,) * 3
+
+    def test_no_driver_calls_over_replaced_bindings(
+        self, found: dict[str, _Entry], bindings: _Bindings
+    ) -> None:
+        # The GPU tests' host fake replaces the runtime bindings: its handles are not the
+        # driver's, so only cuDLA's submit (the same library either way) is held.
+        runtime = CudaRuntime()
+        runtime.create_device(0)
+        assert runtime._held_submit is found["submit"]
+        assert (runtime._held_launch, runtime._held_query) == (None, None)
+
+
+def test_nothing_is_found_before_the_libraries_are_loaded() -> None:
+    # This process never loaded a driver (no GPU in CI); the lookup must not load one.
+    if _gil_held._loaded("libcuda.so.1") is not None:
+        pytest.skip("a CUDA driver is loaded in this process")
+    assert _gil_held.driver_calls() is None
+
+
+def test_the_prototypes_keep_the_gil() -> None:
+    python_api = ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+    for prototype in (_gil_held._SUBMIT, _gil_held._LAUNCH, _gil_held._QUERY):
+        assert prototype._flags_ & python_api
