@@ -18,6 +18,7 @@ import aiodla.runtime._cuda as cuda_module
 from aiodla.runtime import _gil_held
 from aiodla.runtime._cuda import CudaRuntime, UnknownCudlaStatusError
 from aiodla.runtime._cuda_graphs import CudaGraph
+from aiodla.runtime._gil_held import EntryPoints
 from aiodla.runtime._protocol import CudaCallError
 
 _NOT_READY = 600
@@ -70,20 +71,23 @@ class TestSubmit:
         return CudaRuntime()
 
     def test_success_passes_the_task_once(self, runtime: CudaRuntime) -> None:
-        entry = runtime._held_submit = _Entry()
+        entry = _Entry()
+        runtime._held = EntryPoints(submit_task=entry)
         task = runtime.make_task(11, [32], [64])
         runtime.submit_task(5, task, 9)
         assert entry.calls == [(5, task.ptr, 1, 9, 0)]
 
     def test_a_known_status_raises_what_the_bindings_raise(self, runtime: CudaRuntime) -> None:
-        runtime._held_submit = _Entry(int(cudla.Status.ERROR_INVALID_ADDRESS))
+        # By value: cuda-bindings 13.3 and 13.5 spell the members' names differently.
+        invalid_address = cudla.Status(4)
+        runtime._held = EntryPoints(submit_task=_Entry(int(invalid_address)))
         with pytest.raises(cudla.CudlaError) as caught:
             runtime.submit_task(5, runtime.make_task(11, [32], [64]), 9)
-        assert caught.value.status == cudla.Status.ERROR_INVALID_ADDRESS
+        assert caught.value.status == invalid_address
         assert not isinstance(caught.value, UnknownCudlaStatusError)
 
     def test_a_status_outside_the_enum_is_named(self, runtime: CudaRuntime) -> None:
-        runtime._held_submit = _Entry(4242)
+        runtime._held = EntryPoints(submit_task=_Entry(4242))
         with pytest.raises(UnknownCudlaStatusError) as caught:
             runtime.submit_task(5, runtime.make_task(11, [32], [64]), 9)
         assert (caught.value.status, caught.value.call) == (4242, "cudlaSubmitTask")
@@ -92,15 +96,15 @@ class TestSubmit:
 class TestQuery:
     def test_done_and_running_need_no_binding_call(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
-        runtime._held_query = _Entry(0)
+        runtime._held = EntryPoints(event_query=_Entry(0))
         assert runtime.query_event(3) is True
-        runtime._held_query = _Entry(_NOT_READY)
+        runtime._held = EntryPoints(event_query=_Entry(_NOT_READY))
         assert runtime.query_event(3) is False
         assert bindings.calls == []
 
     def test_an_error_is_asked_again_and_named_by_the_bindings(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
-        runtime._held_query = _Entry(_LAUNCH_FAILURE)
+        runtime._held = EntryPoints(event_query=_Entry(_LAUNCH_FAILURE))
         bindings.query_error = rt.cudaError_t.cudaErrorLaunchFailure
         with pytest.raises(CudaCallError) as caught:
             runtime.query_event(3)
@@ -113,7 +117,7 @@ class TestQuery:
 
     def test_the_bindings_answer_wins(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
-        runtime._held_query = _Entry(_LAUNCH_FAILURE)
+        runtime._held = EntryPoints(event_query=_Entry(_LAUNCH_FAILURE))
         assert runtime.query_event(3) is True  # the bindings found it done
 
 
@@ -123,7 +127,8 @@ class TestLaunch:
 
     def test_a_held_launch_counts_once_and_skips_the_bindings(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
-        entry = runtime._held_launch = _Entry(0)
+        entry = _Entry(0)
+        runtime._held = EntryPoints(graph_launch=entry)
         runtime.launch_graph(self._graph(), 7)
         assert entry.calls == [(77, 7)]
         assert bindings.calls == []
@@ -131,14 +136,15 @@ class TestLaunch:
 
     def test_a_failed_launch_is_made_once_through_the_bindings(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
-        runtime._held_launch = _Entry(2)  # e.g. out of memory for the launch, then not
+        # e.g. out of memory for the launch, then not
+        runtime._held = EntryPoints(graph_launch=_Entry(2))
         runtime.launch_graph(self._graph(), 7)
         assert bindings.calls == ["launch executable 7"]
         assert runtime.counts.copies_to_device == 1
 
     def test_a_launch_failing_both_ways_names_the_runtime_error(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
-        runtime._held_launch = _Entry(_LAUNCH_FAILURE)
+        runtime._held = EntryPoints(graph_launch=_Entry(_LAUNCH_FAILURE))
         bindings.launch_error = rt.cudaError_t.cudaErrorLaunchFailure
         with pytest.raises(CudaCallError, match="cudaGraphLaunch") as caught:
             runtime.launch_graph(self._graph(), 7)
@@ -146,49 +152,87 @@ class TestLaunch:
         assert runtime.counts.copies_to_device == 0  # nothing ran
 
 
+class TestStatus:
+    def test_read_through_the_held_entry_point(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def not_through_the_bindings(*args: Any) -> None:
+            raise AssertionError("the held entry point answered: the bindings must not be called")
+
+        monkeypatch.setattr(cudla, "get_last_error", not_through_the_bindings)
+        runtime = CudaRuntime()
+        entry = _Entry(0x40000006)
+        runtime._held = EntryPoints(last_error=entry)
+        assert runtime.get_last_error(5) == 0x40000006
+        assert entry.calls == [(5,)]
+
+
 class TestFindingTheEntryPoints:
     @pytest.fixture
-    def found(self, monkeypatch: pytest.MonkeyPatch) -> dict[str, _Entry]:
-        entries = {"submit": _Entry(), "launch": _Entry(), "query": _Entry()}
-        monkeypatch.setattr(_gil_held, "submit_task", lambda: entries["submit"])
-        monkeypatch.setattr(
-            _gil_held, "driver_calls", lambda: (entries["launch"], entries["query"])
-        )
+    def library(self, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+        """The bindings' cuDLA entry points and a driver library, as fakes."""
+        found: dict[str, Any] = {"cudla": [], "driver": object()}
+
+        def cudla_entry(name: str, prototype: Any) -> _Entry:
+            found["cudla"].append(name)
+            return _Entry()
+
+        monkeypatch.setattr(_gil_held, "_cudla_entry", cudla_entry)
+        monkeypatch.setattr(_gil_held, "_loaded", lambda soname: found["driver"])
+        monkeypatch.setattr(_gil_held, "_symbol", lambda library, name, prototype: name)
         monkeypatch.setattr(cudla, "create_device", lambda core, mode: 1000 + core)
         monkeypatch.setattr(CudaRuntime, "make_current", lambda self: None)
-        return entries
+        return found
 
-    def test_found_with_the_first_device(self, found: dict[str, _Entry]) -> None:
+    def test_found_with_the_first_device(self, library: dict[str, Any]) -> None:
         runtime = CudaRuntime()
-        assert runtime._held_submit is None  # creating the runtime calls nothing
+        assert not any(runtime._held)  # creating the runtime calls nothing
         assert runtime.create_device(1) == 1001
-        assert runtime._held_submit is found["submit"]
-        assert (runtime._held_launch, runtime._held_query) == (found["launch"], found["query"])
+        assert library["cudla"] == ["cudlaSubmitTask", "cudlaGetLastError"]
+        assert isinstance(runtime._held.submit_task, _Entry)
+        assert isinstance(runtime._held.last_error, _Entry)
+        assert (runtime._held.graph_launch, runtime._held.event_query) == (
+            "cuGraphLaunch",
+            "cuEventQuery",
+        )
+        runtime.create_device(0)
+        assert len(library["cudla"]) == 2  # once
 
-    def test_not_when_told_not_to(self, found: dict[str, _Entry]) -> None:
+    def test_not_when_told_not_to(self, library: dict[str, Any]) -> None:
         runtime = CudaRuntime(hold_gil=False)
         runtime.create_device(0)
-        assert (runtime._held_submit, runtime._held_launch, runtime._held_query) == (None,) * 3
+        assert not any(runtime._held)
+        assert library["cudla"] == []
 
     def test_no_driver_calls_over_replaced_bindings(
-        self, found: dict[str, _Entry], bindings: _Bindings
+        self, library: dict[str, Any], bindings: _Bindings
     ) -> None:
         # The GPU tests' host fake replaces the runtime bindings: its handles are not the
-        # driver's, so only cuDLA's submit (the same library either way) is held.
+        # driver's, so only cuDLA's calls (the same library either way) are held.
         runtime = CudaRuntime()
         runtime.create_device(0)
-        assert runtime._held_submit is found["submit"]
-        assert (runtime._held_launch, runtime._held_query) == (None, None)
+        assert isinstance(runtime._held.submit_task, _Entry)
+        assert (runtime._held.graph_launch, runtime._held.event_query) == (None, None)
+
+    def test_no_driver_loaded(self, library: dict[str, Any]) -> None:
+        library["driver"] = None
+        held = _gil_held.entry_points(driver=True)
+        assert (held.graph_launch, held.event_query) == (None, None)
 
 
 def test_nothing_is_found_before_the_libraries_are_loaded() -> None:
     # This process never loaded a driver (no GPU in CI); the lookup must not load one.
     if _gil_held._loaded("libcuda.so.1") is not None:
         pytest.skip("a CUDA driver is loaded in this process")
-    assert _gil_held.driver_calls() is None
+    held = _gil_held.entry_points(driver=True)
+    assert (held.graph_launch, held.event_query) == (None, None)
+    assert _gil_held._loaded("libcuda.so.1") is None
 
 
 def test_the_prototypes_keep_the_gil() -> None:
     python_api = ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
-    for prototype in (_gil_held._SUBMIT, _gil_held._LAUNCH, _gil_held._QUERY):
+    for prototype in (
+        _gil_held._SUBMIT,
+        _gil_held._LAST_ERROR,
+        _gil_held._LAUNCH,
+        _gil_held._QUERY,
+    ):
         assert prototype._flags_ & python_api
