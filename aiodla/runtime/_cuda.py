@@ -193,7 +193,9 @@ class CudaRuntime(CudaGraphs):
     """cuDLA hybrid mode and the CUDA calls aiodla needs, on CUDA device ``device``.
 
     Creating it calls nothing; :meth:`make_current` (called by the engine on each of its
-    threads) sets the device: cuDLA works in the calling thread's CUDA context."""
+    threads) sets the device: cuDLA works in the calling thread's CUDA context. With
+    ``hold_gil`` (the default) a request's short calls keep the GIL (see ``_gil_held``);
+    ``hold_gil=False`` makes every call through ``cuda.bindings``, which release it."""
 
     name = "cuda"
     # A CUDA event query costs a microsecond or two: the poller need not pause.
@@ -208,7 +210,7 @@ class CudaRuntime(CudaGraphs):
         self.device = device
         # Whether the hot path's calls keep the GIL (_gil_held), found at create_device.
         self.hold_gil = hold_gil
-        self._held_submit, self._held_launch, self._held_query = _gil_held.NONE
+        self._held = _gil_held.EntryPoints()
         self._lock = threading.Lock()
         self._host_buffers: dict[int, HostBuffer] = {}
         self._registered_host: set[int] = set()  # host_register's, not cudaHostAlloc's
@@ -254,10 +256,9 @@ class CudaRuntime(CudaGraphs):
         handle = int(
             _cudla_call("cudlaCreateDevice", cudla.create_device, core, int(cudla.Mode.CUDA_DLA))
         )
-        if self.hold_gil and self._held_submit is None:
+        if self.hold_gil and not any(self._held):
             # The driver's only over the real bindings (a test fake's handles are not its).
-            held = _gil_held.entry_points(driver=_rt is _bindings_runtime)
-            self._held_submit, self._held_launch, self._held_query = held
+            self._held = _gil_held.entry_points(driver=_rt is _bindings_runtime)
         return handle
 
     def destroy_device(self, device: int) -> None:
@@ -265,16 +266,8 @@ class CudaRuntime(CudaGraphs):
 
     def load_module(self, device: int, loadable: bytes) -> int:
         blob = bytes(loadable)
-        return int(
-            _cudla_call(
-                "cudlaModuleLoadFromMemory",
-                cudla.module_load_from_memory,
-                device,
-                blob,
-                len(blob),
-                0,
-            )
-        )
+        load = cudla.module_load_from_memory
+        return int(_cudla_call("cudlaModuleLoadFromMemory", load, device, blob, len(blob), 0))
 
     def unload_module(self, module: int) -> None:
         _cudla_call("cudlaModuleUnload", cudla.module_unload, module, 0)
@@ -315,14 +308,15 @@ class CudaRuntime(CudaGraphs):
 
     def submit_task(self, device: int, task: Any, stream: int) -> None:
         # task.ptr: the cudlaTask's address; every bindings release takes it as an int.
-        held = self._held_submit
+        held = self._held.submit_task
         if held is None:
             _cudla_call("cudlaSubmitTask", cudla.submit_task, device, task.ptr, 1, stream, 0)
         elif status := held(device, task.ptr, 1, stream, 0):
             raise _cudla_failure("cudlaSubmitTask", status)
 
     def get_last_error(self, device: int) -> int:
-        return int(cudla.get_last_error(device))
+        held = self._held.last_error
+        return int(cudla.get_last_error(device)) if held is None else held(device)
 
     def set_task_timeout(self, device: int, milliseconds: int) -> None:
         if not 0 <= milliseconds <= _UINT32_MAX:
@@ -363,7 +357,7 @@ class CudaRuntime(CudaGraphs):
             check_cuda("cudaEventRecord", _rt.cudaEventRecord(event, stream))
 
     def query_event(self, event: int) -> bool:
-        held = self._held_query
+        held = self._held.event_query
         error = _rt.cudaEventQuery(event)[0] if held is None else held(event)
         if held is not None and error not in _SETTLED:  # asked again: the bindings name it
             error = _rt.cudaEventQuery(event)[0]

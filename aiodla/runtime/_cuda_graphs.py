@@ -18,10 +18,10 @@ the device did.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from . import _cuda
+from ._gil_held import EntryPoints
 from ._protocol import TransferCounts
 
 __all__ = ["CudaGraph", "CudaGraphs"]
@@ -51,7 +51,7 @@ class CudaGraphs:
     """Mixed into :class:`~aiodla.runtime.CudaRuntime`."""
 
     counts: TransferCounts
-    _held_launch: Callable[[int, int], int] | None
+    _held: EntryPoints
     # The streams this runtime captures now, each with the counts when capture began.
     _capturing: dict[int, TransferCounts]
 
@@ -80,10 +80,10 @@ class CudaGraphs:
             executable = _cuda.check_cuda("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
         finally:
             _cuda.check_cuda("cudaGraphDestroy", rt.cudaGraphDestroy(graph))
-        return CudaGraph(executable, made, int(executable) if self._held_launch else 0)
+        return CudaGraph(executable, made, int(executable) if self._held.graph_launch else 0)
 
     def launch_graph(self, graph: CudaGraph, stream: int) -> None:
-        held = self._held_launch
+        held = self._held.graph_launch
         # A launch that fails through the driver is made again through the bindings,
         # which name the error (it enqueued nothing, so nothing runs twice).
         if held is None or held(graph.address, stream) != 0:

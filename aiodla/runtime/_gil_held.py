@@ -5,11 +5,11 @@ that release is what costs: while the loop thread is in ``cudaGraphLaunch`` the 
 thread takes the GIL, and the loop waits to get it back, a thread hand-off each time
 (about 10 us on the H200's host, against 2 to 6 us for the calls themselves; see the
 README's performance section). The calls a request makes on the loop thread (its two
-graph launches and ``cudlaSubmitTask``) and the poller's event query are short and never
-wait for the device, so they are made here through ``ctypes`` prototypes that keep the
-GIL (``PYFUNCTYPE``), on the entry points the bindings use: the ``cudlaSubmitTask`` they
-resolved, and the driver's ``cuGraphLaunch`` and ``cuEventQuery`` (a
-runtime graph, stream or event *is* the driver's handle).
+graph launches and ``cudlaSubmitTask``) and on the poller's (an event query and
+``cudlaGetLastError``) are short and never wait for the device, so they are made here
+through ``ctypes`` prototypes that keep the GIL (``PYFUNCTYPE``), on the entry points
+the bindings use: the cuDLA calls they resolved, and the driver's ``cuGraphLaunch`` and
+``cuEventQuery`` (a runtime graph, stream or event *is* the driver's handle).
 
 The caller keeps the rest of the runtime's form for failures: a cuDLA status raises what
 the bindings raise; a driver call that fails is made again through the bindings, which
@@ -22,24 +22,64 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
-__all__ = ["NONE", "EntryPoints", "entry_points"]
+__all__ = ["EntryPoints", "entry_points"]
 
 # (device, tasks, number of tasks, stream, flags) -> cudlaStatus
 SubmitTask = Callable[[int, int, int, int, int], int]
-# (graph_exec, stream) -> CUresult
+# (device) -> cudlaStatus; (graph_exec, stream) -> CUresult; (event) -> CUresult
+LastError = Callable[[int], int]
 GraphLaunch = Callable[[int, int], int]
-# (event) -> CUresult
 EventQuery = Callable[[int], int]
-DriverCalls = tuple[GraphLaunch, EventQuery]
-EntryPoints = tuple[SubmitTask | None, GraphLaunch | None, EventQuery | None]
-NONE: EntryPoints = (None, None, None)
+
+
+class EntryPoints(NamedTuple):
+    """The calls found, each None where not."""
+
+    submit_task: SubmitTask | None = None
+    last_error: LastError | None = None
+    graph_launch: GraphLaunch | None = None
+    event_query: EventQuery | None = None
+
 
 _NOLOAD = getattr(os, "RTLD_NOLOAD", 4)
 _u32, _pointer = ctypes.c_uint32, ctypes.c_void_p
 _SUBMIT = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer, _pointer, _u32, _pointer, _u32)
+_LAST_ERROR = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer)
 _LAUNCH = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer, _pointer)
 _QUERY = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer)
+
+
+def entry_points(*, driver: bool) -> EntryPoints:
+    """cuDLA's ``cudlaSubmitTask`` and ``cudlaGetLastError`` as ``cuda.bindings.cudla``
+    calls them (ask once the bindings have made a cuDLA call), and with ``driver`` the
+    driver's ``cuGraphLaunch`` and ``cuEventQuery``: each keeping the GIL."""
+    launch = query = None
+    if driver and (library := _loaded("libcuda.so.1")) is not None:
+        launch = _symbol(library, "cuGraphLaunch", _LAUNCH)
+        query = _symbol(library, "cuEventQuery", _QUERY)
+    return EntryPoints(
+        _cudla_entry("cudlaSubmitTask", _SUBMIT),
+        _cudla_entry("cudlaGetLastError", _LAST_ERROR),
+        launch,
+        query,
+    )
+
+
+def _cudla_entry(name: str, prototype: Any) -> Any:
+    try:
+        from cuda.bindings._internal import cudla as bound
+
+        address = int(bound._inspect_function_pointer(f"__{name}"))
+    except Exception:  # bindings without the inspection hook: the library by its name
+        library = _loaded("libcudla.so.1")
+        return None if library is None else _symbol(library, name, prototype)
+    return prototype(address) if address else None
+
+
+def _symbol(library: ctypes.PyDLL, name: str, prototype: Any) -> Any:
+    return prototype((name, library)) if hasattr(library, name) else None
 
 
 def _loaded(soname: str) -> ctypes.PyDLL | None:
@@ -48,36 +88,3 @@ def _loaded(soname: str) -> ctypes.PyDLL | None:
         return ctypes.PyDLL(soname, mode=_NOLOAD)
     except OSError:
         return None
-
-
-def submit_task() -> SubmitTask | None:
-    """The ``cudlaSubmitTask`` that ``cuda.bindings.cudla`` calls (call it once the
-    bindings have made a cuDLA call), or None."""
-    try:
-        from cuda.bindings._internal import cudla as bound
-
-        address = int(bound._inspect_function_pointer("__cudlaSubmitTask"))
-    except Exception:  # bindings without the inspection hook: the library by its name
-        library = _loaded("libcudla.so.1")
-        if library is None or not hasattr(library, "cudlaSubmitTask"):
-            return None
-        address = ctypes.cast(library.cudlaSubmitTask, ctypes.c_void_p).value or 0
-    if not address:
-        return None
-    call: SubmitTask = _SUBMIT(address)
-    return call
-
-
-def driver_calls() -> DriverCalls | None:
-    """The driver's ``cuGraphLaunch`` and ``cuEventQuery``, or None (no driver loaded)."""
-    library = _loaded("libcuda.so.1")
-    if library is None or not all(hasattr(library, n) for n in ("cuGraphLaunch", "cuEventQuery")):
-        return None
-    return _LAUNCH(("cuGraphLaunch", library)), _QUERY(("cuEventQuery", library))
-
-
-def entry_points(*, driver: bool) -> EntryPoints:
-    """``cudlaSubmitTask``, ``cuGraphLaunch`` and ``cuEventQuery`` keeping the GIL, each
-    None where not found; the driver's two only when ``driver``."""
-    calls = driver_calls() if driver else None
-    return (submit_task(), *(calls or (None, None)))

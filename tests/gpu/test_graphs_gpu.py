@@ -56,8 +56,7 @@ async def outputs(
         captured = 0 if e._cores.graphs is None else e._cores.graphs.captured
         if graphs:
             assert e._cores.graphs is not None and e._cores.graphs.enabled  # no fall-back
-        held = (runtime._held_submit, runtime._held_launch, runtime._held_query)
-        assert all(held) if hold_gil else not any(held)
+        assert all(runtime._held) if hold_gil else not any(runtime._held)
     return [first, *rest], made, captured
 
 

@@ -227,7 +227,7 @@ for vector in vectors(requests=2):
     runtime.destroy_device(device)
 # The submissions above went through the stand-in's cudlaSubmitTask keeping the GIL;
 # its failures read as the bindings' do.
-facts["held"] = runtime._held_submit is not None
+facts["held"] = runtime._held.submit_task is not None and runtime._held.last_error is not None
 device = runtime.create_device(0)
 module = runtime.load_module(device, vector.loadable)
 inputs, outputs = runtime.module_tensors(module)
@@ -249,7 +249,7 @@ runtime.destroy_device(device)
 unheld = CudaRuntime(hold_gil=False)
 unheld.make_current = lambda: None
 unheld.destroy_device(unheld.create_device(0))
-facts["unheld"] = unheld._held_submit is None
+facts["unheld"] = not any(unheld._held)
 controls.fail_next_call("cudlaCreateDevice", 4242)
 try:
     runtime.create_device(0)
