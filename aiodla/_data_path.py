@@ -43,6 +43,9 @@ __all__ = ["SOURCE_DTYPES", "DevicePath", "HostPath", "TensorBinding", "device_d
 
 _Array = np.ndarray[Any, Any]
 
+#: Copies up to this size keep the GIL (see :func:`copy_small`).
+GIL_HELD_COPY = 64 * 1024
+
 logger = logging.getLogger("aiodla")
 
 #: Element types the conversion kernels read (one kernel per tensor and type).
@@ -87,7 +90,7 @@ class TensorBinding:
     # Device conversion, per request: the staging as a dense array of each source dtype
     # with the read the pack kernel makes from it (inputs), and the results' view
     # (outputs); views of ``host``, made once (see :meth:`rehost`).
-    staged: dict[np.dtype[Any], tuple[_Array, Read]] = dataclasses.field(default_factory=dict)
+    staged: dict[np.dtype[Any], Staging] = dataclasses.field(default_factory=dict)
     results: _Array | None = None
 
     def rehost(self, host: HostBuffer, bound: BoundTensor | None) -> None:
@@ -95,6 +98,29 @@ class TensorBinding:
         self.host, self.bound = host, bound
         self.staged.clear()
         self.results = None
+
+
+class Staging(NamedTuple):
+    """A binding's staging as a dense array of one source dtype."""
+
+    array: _Array
+    read: Read  # what the pack kernel reads from it
+    raw: memoryview  # its bytes, for a copy that keeps the GIL (see copy_small)
+
+
+def copy_small(destination: memoryview, array: _Array) -> bool:
+    """Copy a C-contiguous ``array`` of at most ``GIL_HELD_COPY`` bytes into
+    ``destination`` (the bytes of a dense array of its dtype and shape) keeping the GIL;
+    False, copying nothing, for any other array.
+
+    numpy releases the GIL for any copy of 500 elements or more. On a loaded engine the
+    poller takes it meanwhile and the loop waits for it back: a thread hop that costs
+    more than copying a few kilobytes (a model's input of a 32x32 image, most outputs).
+    """
+    if array.nbytes > GIL_HELD_COPY or not array.flags.c_contiguous:
+        return False
+    destination[:] = array.data.cast("B")
+    return True
 
 
 class FrameRead(NamedTuple):
@@ -371,14 +397,16 @@ class DevicePath:
                 # stores it as the tensor's type first, as the host path would.
                 return self._stage_array(binding, array.astype(binding.spec.numpy_dtype))
             staged = binding.staged[array.dtype] = self._staging_of(binding, array.dtype)
-        np.copyto(staged[0], array, casting="unsafe")
-        return staged[1]  # type: ignore[return-value]
+        if not copy_small(staged.raw, array):
+            np.copyto(staged.array, array, casting="unsafe")
+        return staged.read  # type: ignore[return-value]
 
-    def _staging_of(self, binding: TensorBinding, dtype: np.dtype[Any]) -> tuple[_Array, Read]:
+    def _staging_of(self, binding: TensorBinding, dtype: np.dtype[Any]) -> Staging:
         spec = binding.spec
         nbytes = _elements(spec) * dtype.itemsize
-        staging = binding.host.array[:nbytes].view(dtype).reshape(spec.shape)
-        return staging, (self._staged_at(binding), dtype, _dense_strides(spec.shape), None)
+        raw = binding.host.array[:nbytes]
+        read = (self._staged_at(binding), dtype, _dense_strides(spec.shape), None)
+        return Staging(raw.view(dtype).reshape(spec.shape), read, raw.data)
 
     def _staged_at(self, binding: TensorBinding) -> int:
         """Where the kernels read the binding's staged bytes: the mapped staging itself,
@@ -480,7 +508,10 @@ class DevicePath:
                 nbytes = _elements(spec) * spec.result_dtype.itemsize
                 view = binding.host.array[:nbytes].view(spec.result_dtype).reshape(spec.shape)
                 binding.results = view
-            array = view.copy()  # the staging buffer serves the slot's next request
+            # A copy: the staging buffer serves the slot's next request.
+            array = np.empty_like(view)
+            if not copy_small(array.data.cast("B"), view):
+                np.copyto(array, view)
             results.append(_host_backed(array) if device else array)
         return results
 

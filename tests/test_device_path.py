@@ -25,6 +25,7 @@ from aiodla import (
     RuntimeUnavailableError,
     TensorSpec,
 )
+from aiodla import _data_path as data_path
 from aiodla.emulator import make_loadable
 from aiodla.runtime import EmulatedRuntime
 
@@ -204,6 +205,55 @@ def dataclasses_copy(counts: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(counts)
+
+
+class TestStagingCopies:
+    """The host's copies of a request's bytes (into staging, out of it): a small dense
+    array is copied keeping the GIL (copy_small), anything else by numpy."""
+
+    async def test_copy_small_copies_a_small_dense_array_only(self) -> None:
+        x = np.arange(24, dtype=np.float16).reshape(1, 2, 3, 4)
+        into = np.zeros_like(x)
+        assert data_path.copy_small(into.data.cast("B"), x)
+        assert into.tobytes() == x.tobytes()
+        strided = np.arange(48, dtype=np.float16).reshape(1, 2, 3, 8)[..., ::2]
+        into[:] = 0
+        assert not data_path.copy_small(into.data.cast("B"), strided)
+        assert not into.any()  # refused: nothing copied
+        big = np.zeros(data_path.GIL_HELD_COPY // 2 + 1, np.float16)
+        assert not data_path.copy_small(np.ones_like(big).data.cast("B"), big)
+
+    @pytest.mark.parametrize("limit", [0, data_path.GIL_HELD_COPY])
+    async def test_each_kind_of_input_gives_the_right_result(
+        self, monkeypatch: pytest.MonkeyPatch, limit: int
+    ) -> None:
+        monkeypatch.setattr(data_path, "GIL_HELD_COPY", limit)  # 0: numpy copies all
+        base = frame(3, dtype=np.float32)
+        inputs = [
+            base,
+            np.asfortranarray(base),
+            np.ascontiguousarray(base[..., ::-1]),
+            np.flip(base, axis=3),  # strided
+            base.astype(np.float16),
+        ]
+        for got, x in zip(await results(affine_model(), inputs, convert="device"), inputs):
+            np.testing.assert_array_equal(got, expected_affine(x))
+
+    async def test_a_request_copies_its_input_and_output_keeping_the_gil(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        kept: list[bool] = []
+        copy = data_path.copy_small
+
+        def counted(destination: memoryview, array: Any) -> bool:
+            kept.append(copy(destination, array))
+            return kept[-1]
+
+        monkeypatch.setattr(data_path, "copy_small", counted)
+        x = frame(4)
+        for got in await results(affine_model(), [x, x], convert="device"):
+            np.testing.assert_array_equal(got, expected_affine(x))
+        assert kept == [True] * 4  # each request: its input in, its output out
 
 
 class TestDeviceArraysIn:
