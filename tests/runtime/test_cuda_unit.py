@@ -193,6 +193,17 @@ runtime = CudaRuntime()
 runtime.make_current = lambda: None  # no CUDA here: the fake runs tasks on the host
 facts = {"cores": runtime.device_count(), "version": runtime.version()}
 mismatches = 0
+
+
+def release(device, module, registered, memory):
+    for r in registered:
+        runtime.mem_unregister(device, r)
+    for p in memory:
+        controls.fake_free(p)
+    runtime.unload_module(module)
+    runtime.destroy_device(device)
+
+
 for vector in vectors(requests=2):
     device = runtime.create_device(1)
     runtime.set_task_timeout(device, 1000)
@@ -219,12 +230,7 @@ for vector in vectors(requests=2):
     runtime.submit_task(device, task, 0)
     first, second = runtime.get_last_error(device), runtime.get_last_error(device)
     facts.setdefault("failed", []).append([first, second])
-    for r in registered:
-        runtime.mem_unregister(device, r)
-    for p in memory:
-        controls.fake_free(p)
-    runtime.unload_module(module)
-    runtime.destroy_device(device)
+    release(device, module, registered, memory)
 # The submissions above went through the stand-in's cudlaSubmitTask keeping the GIL;
 # its failures read as the bindings' do.
 facts["held"] = runtime._held.submit_task is not None and runtime._held.last_error is not None
@@ -240,12 +246,7 @@ for status in (4, 4243):
         runtime.submit_task(device, task, 0)
     except cudla.CudlaError as exc:
         facts.setdefault("submit_failed", []).append([type(exc).__name__, int(exc.status)])
-for r in registered:
-    runtime.mem_unregister(device, r)
-for p in memory:
-    controls.fake_free(p)
-runtime.unload_module(module)
-runtime.destroy_device(device)
+release(device, module, registered, memory)
 unheld = CudaRuntime(hold_gil=False)
 unheld.make_current = lambda: None
 unheld.destroy_device(unheld.create_device(0))
