@@ -145,6 +145,10 @@ def revision() -> str:
     root = Path(aiodla.__file__).resolve().parents[1]
     try:
         git = ["git", "-C", str(root)]
+        top = subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode or Path(top.stdout.strip()).resolve() != root:
+            # A tree unpacked from `git archive` (inside another checkout, say) has none.
+            return "unknown: not a git checkout"
         head = subprocess.run(
             [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         )
