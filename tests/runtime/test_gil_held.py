@@ -54,6 +54,11 @@ class _Entry:
         return self.status
 
 
+def _not_through_the_bindings(*args: Any) -> None:
+    """Stands for a bindings' cuDLA call that a held entry point replaces."""
+    raise AssertionError("the held entry point answered: the bindings must not be called")
+
+
 @pytest.fixture
 def bindings(monkeypatch: pytest.MonkeyPatch) -> _Bindings:
     fake = _Bindings()
@@ -64,10 +69,7 @@ def bindings(monkeypatch: pytest.MonkeyPatch) -> _Bindings:
 class TestSubmit:
     @pytest.fixture
     def runtime(self, monkeypatch: pytest.MonkeyPatch) -> CudaRuntime:
-        def not_through_the_bindings(*args: Any) -> None:
-            raise AssertionError("the held entry point answered: the bindings must not be called")
-
-        monkeypatch.setattr(cudla, "submit_task", not_through_the_bindings)
+        monkeypatch.setattr(cudla, "submit_task", _not_through_the_bindings)
         return CudaRuntime()
 
     def test_success_passes_the_task_once(self, runtime: CudaRuntime) -> None:
@@ -154,10 +156,7 @@ class TestLaunch:
 
 class TestStatus:
     def test_read_through_the_held_entry_point(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        def not_through_the_bindings(*args: Any) -> None:
-            raise AssertionError("the held entry point answered: the bindings must not be called")
-
-        monkeypatch.setattr(cudla, "get_last_error", not_through_the_bindings)
+        monkeypatch.setattr(cudla, "get_last_error", _not_through_the_bindings)
         runtime = CudaRuntime()
         entry = _Entry(0x40000006)
         runtime._held = EntryPoints(last_error=entry)
