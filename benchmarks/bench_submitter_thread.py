@@ -50,19 +50,18 @@ class Calls:
     """A call of about ``call_us`` made keeping or releasing the GIL."""
 
     def __init__(self, call_us: float) -> None:
+        # Doubled until a held copy takes call_us, then down to the size that does
+        # (linear in the bytes near there; the caches make it less so far from it).
         nbytes = 1 << 16
-        while True:
-            self.source = np.ones(nbytes, np.uint8)
-            self.into = np.zeros(nbytes, np.uint8)
-            self._held_into, self._held_from = self.into.data, self.source.data
-            if self.time(self.held) * 1e6 >= call_us or nbytes > 1 << 28:
-                break
+        while self._sized(nbytes) * 1e6 < call_us and nbytes <= 1 << 28:
             nbytes *= 2
-        # Down to the size whose held copy takes call_us (linear in the bytes).
-        scale = call_us * 1e-6 / self.time(self.held)
-        nbytes = max(4096, int(nbytes * scale))
-        self.source, self.into = self.source[:nbytes], self.into[:nbytes]
+        self._sized(max(4096, int(nbytes * call_us * 1e-6 / self.time(self.held))))
+
+    def _sized(self, nbytes: int) -> float:
+        """Copy ``nbytes`` from now on; the held copy's seconds."""
+        self.source, self.into = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
         self._held_into, self._held_from = self.into.data, self.source.data
+        return self.time(self.held)
 
     def held(self) -> None:
         self._held_into[:] = self._held_from
@@ -80,6 +79,7 @@ class Calls:
 
 
 def inline(requests: int, python_us: float, calls: Calls, depth: int) -> None:
+    """The calls on the loop itself (``depth`` unused: nothing is outstanding)."""
     for _ in range(requests):
         busy(python_us)
         for _ in range(CALLS):
@@ -133,11 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     calls = Calls(args.call_us)
     held_us, released_us = Calls.time(calls.held) * 1e6, Calls.time(calls.released) * 1e6
     default_switch = sys.getswitchinterval()
-    modes: dict[str, Callable[[], tuple[float, float]]] = {
-        "inline": lambda: measure(inline, args, calls),
-        "thread": lambda: measure(threaded, args, calls),
-        "thread, switch interval": lambda: switched(),
-    }
 
     def switched() -> tuple[float, float]:
         sys.setswitchinterval(args.switch_us * 1e-6)
@@ -145,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             return measure(threaded, args, calls)
         finally:
             sys.setswitchinterval(default_switch)
+
+    modes: dict[str, Callable[[], tuple[float, float]]] = {
+        "inline": lambda: measure(inline, args, calls),
+        "thread": lambda: measure(threaded, args, calls),
+        "thread, switch interval": switched,
+    }
 
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
     for repeat in range(args.repeats):
