@@ -126,7 +126,10 @@ class Cores(CoreSetup):
     @property
     def probe(self) -> CompletionProbe:
         assert self.runtime is not None
-        return completion_probe(self.runtime)
+        probe = completion_probe(self.runtime)
+        if self.handoff is not None:
+            probe = probe._replace(settled=self.handoff.settled)
+        return probe
 
     # -- one slot's work (loop thread) -------------------------------------------------------
 
@@ -195,17 +198,28 @@ class Cores(CoreSetup):
             stream = slot.stream
             kind = path.inputs_kind(slot)
             graph = slot.graphs_in.get(kind)
-            if graph is not None:
-                runtime.launch_graph(graph, stream)
+            kind_after = path.outputs_kind(device)
+            graph_after = slot.graphs_out.get(kind_after)
+            handoff = self.handoff
+            if (
+                handoff is not None
+                and graph is not None
+                and graph_after is not None
+                and handoff.hand_off(slot, graph, graph_after)
+            ):
+                pass  # the submitter thread makes the calls (see aiodla._handoff)
             else:
-                graphs.enqueue_new(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
-            runtime.submit_task(slot.core.device, slot.task, stream)
-            kind = path.outputs_kind(device)
-            graph = slot.graphs_out.get(kind)
-            if graph is not None:
-                runtime.launch_graph(graph, stream)
-            else:
-                graphs.enqueue_new(slot, slot.graphs_out, kind, self._enqueue_after, slot, device)
+                if graph is not None:
+                    runtime.launch_graph(graph, stream)
+                else:
+                    graphs.enqueue_new(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
+                runtime.submit_task(slot.core.device, slot.task, stream)
+                if graph_after is not None:
+                    runtime.launch_graph(graph_after, stream)
+                else:
+                    graphs.enqueue_new(
+                        slot, slot.graphs_out, kind_after, self._enqueue_after, slot, device
+                    )
         core = slot.core
         slot.submitted_at = now
         slot.behind = 0.0

@@ -199,9 +199,30 @@ class Flow:
         self.poller.watch(slot)  # type: ignore[union-attr]
 
     def _submit_failed(self, slot: Slot, request: Request | None, exc: Exception) -> None:
+        if not self._fail_submission(slot, request, exc):
+            return
+        # Some copies may be queued on the stream already: the slot is reusable only
+        # after they ran, so mark the stream's end and let the poller return the slot.
+        if self.cores.retire(slot, time.monotonic()):
+            self.poller.watch(slot)  # type: ignore[union-attr]
+
+    def _handoff_failed(self, slot: Slot, failure: tuple[Exception, bool]) -> None:
+        """The submitter thread's calls for ``slot`` failed (the poller saw it): as a
+        failed submit, with the stream's end marked already, unless ``failure`` says
+        that failed too (the slot is then lost to the pool, as after ``retire``)."""
+        error, retired = failure
+        request = slot.request
+        if request is not None and request.future.done():  # ended meanwhile
+            request = None
+        if self._fail_submission(slot, request, error) and retired:
+            self.release(slot)
+
+    def _fail_submission(self, slot: Slot, request: Request | None, exc: Exception) -> bool:
+        """The request's and the slot's share of a failed submit; False when the error
+        killed the engine."""
         if is_sticky(exc):
             self._die_callback(exc)
-            return
+            return False
         doing = f"core {slot.core.core}: submitting the request"
         error = device_error(doing, exc) or AiodlaError(f"{doing} failed: {exc!r}")
         error.__cause__ = exc
@@ -215,10 +236,7 @@ class Flow:
         if slot.probing:  # the probe never ran: try again later
             slot.probing = False
             self._schedule_probe(slot.core)
-        # Some copies may be queued on the stream already: the slot is reusable only
-        # after they ran, so mark the stream's end and let the poller return the slot.
-        if self.cores.retire(slot, time.monotonic()):
-            self.poller.watch(slot)  # type: ignore[union-attr]
+        return True
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
 
@@ -253,6 +271,10 @@ class Flow:
         scheduler = self.scheduler
         take_compute_failure = self.cores.take_compute_failure
         for slot, status in finished:
+            if slot.handoff_failure is not None:
+                handed_off, slot.handoff_failure = slot.handoff_failure, None
+                self._handoff_failed(slot, handed_off)
+                continue
             core = slot.core
             request = slot.request
             # The emulated runtime's compute function failed on this slot's task: the

@@ -36,6 +36,7 @@ from .._errors import RuntimeUnavailableError
 from ..emulator._format import stated_latency
 from . import _gil_held
 from ._cuda_graphs import CudaGraphs
+from ._handoff_calls import HandoffCalls, driver_calls
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
 
 if TYPE_CHECKING:
@@ -125,6 +126,10 @@ def _error_name(error: Any) -> str:
     if isinstance(name, str) and name:
         return name
     return CUDA_ERROR_NAMES.get(int(error), f"cudaError {int(error)}")
+
+
+def _launch_error(code: int) -> CudaCallError:
+    return cuda_error("cuGraphLaunch", code)  # a CUresult: the same numbers as cudaError_t's
 
 
 def cuda_error(call: str, error: Any) -> CudaCallError:
@@ -313,6 +318,17 @@ class CudaRuntime(CudaGraphs):
             _cudla_call("cudlaSubmitTask", cudla.submit_task, device, task.ptr, 1, stream, 0)
         elif status := held(device, task.ptr, 1, stream, 0):
             raise _cudla_failure("cudlaSubmitTask", status)
+
+    def handoff_calls(self) -> HandoffCalls | None:
+        """The submitter thread's calls as the driver's and cuDLA's entry points; None
+        over a test's fake driver, or where they cannot be found."""
+        if _rt is not _bindings_runtime:  # a fake's handles are not the driver's
+            return None
+        failure: dict[int, Callable[[int], Exception]] = {
+            0: lambda code: cuda_error("cuCtxSetCurrent", code),
+            2: lambda code: _cudla_failure("cudlaSubmitTask", code),
+        }
+        return driver_calls(self, lambda call, code: failure.get(call, _launch_error)(code))
 
     def get_last_error(self, device: int) -> int:
         held = self._held.last_error

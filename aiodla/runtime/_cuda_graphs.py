@@ -90,6 +90,11 @@ class CudaGraphs:
             (error,) = _cudart().cudaGraphLaunch(graph.executable, stream)
             if error != 0:
                 raise _cuda.cuda_error("cudaGraphLaunch", error)
+        self.count_launch(graph)
+
+    def count_launch(self, graph: CudaGraph) -> None:
+        """Add one launch's transfers to the counts (also for a launch the submitter
+        thread makes through the driver)."""
         counts = self.counts
         for name, made in graph.counts:  # (per request: the fields a launch changes)
             setattr(counts, name, getattr(counts, name) + made)

@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["EntryPoints", "entry_points"]
+__all__ = ["SUBMIT", "EntryPoints", "cudla_entry", "entry_points", "loaded"]
 
 # (device, tasks, number of tasks, stream, flags) -> cudlaStatus
 SubmitTask = Callable[[int, int, int, int, int], int]
@@ -46,7 +46,7 @@ class EntryPoints(NamedTuple):
 
 _NOLOAD = getattr(os, "RTLD_NOLOAD", 4)
 _u32, _pointer = ctypes.c_uint32, ctypes.c_void_p
-_SUBMIT = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer, _pointer, _u32, _pointer, _u32)
+SUBMIT = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer, _pointer, _u32, _pointer, _u32)
 _LAST_ERROR = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer)
 _LAUNCH = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer, _pointer)
 _QUERY = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer)
@@ -57,24 +57,24 @@ def entry_points(*, driver: bool) -> EntryPoints:
     calls them (ask once the bindings have made a cuDLA call), and with ``driver`` the
     driver's ``cuGraphLaunch`` and ``cuEventQuery``: each keeping the GIL."""
     launch = query = None
-    if driver and (library := _loaded("libcuda.so.1")) is not None:
+    if driver and (library := loaded("libcuda.so.1")) is not None:
         launch = _symbol(library, "cuGraphLaunch", _LAUNCH)
         query = _symbol(library, "cuEventQuery", _QUERY)
     return EntryPoints(
-        _cudla_entry("cudlaSubmitTask", _SUBMIT),
-        _cudla_entry("cudlaGetLastError", _LAST_ERROR),
+        cudla_entry("cudlaSubmitTask", SUBMIT),
+        cudla_entry("cudlaGetLastError", _LAST_ERROR),
         launch,
         query,
     )
 
 
-def _cudla_entry(name: str, prototype: Any) -> Any:
+def cudla_entry(name: str, prototype: Any) -> Any:
     try:
         from cuda.bindings._internal import cudla as bound
 
         address = int(bound._inspect_function_pointer(f"__{name}"))
     except Exception:  # bindings without the inspection hook: the library by its name
-        library = _loaded("libcudla.so.1")
+        library = loaded("libcudla.so.1")
         return None if library is None else _symbol(library, name, prototype)
     return prototype(address) if address else None
 
@@ -83,7 +83,7 @@ def _symbol(library: ctypes.PyDLL, name: str, prototype: Any) -> Any:
     return prototype((name, library)) if hasattr(library, name) else None
 
 
-def _loaded(soname: str) -> ctypes.PyDLL | None:
+def loaded(soname: str) -> ctypes.PyDLL | None:
     """The library already in this process under ``soname`` (never loads one)."""
     try:
         return ctypes.PyDLL(soname, mode=_NOLOAD)

@@ -174,8 +174,8 @@ class TestFindingTheEntryPoints:
             found["cudla"].append(name)
             return _Entry()
 
-        monkeypatch.setattr(_gil_held, "_cudla_entry", cudla_entry)
-        monkeypatch.setattr(_gil_held, "_loaded", lambda soname: found["driver"])
+        monkeypatch.setattr(_gil_held, "cudla_entry", cudla_entry)
+        monkeypatch.setattr(_gil_held, "loaded", lambda soname: found["driver"])
         monkeypatch.setattr(_gil_held, "_symbol", lambda library, name, prototype: name)
         monkeypatch.setattr(cudla, "create_device", lambda core, mode: 1000 + core)
         monkeypatch.setattr(CudaRuntime, "make_current", lambda self: None)
@@ -219,17 +219,17 @@ class TestFindingTheEntryPoints:
 
 def test_nothing_is_found_before_the_libraries_are_loaded() -> None:
     # This process never loaded a driver (no GPU in CI); the lookup must not load one.
-    if _gil_held._loaded("libcuda.so.1") is not None:
+    if _gil_held.loaded("libcuda.so.1") is not None:
         pytest.skip("a CUDA driver is loaded in this process")
     held = _gil_held.entry_points(driver=True)
     assert (held.graph_launch, held.event_query) == (None, None)
-    assert _gil_held._loaded("libcuda.so.1") is None
+    assert _gil_held.loaded("libcuda.so.1") is None
 
 
 def test_the_prototypes_keep_the_gil() -> None:
     python_api = ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
     for prototype in (
-        _gil_held._SUBMIT,
+        _gil_held.SUBMIT,
         _gil_held._LAST_ERROR,
         _gil_held._LAUNCH,
         _gil_held._QUERY,
