@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from ._cores import Cores, CoreState, Slot, device_error, is_sticky
+from ._cores import Cores, CoreState, Slot
 from ._data_path import release_sources
 from ._errors import (
     AiodlaError,
@@ -34,6 +34,7 @@ from ._options import EngineOptions
 from ._poller import Poller
 from ._scheduler import Outcome, Request, RequestState, Scheduler
 from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
+from ._submit_failures import SubmitFailures
 
 __all__ = ["EngineState", "Flow"]
 
@@ -61,7 +62,7 @@ class EngineState(enum.Enum):
     CLOSED = "closed"
 
 
-class Flow:
+class Flow(SubmitFailures):
     """The loop-thread side of an open engine: starts, completions, outcomes.
 
     State (loop thread only): ``state``, the engine's one record of its life (work is
@@ -197,46 +198,6 @@ class Flow:
         if request is not None:
             request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
         self.poller.watch(slot)  # type: ignore[union-attr]
-
-    def _submit_failed(self, slot: Slot, request: Request | None, exc: Exception) -> None:
-        if not self._fail_submission(slot, request, exc):
-            return
-        # Some copies may be queued on the stream already: the slot is reusable only
-        # after they ran, so mark the stream's end and let the poller return the slot.
-        if self.cores.retire(slot, time.monotonic()):
-            self.poller.watch(slot)  # type: ignore[union-attr]
-
-    def _handoff_failed(self, slot: Slot, failure: tuple[Exception, bool]) -> None:
-        """The submitter thread's calls for ``slot`` failed (the poller saw it): as a
-        failed submit, with the stream's end marked already, unless ``failure`` says
-        that failed too (the slot is then lost to the pool, as after ``retire``)."""
-        error, retired = failure
-        request = slot.request
-        if request is not None and request.future.done():  # ended meanwhile
-            request = None
-        if self._fail_submission(slot, request, error) and retired:
-            self.release(slot)
-
-    def _fail_submission(self, slot: Slot, request: Request | None, exc: Exception) -> bool:
-        """The request's and the slot's share of a failed submit; False when the error
-        killed the engine."""
-        if is_sticky(exc):
-            self._die_callback(exc)
-            return False
-        doing = f"core {slot.core.core}: submitting the request"
-        error = device_error(doing, exc) or AiodlaError(f"{doing} failed: {exc!r}")
-        error.__cause__ = exc
-        if slot.request is not None:
-            slot.request.slot = None
-            slot.request = None
-        if request is not None:
-            self._finish(request, error=error)
-        else:
-            logger.warning("aiodla: %s", error)
-        if slot.probing:  # the probe never ran: try again later
-            slot.probing = False
-            self._schedule_probe(slot.core)
-        return True
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
 

@@ -302,3 +302,30 @@ class TestLibrary:
         monkeypatch.delenv("AIODLA_CACHE_DIR", raising=False)
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
         assert _library.cache_dir() == tmp_path / "aiodla"
+
+
+class TestDriverFailures:
+    """How a failed driver or cuDLA call on the thread reads (the GPU runs them)."""
+
+    def test_a_submit_reads_as_cudla_s_status(self) -> None:
+        from aiodla.runtime._handoff_calls import _driver_failure
+        from aiodla.runtime._protocol import cudla_status
+
+        assert cudla_status(_driver_failure(2, 4, STREAM)) == 4  # cudlaErrorInvalidAddress
+
+    def test_a_launch_reads_as_a_cuda_error_sticky_or_not(self) -> None:
+        from aiodla.runtime._handoff_calls import _driver_failure
+        from aiodla.runtime._protocol import CudaCallError
+
+        lost = _driver_failure(3, 719, STREAM)
+        assert isinstance(lost, CudaCallError) and lost.sticky
+        assert lost.call == "cuGraphLaunch"
+        refused = _driver_failure(1, 2, STREAM)
+        assert isinstance(refused, CudaCallError) and not refused.sticky
+        assert _driver_failure(0, 201, STREAM).call == "cuCtxSetCurrent"  # type: ignore[attr-defined]
+
+    def test_none_over_a_fake_driver(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from aiodla.runtime import _cuda
+
+        monkeypatch.setattr(_cuda, "_rt", object())
+        assert _cuda.CudaRuntime().handoff_calls() is None

@@ -52,6 +52,7 @@ __all__ = [
     "UnknownCudlaStatusError",
     "check_cuda",
     "cuda_error",
+    "cudla_failure",
     "probe",
 ]
 
@@ -113,7 +114,7 @@ def _cudla_call(call: str, function: Callable[..., _T], *args: Any) -> _T:
         raise UnknownCudlaStatusError(int(match.group(1)), call) from None
 
 
-def _cudla_failure(call: str, status: int) -> cudla.CudlaError:
+def cudla_failure(call: str, status: int) -> cudla.CudlaError:
     """What the bindings raise for a failing ``status`` of ``call``."""
     try:
         return cudla.CudlaError(status)
@@ -126,10 +127,6 @@ def _error_name(error: Any) -> str:
     if isinstance(name, str) and name:
         return name
     return CUDA_ERROR_NAMES.get(int(error), f"cudaError {int(error)}")
-
-
-def _launch_error(code: int) -> CudaCallError:
-    return cuda_error("cuGraphLaunch", code)  # a CUresult: the same numbers as cudaError_t's
 
 
 def cuda_error(call: str, error: Any) -> CudaCallError:
@@ -317,18 +314,12 @@ class CudaRuntime(CudaGraphs):
         if held is None:
             _cudla_call("cudlaSubmitTask", cudla.submit_task, device, task.ptr, 1, stream, 0)
         elif status := held(device, task.ptr, 1, stream, 0):
-            raise _cudla_failure("cudlaSubmitTask", status)
+            raise cudla_failure("cudlaSubmitTask", status)
 
     def handoff_calls(self) -> HandoffCalls | None:
-        """The submitter thread's calls as the driver's and cuDLA's entry points; None
-        over a test's fake driver, or where they cannot be found."""
-        if _rt is not _bindings_runtime:  # a fake's handles are not the driver's
-            return None
-        failure: dict[int, Callable[[int], Exception]] = {
-            0: lambda code: cuda_error("cuCtxSetCurrent", code),
-            2: lambda code: _cudla_failure("cudlaSubmitTask", code),
-        }
-        return driver_calls(self, lambda call, code: failure.get(call, _launch_error)(code))
+        """The submitter thread's calls: the driver's and cuDLA's entry points; None over
+        a test's fake driver (its handles are not the driver's)."""
+        return driver_calls(self) if _rt is _bindings_runtime else None
 
     def get_last_error(self, device: int) -> int:
         held = self._held.last_error

@@ -106,12 +106,9 @@ def _address(function: Any) -> int:
     return ctypes.cast(function, ctypes.c_void_p).value or 0
 
 
-def driver_calls(
-    runtime: CudaRuntime, failure: Callable[[int, int], Exception]
-) -> HandoffCalls | None:
+def driver_calls(runtime: CudaRuntime) -> HandoffCalls | None:
     """The driver's and cuDLA's entry points for ``runtime``'s context (current on the
-    calling thread), or None where one is missing. ``failure`` names a failed call's
-    status (CALL_*, status)."""
+    calling thread), or None where one is missing."""
     driver = _gil_held.loaded("libcuda.so.1")
     submit = _gil_held.cudla_entry("cudlaSubmitTask", _gil_held.SUBMIT)
     names = ("cuGraphLaunch", "cuEventRecord", "cuCtxSetCurrent", "cuCtxGetCurrent")
@@ -132,7 +129,18 @@ def driver_calls(
         graph_handle=lambda graph: int(graph.executable),
         task_handle=lambda task: int(task.ptr),
         launched=runtime.count_launch,
-        failure=lambda call, code, stream: failure(call, code),
+        failure=_driver_failure,
         keep=(submit,),
         native=True,
     )
+
+
+def _driver_failure(call: int, code: int, stream: int) -> Exception:
+    """What the runtime's own call raises for ``code``: a cudlaStatus for the submit; a
+    CUresult otherwise (the same numbers as the cudaError_t the engine reasons about)."""
+    from ._cuda import cuda_error, cudla_failure
+
+    if call == 2:
+        error: Exception = cudla_failure("cudlaSubmitTask", code)
+        return error
+    return cuda_error("cuCtxSetCurrent" if call == 0 else "cuGraphLaunch", code)
