@@ -22,6 +22,7 @@
  * ctypes callbacks into a Python runtime (the emulated one, tests), which take the GIL
  * themselves.
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -112,6 +113,7 @@ static int wait_for_work(submitter_t* s) {
 
 static void* run(void* argument) {
     submitter_t* s = (submitter_t*)argument;
+    pthread_setname_np(pthread_self(), "aiodla-submit"); /* what top and profilers show */
     int status = s->bind ? s->bind(s->bind_argument) : 0;
     pthread_mutex_lock(&s->mutex);
     s->bind_status = status;
