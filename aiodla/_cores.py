@@ -203,6 +203,7 @@ class Cores(CoreSetup):
             handoff = self.handoff
             if (
                 handoff is not None
+                and slot.core.expected_free - now < handoff.feed_below
                 and graph is not None
                 and graph_after is not None
                 and handoff.hand_off(slot, graph, graph_after)

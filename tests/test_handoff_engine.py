@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.in_process]  # the thread is in-p
 def hand_everything(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Every request goes over, even one that finds the thread asleep."""
+    """Every request goes over, even one that finds the thread asleep or its core fed."""
     monkeypatch.setattr(aiodla._handoff, "QUIET", 0.0)
+    monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", float("inf"))
     monkeypatch.setenv("AIODLA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "handoff"))
 
 
@@ -200,6 +201,37 @@ class TestFailures:
             stats = e.statistics()
             assert counts_add_up(stats)
             assert stats.cancelled == 1
+
+
+class TestWhatGoesOver:
+    async def test_a_core_fed_ahead_makes_its_calls_on_the_loop(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", 200e-6)
+        runtime = Watched()
+        xs = inputs(40)
+        async with Engine(
+            affine_model(5e-3), runtime=runtime, submit_thread=True, streams_per_core=4
+        ) as e:
+            outputs = await asyncio.gather(*(e.infer(x) for x in xs))
+            assert handed(e) <= 2  # each request had 5 ms tasks queued ahead of it
+        for x, y in zip(xs, outputs, strict=True):
+            np.testing.assert_array_equal(y, expected_affine(x))
+        assert runtime.submitters == {"MainThread"}
+
+    async def test_a_core_waiting_on_the_loop_hands_over(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", 200e-6)
+        runtime = Watched()
+        xs = inputs(200)
+        async with Engine(
+            affine_model(1e-6), runtime=runtime, submit_thread=True, streams_per_core=4
+        ) as e:
+            outputs = await asyncio.gather(*(e.infer(x) for x in xs))
+            assert handed(e) >= 150
+        for x, y in zip(xs, outputs, strict=True):
+            np.testing.assert_array_equal(y, expected_affine(x))
 
 
 class TestChoosing:

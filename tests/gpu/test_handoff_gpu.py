@@ -25,8 +25,9 @@ HEAD = TensorSpec("head", (1, 19, 8, 6), "float16", "chw16")
 
 @pytest.fixture(autouse=True)
 def hand_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every request goes over, even one that finds the thread asleep."""
+    """Every request goes over, even one that finds the thread asleep or its core fed."""
     monkeypatch.setattr(aiodla._handoff, "QUIET", 0.0)
+    monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", float("inf"))
 
 
 def frames(count: int) -> list[np.ndarray[Any, Any]]:
