@@ -175,14 +175,15 @@ class Cores(CoreSetup):
         if self.path is not None:
             self.path.recycle(slot)
 
-    def submit(self, slot: Slot, now: float) -> None:
+    def submit(self, slot: Slot, now: float, waiting: int = 0) -> None:
         """Enqueue the slot's copies in, its task, copies out and its event on its
         stream, and estimate when the core will be done with it. Raises what the runtime
         raised (see :meth:`retire` for the slot afterwards).
 
         The work before and after the task goes as two graphs, captured by the slot's
         first request of each kind (see ``aiodla._graphs``), unless stage times are
-        measured."""
+        measured. With ``waiting`` requests behind this one (enough of them) and the slot's core
+        short of queued work, the submitter thread makes the calls (see ``aiodla._handoff``)."""
         runtime = self.runtime
         assert runtime is not None
         path = self.path
@@ -203,6 +204,7 @@ class Cores(CoreSetup):
             handoff = self.handoff
             if (
                 handoff is not None
+                and waiting >= handoff.waiting_at_least
                 and slot.core.expected_free - now < handoff.feed_below
                 and graph is not None
                 and graph_after is not None

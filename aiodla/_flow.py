@@ -191,7 +191,8 @@ class Flow(SubmitFailures):
 
     def _submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
         try:
-            self.cores.submit(slot, time.monotonic() if now is None else now)
+            now = time.monotonic() if now is None else now
+            self.cores.submit(slot, now, self.scheduler.queued)
         except Exception as exc:
             self._submit_failed(slot, request, exc)
             return

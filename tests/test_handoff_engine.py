@@ -29,9 +29,11 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.in_process]  # the thread is in-p
 def hand_everything(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Every request goes over, even one that finds the thread asleep or its core fed."""
+    """Every request goes over, even one alone, one that finds the thread asleep, or
+    one whose core is fed ahead."""
     monkeypatch.setattr(aiodla._handoff, "QUIET", 0.0)
     monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", float("inf"))
+    monkeypatch.setattr(aiodla._handoff, "WAITING_AT_LEAST", 0)
     monkeypatch.setenv("AIODLA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "handoff"))
 
 
@@ -231,6 +233,23 @@ class TestWhatGoesOver:
             outputs = await asyncio.gather(*(e.infer(x) for x in xs))
             assert handed(e) >= 150
         for x, y in zip(xs, outputs, strict=True):
+            np.testing.assert_array_equal(y, expected_affine(x))
+
+    async def test_a_request_with_none_waiting_behind_it_stays_on_the_loop(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(aiodla._handoff, "WAITING_AT_LEAST", 1)
+        runtime = Watched()
+        xs = inputs(20)
+        async with Engine(
+            affine_model(1e-6), runtime=runtime, submit_thread=True, streams_per_core=4
+        ) as e:
+            for x in xs:  # one at a time: nothing waits for a slot
+                np.testing.assert_array_equal(await e.infer(x), expected_affine(x))
+            assert handed(e) == 0
+            burst = await asyncio.gather(*(e.infer(x) for x in xs * 10))
+            assert handed(e) > 0  # 200 at once: most wait for a slot
+        for x, y in zip(xs * 10, burst, strict=True):
             np.testing.assert_array_equal(y, expected_affine(x))
 
 

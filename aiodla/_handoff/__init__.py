@@ -14,12 +14,13 @@ thread reaches the engine through the poller, as the slot's completion with
 slot's end was marked on its stream (else the slot is lost to the pool, as when the
 loop's own ``retire`` fails).
 
-Only what pays goes over: a request whose core has little work queued ahead
-(``FEED_BELOW``: the core waits on the loop, short tasks), on a slot with both graphs
+Only what pays goes over: a request with others waiting behind it whose core has
+little work queued ahead (``FEED_BELOW``: the core waits on the loop), on a slot with both graphs
 captured for its kind, without stage timing. The rest is made on the loop as before: a
-first request of a kind (which captures); a request behind a well-fed core (the thread
-would cost CPU and save nothing; see ``FEED_BELOW``); and one that finds the thread
-asleep after a quiet spell (``QUIET``), whose wake-up would add to its latency.
+first request of a kind (which captures); a request behind a well-fed core, or with
+none waiting behind it (the thread would cost CPU and save nothing; see
+``FEED_BELOW``); and one that finds the thread asleep after a quiet spell
+(``QUIET``), whose wake-up would add to its latency.
 """
 
 from __future__ import annotations
@@ -35,20 +36,31 @@ if TYPE_CHECKING:
     from .._slots import Slot
     from ..runtime._protocol import Runtime
 
-__all__ = ["FEED_BELOW", "LINGER", "QUIET", "Handoff", "HandoffUnavailableError", "calls_for"]
+__all__ = [
+    "FEED_BELOW",
+    "LINGER",
+    "QUIET",
+    "WAITING_AT_LEAST",
+    "Handoff",
+    "HandoffUnavailableError",
+    "calls_for",
+]
 
 logger = logging.getLogger("aiodla")
 
 # A push that finds the thread asleep, this long after the one before, is left to the
 # loop (a lightly loaded engine). 0 hands everything over.
 QUIET = 200e-6
-# A request goes over only when its core has less work queued ahead than this: then
-# the core waits on the loop, and the loop's time per request is what the thread saves.
-# A core fed further ahead loses nothing to the loop's own calls, and the thread would
-# only add its CPU and wake-ups (on the H200 stand-in at 100 us service, 4 streams a
-# core: 58 -> 80 us of CPU per request, the same rate; benchmarks/results/
-# threads-compare-cuda-handoff-always.json).
+# A request goes over only when others wait for a slot behind it and its core has less
+# work queued ahead than this: then the core waits on the loop, and the loop's time per
+# request is what the thread saves. A core fed further ahead, or an engine with nothing
+# waiting (half load, one request at a time), loses nothing to the loop's own calls, and
+# the thread would only add its CPU and wake-ups: on the H200 stand-in with every request
+# handed over, 58 -> 80 us of CPU per request at 100 us service and the same rate
+# (benchmarks/results/threads-compare-cuda-handoff-always.json); with the core's queue
+# alone deciding, 104 -> 129 us at half load (threads-compare-cuda-handoff-fed.json).
 FEED_BELOW = 200e-6
+WAITING_AT_LEAST = 1
 # How long the thread looks for more work before it sleeps: the loop hands a batch's
 # requests over microseconds apart, and a wake-up costs more than this much spinning.
 LINGER = 20e-6
@@ -81,6 +93,7 @@ class Handoff:
         self._calls = calls
         # Read here, so a test may change the module's figures for the engines it opens.
         self.feed_below = FEED_BELOW
+        self.waiting_at_least = WAITING_AT_LEAST
         quiet = QUIET if quiet is None else quiet
         linger = LINGER if linger is None else linger
         handle = library.create(

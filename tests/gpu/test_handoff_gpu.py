@@ -25,9 +25,11 @@ HEAD = TensorSpec("head", (1, 19, 8, 6), "float16", "chw16")
 
 @pytest.fixture(autouse=True)
 def hand_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every request goes over, even one that finds the thread asleep or its core fed."""
+    """Every request goes over, even one alone, one that finds the thread asleep, or
+    one whose core is fed ahead."""
     monkeypatch.setattr(aiodla._handoff, "QUIET", 0.0)
     monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", float("inf"))
+    monkeypatch.setattr(aiodla._handoff, "WAITING_AT_LEAST", 0)
 
 
 def frames(count: int) -> list[np.ndarray[Any, Any]]:
