@@ -63,7 +63,8 @@ class EngineOptions:
     None (the default) does so where the runtime offers the driver's entry points (the
     CUDA runtime) and the library builds, True always (the emulated runtime's calls then
     run on the thread as Python callbacks; an error if the library cannot be built),
-    False never. A lightly loaded engine makes the calls on the loop even so.
+    False never. A lightly loaded engine makes the calls on the loop even so, and so
+    does the worker of ``isolation="process"``.
     """
 
     cores: tuple[int, ...] = (0, 1)
