@@ -43,6 +43,17 @@ def expected_affine(
     return (stored * scale + bias).astype(np.float32)
 
 
+def the_one_failure(inputs: Any, outcomes: Any) -> BaseException:
+    """The single exception among ``outcomes`` (``gather(..., return_exceptions=True)``
+    over the affine model); every other outcome must be its input's right result."""
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(failed) == 1, failed
+    for x, y in zip(inputs, outcomes, strict=True):
+        if not isinstance(y, BaseException):
+            np.testing.assert_array_equal(y, expected_affine(x))
+    return failed[0]
+
+
 async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     """Yield to the loop until ``predicate()`` holds; fail the test after ``timeout``."""
     loop = asyncio.get_running_loop()

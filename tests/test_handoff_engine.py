@@ -20,7 +20,15 @@ from aiodla._handoff import _library
 from aiodla.runtime import EmulatedRuntime
 from aiodla.runtime._handoff_calls import python_calls
 
-from support import X, affine_model, all_idle, busy_slots, counts_add_up, expected_affine
+from support import (
+    X,
+    affine_model,
+    all_idle,
+    busy_slots,
+    counts_add_up,
+    expected_affine,
+    the_one_failure,
+)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.in_process]  # the thread is in-process
 
@@ -55,6 +63,13 @@ class Watched(EmulatedRuntime):
         self.gate.wait(5)
         self.submitters.add(threading.current_thread().name)
         super().submit_task(device, task, stream)
+
+
+def one_slot(runtime: EmulatedRuntime) -> Engine:
+    """An engine of one core and one slot, whose requests go to the submitter thread."""
+    return Engine(
+        affine_model(), runtime=runtime, submit_thread=True, cores=[0], streams_per_core=1
+    )
 
 
 def handed(engine: Engine) -> int:
@@ -117,13 +132,9 @@ class TestFailures:
             runtime.fail_call(call, 2, after=5)
             outcomes = await asyncio.gather(*(e.infer(x) for x in xs), return_exceptions=True)
             assert handed(e) - before == 40
-            failed = [o for o in outcomes if isinstance(o, BaseException)]
-            assert len(failed) == 1
-            assert isinstance(failed[0], AiodlaError)
-            assert call in str(failed[0])
-            for x, y in zip(xs, outcomes, strict=True):
-                if not isinstance(y, BaseException):
-                    np.testing.assert_array_equal(y, expected_affine(x))
+            failure = the_one_failure(xs, outcomes)
+            assert isinstance(failure, AiodlaError)
+            assert call in str(failure)
             await asyncio.sleep(0.05)
             assert all_idle(e)
             stats = e.statistics()
@@ -133,9 +144,7 @@ class TestFailures:
 
     async def test_a_failed_launch_is_a_device_error(self) -> None:
         runtime = Watched()
-        async with Engine(
-            affine_model(), runtime=runtime, submit_thread=True, cores=[0], streams_per_core=1
-        ) as e:
+        async with one_slot(runtime) as e:
             x = inputs(1)[0]
             await e.infer(x)
             runtime.fail_call("launch_graph", 2)  # cudaErrorMemoryAllocation
@@ -172,9 +181,7 @@ class TestFailures:
 
     async def test_a_sticky_error_kills_the_engine(self) -> None:
         runtime = Watched()
-        async with Engine(
-            affine_model(), runtime=runtime, submit_thread=True, cores=[0], streams_per_core=1
-        ) as e:
+        async with one_slot(runtime) as e:
             x = inputs(1)[0]
             await e.infer(x)
             runtime.fail_call("launch_graph", 700)  # cudaErrorIllegalAddress
@@ -184,9 +191,7 @@ class TestFailures:
 
     async def test_a_request_cancelled_meanwhile_still_frees_its_slot(self) -> None:
         runtime = Watched()
-        async with Engine(
-            affine_model(), runtime=runtime, submit_thread=True, cores=[0], streams_per_core=1
-        ) as e:
+        async with one_slot(runtime) as e:
             xs = inputs(2)
             await e.infer(xs[0])
             runtime.gate.clear()
@@ -206,51 +211,38 @@ class TestFailures:
 
 
 class TestWhatGoesOver:
-    async def test_a_core_fed_ahead_makes_its_calls_on_the_loop(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", 200e-6)
-        runtime = Watched()
-        xs = inputs(40)
-        async with Engine(
-            affine_model(5e-3), runtime=runtime, submit_thread=True, streams_per_core=4
-        ) as e:
-            outputs = await asyncio.gather(*(e.infer(x) for x in xs))
-            assert handed(e) <= 2  # each request had 5 ms tasks queued ahead of it
-        for x, y in zip(xs, outputs, strict=True):
-            np.testing.assert_array_equal(y, expected_affine(x))
-        assert runtime.submitters == {"MainThread"}
+    """Which requests the thread carries (``FEED_BELOW`` and ``WAITING_AT_LEAST``)."""
 
-    async def test_a_core_waiting_on_the_loop_hands_over(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    @pytest.fixture(autouse=True)
+    def the_defaults(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(aiodla._handoff, "FEED_BELOW", 200e-6)
-        runtime = Watched()
-        xs = inputs(200)
-        async with Engine(
-            affine_model(1e-6), runtime=runtime, submit_thread=True, streams_per_core=4
-        ) as e:
-            outputs = await asyncio.gather(*(e.infer(x) for x in xs))
-            assert handed(e) >= 150
-        for x, y in zip(xs, outputs, strict=True):
-            np.testing.assert_array_equal(y, expected_affine(x))
-
-    async def test_a_request_with_none_waiting_behind_it_stays_on_the_loop(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
         monkeypatch.setattr(aiodla._handoff, "WAITING_AT_LEAST", 1)
+
+    async def serve(self, latency: float, xs: list[Any], *, one_at_a_time: bool) -> int:
+        """Serve ``xs`` (checking every result); how many the thread carried."""
         runtime = Watched()
-        xs = inputs(20)
         async with Engine(
-            affine_model(1e-6), runtime=runtime, submit_thread=True, streams_per_core=4
+            affine_model(latency), runtime=runtime, submit_thread=True, streams_per_core=4
         ) as e:
-            for x in xs:  # one at a time: nothing waits for a slot
-                np.testing.assert_array_equal(await e.infer(x), expected_affine(x))
-            assert handed(e) == 0
-            burst = await asyncio.gather(*(e.infer(x) for x in xs * 10))
-            assert handed(e) > 0  # 200 at once: most wait for a slot
-        for x, y in zip(xs * 10, burst, strict=True):
+            if one_at_a_time:
+                outputs = [await e.infer(x) for x in xs]
+            else:
+                outputs = await asyncio.gather(*(e.infer(x) for x in xs))
+            carried = handed(e)
+        for x, y in zip(xs, outputs, strict=True):
             np.testing.assert_array_equal(y, expected_affine(x))
+        assert (runtime.submitters == {"MainThread"}) == (carried == 0)
+        return carried
+
+    async def test_a_core_fed_ahead_makes_its_calls_on_the_loop(self) -> None:
+        # Each request after a core's first finds 5 ms tasks queued ahead of it.
+        assert await self.serve(5e-3, inputs(40), one_at_a_time=False) <= 2
+
+    async def test_a_core_waiting_on_the_loop_hands_over(self) -> None:
+        assert await self.serve(1e-6, inputs(200), one_at_a_time=False) >= 150
+
+    async def test_a_request_with_none_waiting_behind_it_stays_on_the_loop(self) -> None:
+        assert await self.serve(1e-6, inputs(40), one_at_a_time=True) == 0
 
 
 class TestChoosing:
