@@ -27,6 +27,7 @@ from support import (
     busy_slots,
     counts_add_up,
     expected_affine,
+    needs_cc,
     the_one_failure,
 )
 
@@ -78,6 +79,7 @@ def handed(engine: Engine) -> int:
     return handoff.counts()["handed"]
 
 
+@needs_cc
 class TestResults:
     @pytest.mark.parametrize("convert", ["host", "device"])
     async def test_every_result_is_right(self, convert: str) -> None:
@@ -119,6 +121,7 @@ class TestResults:
             assert handed(e) == 1
 
 
+@needs_cc
 class TestFailures:
     @pytest.mark.parametrize("call", ["launch_graph", "submit_task"])
     async def test_only_that_request_fails(self, call: str) -> None:
@@ -210,6 +213,7 @@ class TestFailures:
             assert stats.cancelled == 1
 
 
+@needs_cc
 class TestWhatGoesOver:
     """Which requests the thread carries (``FEED_BELOW`` and ``WAITING_AT_LEAST``)."""
 
@@ -260,6 +264,7 @@ class TestChoosing:
             x = inputs(1)[0]
             np.testing.assert_array_equal(await e.infer(x), expected_affine(x))
 
+    @needs_cc
     async def test_by_default_where_the_runtime_offers_entry_points(self) -> None:
         async with Engine(affine_model(), runtime=Offering()) as e:
             assert e._cores.handoff is not None  # type: ignore[attr-defined]

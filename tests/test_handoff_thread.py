@@ -18,6 +18,8 @@ import pytest
 from aiodla._handoff import Handoff, HandoffUnavailableError, _library
 from aiodla.runtime._handoff_calls import BIND, LAUNCH, RECORD, SUBMIT, HandoffCalls
 
+from support import needs_cc
+
 STREAM, EVENT, DEVICE, TASK = 0x5000, 0x6000, 0x7000, 0x8000
 BEFORE, AFTER = 0x100, 0x200
 
@@ -104,6 +106,7 @@ def handoff(device: FakeDevice) -> Iterator[Handoff]:
     made.close()
 
 
+@needs_cc
 class TestCalls:
     def test_made_in_order_on_the_thread(self, device: FakeDevice, handoff: Handoff) -> None:
         s = slot(1)
@@ -161,6 +164,7 @@ class TestCalls:
             handoff.hand_off(slot(4), BEFORE, AFTER)
 
 
+@needs_cc
 class TestFailures:
     @pytest.mark.parametrize("made", [1, 2, 3], ids=["before", "submit", "after"])
     def test_a_failed_call_stops_the_rest_and_marks_the_end(
@@ -207,6 +211,7 @@ class TestFailures:
             device.calls()
 
 
+@needs_cc
 class TestWakeUps:
     def test_a_quiet_engine_makes_its_calls_itself(self, device: FakeDevice) -> None:
         handoff = device.calls(quiet=10.0)
@@ -233,6 +238,7 @@ class TestWakeUps:
             handoff.close()
 
 
+@needs_cc
 class TestClose:
     def test_close_makes_what_is_queued_first(self, device: FakeDevice) -> None:
         handoff = device.calls()
@@ -260,6 +266,7 @@ class TestLibrary:
         monkeypatch.setenv("AIODLA_CACHE_DIR", str(tmp_path))
         return tmp_path
 
+    @needs_cc
     def test_built_once_then_cached(self, fresh: Path) -> None:
         library = _library.load()
         (built,) = fresh.glob("libaiodla-handoff-*.so")
@@ -270,6 +277,7 @@ class TestLibrary:
         assert built.stat().st_mtime_ns == stamp
         assert [p.name for p in fresh.iterdir()] == [built.name]  # no scratch left
 
+    @needs_cc
     def test_another_compiler_builds_anew(
         self, fresh: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -283,12 +291,14 @@ class TestLibrary:
         with pytest.raises(HandoffUnavailableError, match="no C compiler '/nonexistent/cc'"):
             _library.load()
 
+    @needs_cc
     def test_a_failed_build_says_why(self, fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("AIODLA_CC", "cc -DAIODLA_HANDOFF_ABI=x -Werror")
         with pytest.raises(HandoffUnavailableError, match=r"failed \(exit \d+\)"):
             _library.load()
         assert list(fresh.glob("*.so")) == []
 
+    @needs_cc
     def test_an_unwritable_cache_says_where(
         self, fresh: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
