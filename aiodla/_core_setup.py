@@ -97,7 +97,7 @@ class CoreSetup:
         self.path: HostPath | DevicePath | None = None
         # Captures and launches the slots' graphs; None when Engine(graphs=False).
         self.graphs: Graphs | None = None
-        # Makes the common request's enqueue calls off the loop; None when it does not.
+        # Makes the enqueue calls of a core the loop holds back; None without it.
         self.handoff: Handoff | None = None
         # The pre-processing of each input that takes camera frames, else None.
         self.frames: tuple[ImagePreprocess | None, ...] = ()

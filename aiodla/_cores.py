@@ -182,8 +182,8 @@ class Cores(CoreSetup):
 
         The work before and after the task goes as two graphs, captured by the slot's
         first request of each kind (see ``aiodla._graphs``), unless stage times are
-        measured. With ``waiting`` requests behind this one (enough of them) and the slot's core
-        short of queued work, the submitter thread makes the calls (see ``aiodla._handoff``)."""
+        measured. With ``waiting`` requests behind this one and the slot's core short of
+        queued work, the submitter thread makes the calls (see ``aiodla._handoff``)."""
         runtime = self.runtime
         assert runtime is not None
         path = self.path
