@@ -205,6 +205,15 @@ class TestFailures:
         wait_settled(handoff, s)
         assert s.handoff_failure is None
 
+    def test_a_python_runtime_that_cannot_bind_says_why(self) -> None:
+        from aiodla.runtime import EmulatedRuntime
+        from aiodla.runtime._handoff_calls import python_calls
+
+        runtime = EmulatedRuntime()
+        runtime.fail_call("make_current", 3)  # cudaErrorInitializationError
+        with pytest.raises(HandoffUnavailableError, match="make_current failed"):
+            Handoff(python_calls(runtime), 2)
+
     def test_a_thread_that_cannot_bind_is_refused(self, device: FakeDevice) -> None:
         device.bind_status = 201
         with pytest.raises(HandoffUnavailableError, match="could not make the device current"):

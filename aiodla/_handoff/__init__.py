@@ -29,7 +29,7 @@ import ctypes
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..runtime._handoff_calls import HandoffCalls, python_calls
+from ..runtime._handoff_calls import CALL_BIND, HandoffCalls, python_calls
 from ._library import HandoffUnavailableError, load
 
 if TYPE_CHECKING:
@@ -49,7 +49,9 @@ __all__ = [
 logger = logging.getLogger("aiodla")
 
 # A push that finds the thread asleep, this long after the one before, is left to the
-# loop (a lightly loaded engine). 0 hands everything over.
+# loop (a lightly loaded engine), so the thread's wake-up is not added to that request's
+# latency. 0 hands everything over. (Chosen, not tuned: with WAITING_AT_LEAST no request
+# of a lightly loaded engine gets this far.)
 QUIET = 200e-6
 # A request goes over only when others wait for a slot behind it and its core has less
 # work queued ahead than this: then the core waits on the loop, and the loop's time per
@@ -62,7 +64,8 @@ QUIET = 200e-6
 FEED_BELOW = 200e-6
 WAITING_AT_LEAST = 1
 # How long the thread looks for more work before it sleeps: the loop hands a batch's
-# requests over microseconds apart, and a wake-up costs more than this much spinning.
+# requests over microseconds apart, and each one that finds it asleep costs a wake-up.
+# (Chosen, not tuned: the thread spends this much CPU at the end of every batch.)
 LINGER = 20e-6
 
 _QUEUED, _SUBMITTED, _RETIRED = 1, 2, 3
@@ -109,14 +112,15 @@ class Handoff:
         if not handle:
             raise HandoffUnavailableError("the submitter thread could not be created")
         self._handle: int | None = handle
-        status = library.start(handle)
-        if status != 0:
+        bound = ctypes.c_int()
+        error = library.start(handle, ctypes.byref(bound))
+        if error or bound.value:
             self.close()
-            if status < 0:
-                raise HandoffUnavailableError(f"starting the submitter thread: errno {-status}")
+            if error:
+                raise HandoffUnavailableError(f"starting the submitter thread: errno {error}")
             raise HandoffUnavailableError(
                 f"the submitter thread could not make the device current: "
-                f"{calls.failure(0, status, -1)}"
+                f"{calls.failure(CALL_BIND, bound.value, -1)}"
             )
         self._push = library.push
         self._state = library.state

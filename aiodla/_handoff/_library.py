@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = ["ABI", "HandoffUnavailableError", "cache_dir", "compiler", "load"]
 
-ABI = 1  # AIODLA_HANDOFF_ABI in submitter.c
+ABI = 2  # AIODLA_HANDOFF_ABI in submitter.c; 2: the bind status apart from errno
 _SOURCE = "submitter.c"
 _FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC", "-pthread")
 _lock = threading.Lock()
@@ -54,7 +54,8 @@ class Library:
         self.create = _function(
             released, "aiodla_handoff_create", pointer, u32, *(pointer,) * 4, u64, u64, u64
         )
-        self.start = _function(released, "aiodla_handoff_start", ctypes.c_int, pointer)
+        status = ctypes.POINTER(ctypes.c_int)
+        self.start = _function(released, "aiodla_handoff_start", ctypes.c_int, pointer, status)
         self.destroy = _function(released, "aiodla_handoff_destroy", None, pointer)
         self.push = _function(held, "aiodla_handoff_push", ctypes.c_int, pointer, u32, *(u64,) * 6)
         self.state = _function(held, "aiodla_handoff_state", ctypes.c_int, pointer, u32)
@@ -95,10 +96,10 @@ def load() -> Library:
     with _lock:
         library = _loaded.get(key)
         if library is None:
-            library = _loaded[key] = Library(_build(command))
+            library = Library(_build(command))
             if library.abi() != ABI:
-                del _loaded[key]
                 raise HandoffUnavailableError(f"{library.path} is not ABI {ABI}")
+            _loaded[key] = library
         return library
 
 

@@ -31,7 +31,7 @@
 #include <string.h>
 #include <time.h>
 
-#define AIODLA_HANDOFF_ABI 1
+#define AIODLA_HANDOFF_ABI 2
 
 typedef int (*launch_fn)(uint64_t graph, uint64_t stream);
 typedef int (*submit_fn)(uint64_t device, uint64_t task, uint32_t count, uint64_t stream,
@@ -166,18 +166,18 @@ void* aiodla_handoff_create(uint32_t slots, void* launch, void* submit, void* re
     return s;
 }
 
-/* Starts the thread and waits until it ran `bind`: its status (0 when bound), or the
- * pthread_create error as a negative number. */
-int aiodla_handoff_start(void* handle) {
+/* Starts the thread and waits until it ran `bind`, whose status goes to *bind_status
+ * (0 when bound). Returns pthread_create's error, 0 when the thread runs. */
+int aiodla_handoff_start(void* handle, int* bind_status) {
     submitter_t* s = (submitter_t*)handle;
     int error = pthread_create(&s->thread, NULL, run, s);
-    if (error != 0) return -error;
+    if (error != 0) return error;
     pthread_mutex_lock(&s->mutex);
     s->started = 1;
     while (!s->bound) pthread_cond_wait(&s->ready, &s->mutex);
-    int status = s->bind_status;
+    *bind_status = s->bind_status;
     pthread_mutex_unlock(&s->mutex);
-    return status;
+    return 0;
 }
 
 /* The loop: hand slot `index`'s calls to the thread. 1 when queued; 0 when declined (the

@@ -26,10 +26,26 @@ if TYPE_CHECKING:
     from ._cuda import CudaRuntime
     from ._protocol import Runtime
 
-__all__ = ["CALL_NAMES", "HandoffCalls", "driver_calls", "python_calls"]
+__all__ = [
+    "CALL_BIND",
+    "CALL_NAMES",
+    "CALL_SUBMIT",
+    "HandoffCalls",
+    "driver_calls",
+    "python_calls",
+]
 
-# The submitter's CALL_* numbers (submitter.c): which of a slot's calls failed.
-CALL_NAMES = {1: "the graph before the task", 2: "cudlaSubmitTask", 3: "the graph after the task"}
+# Which call failed, as ``failure`` is told: binding the thread's context, or one of a
+# slot's calls (submitter.c's CALL_* numbers).
+CALL_BIND, CALL_LAUNCH_BEFORE, CALL_SUBMIT, CALL_LAUNCH_AFTER = 0, 1, 2, 3
+CALL_NAMES = {
+    CALL_BIND: "binding the thread's device",
+    CALL_LAUNCH_BEFORE: "the graph before the task",
+    CALL_SUBMIT: "cudlaSubmitTask",
+    CALL_LAUNCH_AFTER: "the graph after the task",
+}
+# Where python_calls keeps a failure of the thread's bind (no stream has -1).
+_BIND_KEY = -1
 
 _u32, _u64 = ctypes.c_uint32, ctypes.c_uint64
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, _u64, _u64)
@@ -87,10 +103,10 @@ def python_calls(runtime: Runtime) -> HandoffCalls:
         return guarded(stream, lambda: runtime.record_event(event, stream))
 
     def bind(argument: int) -> int:
-        return guarded(-1, runtime.make_current)
+        return guarded(_BIND_KEY, runtime.make_current)
 
     def failure(call: int, code: int, stream: int) -> Exception:
-        error = errors.pop(stream, None) or errors.pop(-1, None)
+        error = errors.pop(_BIND_KEY if call == CALL_BIND else stream, None)
         if isinstance(error, Exception):
             return error
         return CudaCallError(CALL_NAMES.get(call, f"call {call}"), code, detail=repr(error))
@@ -140,7 +156,7 @@ def _driver_failure(call: int, code: int, stream: int) -> Exception:
     CUresult otherwise (the same numbers as the cudaError_t the engine reasons about)."""
     from ._cuda import cuda_error, cudla_failure
 
-    if call == 2:
+    if call == CALL_SUBMIT:
         error: Exception = cudla_failure("cudlaSubmitTask", code)
         return error
-    return cuda_error("cuCtxSetCurrent" if call == 0 else "cuGraphLaunch", code)
+    return cuda_error("cuCtxSetCurrent" if call == CALL_BIND else "cuGraphLaunch", code)
