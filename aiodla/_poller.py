@@ -285,7 +285,7 @@ class Poller:
         core's status (the caller holds ``_sweeping``). A core runs its tasks in order,
         so past its first slot not done (or not due yet) nothing is queried."""
         query = self._probe.event_done
-        settled = self._probe.settled or _handed_nothing
+        settled = self._probe.settled
         status = self._probe.core_status
         loaded = self._loaded
         peeks = self._peeks
@@ -362,10 +362,6 @@ class _Plan(NamedTuple):
     at: float
     window: float
     step: float
-
-
-def _handed_nothing(slot: Slot) -> bool:
-    raise AssertionError(f"{slot!r} was handed to a submitter thread this engine lacks")
 
 
 def _next_sweep(

@@ -128,8 +128,8 @@ class CompletionProbe(NamedTuple):
     event_done: Callable[[int], bool]
     core_status: Callable[[int], int]
     # For a slot handed to the submitter thread: whether its calls were made (see
-    # aiodla._handoff); None without that thread.
-    settled: Callable[[Slot], bool] | None = None
+    # aiodla._handoff). Without that thread no slot is handed over.
+    settled: Callable[[Slot], bool] = lambda slot: True
 
 
 def completion_probe(runtime: Runtime) -> CompletionProbe:
