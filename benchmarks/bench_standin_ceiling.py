@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -68,8 +69,6 @@ def main() -> int:
     parser.add_argument("--nvcc", default="nvcc")
     parser.add_argument("--host-fake", action="store_true")
     args = parser.parse_args()
-    import os
-
     args.standin = args.standin or os.environ.get("AIODLA_STANDIN_LIB")
     controls, path = setup_standin(args)
     runtime = CudaRuntime(0)

@@ -197,7 +197,8 @@ class CudaRuntime(CudaGraphs):
     Creating it calls nothing; :meth:`make_current` (called by the engine on each of its
     threads) sets the device: cuDLA works in the calling thread's CUDA context. With
     ``hold_gil`` (the default) a request's short calls keep the GIL (see ``_gil_held``);
-    ``hold_gil=False`` makes every call through ``cuda.bindings``, which release it."""
+    ``hold_gil=False`` makes the loop's and the poller's calls through ``cuda.bindings``,
+    which release it (the submitter thread's calls are C, without the GIL, either way)."""
 
     name = "cuda"
     # A CUDA event query costs a microsecond or two: the poller need not pause.
