@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigurationError
+from ..runtime._gil_held import cudla_entry
 
 __all__ = [
     "CONTROL_FUNCTIONS",
@@ -268,20 +269,20 @@ def _already_loaded_cudla() -> ctypes.CDLL | None:
 
 
 def _check_bindings_use(library: ctypes.CDLL) -> None:
-    """Make sure ``cuda.bindings.cudla`` resolved its entry points to this library."""
-    try:
-        from cuda.bindings._internal import cudla as internal
-
-        pointers = internal._inspect_function_pointers()
-    except Exception:  # bindings without the inspection hook: nothing to compare
-        return
+    """Make sure ``cuda.bindings.cudla`` finds its entry points in this library: where
+    the bindings look (the process's global scope, then the library ``cuda.pathfinder``
+    located), the stand-in's ``cudlaGetVersion`` must be the one found."""
     mine = ctypes.cast(library.cudlaGetVersion, ctypes.c_void_p).value
-    theirs = pointers.get("__cudlaGetVersion")
+    found = cudla_entry("cudlaGetVersion", _VERSION_CALL)
+    theirs = None if found is None else ctypes.cast(found, ctypes.c_void_p).value
     if theirs and mine != theirs:
         raise RuntimeError(
             "cuda.bindings.cudla is bound to another libcudla.so.1; load the stand-in "
             "before the first cuDLA call in the process"
         )
+
+
+_VERSION_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
 def loaded_standins() -> dict[Path, StandinControls]:

@@ -8,9 +8,11 @@ on the H200 stand-in; see the README's performance section). The calls a request
 makes on the loop thread (its two graph launches and ``cudlaSubmitTask``) and on the
 poller's (an event query and ``cudlaGetLastError``) are short and never wait for the
 device, so they are made here through ``ctypes`` prototypes that keep the GIL
-(``PYFUNCTYPE``), on the entry points the bindings use: the cuDLA calls they resolved,
-and the driver's ``cuGraphLaunch`` and ``cuEventQuery`` (a runtime graph, stream or
-event *is* the driver's handle).
+(``PYFUNCTYPE``), on the entry points the bindings use, found through public interfaces
+only: cuDLA's in the library that ``cuda.pathfinder`` located for the bindings (its
+lookup is cached, so it answers the library they bound to), and the driver's
+``cuGraphLaunch`` and ``cuEventQuery`` through the driver's ``cuGetProcAddress`` (a
+runtime graph, stream or event *is* the driver's handle).
 
 The caller keeps the rest of the runtime's form for failures: a cuDLA status raises what
 the bindings raise; a driver call that fails is made again through the bindings, which
@@ -25,7 +27,15 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["SUBMIT", "EntryPoints", "cudla_entry", "entry_points", "loaded"]
+__all__ = [
+    "SUBMIT",
+    "EntryPoints",
+    "cudla_entry",
+    "cudla_library",
+    "driver_entry",
+    "entry_points",
+    "loaded",
+]
 
 # (device, tasks, number of tasks, stream, flags) -> cudlaStatus
 SubmitTask = Callable[[int, int, int, int, int], int]
@@ -45,6 +55,7 @@ class EntryPoints(NamedTuple):
 
 
 _NOLOAD = getattr(os, "RTLD_NOLOAD", 4)
+_CUDLA = "libcudla.so.1"
 _u32, _pointer = ctypes.c_uint32, ctypes.c_void_p
 SUBMIT = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer, _pointer, _u32, _pointer, _u32)
 _LAST_ERROR = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer)
@@ -52,14 +63,20 @@ _LAUNCH = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer, _pointer)
 _QUERY = ctypes.PYFUNCTYPE(ctypes.c_int, _pointer)
 
 
+# The driver API version whose ABI the prototypes above declare (cuGetProcAddress
+# answers the entry point of that version, whatever newer ones the driver has).
+_DRIVER_API = 12000
+
+
 def entry_points(*, driver: bool) -> EntryPoints:
     """cuDLA's ``cudlaSubmitTask`` and ``cudlaGetLastError`` as ``cuda.bindings.cudla``
     calls them (ask once the bindings have made a cuDLA call), and with ``driver`` the
-    driver's ``cuGraphLaunch`` and ``cuEventQuery``: each keeping the GIL."""
+    driver's ``cuGraphLaunch`` and ``cuEventQuery`` (only where the process has already
+    loaded the driver): each keeping the GIL."""
     launch = query = None
-    if driver and (library := loaded("libcuda.so.1")) is not None:
-        launch = _symbol(library, "cuGraphLaunch", _LAUNCH)
-        query = _symbol(library, "cuEventQuery", _QUERY)
+    if driver and loaded("libcuda.so.1") is not None:
+        launch = driver_entry("cuGraphLaunch", _LAUNCH)
+        query = driver_entry("cuEventQuery", _QUERY)
     return EntryPoints(
         cudla_entry("cudlaSubmitTask", SUBMIT),
         cudla_entry("cudlaGetLastError", _LAST_ERROR),
@@ -69,14 +86,49 @@ def entry_points(*, driver: bool) -> EntryPoints:
 
 
 def cudla_entry(name: str, prototype: Any) -> Any:
-    try:
-        from cuda.bindings._internal import cudla as bound
+    """cuDLA's ``name`` where the bindings find it, or None: like them, in the process's
+    global scope first (a library loaded with ``RTLD_GLOBAL``), then in the library
+    that ``cuda.pathfinder`` located."""
+    for library in (_global_scope(), cudla_library()):
+        if library is not None and (entry := _symbol(library, name, prototype)) is not None:
+            return entry
+    return None
 
-        address = int(bound._inspect_function_pointer(f"__{name}"))
-    except Exception:  # bindings without the inspection hook: the library by its name
-        library = loaded("libcudla.so.1")
-        return None if library is None else _symbol(library, name, prototype)
-    return prototype(address) if address else None
+
+def _global_scope() -> ctypes.PyDLL | None:
+    try:
+        return ctypes.PyDLL(None)
+    except (OSError, TypeError):  # a platform without a handle for the global scope
+        return None
+
+
+def cudla_library() -> ctypes.PyDLL | None:
+    """The ``libcudla`` that ``cuda.pathfinder`` located for the bindings, if this process
+    has it loaded (never loads one: the bindings decide which library that is)."""
+    if loaded(_CUDLA) is None:
+        return None
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        path = load_nvidia_dynamic_lib("cudla").abs_path
+    except Exception:  # pathfinder without an answer: the library by its name
+        path = None
+    return loaded(path or _CUDLA)
+
+
+def driver_entry(name: str, prototype: Any) -> Any:
+    """The driver's ``name`` through ``cuGetProcAddress``, or None."""
+    try:
+        from cuda.bindings import driver
+
+        flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM
+        found = driver.cuGetProcAddress(name.encode(), _DRIVER_API, flags)
+    except Exception:  # no driver to ask: the call stays with the bindings
+        return None
+    error, address = found[0], int(found[1] or 0)
+    if error != driver.CUresult.CUDA_SUCCESS or not address:
+        return None
+    return prototype(address)
 
 
 def _symbol(library: ctypes.PyDLL, name: str, prototype: Any) -> Any:
@@ -84,7 +136,8 @@ def _symbol(library: ctypes.PyDLL, name: str, prototype: Any) -> Any:
 
 
 def loaded(soname: str) -> ctypes.PyDLL | None:
-    """The library already in this process under ``soname`` (never loads one)."""
+    """The library already in this process under ``soname`` or at that path (never
+    loads one)."""
     try:
         return ctypes.PyDLL(soname, mode=_NOLOAD)
     except OSError:

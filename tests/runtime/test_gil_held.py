@@ -8,6 +8,7 @@ host-fake stand-in) and in tests/gpu (all three, on a GPU).
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import pytest
@@ -176,7 +177,7 @@ class TestFindingTheEntryPoints:
 
         monkeypatch.setattr(_gil_held, "cudla_entry", cudla_entry)
         monkeypatch.setattr(_gil_held, "loaded", lambda soname: found["driver"])
-        monkeypatch.setattr(_gil_held, "_symbol", lambda library, name, prototype: name)
+        monkeypatch.setattr(_gil_held, "driver_entry", lambda name, prototype: name)
         monkeypatch.setattr(cudla, "create_device", lambda core, mode: 1000 + core)
         monkeypatch.setattr(CudaRuntime, "make_current", lambda self: None)
         return found
@@ -224,6 +225,92 @@ def test_nothing_is_found_before_the_libraries_are_loaded() -> None:
     held = _gil_held.entry_points(driver=True)
     assert (held.graph_launch, held.event_query) == (None, None)
     assert _gil_held.loaded("libcuda.so.1") is None
+
+
+class TestPublicLookups:
+    """The entry points come through public interfaces: the process's global scope and
+    the library cuda.pathfinder located (cuDLA's), and cuGetProcAddress (the driver's)."""
+
+    def test_cudla_entry_from_the_global_scope(self) -> None:
+        # Any symbol of the global scope stands for an RTLD_GLOBAL libcudla's.
+        entry = _gil_held.cudla_entry("getpid", ctypes.PYFUNCTYPE(ctypes.c_int))
+        assert entry is not None and entry() == os.getpid()
+        assert _gil_held.cudla_entry("cudlaNoSuchCall", _gil_held.SUBMIT) is None
+
+    def test_cudla_library_is_the_one_pathfinder_located(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import cuda.pathfinder
+
+        libc = _loaded_path("libc.so")
+        asked: list[str] = []
+
+        def locate(name: str) -> Any:
+            asked.append(name)
+            return cuda.pathfinder.LoadedDL(libc, True, 0, "was-already-loaded")
+
+        monkeypatch.setattr(_gil_held, "_CUDLA", "libc.so.6")  # loaded, as libcudla would be
+        monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", locate)
+        library = _gil_held.cudla_library()
+        assert asked == ["cudla"]
+        assert library is not None and library._name == libc
+
+    def test_no_cudla_library_is_loaded_by_the_lookup(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import cuda.pathfinder
+
+        def locate(name: str) -> Any:
+            raise AssertionError("pathfinder asked although no libcudla is loaded")
+
+        monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", locate)
+        if _gil_held.loaded("libcudla.so.1") is not None:
+            pytest.skip("a libcudla.so.1 is loaded in this process")
+        assert _gil_held.cudla_library() is None
+
+    def test_driver_entry_through_cu_get_proc_address(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from cuda.bindings import driver
+
+        getpid = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value
+        asked: list[tuple[Any, ...]] = []
+
+        def get_proc_address(symbol: bytes, version: int, flags: Any) -> tuple[Any, ...]:
+            asked.append((symbol, version, flags))
+            return (driver.CUresult.CUDA_SUCCESS, getpid, 0)
+
+        monkeypatch.setattr(driver, "cuGetProcAddress", get_proc_address)
+        entry = _gil_held.driver_entry("cuEventQuery", ctypes.PYFUNCTYPE(ctypes.c_int))
+        assert entry is not None and entry() == os.getpid()
+        legacy = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_LEGACY_STREAM
+        assert asked == [(b"cuEventQuery", 12000, legacy)]
+
+    @pytest.mark.parametrize("answer", ["error", "null", "raises"])
+    def test_driver_entry_none_where_the_driver_has_none(
+        self, monkeypatch: pytest.MonkeyPatch, answer: str
+    ) -> None:
+        from cuda.bindings import driver
+
+        def get_proc_address(symbol: bytes, version: int, flags: Any) -> tuple[Any, ...]:
+            if answer == "raises":
+                raise RuntimeError("no driver")
+            if answer == "error":
+                return (driver.CUresult.CUDA_ERROR_INVALID_VALUE, 0, 0)
+            return (driver.CUresult.CUDA_SUCCESS, 0, 0)
+
+        monkeypatch.setattr(driver, "cuGetProcAddress", get_proc_address)
+        assert _gil_held.driver_entry("cuGraphLaunch", _gil_held._LAUNCH) is None
+
+
+def _loaded_path(prefix: str) -> str:
+    """The path of a library this process has loaded (from /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith(prefix):
+                return path
+    pytest.skip(f"no {prefix} in /proc/self/maps")
 
 
 def test_the_prototypes_keep_the_gil() -> None:
