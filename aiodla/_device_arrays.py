@@ -295,7 +295,16 @@ def _describe_dlpack(
     # The capsule's own device, too: __dlpack_device__ and the export may disagree.
     _check_device(name, int(tensor.device.device_type), int(tensor.device.device_id), device)
     dtype = _dlpack_dtype(name, int(tensor.dtype.code), int(tensor.dtype.bits), tensor.dtype.lanes)
+    # The producer's ndim says how many entries its shape and strides arrays hold; a
+    # wrong one would read past them, so the rank is checked before either is read.
     ndim = int(tensor.ndim)
+    if ndim != len(shape):
+        raise InputValueError(
+            f"input {name!r}: expected {len(shape)} dimensions (shape {shape}), its DLPack "
+            f"capsule has ndim {ndim}"
+        )
+    if ndim and not tensor.shape:
+        raise InputTypeError(f"input {name!r}: its DLPack capsule has no shape (a NULL pointer)")
     got = tuple(int(tensor.shape[axis]) for axis in range(ndim))
     _check_layout(name, got, shape)
     if tensor.strides:

@@ -306,6 +306,24 @@ class TestDLPackErrors:
         del producer
         assert gone(ref), "the deleter must run on the error path"
 
+    @pytest.mark.parametrize("ndim", [64, 100_000, 2**31 - 1, -1, 0])
+    def test_a_bad_ndim_is_refused_before_the_shape_is_read(self, ndim: int) -> None:
+        # The shape array holds 3 entries: reading ndim of them would read the heap.
+        producer, ref = producer_of(np.zeros(SHAPE, np.float32), patch=patched("ndim", ndim))
+        with pytest.raises(
+            InputValueError, match=rf"input 'x': expected 3 dimensions .*capsule has ndim {ndim}$"
+        ):
+            take(producer)
+        del producer
+        assert gone(ref)
+
+    def test_a_null_shape_is_refused(self) -> None:
+        producer, ref = producer_of(np.zeros(SHAPE, np.float32), patch=patched("shape", None))
+        with pytest.raises(InputTypeError, match=r"input 'x': .*capsule has no shape"):
+            take(producer)
+        del producer
+        assert gone(ref)
+
     def test_complex_arrays_as_numpy_exports_them(self) -> None:
         producer, ref = producer_of(np.zeros(SHAPE, np.complex64))
         with pytest.raises(InputTypeError, match="complex"):
