@@ -149,6 +149,10 @@ def _dla_descriptors(
     path: str, data: bytes
 ) -> tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]:
     """Ask cuDLA for a DLA loadable's tensors: load it on core 0, read, unload."""
+    try:
+        _select.refuse_foreign_model(data, repr(path))
+    except ModelError as exc:
+        raise CommandError(str(exc)) from exc
     usable, reason, _standin = _select.cuda_probe()
     if not usable:
         raise CommandError(_select.not_an_emulator_loadable(repr(path), reason))

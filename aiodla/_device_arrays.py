@@ -40,6 +40,9 @@ _DEVICE_TYPE_NAMES = {1: "CPU", 3: "CUDA pinned host", 10: "ROCm", 11: "ROCm pin
 _DTYPE_KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}
 _WIDTHS = {"i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8), "b": (1,)}
 _UNSUPPORTED_CODES = {3: "opaque handle", 4: "bfloat16", 5: "complex"}
+_NOT_REAL = (
+    "is not supported; expected a real dtype (int8/16/32/64, uint8/16/32/64, float16/32/64 or bool)"
+)
 _IS_COPIED = 1 << 1  # DLPACK_FLAG_BITMASK_IS_COPIED
 _CONSUMER_VERSION = (1, 0)
 _void_p = ctypes.c_void_p
@@ -295,16 +298,12 @@ def _describe_dlpack(
     # The capsule's own device, too: __dlpack_device__ and the export may disagree.
     _check_device(name, int(tensor.device.device_type), int(tensor.device.device_id), device)
     dtype = _dlpack_dtype(name, int(tensor.dtype.code), int(tensor.dtype.bits), tensor.dtype.lanes)
-    # The producer's ndim says how many entries its shape and strides arrays hold; a
-    # wrong one would read past them, so the rank is checked before either is read.
-    ndim = int(tensor.ndim)
-    if ndim != len(shape):
+    if (ndim := int(tensor.ndim)) != len(shape) or (ndim and not tensor.shape):
+        # ndim is the length of the shape and strides arrays: checked before they are read
         raise InputValueError(
-            f"input {name!r}: expected {len(shape)} dimensions (shape {shape}), its DLPack "
-            f"capsule has ndim {ndim}"
+            f"input {name!r}: expected {len(shape)} dimensions, its DLPack capsule has "
+            f"ndim {ndim}{'' if tensor.shape else ' and no shape'}"
         )
-    if ndim and not tensor.shape:
-        raise InputTypeError(f"input {name!r}: its DLPack capsule has no shape (a NULL pointer)")
     got = tuple(int(tensor.shape[axis]) for axis in range(ndim))
     _check_layout(name, got, shape)
     if tensor.strides:
@@ -326,10 +325,7 @@ def _dlpack_dtype(name: str, code: int, bits: int, lanes: int) -> np.dtype[Any]:
         problem = f"{bits}-bit DLPack type code {code}"
     else:
         return np.dtype(f"{kind}{bits // 8}")
-    raise InputTypeError(
-        f"input {name!r}: dtype {problem} is not supported; expected a real dtype "
-        "(int8/16/32/64, uint8/16/32/64, float16/32/64 or bool)"
-    )
+    raise InputTypeError(f"input {name!r}: dtype {problem} {_NOT_REAL}")
 
 
 def _from_interface(
@@ -416,10 +412,7 @@ def _interface_dtype(name: str, typestr: object, malformed: _Malformed) -> np.dt
     except TypeError:
         raise malformed(f"typestr {typestr!r} is not an array-interface type") from None
     if dtype.kind not in _WIDTHS or dtype.itemsize not in _WIDTHS[dtype.kind]:
-        raise InputTypeError(
-            f"input {name!r}: dtype {typestr!r} ({dtype}) is not supported; expected a real "
-            "dtype (int8/16/32/64, uint8/16/32/64, float16/32/64 or bool)"
-        )
+        raise InputTypeError(f"input {name!r}: dtype {typestr!r} ({dtype}) {_NOT_REAL}")
     if not dtype.isnative:
         raise InputTypeError(f"input {name!r}: typestr {typestr!r} is not in native byte order")
     return dtype
