@@ -301,8 +301,8 @@ def _describe_dlpack(
     if (ndim := int(tensor.ndim)) != len(shape) or (ndim and not tensor.shape):
         # ndim is the length of the shape and strides arrays: checked before they are read
         raise InputValueError(
-            f"input {name!r}: expected {len(shape)} dimensions, its DLPack capsule has "
-            f"ndim {ndim}{'' if tensor.shape else ' and no shape'}"
+            f"input {name!r}: expected {len(shape)} dimensions (shape {shape}), its DLPack "
+            f"capsule has ndim {ndim}{'' if tensor.shape else ' and no shape'}"
         )
     got = tuple(int(tensor.shape[axis]) for axis in range(ndim))
     _check_layout(name, got, shape)
