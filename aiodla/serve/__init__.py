@@ -18,16 +18,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._app import ServedModel as ServedModel
     from ._app import Server as Server
     from ._app import ServeStatistics as ServeStatistics
     from ._app import parse_model as parse_model
     from ._app import serve as serve
     from ._kserve import DATATYPES as DATATYPES
+    from ._served import ServedModel as ServedModel
 
 __all__ = ("DATATYPES", "ServeStatistics", "ServedModel", "Server", "parse_model", "serve")
 
-_WHERE = {name: "._kserve" if name == "DATATYPES" else "._app" for name in __all__}
+_WHERE = {name: "._app" for name in __all__} | {"DATATYPES": "._kserve", "ServedModel": "._served"}
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,8 @@ from .._tensors import TensorSpec
 from ._deps import MISSING_EXTRA
 from ._grpc import GrpcFront
 from ._http import HttpFront
-from ._kserve import ProtocolError, Status, error_of, request_limit, tensor_metadata
+from ._kserve import ProtocolError, Status, error_of, request_limit
+from ._served import VERSION, ServedModel
 
 __all__ = [
     "MISSING_EXTRA",
@@ -52,8 +53,6 @@ logger = logging.getLogger("aiodla.serve")
 _Array = np.ndarray[Any, Any]
 
 SERVER_NAME = "aiodla"
-PLATFORM = "aiodla"
-VERSION = "1"
 #: The protocol extensions both fronts implement.
 EXTENSIONS = ("binary_tensor_data",)
 
@@ -93,76 +92,6 @@ class ServeStatistics:
     succeeded: int
     failed: Mapping[str, int]
     in_flight: int
-
-
-class ServedModel:
-    """One model name, its engine, and the protocol's view of its tensors."""
-
-    def __init__(self, name: str, engine: Engine) -> None:
-        self.name = name
-        self.engine = engine
-        self.inputs: dict[str, TensorSpec] = {s.name: s for s in engine.inputs}
-        self.outputs: dict[str, TensorSpec] = {s.name: s for s in engine.outputs}
-        self.input_metadata = tuple(tensor_metadata(s, output=False) for s in engine.inputs)
-        self.output_metadata = tuple(tensor_metadata(s, output=True) for s in engine.outputs)
-
-    @property
-    def ready(self) -> bool:
-        return self.engine.health().status in ("ok", "degraded")
-
-    def metadata(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "versions": [VERSION],
-            "platform": PLATFORM,
-            "inputs": [t.to_json() for t in self.input_metadata],
-            "outputs": [t.to_json() for t in self.output_metadata],
-        }
-
-    def config(self) -> dict[str, Any]:
-        """A Triton-style model configuration (what ``get_model_config`` reads): no
-        batching dimension of Triton's, each tensor's full shape as its ``dims``."""
-
-        def tensors(metadata: Sequence[Any]) -> list[dict[str, Any]]:
-            return [
-                {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape)}
-                for t in metadata
-            ]
-
-        return {
-            "name": self.name,
-            "platform": PLATFORM,
-            "backend": PLATFORM,
-            "max_batch_size": 0,
-            "input": tensors(self.input_metadata),
-            "output": tensors(self.output_metadata),
-        }
-
-    def input_spec(self, name: object) -> TensorSpec:
-        spec = self.inputs.get(name) if isinstance(name, str) else None
-        if spec is None:
-            raise ProtocolError(
-                Status.INVALID_ARGUMENT,
-                f"unexpected inference input {name!r} for model {self.name!r}; it takes "
-                f"{list(self.inputs)}",
-            )
-        return spec
-
-    def output_specs(self, names: Sequence[str] | None) -> list[TensorSpec]:
-        """The outputs to answer with: those named (in that order), or all of them."""
-        if not names:
-            return list(self.outputs.values())
-        specs = []
-        for name in names:
-            spec = self.outputs.get(name)
-            if spec is None:
-                raise ProtocolError(
-                    Status.INVALID_ARGUMENT,
-                    f"unexpected inference output {name!r} for model {self.name!r}; it "
-                    f"gives {list(self.outputs)}",
-                )
-            specs.append(spec)
-        return specs
 
 
 class Server:

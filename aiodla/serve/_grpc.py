@@ -18,7 +18,7 @@ with, and the messages module is all the protocol needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc  # type: ignore[import-untyped,unused-ignore]
 import numpy as np
@@ -26,9 +26,7 @@ from grpc import aio  # type: ignore[import-untyped,unused-ignore]
 
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 from ._pb import grpc_service_pb2 as pb
-
-if TYPE_CHECKING:
-    from ._app import ServedModel, Server
+from ._served import Backend, ServedModel
 
 __all__ = ["SERVICE", "GrpcFront"]
 
@@ -53,9 +51,9 @@ _CONTENTS = {
 
 
 class GrpcFront:
-    """The grpc.aio server for one :class:`Server`."""
+    """The grpc.aio server for one :class:`~._served.Backend`."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Backend) -> None:
         self._server = server
         # Triton's clients send a whole frame in one message: the limit is what the
         # served models take (grpcio refuses a larger message, RESOURCE_EXHAUSTED, from

@@ -35,16 +35,14 @@ import collections
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from . import _json
+from ._json import dumps_values, loads
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
-
-if TYPE_CHECKING:
-    from ._app import ServedModel, Server
+from ._served import Backend, ServedModel
 
 __all__ = ["OFFLOAD_BYTES", "ByteBudget", "HttpFront", "budget_for"]
 
@@ -141,9 +139,9 @@ def _bad(message: str) -> ProtocolError:
 
 
 class HttpFront:
-    """The aiohttp application and its runner, for one :class:`Server`."""
+    """The aiohttp application and its runner, for one :class:`~._served.Backend`."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Backend) -> None:
         from prometheus_client import CollectorRegistry
 
         from ..metrics import EngineCollector
@@ -251,7 +249,7 @@ class HttpFront:
             raise _too_large(None, self.limit) from None
         length = request.headers.get(HEADER_LENGTH)
         if _json_length(body, length) > OFFLOAD_BYTES:
-            parsed = await asyncio.to_thread(_parse, model, body, length, _json.loads)
+            parsed = await asyncio.to_thread(_parse, model, body, length, loads)
         else:
             parsed = _parse(model, body, length, json.loads)
         header, inputs, outputs, as_binary, timeout = parsed
@@ -447,4 +445,4 @@ def _json_values(value: _Array) -> str:
             "an output holds NaN or infinity, which JSON cannot carry; ask for it as "
             "binary data (binary_data_output)",
         )
-    return _json.dumps_values(value)
+    return dumps_values(value)
