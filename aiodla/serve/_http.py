@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from ._json import dumps_values, loads
+from ._json import NestingError, dumps_values, loads, nesting
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 from ._served import Backend, ServedModel
 
@@ -249,9 +249,9 @@ class HttpFront:
             raise _too_large(None, self.limit) from None
         length = request.headers.get(HEADER_LENGTH)
         if _json_length(body, length) > OFFLOAD_BYTES:
-            parsed = await asyncio.to_thread(_parse, model, body, length, loads)
+            parsed = await asyncio.to_thread(_parse, model, body, length, _loads_large)
         else:
-            parsed = _parse(model, body, length, json.loads)
+            parsed = _parse(model, body, length, _loads_small)
         header, inputs, outputs, as_binary, timeout = parsed
         values = await self._server.infer(model, inputs, [spec for spec, _ in outputs], timeout)
         in_json = sum(v.size for (_, binary), v in zip(outputs, values, strict=True) if not binary)
@@ -276,6 +276,27 @@ def _too_large(size: int | None, limit: int) -> ProtocolError:
     )
 
 
+#: Levels of arrays and objects around an input's values: the request object, its
+#: "inputs" list and the tensor's object.
+ENVELOPE_DEPTH = 3
+
+
+def max_depth(model: ServedModel) -> int:
+    """How deep a request for ``model`` may nest: its values nest once per dimension."""
+    return ENVELOPE_DEPTH + max((len(s.shape) for s in model.inputs.values()), default=0)
+
+
+def _loads_small(text: bytes, limit: int) -> Any:
+    # The C parser, measured first: it has no depth limit but Python's recursion limit.
+    if nesting(text) > limit:
+        raise NestingError(limit)
+    return json.loads(text)
+
+
+def _loads_large(text: bytes, limit: int) -> Any:
+    return loads(text, limit)
+
+
 _Parsed = tuple[Mapping[str, Any], dict[str, _Array], list[tuple[Any, bool]], bool, float | None]
 
 
@@ -287,11 +308,11 @@ def _json_length(body: bytes, length: str | None) -> int:
 
 
 def _parse(
-    model: ServedModel, body: bytes, length: str | None, loads: Callable[[bytes], Any]
+    model: ServedModel, body: bytes, length: str | None, loads: Callable[[bytes, int], Any]
 ) -> _Parsed:
     """The request's header, its inputs, the outputs asked for (each with whether it
     goes out binary), whether any does, and its timeout."""
-    header, binary = _split(body, length, loads)
+    header, binary = _split(model, body, length, loads)
     inputs = _inputs(model, header, binary)
     parameters = _mapping(header.get("parameters", {}), "parameters")
     outputs, as_binary = _outputs(model, header, parameters)
@@ -299,7 +320,7 @@ def _parse(
 
 
 def _split(
-    body: bytes, length: str | None, loads: Callable[[bytes], Any]
+    model: ServedModel, body: bytes, length: str | None, loads: Callable[[bytes, int], Any]
 ) -> tuple[dict[str, Any], memoryview]:
     """The JSON header and the binary part of a request body."""
     if length is None:
@@ -312,7 +333,14 @@ def _split(
         if not 0 <= cut <= len(body):
             raise _bad(f"{HEADER_LENGTH}: {length!r} is not a length within the body")
     try:
-        header = loads(bytes(memoryview(body)[:cut]))
+        header = loads(bytes(memoryview(body)[:cut]), max_depth(model))
+    except NestingError as exc:
+        rank = exc.limit - ENVELOPE_DEPTH
+        raise _bad(
+            f"{exc}: an input's data nests once per dimension, at most {rank} for model "
+            f"{model.name!r}, inside the request's object, its 'inputs' list and the "
+            "input's object"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"failed to parse the request JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -342,7 +370,10 @@ def _inputs(model: ServedModel, header: Mapping[str, Any], binary: memoryview) -
         if size is None:
             if "data" not in tensor:
                 raise _bad(f"input {spec.name!r} has neither 'data' nor 'binary_data_size'")
-            arrays[spec.name] = decode_json(spec, datatype, shape, tensor["data"])
+            array = decode_json(spec, datatype, shape, tensor["data"])
+            if array.dtype.kind == "f" and array.size:
+                _refuse_non_finite(spec.name, array)
+            arrays[spec.name] = array
             continue
         if type(size) is not int or size < 0 or offset + size > len(binary):
             raise _bad(
@@ -356,6 +387,16 @@ def _inputs(model: ServedModel, header: Mapping[str, Any], binary: memoryview) -
             f"the request has {len(binary)} bytes of binary data but its inputs take {offset}"
         )
     return arrays
+
+
+def _refuse_non_finite(name: str, array: _Array) -> None:
+    # Python's parser takes NaN and Infinity, and 1e400 as infinity; JSON has none
+    # of them (and Triton refuses them). min() and max() find one without a temporary.
+    if not (np.isfinite(array.min()) and np.isfinite(array.max())):
+        raise _bad(
+            f"input {name!r}: NaN or infinity (NaN, Infinity or a number beyond float64's "
+            "range) is not a JSON number; send such values as binary data"
+        )
 
 
 def _outputs(

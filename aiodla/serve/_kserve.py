@@ -31,7 +31,7 @@ from .._errors import (
     QueueFullError,
     RequestTimeoutError,
 )
-from .._tensors import TensorSpec
+from .._tensors import TensorSpec, refuse_overflow
 
 __all__ = [
     "DATATYPES",
@@ -216,7 +216,9 @@ def decode_json(spec: TensorSpec, datatype: object, shape: object, data: object)
         )
     try:
         # The values' own types first (ints, floats, bools, strings), then the datatype's.
-        array = _typed(np.asarray(data), dtype, data)
+        array = _typed(np.asarray(data), dtype, data, spec)
+    except InputError as exc:  # the engine's own rule, its message naming the input
+        raise ProtocolError(Status.INVALID_ARGUMENT, str(exc)) from None
     except (ValueError, TypeError, OverflowError) as exc:
         # Ragged lists, values of the wrong kind or out of the datatype's range.
         raise ProtocolError(
@@ -231,10 +233,14 @@ def decode_json(spec: TensorSpec, datatype: object, shape: object, data: object)
     return array.reshape(spec.shape)
 
 
-def _typed(values: _Array, dtype: np.dtype[Any], data: object = ()) -> _Array:
+def _typed(
+    values: _Array, dtype: np.dtype[Any], data: object = (), spec: TensorSpec | None = None
+) -> _Array:
     """JSON values as the datatype takes them, as Triton does: integers for an integer
     datatype (not 1.7, 2.0 or "5"), in its range; booleans for BOOL; numbers for a float
-    datatype (integers too). ``data``: the values as they came, if not ``values``."""
+    datatype (integers too), each within its range by ``Engine.infer``'s rule (else an
+    InputValueError naming ``spec``: a value beyond it would become infinity). ``data``:
+    the values as they came, if not ``values``."""
     kind = values.dtype.kind
     if values.size == 0:
         return values.astype(dtype)
@@ -259,6 +265,10 @@ def _typed(values: _Array, dtype: np.dtype[Any], data: object = ()) -> _Array:
             raise ValueError(f"{bad} is out of the datatype's range [{info.min}, {info.max}]")
     elif kind not in "iuf":
         raise ValueError(f"the values must be JSON numbers, got {_first(values)}")
+    elif spec is not None:
+        if values.size == int(np.prod(spec.shape)):
+            values = values.reshape(spec.shape)  # the message gives the tensor's index
+        refuse_overflow(spec.name, values, dtype)
     return values.astype(dtype, copy=False)
 
 
