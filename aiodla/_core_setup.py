@@ -20,7 +20,6 @@ from ._errors import (
     status_name,
 )
 from ._graphs import Graphs
-from ._handoff import Handoff, HandoffUnavailableError, calls_for
 from ._options import EngineOptions
 from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
@@ -97,8 +96,6 @@ class CoreSetup:
         self.path: HostPath | DevicePath | None = None
         # Captures and launches the slots' graphs; None when Engine(graphs=False).
         self.graphs: Graphs | None = None
-        # Makes the enqueue calls of a core the loop holds back; None without it.
-        self.handoff: Handoff | None = None
         # The pre-processing of each input that takes camera frames, else None.
         self.frames: tuple[ImagePreprocess | None, ...] = ()
         # The emulated runtime's failed compute= functions, by slot (None when no
@@ -157,28 +154,6 @@ class CoreSetup:
         if any(runtime.module_computes(core.module) for core in self.cores):
             take = runtime.take_compute_failure
             self.take_compute_failure = lambda slot: take(slot.stream)
-        self.handoff = self._open_handoff(runtime)
-
-    def _open_handoff(self, runtime: Runtime) -> Handoff | None:
-        """The submitter thread (``Engine(submit_thread=...)``); by default where the
-        runtime has C entry points and the thread's library builds. It is released
-        first, as it was made last."""
-        options = self._options
-        choice = options.submit_thread
-        if choice is False or not options.graphs or options.stage_times:
-            return None  # (it carries only the calls of captured graphs)
-        calls = calls_for(runtime, native_only=choice is None)
-        if calls is None:
-            return None
-        try:
-            handoff = Handoff(calls, len(self.slots))
-        except HandoffUnavailableError as exc:
-            if choice:
-                raise ConfigurationError(f"submit_thread=True, but {exc}") from exc
-            logger.warning("aiodla: enqueueing on the event loop instead: %s", exc)
-            return None
-        self._resources.push("the submitter thread", None, handoff.close)
-        return handoff
 
     def _choose_path(self, runtime: Runtime) -> HostPath | DevicePath:
         """Host or device conversion (``Engine(convert=...)``); the device path's
@@ -291,7 +266,6 @@ class CoreSetup:
             [b.registered for b in outputs],
         )
         slot = Slot(core, index, stream, event, task, inputs, outputs, timing=timing)
-        slot.number = len(self.slots)
         if isinstance(path, DevicePath):
             slot.ingest_event = self._create(
                 where, core.core, runtime.create_event, runtime.destroy_event

@@ -126,10 +126,7 @@ class Cores(CoreSetup):
     @property
     def probe(self) -> CompletionProbe:
         assert self.runtime is not None
-        probe = completion_probe(self.runtime)
-        if self.handoff is not None:
-            probe = probe._replace(settled=self.handoff.settled)
-        return probe
+        return completion_probe(self.runtime)
 
     # -- one slot's work (loop thread) -------------------------------------------------------
 
@@ -175,15 +172,14 @@ class Cores(CoreSetup):
         if self.path is not None:
             self.path.recycle(slot)
 
-    def submit(self, slot: Slot, now: float, waiting: int = 0) -> None:
+    def submit(self, slot: Slot, now: float) -> None:
         """Enqueue the slot's copies in, its task, copies out and its event on its
         stream, and estimate when the core will be done with it. Raises what the runtime
         raised (see :meth:`retire` for the slot afterwards).
 
         The work before and after the task goes as two graphs, captured by the slot's
         first request of each kind (see ``aiodla._graphs``), unless stage times are
-        measured. With ``waiting`` requests behind this one and the slot's core short of
-        queued work, the submitter thread makes the calls (see ``aiodla._handoff``)."""
+        measured."""
         runtime = self.runtime
         assert runtime is not None
         path = self.path
@@ -201,28 +197,17 @@ class Cores(CoreSetup):
             graph = slot.graphs_in.get(kind)
             kind_after = path.outputs_kind(device)
             graph_after = slot.graphs_out.get(kind_after)
-            handoff = self.handoff
-            if (
-                handoff is not None
-                and waiting >= handoff.waiting_at_least
-                and slot.core.expected_free - now < handoff.feed_below
-                and graph is not None
-                and graph_after is not None
-                and handoff.hand_off(slot, graph, graph_after)
-            ):
-                pass  # the submitter thread makes the calls (see aiodla._handoff)
+            if graph is not None:
+                runtime.launch_graph(graph, stream)
             else:
-                if graph is not None:
-                    runtime.launch_graph(graph, stream)
-                else:
-                    graphs.enqueue_new(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
-                runtime.submit_task(slot.core.device, slot.task, stream)
-                if graph_after is not None:
-                    runtime.launch_graph(graph_after, stream)
-                else:
-                    graphs.enqueue_new(
-                        slot, slot.graphs_out, kind_after, self._enqueue_after, slot, device
-                    )
+                graphs.enqueue_new(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
+            runtime.submit_task(slot.core.device, slot.task, stream)
+            if graph_after is not None:
+                runtime.launch_graph(graph_after, stream)
+            else:
+                graphs.enqueue_new(
+                    slot, slot.graphs_out, kind_after, self._enqueue_after, slot, device
+                )
         core = slot.core
         slot.submitted_at = now
         slot.behind = 0.0

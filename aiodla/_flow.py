@@ -192,7 +192,7 @@ class Flow(SubmitFailures):
     def _submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
         try:
             now = time.monotonic() if now is None else now
-            self.cores.submit(slot, now, self.scheduler.queued)
+            self.cores.submit(slot, now)
         except Exception as exc:
             self._submit_failed(slot, request, exc)
             return
@@ -233,10 +233,6 @@ class Flow(SubmitFailures):
         scheduler = self.scheduler
         take_compute_failure = self.cores.take_compute_failure
         for slot, status in finished:
-            if slot.handoff_failure is not None:
-                handed_off, slot.handoff_failure = slot.handoff_failure, None
-                self._handoff_failed(slot, handed_off)
-                continue
             core = slot.core
             request = slot.request
             # The emulated runtime's compute function failed on this slot's task: the

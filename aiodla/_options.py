@@ -56,15 +56,7 @@ class EngineOptions:
     for hung, killed and replaced. ``graphs``: each slot captures the work around its
     task (copies, conversions, its event) into a graph the first time a request of a
     kind runs there, and enqueues the graph, one call, for every later one; False
-    enqueues each call every time. ``submit_thread``: a request's enqueue calls (its
-    two graph launches and ``cudlaSubmitTask``) are made by a C thread of the engine,
-    without the GIL, so the event loop goes on to the next request meanwhile (the
-    thread's library is built with the host's C compiler the first time, then cached);
-    None (the default) does so where the runtime offers the driver's entry points (the
-    CUDA runtime) and the library builds, True always (the emulated runtime's calls then
-    run on the thread as Python callbacks; an error if the library cannot be built),
-    False never. A lightly loaded engine makes the calls on the loop even so, and so
-    does the worker of ``isolation="process"``.
+    enqueues each call every time.
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -87,7 +79,6 @@ class EngineOptions:
     restart_window: float = 60.0
     heartbeat_timeout: float = 5.0
     graphs: bool = True
-    submit_thread: bool | None = None
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
@@ -133,10 +124,6 @@ class EngineOptions:
             raise ConfigurationError(f"zero_copy={self.zero_copy!r} must be True, False or None")
         if not isinstance(self.graphs, bool):
             raise ConfigurationError(f"graphs={self.graphs!r} must be True or False")
-        if self.submit_thread is not None and not isinstance(self.submit_thread, bool):
-            raise ConfigurationError(
-                f"submit_thread={self.submit_thread!r} must be True, False or None"
-            )
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if self.isolation not in ("thread", "process"):

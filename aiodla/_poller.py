@@ -285,7 +285,6 @@ class Poller:
         core's status (the caller holds ``_sweeping``). A core runs its tasks in order,
         so past its first slot not done (or not due yet) nothing is queried."""
         query = self._probe.event_done
-        settled = self._probe.settled
         status = self._probe.core_status
         loaded = self._loaded
         peeks = self._peeks
@@ -303,9 +302,7 @@ class Poller:
                 due = slot.expected_done - _window(slot) <= now
                 if not due and (not took or now < peeks.get(key, 0.0)):
                     break
-                # A slot with the submitter thread is not in flight before its calls
-                # were made: its event, not recorded again yet, would read as done.
-                if (slot.handoff and not settled(slot)) or not query(slot.event):
+                if not query(slot.event):
                     if now > slot.expected_done:  # the core runs behind the estimates
                         slot.behind = now - slot.expected_done
                     if not due:

@@ -96,12 +96,6 @@ class Slot:
     # Graphs of the work before and after the task, by kind of request (see _graphs).
     graphs_in: dict[Hashable, Any] = dataclasses.field(default_factory=dict)
     graphs_out: dict[Hashable, Any] = dataclasses.field(default_factory=dict)
-    # The slot's place among the engine's slots (the submitter thread's numbering);
-    # whether its calls are with that thread now; and, when the thread's calls failed,
-    # the error and whether the slot's end was marked on its stream (see _handoff).
-    number: int = -1
-    handoff: bool = False
-    handoff_failure: tuple[Exception, bool] | None = None
 
     def __repr__(self) -> str:
         return f"<Slot core {self.core.core} #{self.index}>"
@@ -127,9 +121,6 @@ class CompletionProbe(NamedTuple):
     make_current: Callable[[], None]
     event_done: Callable[[int], bool]
     core_status: Callable[[int], int]
-    # For a slot handed to the submitter thread: whether its calls were made (see
-    # aiodla._handoff). Without that thread no slot is handed over.
-    settled: Callable[[Slot], bool] = lambda slot: True
 
 
 def completion_probe(runtime: Runtime) -> CompletionProbe:

@@ -1,12 +1,10 @@
 """What a failed submission does to its request and its slot (mixed into the flow).
 
-A submit fails on the loop (a runtime call raised) or on the submitter thread (the
-poller brings the failure as the slot's completion, ``slot.handoff_failure``). Either way
-the request fails with a :class:`~aiodla.DeviceError` naming the call, a sticky CUDA
-error kills the engine instead, a probe is tried again later, and the slot returns to
-the pool only once what reached its stream ran: after the end mark that ``retire`` (on
-the loop) or the thread recorded. A slot whose end could not be marked is lost to the
-pool: it may never be safe to reuse.
+A runtime call of a submission raised: the request fails with a
+:class:`~aiodla.DeviceError` naming the call, a sticky CUDA error kills the engine
+instead, a probe is tried again later, and the slot returns to the pool only once what
+reached its stream ran: after the end mark that ``retire`` recorded. A slot whose end
+could not be marked is lost to the pool: it may never be safe to reuse.
 """
 
 from __future__ import annotations
@@ -49,17 +47,6 @@ class SubmitFailures:
         # after they ran, so mark the stream's end and let the poller return the slot.
         if self.cores.retire(slot, time.monotonic()):
             self.poller.watch(slot)  # type: ignore[union-attr]
-
-    def _handoff_failed(self, slot: Slot, failure: tuple[Exception, bool]) -> None:
-        """The submitter thread's calls for ``slot`` failed (the poller saw it): as a
-        failed submit, with the stream's end marked already, unless ``failure`` says
-        that failed too (the slot is then lost to the pool, as after ``retire``)."""
-        error, retired = failure
-        request = slot.request
-        if request is not None and request.future.done():  # ended meanwhile
-            request = None
-        if self._fail_submission(slot, request, error) and retired:
-            self.release(slot)
 
     def _fail_submission(self, slot: Slot, request: Request | None, exc: Exception) -> bool:
         """The request's and the slot's share of a failed submit; False when the error

@@ -188,7 +188,6 @@ async def measure(
         device_before = device_time(engine)
         poller = engine._flow.poller
         posts, sweeps = getattr(poller, "wakeups", 0), getattr(poller, "sweeps", 0)
-        handed = _handed(engine)
         started = time.perf_counter()
         stop = started + seconds
         done = 0
@@ -219,7 +218,6 @@ async def measure(
         # The poller's hand-offs to the loop (a wake-up each) and its own sweeps.
         posts = (getattr(poller, "wakeups", 0) - posts) / done
         sweeps = (getattr(poller, "sweeps", 0) - sweeps) / done
-        handed = (_handed(engine) - handed) / done
     per, by_name = _thread_cpu.per_request(before, after, done, loop_id)
     ideal = CORES / service if service else float("inf")
     return {
@@ -234,15 +232,8 @@ async def measure(
         "requests": done,
         "loop_wakeups": posts,
         "poller_sweeps": sweeps,
-        "handed": handed,
         "other_by_thread": by_name,
     }
-
-
-def _handed(engine: Engine) -> int:
-    """Requests whose calls the submitter thread made (0 without one, or before it)."""
-    handoff = getattr(engine._cores, "handoff", None)  # type: ignore[attr-defined]
-    return handoff.counts()["handed"] if handoff is not None else 0
 
 
 async def light(s: Setup, requests: int) -> dict[str, float]:
@@ -306,8 +297,7 @@ def print_table(report: dict[str, Any], args: argparse.Namespace) -> None:
         f"CPU per request by thread (us), {args.runtime} runtime, {CORES} cores, 64 in flight "
         f"(saturated) or half the ideal rate; median of {args.repeats} (min..max); "
         "host = process less emulated device work; posts: the poller's hand-offs to the "
-        "loop, sweeps: its own, per request; handed: the share of requests whose calls the "
-        "submitter thread made"
+        "loop, sweeps: its own, per request"
     )
     header = (
         "case",
@@ -321,9 +311,8 @@ def print_table(report: dict[str, Any], args: argparse.Namespace) -> None:
         "x ideal",
         "posts",
         "sweeps",
-        "handed",
     )
-    columns = "{:<20} {:>7} {:>7} {:>7} {:>8} {:>7} {:>16} {:>8} {:>18} {:>6} {:>6} {:>6}"
+    columns = "{:<20} {:>7} {:>7} {:>7} {:>8} {:>7} {:>16} {:>8} {:>18} {:>6} {:>6}"
     print(columns.format(*header))
     for name, row in report["results"].items():
         host, ideal = row["host_us"], row["x_ideal"]
@@ -338,8 +327,7 @@ def print_table(report: dict[str, Any], args: argparse.Namespace) -> None:
             f"{row['other_us']['median']:7.1f} {row['process_us']['median']:8.1f} "
             f"{row['device_us']['median']:7.1f} {host['median']:6.1f} {spread:>9} "
             f"{row['rate']['median']:8.0f} {ratio:>18} "
-            f"{row['loop_wakeups']['median']:6.2f} {row['poller_sweeps']['median']:6.2f} "
-            f"{row['handed']['median']:6.2f}"
+            f"{row['loop_wakeups']['median']:6.2f} {row['poller_sweeps']['median']:6.2f}"
         )
     if "light" in report:
         lt = report["light"]

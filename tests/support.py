@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 
 from aiodla import TensorSpec
 from aiodla.emulator import make_loadable
@@ -43,17 +41,6 @@ def expected_affine(
     """What the affine model returns for ``x``, computed independently of aiodla."""
     stored = x.astype(np.float16).astype(np.float64)
     return (stored * scale + bias).astype(np.float32)
-
-
-def _no_compiler() -> bool:
-    from aiodla._handoff._library import compiler
-
-    command = compiler()
-    return not command or shutil.which(command[0]) is None
-
-
-# The submitter thread's library is built with the host's C compiler (CI has gcc).
-needs_cc = pytest.mark.skipif(_no_compiler(), reason="no C compiler for the submitter thread")
 
 
 def the_one_failure(inputs: Any, outcomes: Any) -> BaseException:

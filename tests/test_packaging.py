@@ -171,3 +171,22 @@ class TestWheel:
         assert "licenses/LICENSE" in licenses
         assert "License-Expression: Apache-2.0" in built.wheel_metadata
         assert "Apache License" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_quickstart_runs_with_no_compiler_on_the_path(tmp_path: Path) -> None:
+    # The installed package compiles nothing at run time: with no cc, gcc or clang to
+    # be found (PATH names an empty folder), the quickstart serves all its requests.
+    for compiler in ("cc", "gcc", "clang"):
+        assert shutil.which(compiler, path=str(tmp_path)) is None
+    env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("CC", None)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "requests" in done.stdout, done.stdout

@@ -213,9 +213,8 @@ class RemoteCores(Cores):
     def import_device(self, spec: TensorSpec, value: Any) -> DeviceSource:
         raise InputTypeError(f"input {spec.name!r}: {NO_CUDA_IPC}")
 
-    def submit(self, slot: Slot, now: float, waiting: int = 0) -> None:
-        """Hand the slot to the worker (batched); estimate when its core is done. (The
-        worker makes its calls itself: ``waiting`` asks nothing of it.)"""
+    def submit(self, slot: Slot, now: float) -> None:
+        """Hand the slot to the worker (batched); estimate when its core is done."""
         core = slot.core
         slot.submitted_at = now
         core.expected_free = max(now, core.expected_free) + core.service_time

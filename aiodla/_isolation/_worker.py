@@ -137,9 +137,7 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
                 raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")
             getattr(runtime, name)(*args, **kwargs)
         staging = SharedStaging(runtime)
-        # The worker submits the batches the application sends as they come: no request
-        # of it waits behind another for the submitter thread to pay for (see _handoff).
-        cores = Cores(EngineOptions(**{**fields, "submit_thread": False}))
+        cores = Cores(EngineOptions(**fields))
         cores.open(model, StagingRuntime(runtime, staging))
     except Exception as exc:
         if cores is not None:

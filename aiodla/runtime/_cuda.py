@@ -36,7 +36,6 @@ from .._errors import RuntimeUnavailableError
 from ..emulator._format import stated_latency
 from . import _gil_held
 from ._cuda_graphs import CudaGraphs
-from ._handoff_calls import HandoffCalls, driver_calls
 from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
 
 if TYPE_CHECKING:
@@ -198,7 +197,7 @@ class CudaRuntime(CudaGraphs):
     threads) sets the device: cuDLA works in the calling thread's CUDA context. With
     ``hold_gil`` (the default) a request's short calls keep the GIL (see ``_gil_held``);
     ``hold_gil=False`` makes the loop's and the poller's calls through ``cuda.bindings``,
-    which release it (the submitter thread's calls are C, without the GIL, either way)."""
+    which release it."""
 
     name = "cuda"
     # A CUDA event query costs a microsecond or two: the poller need not pause.
@@ -316,11 +315,6 @@ class CudaRuntime(CudaGraphs):
             _cudla_call("cudlaSubmitTask", cudla.submit_task, device, task.ptr, 1, stream, 0)
         elif status := held(device, task.ptr, 1, stream, 0):
             raise cudla_failure("cudlaSubmitTask", status)
-
-    def handoff_calls(self) -> HandoffCalls | None:
-        """The submitter thread's calls: the driver's and cuDLA's entry points; None over
-        a test's fake driver (its handles are not the driver's)."""
-        return driver_calls(self) if _rt is _bindings_runtime else None
 
     def get_last_error(self, device: int) -> int:
         held = self._held.last_error

@@ -93,8 +93,7 @@ class CudaGraphs:
         self.count_launch(graph)
 
     def count_launch(self, graph: CudaGraph) -> None:
-        """Add one launch's transfers to the counts (also for a launch the submitter
-        thread makes through the driver)."""
+        """Add one launch's transfers to the counts."""
         counts = self.counts
         for name, made in graph.counts:  # (per request: the fields a launch changes)
             setattr(counts, name, getattr(counts, name) + made)
