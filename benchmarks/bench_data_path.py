@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _reports import report_path
 
 from aiodla import Engine, ImagePreprocess, TensorSpec
 from aiodla.emulator import make_loadable
@@ -349,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         load_standin(args)
     report = run(args)
     kind = "gpu" if args.gpu else "emulated"
-    output = Path(args.output or REPO / "benchmarks" / "results" / f"data-path-{kind}.json")
-    output.parent.mkdir(parents=True, exist_ok=True)
+    output = report_path(args.output, f"data-path-{kind}.json")
     output.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     return 0

@@ -17,7 +17,7 @@ Measures, in one run, with repeats (median and min..max):
 Usage::
 
     python benchmarks/bench_engine.py [--latency 0.001] [--seconds 1.0] [--repeats 5]
-                                      [--json benchmarks/results/engine-emulated.json]
+                                      [--json PATH]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _reports import report_path
 
 import aiodla
 from aiodla import EmulatedRuntime, Engine, TensorSpec
@@ -294,7 +295,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--host-requests", type=int, default=5000)
-    parser.add_argument("--json", default="benchmarks/results/engine-emulated.json")
+    parser.add_argument("--json", help="report path (default: a temporary file)")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
     results["machine"] = {
@@ -305,11 +306,9 @@ def main() -> None:
     }
     results["parameters"] = vars(args)
     print_table(results, args)
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as file:
-            json.dump(results, file, indent=2)
-        print(f"\nwrote {args.json}")
+    path = report_path(args.json, "engine-emulated.json")
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

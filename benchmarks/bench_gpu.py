@@ -24,7 +24,7 @@ Usage (on the GPU machine; builds and loads the stand-in first)::
 ``--loop uvloop`` runs every asyncio measurement, aiodla's and the baselines', on uvloop
 (when installed) instead of the standard event loop.
 
-The JSON goes to ``benchmarks/results/gpu-<machine>.json`` by default, the machine
+The JSON goes to the path given, by default to a temporary ``gpu-<machine>.json``, the machine
 named from nvidia-smi (or cudaGetDeviceProperties). ``--host-fake`` runs the harness on
 a machine without a GPU against the host-fake stand-in: a smoke test whose numbers mean
 nothing.
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _reports import report_path
 
 import aiodla
 import aiodla.runtime._cuda as cuda_module
@@ -566,7 +567,7 @@ def setup_standin(args: argparse.Namespace) -> tuple[StandinControls, Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "output", nargs="?", help="JSON path (default: benchmarks/results/gpu-<machine>.json)"
+        "output", nargs="?", help="JSON path (default: a temporary gpu-<machine>.json)"
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each throughput run")
@@ -594,12 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         global LOOP_FACTORY
         LOOP_FACTORY = uvloop.new_event_loop
     report = run(args)
-    output = (
-        Path(args.output)
-        if args.output
-        else REPO / "benchmarks" / "results" / f"gpu-{report['machine']}.json"
-    )
-    output.parent.mkdir(parents=True, exist_ok=True)
+    output = report_path(args.output, f"gpu-{report['machine']}.json")
     output.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     print(f"written: {output}")

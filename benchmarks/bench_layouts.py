@@ -22,7 +22,7 @@ power of two, computed in float32 exactly).
 
 Usage::
 
-    python benchmarks/bench_layouts.py [--rounds 40] [--json benchmarks/results/layouts.json]
+    python benchmarks/bench_layouts.py [--rounds 40] [--json PATH]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _reports import report_path
 
 from aiodla import TensorSpec
 
@@ -193,7 +194,7 @@ def _machine() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--json", default="benchmarks/results/layouts.json")
+    parser.add_argument("--json", help="report path (default: a temporary file)")
     args = parser.parse_args()
     cases: dict[str, Any] = {}
     for title, spec, source in _cases():
@@ -225,12 +226,9 @@ def main() -> None:
         "target": {"case": TARGET_CASE, "ratio": TARGET_RATIO, "verdict": verdict},
         "cases": cases,
     }
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as out:
-            json.dump(document, out, indent=2)
-            out.write("\n")
-        print(f"\nwrote {args.json}")
+    path = report_path(args.json, "layouts.json")
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ report gives medians over the repeats with min..max, and the ratios to direct ca
 Usage::
 
     python benchmarks/bench_serve.py [--requests 1000] [--repeats 5] [--concurrency 8]
-                                     [--service 0.001] [--json benchmarks/results/serve-emulated.json]
+                                     [--service 0.001] [--json PATH]
 
 On a 2-core machine the client, the server and the emulated device share the cores:
 the figures bound the server's overhead from above.
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc.aio as tgrpc
 import tritonclient.http.aio as thttp
+from _reports import report_path
 
 from aiodla import Engine, TensorSpec
 from aiodla.emulator import make_loadable
@@ -192,10 +193,10 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--service", type=float, default=0.001)
-    parser.add_argument("--json", default=str(ROOT / "benchmarks/results/serve-emulated.json"))
+    parser.add_argument("--json", help="report path (default: a temporary file)")
     arguments = parser.parse_args()
     result = asyncio.run(main(arguments))
     show(result)
-    if arguments.json:
-        Path(arguments.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {arguments.json}")
+    path = report_path(arguments.json, "serve-emulated.json")
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")

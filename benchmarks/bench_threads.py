@@ -50,7 +50,7 @@ each, and the light load), the profile about 10 s. One command, files under $OUT
         --profile-service 1e-3 --profile-out $OUT/profile-cuda-1000us 2>&1 \
         | tee $OUT/profile-cuda.log
 
-The JSON goes to ``benchmarks/results/threads-<runtime>.json`` by default.
+The JSON goes to ``--json PATH``, by default to a temporary file (the path is printed).
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ import _thread_cpu
 import bench_engine
 import bench_gpu
 import numpy as np
+from _reports import report_path
 from _thread_cpu import summarize
 
 import aiodla
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="slots per core (default: 2 emulated, the engine's; 8 cuda, bench_gpu.py's)",
     )
-    parser.add_argument("--json", help="default: benchmarks/results/threads-<runtime>.json")
+    parser.add_argument("--json", help="report path (default: a temporary file)")
     # The stand-in (cuda), as bench_gpu.py takes it.
     parser.add_argument("--standin", default=os.environ.get("AIODLA_STANDIN_LIB"))
     parser.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         s.close()
     print_table(report, args)
-    path = args.json or f"benchmarks/results/threads-{args.runtime}.json"
+    path = report_path(args.json, f"threads-{args.runtime}.json")
     report.update(
         runtime=args.runtime,
         revision=revision(),

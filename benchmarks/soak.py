@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _reports import report_path
 
 from aiodla import EmulatedRuntime, Engine, TensorSpec
 from aiodla.emulator import make_loadable
@@ -113,7 +114,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--tolerance", type=float, default=0.05)
-    parser.add_argument("--json", default="benchmarks/results/soak.json")
+    parser.add_argument("--json", help="report path (default: a temporary file)")
     args = parser.parse_args()
     report = asyncio.run(soak(args.requests, args.concurrency, max(1, args.requests // 20)))
     leaked = any(report["live_handles_after_close"].values()) or report["invalid_releases"]
@@ -139,9 +140,9 @@ def main() -> int:
         f"invalid releases: {report['invalid_releases']}"
     )
     print("PASS" if ok else "FAIL")
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=2)
+    path = report_path(args.json, "soak.json")
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
     return 0 if ok else 1
 
 
