@@ -43,7 +43,7 @@ NOT_SOURCES = shutil.ignore_patterns(
     ".whl",
 )
 # The sdist's folders that are the project beside the package, shipped whole.
-PROJECT_FOLDERS = ("tests", "examples", "benchmarks")
+PROJECT_FOLDERS = ("tests", "examples", "benchmarks", "docs")
 # Named outright, so that a walk that finds nothing cannot pass for a complete sdist.
 MUST_SHIP = (
     "LICENSE",
@@ -63,6 +63,8 @@ MUST_SHIP = (
     "aiodla/py.typed",
     "aiodla/emulator/standin/standin.cu",
     ".ci/run",
+    "mkdocs.yml",
+    "docs/gen_performance.py",
 )
 
 pytestmark = pytest.mark.timeout(300)  # two builds: about 5-40 s, by the machine
