@@ -398,7 +398,9 @@ HISTORY = {
     "threads-compare-cuda-2f6a4f1.json": "an intermediate tree of that rework (2f6a4f1)",
     "threads-compare-cuda-unheld.json": "calls keeping the GIL, alone (`hold_gil=False` as base)",
     "threads-compare-cuda-numpycopy.json": "small copies keeping the GIL, alone",
-    "threads-compare-cuda-handoff.json": "a native submitter thread (removed), alone (off as base)",
+    "threads-compare-cuda-handoff.json": (
+        "a native submitter thread (removed), alone (off as base)"
+    ),
     "threads-compare-cuda-handoff-vs-a114385.json": (
         "the submitter thread's tree (removed) against the commit before it"
     ),
@@ -411,7 +413,7 @@ HISTORY = {
     "threads-compare-emulated-7ab01e3.json": (
         "emulated runtime: GIL-keeping changes (not on its path)"
     ),
-    "threads-compare-emulated-handoff.json": "emulated runtime: the submitter thread's tree (removed)",
+    "threads-compare-emulated-handoff.json": "emulated: the submitter thread's tree (removed)",
 }
 
 
