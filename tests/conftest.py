@@ -9,6 +9,11 @@ runtime with ``isolation="process"`` instead (its runtime in a worker process): 
 engine tests then check that both modes behave alike. The controls of aiodla.testing's runtime
 (the ``runtime`` and ``leaky_runtime`` fixtures) then act in the engine's worker; see
 tests/test_isolation.py for the process mode's own tests.
+
+Hypothesis runs the ``derandomized`` profile unless told otherwise: the same examples
+every run, so a failure reproduces and a pass means the same thing in CI as here (the
+inputs that matter most are pinned with ``@example`` besides). The random search runs
+with ``--hypothesis-profile=random`` or ``AIODLA_HYPOTHESIS_PROFILE=random``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 
 from aiodla import EmulatedRuntime, Engine
 from aiodla.testing import DLAControls, EngineFactory
@@ -31,6 +37,13 @@ from support import affine_model, counts_add_up
 pytest_plugins = ["aiodla.testing.plugin"]
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+# Derandomized: examples from a seed fixed per test, and no example database, so a run
+# does not depend on what earlier runs on this machine found. The pytest plugin's
+# --hypothesis-profile, read after this file, wins over the environment variable.
+settings.register_profile("derandomized", derandomize=True, database=None, print_blob=True)
+settings.register_profile("random", print_blob=True)
+settings.load_profile(os.environ.get("AIODLA_HYPOTHESIS_PROFILE", "derandomized"))
 
 
 def _debug_loop() -> asyncio.AbstractEventLoop:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -30,15 +30,31 @@ from tensor_reference import (
 
 # -- conversions on the way in and out ---------------------------------------------------
 
+_BAND = [65504.0, 65519.99, 65520.0, 65535.99, 65536.0, 70000.0, 98304.0, 131071.9]
+OVERFLOW_BAND = np.array([_BAND, [-v for v in _BAND]]).reshape(1, 2, 2, 4)
+OVERFLOW_SPEC = TensorSpec("t", OVERFLOW_BAND.shape, "float16", "nchw")
+
+
+@st.composite
+def float_cases(draw: st.DrawFn) -> tuple[TensorSpec, np.ndarray[Any, Any]]:
+    """A float16 or float32 spec and float values for it (``@example`` pins such pairs)."""
+    spec = draw(specs([p for p in PAIRS if p[1] in ("float16", "float32")]))
+    source = draw(st.sampled_from(["float16", "float32", "float64"]))
+    return spec, draw(float_arrays(spec, source))
+
 
 class TestConversions:
     @pytest.mark.parametrize("mode", MODES)
     @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(data=st.data())
-    def test_float_sources_into_float_tensors(self, mode: str, data: st.DataObject) -> None:
-        spec = data.draw(specs([p for p in PAIRS if p[1] in ("float16", "float32")]))
-        source = data.draw(st.sampled_from(["float16", "float32", "float64"]))
-        array = data.draw(float_arrays(spec, source))
+    @given(case=float_cases())
+    # float16's overflow band, both sides of 65520 (where rounding reaches infinity) and
+    # of 65536 (where the vectorized kernels hand over to numpy's cast).
+    @example(case=(OVERFLOW_SPEC, OVERFLOW_BAND.astype(np.float32)))
+    @example(case=(OVERFLOW_SPEC, OVERFLOW_BAND))
+    def test_float_sources_into_float_tensors(
+        self, mode: str, case: tuple[TensorSpec, np.ndarray[Any, Any]]
+    ) -> None:
+        spec, array = case
         with in_mode(mode):
             # The conversion itself, overflow included: check_array refuses finite
             # values beyond the range before this (tests/test_tensors.py).
