@@ -41,6 +41,7 @@ from ._cli_frame import (
     debug_option,
     one_line,
     streams_option,
+    trust_compute_option,
 )
 from ._cores import read_model
 from ._descriptors import TensorDescriptor
@@ -235,6 +236,11 @@ def inspect(model: str, as_json: bool) -> None:
             else (
                 f"{model}: emulator loadable, op {emulator.op} (scale {emulator.scale:g}, bias "
                 f"{emulator.bias:g}), {emulator.latency * 1e3:.3f} ms per task on one core"
+                + (
+                    f", computed by {emulator.compute} (imported only with trust_compute)"
+                    if emulator.compute
+                    else ""
+                )
             )
         )
     if as_json:
@@ -499,6 +505,7 @@ def _setting(given: float | None, settings: dict[str, Any], key: str, default: f
     help="Send requests for S seconds instead.",
 )
 @runtime_option
+@trust_compute_option
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON, no bar.")
 @debug_option
 def bench(
@@ -509,6 +516,7 @@ def bench(
     requests: int | None,
     duration: float | None,
     runtime: str,
+    trust_compute: bool,
     as_json: bool,
 ) -> int:
     """Measure throughput and latency of MODEL on the DLA cores.
@@ -535,7 +543,12 @@ def bench(
     console = _error_console() if as_json else _console()
     total = float(requests if requests is not None else duration)  # type: ignore[arg-type]
     open_engine = functools.partial(
-        Engine, data, cores=cores, streams_per_core=streams, runtime=runtime
+        Engine,
+        data,
+        cores=cores,
+        streams_per_core=streams,
+        runtime=runtime,
+        trust_compute=trust_compute,
     )
     with progress_bar(console, total, console.is_terminal) as progress:
         result = asyncio.run(

@@ -140,6 +140,15 @@ def cores_option(help: str) -> Callable[[_F], _F]:
     )
 
 
+# A model file is data: the compute function an emulator loadable names runs only when
+# the user says so (see aiodla.emulator._compute).
+trust_compute_option = click.option(
+    "--trust-compute",
+    is_flag=True,
+    help="Import and run the compute function (MODULE:FUNCTION) that an emulator "
+    "loadable names; only for files you trust.",
+)
+
 streams_option = click.option(
     "--streams",
     type=click.IntRange(min=1),

@@ -119,7 +119,8 @@ class CoreSetup:
 
     def open(self, model: bytes, runtime_choice: str | Runtime) -> None:
         """Pick the runtime, then open every core, its module and its ring of slots."""
-        runtime, owned = select_runtime(runtime_choice, model)
+        trust = self._options.trust_compute
+        runtime, owned = select_runtime(runtime_choice, model, trust_compute=trust)
         self.runtime, self._owns_runtime = runtime, owned
         options = self._options
         if options.graphs:

@@ -56,7 +56,9 @@ class EngineOptions:
     for hung, killed and replaced. ``graphs``: each slot captures the work around its
     task (copies, conversions, its event) into a graph the first time a request of a
     kind runs there, and enqueues the graph, one call, for every later one; False
-    enqueues each call every time.
+    enqueues each call every time. ``trust_compute``: let the emulated runtime the
+    engine makes import and run the compute function an emulator loadable names
+    (``module:function``); a model file is data, so without it such a model is refused.
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -70,6 +72,7 @@ class EngineOptions:
     max_consecutive_faults: int | None = None
     probe_interval: float = 1.0
     stage_times: bool = False
+    trust_compute: bool = False
     casting: str = "safe"
     convert: str = "auto"
     zero_copy: bool | None = None
@@ -124,6 +127,8 @@ class EngineOptions:
             raise ConfigurationError(f"zero_copy={self.zero_copy!r} must be True, False or None")
         if not isinstance(self.graphs, bool):
             raise ConfigurationError(f"graphs={self.graphs!r} must be True or False")
+        if not isinstance(self.trust_compute, bool):
+            raise ConfigurationError(f"trust_compute={self.trust_compute!r} must be a bool")
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if self.isolation not in ("thread", "process"):

@@ -131,7 +131,9 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
     try:
         for path in standins:  # before anything binds cuda.bindings.cudla to a library
             load_standin(path)
-        runtime, _ = select_runtime(runtime_choice, model)
+        # The runtime is made here, so the trust goes to it (the cores then get it made).
+        trust = bool(fields.pop("trust_compute", False))
+        runtime, _ = select_runtime(runtime_choice, model, trust_compute=trust)
         for name, args, kwargs in setup:  # aiodla.testing's, armed before the open
             if name not in SETUP_CONTROLS or not hasattr(runtime, name):
                 raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")

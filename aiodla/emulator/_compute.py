@@ -15,6 +15,10 @@ rounds). A mismatch, or an exception raised by the function, fails that request 
 :class:`aiodla.ComputeError` naming the function and what went wrong (the exception as
 its ``__cause__``); the engine goes on serving, and the DLA core is not blamed.
 
+A loadable may name its compute function (``module:function``, ``aiodla emulate
+--compute``); the runtime imports it only when the user trusts the file
+(``trust_compute=True``, ``--trust-compute``), since importing a module runs its code.
+
 A compute function may also have a ``check(inputs, outputs)`` method, taking the
 model's TensorSpecs: the runtime calls it when it loads the module, so a mismatch
 between the function and the model fails the engine's open (``onnx_compute`` and

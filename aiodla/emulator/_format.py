@@ -45,7 +45,9 @@ Bytes 81..87 and 133..135 are padding and are written as zero.
 The compute reference (optional, the last ``compute_size`` bytes, 1..1024 of them) is
 the ASCII text ``module:function`` naming a Python callable that computes the outputs
 instead of the op (``aiodla emulate --compute``). Only the emulated runtime runs it: it
-imports the callable when it loads the module (see ``aiodla.emulator._compute``). The
+imports the callable when it loads the module (see ``aiodla.emulator._compute``), and
+only when the user trusts the file (``trust_compute=True``): a loadable is data, and
+importing a module runs its code, so an untrusted one is refused. The
 GPU stand-in, written for loadables without one, refuses a loadable that has one.
 Element addressing inside a tensor's buffer is the one formula of ``aiodla._tensors``::
 

@@ -107,6 +107,7 @@ def spec_document(
             "latency": emulator.latency,
             "scale": emulator.scale,
             "bias": emulator.bias,
+            "compute": emulator.compute,
         },
         "inputs": [tensor_entry(d) for d in descriptors[0]],
         "outputs": [tensor_entry(d) for d in descriptors[1]],

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ComputeError, ConfigurationError
+from .._errors import ComputeError, ConfigurationError, ModelError
 from ..emulator._compute import (
     ComputeFunction,
     ComputeTask,
@@ -29,7 +29,17 @@ if TYPE_CHECKING:
     from ..emulator._format import EmulatorModel
     from ._timeline import _Operation, _Stream
 
-__all__ = ["ComputeThreads", "compute_function"]
+__all__ = ["ComputeThreads", "compute_function", "untrusted_reference"]
+
+
+def untrusted_reference(reference: str) -> str:
+    """Why a loadable's compute reference is not imported without the user's word."""
+    return (
+        f"the model names the compute function {reference!r}: opening it would import "
+        "and run that Python code, and a model file is data, so aiodla does so only when "
+        "told to: pass trust_compute=True (Engine, EmulatedRuntime; --trust-compute on "
+        "the command line) if you trust this file, or a compute= function of your own"
+    )
 
 
 def compute_function(compute: ComputeFunction | str | None) -> ComputeFunction | None:
@@ -50,6 +60,7 @@ class ComputeThreads(FaultInjection):
     run them. The state is created by the runtime's ``__init__``."""
 
     _compute: ComputeFunction | None
+    trust_compute: bool
     _bound_computes: dict[bytes, ComputeFunction]
     _workers: dict[int, _ComputeWorker]
     _closing: bool
@@ -71,9 +82,12 @@ class ComputeThreads(FaultInjection):
 
     def _module_compute(self, loadable: bytes, model: EmulatorModel) -> ComputeFunction | None:
         """The compute function of a module being loaded, checked against its model:
-        bound to the loadable, else the runtime's, else the loadable's reference."""
+        bound to the loadable, else the runtime's, else the loadable's reference (only
+        when trusted: importing it runs code that a file chose)."""
         compute = self._bound_computes.get(bytes(loadable), self._compute)
         if compute is None and model.compute is not None:
+            if not self.trust_compute:
+                raise ModelError(untrusted_reference(model.compute))
             compute = import_compute(model.compute)
         if compute is not None:
             check_compute(compute, model.inputs, model.outputs)

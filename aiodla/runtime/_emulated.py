@@ -154,6 +154,8 @@ class EmulatedRuntime(EmulatedGraphs, EmulatedConversion, ComputeThreads):
     or a reference ``"module:function"`` (see :meth:`bind_compute` for one loadable's,
     and ``aiodla.emulator._compute`` for what it takes and returns); without one, a
     loadable's own compute reference, else its op, computes the outputs.
+    ``trust_compute``: import and run a loadable's compute reference; without it, a
+    loadable that names one is refused (a model file is data, not code to run).
     """
 
     name = "emulated"
@@ -168,6 +170,7 @@ class EmulatedRuntime(EmulatedGraphs, EmulatedConversion, ComputeThreads):
         copy_bandwidth: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         compute: ComputeFunction | str | None = None,
+        trust_compute: bool = False,
     ) -> None:
         if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
             raise ConfigurationError(f"{cores=} must be an int >= 1")
@@ -195,6 +198,7 @@ class EmulatedRuntime(EmulatedGraphs, EmulatedConversion, ComputeThreads):
         self._generation = 0  # bumped by every change to memory, registrations, modules
         self._ranges: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
         self._compute = compute_function(compute)
+        self.trust_compute = trust_compute
         self._bound_computes: dict[bytes, ComputeFunction] = {}
         self._compute_failures: dict[int, BaseException] = {}  # by stream handle
         self._workers: dict[int, _ComputeWorker] = {}  # by core index

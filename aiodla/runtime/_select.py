@@ -136,13 +136,22 @@ def cuda_probe() -> tuple[bool, str, bool]:
     return usable, reason, standin
 
 
-def select_runtime(choice: str | Runtime, loadable: bytes) -> tuple[Runtime, bool]:
-    """The runtime for this loadable, and whether the caller owns (must close) it."""
+def select_runtime(
+    choice: str | Runtime, loadable: bytes, *, trust_compute: bool = False
+) -> tuple[Runtime, bool]:
+    """The runtime for this loadable, and whether the caller owns (must close) it.
+    ``trust_compute``: an emulated runtime made here imports the loadable's compute
+    reference (a runtime passed in decides that itself)."""
     refuse_foreign_model(loadable, "the model")
     if not isinstance(choice, str):
         if not isinstance(choice, Runtime):
             raise ConfigurationError(
                 f"runtime={choice!r} must be one of {RUNTIME_CHOICES} or a Runtime instance"
+            )
+        if trust_compute:
+            raise ConfigurationError(
+                "trust_compute=True applies to the runtime the engine makes; a runtime "
+                "passed in decides itself: EmulatedRuntime(trust_compute=True)"
             )
         return choice, False
     if choice not in RUNTIME_CHOICES:
@@ -154,7 +163,7 @@ def select_runtime(choice: str | Runtime, loadable: bytes) -> tuple[Runtime, boo
                 "the emulated runtime runs emulator loadables only, and this is not one; "
                 "run a DLA loadable on a Jetson (runtime='cuda')"
             )
-        return EmulatedRuntime(cores=ORIN_DLA_CORES), True
+        return EmulatedRuntime(cores=ORIN_DLA_CORES, trust_compute=trust_compute), True
     usable, reason, standin = cuda_probe()
     if choice == "cuda":
         if not usable:
@@ -165,7 +174,7 @@ def select_runtime(choice: str | Runtime, loadable: bytes) -> tuple[Runtime, boo
     if usable and (standin or not emulator_model):
         return _cuda_runtime(), True
     if emulator_model:
-        return EmulatedRuntime(cores=ORIN_DLA_CORES), True
+        return EmulatedRuntime(cores=ORIN_DLA_CORES, trust_compute=trust_compute), True
     raise RuntimeUnavailableError(not_an_emulator_loadable("the model", reason))
 
 

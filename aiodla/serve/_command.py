@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .._cli_frame import CommandError, cores_option, debug_option, streams_option
+from .._cli_frame import (
+    CommandError,
+    cores_option,
+    debug_option,
+    streams_option,
+    trust_compute_option,
+)
 from ..runtime import _select
 
 if TYPE_CHECKING:
@@ -77,6 +83,7 @@ def _announce(server: Server) -> None:
     show_default=True,
     help="Which runtime runs the models.",
 )
+@trust_compute_option
 @debug_option
 def serve_command(
     models: tuple[str, ...],
@@ -87,6 +94,7 @@ def serve_command(
     max_queue: int,
     drain_timeout: float,
     runtime: str,
+    trust_compute: bool,
 ) -> int:
     """Serve MODELs over the KServe v2 / Triton inference protocol (HTTP and gRPC).
 
@@ -114,6 +122,7 @@ def serve_command(
             cores=cores,
             streams_per_core=streams,
             max_queue=max_queue,
+            trust_compute=trust_compute,
         )
     )
     print("aiodla serve: stopped", file=sys.stderr, flush=True)

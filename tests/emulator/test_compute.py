@@ -95,10 +95,10 @@ class TestComputeRuns:
         assert time.monotonic() - began >= 0.05
         np.testing.assert_array_equal(y, sample().astype(np.float16).astype(np.float32) * 2)
 
-    async def test_a_reference_in_the_loadable_is_imported(self) -> None:
+    async def test_a_trusted_reference_in_the_loadable_is_imported(self) -> None:
         data = model(compute="support:doubled")
         assert parse_loadable(data).compute == "support:doubled"
-        async with Engine(data, runtime="emulated") as engine:
+        async with Engine(data, runtime="emulated", trust_compute=True) as engine:
             y = await engine.infer(sample())
         np.testing.assert_array_equal(y, sample().astype(np.float16).astype(np.float32) * 2)
 
@@ -220,7 +220,9 @@ class TestComputeFailures:
             await engine.open()
 
     async def test_a_reference_that_does_not_import_fails_the_open(self) -> None:
-        engine = Engine(model(compute="support:no_such_function"), runtime="emulated")
+        engine = Engine(
+            model(compute="support:no_such_function"), runtime="emulated", trust_compute=True
+        )
         with pytest.raises(ModelError, match="'support' has no 'no_such_function'"):
             await engine.open()
 

@@ -172,7 +172,7 @@ class TestEmulateCompute:
         assert parse_loadable(out.read_bytes()).compute == "support:doubled"
 
         async def infer() -> Any:
-            async with Engine(str(out), runtime="emulated") as engine:
+            async with Engine(str(out), runtime="emulated", trust_compute=True) as engine:
                 return await engine.infer(samples(1)[0])
 
         y = asyncio.run(infer())
