@@ -1,5 +1,6 @@
 """aiodla: asyncio-native concurrent inference on NVIDIA's Deep Learning Accelerator."""
 
+from ._blocking import BlockingEngine as BlockingEngine
 from ._device_arrays import DeviceTensor as DeviceTensor
 from ._engine import Engine as Engine
 from ._engine import EngineState as EngineState
@@ -41,6 +42,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "AiodlaError",
+    "BlockingEngine",
     "ComputeError",
     "ConfigurationError",
     "CoreStatistics",
