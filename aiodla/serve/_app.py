@@ -53,6 +53,8 @@ logger = logging.getLogger("aiodla.serve")
 _Array = np.ndarray[Any, Any]
 
 SERVER_NAME = "aiodla"
+#: Seconds a MiB a request body may take to arrive by default: 0.2 MiB/s at the least.
+BODY_TIMEOUT = 5.0
 #: The protocol extensions both fronts implement.
 EXTENSIONS = ("binary_tensor_data",)
 
@@ -83,9 +85,9 @@ class ServeStatistics:
 
     ``received == succeeded + sum(failed.values()) + in_flight`` always holds;
     ``failed`` counts by protocol status (``INVALID_ARGUMENT``, ``NOT_FOUND``,
-    ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``INTERNAL``) and
-    ``CANCELLED`` for
-    requests whose caller went away (a gRPC deadline or cancellation).
+    ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``, ``DEADLINE_EXCEEDED`` (an HTTP body too
+    slow included), ``INTERNAL``) and ``CANCELLED`` for requests whose caller went away
+    (a gRPC deadline or cancellation, an HTTP client gone before its body arrived).
     """
 
     received: int
@@ -99,7 +101,9 @@ class Server:
 
     ``http`` and ``grpc`` are ``HOST:PORT`` addresses (port 0: any free port, read it
     from :attr:`http_port` / :attr:`grpc_port` once started), or None to leave that
-    front out. Start and stop it on the engines' event loop::
+    front out. An HTTP request body must arrive within ``body_timeout`` seconds a MiB
+    (at least one MiB's worth), else it is answered 408. Start and stop it on the
+    engines' event loop::
 
         async with Engine("det.bin") as engine, Server({"det": engine}) as server:
             await stopped.wait()
@@ -112,6 +116,7 @@ class Server:
         http: str | None = "127.0.0.1:8000",
         grpc: str | None = "127.0.0.1:8001",
         drain_timeout: float = 30.0,
+        body_timeout: float = BODY_TIMEOUT,
     ) -> None:
         if not engines:
             raise ConfigurationError("serve at least one model")
@@ -119,10 +124,13 @@ class Server:
             raise ConfigurationError("give an HTTP or a gRPC address, or both")
         if not drain_timeout >= 0:
             raise ConfigurationError(f"{drain_timeout=} must be >= 0 seconds")
+        if not body_timeout > 0:
+            raise ConfigurationError(f"{body_timeout=} must be > 0 seconds a MiB")
         self._engines = dict(engines)
         self._http_address = None if http is None else parse_address(http, "HTTP")
         self._grpc_address = None if grpc is None else parse_address(grpc, "gRPC")
         self._drain_timeout = drain_timeout
+        self._body_timeout = body_timeout
         self._models: dict[str, ServedModel] = {}
         self._accepting = False
         self._received = 0
@@ -155,6 +163,11 @@ class Server:
         """The largest request body (HTTP) or message (gRPC) taken: the served models'
         largest inputs as JSON (:func:`~._kserve.request_limit`); known once started."""
         return request_limit([m.engine.inputs for m in self._models.values()])
+
+    @property
+    def body_timeout(self) -> float:
+        """Seconds a MiB an HTTP request body may take to arrive (at least a MiB's worth)."""
+        return self._body_timeout
 
     @property
     def accepting(self) -> bool:
@@ -339,6 +352,7 @@ async def serve(
     grpc: str | None = "127.0.0.1:8001",
     runtime: str = "auto",
     drain_timeout: float = 30.0,
+    body_timeout: float = BODY_TIMEOUT,
     started: Any = None,
     **options: Any,
 ) -> ServeStatistics:
@@ -365,7 +379,13 @@ async def serve(
             engines[name] = await stack.enter_async_context(
                 Engine(path, runtime=runtime, **options)
             )
-        server = Server(engines, http=http, grpc=grpc, drain_timeout=drain_timeout)
+        server = Server(
+            engines,
+            http=http,
+            grpc=grpc,
+            drain_timeout=drain_timeout,
+            body_timeout=body_timeout,
+        )
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         stack.callback(loop.remove_signal_handler, signal.SIGINT)

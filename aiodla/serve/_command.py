@@ -77,6 +77,15 @@ def _announce(server: Server) -> None:
     help="On SIGTERM, seconds that accepted requests get to finish.",
 )
 @click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds a MiB an HTTP request body may take to arrive (at least a MiB's "
+    "worth); a slower one is answered 408.",
+)
+@click.option(
     "--runtime",
     type=click.Choice(_select.RUNTIME_CHOICES),
     default="auto",
@@ -93,6 +102,7 @@ def serve_command(
     streams: int,
     max_queue: int,
     drain_timeout: float,
+    body_timeout: float,
     runtime: str,
     trust_compute: bool,
 ) -> int:
@@ -118,6 +128,7 @@ def serve_command(
             grpc=grpc,
             runtime=runtime,
             drain_timeout=drain_timeout,
+            body_timeout=body_timeout,
             started=_announce,
             cores=cores,
             streams_per_core=streams,

@@ -12,8 +12,11 @@ what tritonclient reads.
 
 Memory: a request body may be at most :func:`~._kserve.request_limit` bytes (the served
 models' largest inputs as JSON), refused with 413 from its ``Content-Length`` before any
-of it is read; and the bodies held at once share a byte budget (:class:`ByteBudget`), a
-request waiting for its share before reading. Large JSON is parsed and written in a
+of it is read; and the bodies held at once share a byte budget
+(:class:`~._budget.ByteBudget`), taken as the bytes arrive. A body must arrive within
+``body_timeout`` seconds a MiB (at least one MiB's worth, time spent waiting on the
+client only), else it is answered 408 and the connection closed: a stalled upload
+holds what it sent for that long, and no one waits on it. Large JSON is parsed and written in a
 worker thread, in pieces (:mod:`._json`), so it does not stall the event loop.
 
 Why aiohttp: the server must run on the event loop that owns the engines, so a
@@ -31,26 +34,26 @@ built on, so clients and tests share one dependency.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
+from ._budget import Account, ByteBudget
 from ._json import NestingError, dumps_values, loads, nesting
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 from ._served import Backend, ServedModel
 
-__all__ = ["OFFLOAD_BYTES", "ByteBudget", "HttpFront", "budget_for"]
+__all__ = ["OFFLOAD_BYTES", "HttpFront", "budget_for"]
 
 #: JSON larger than this (request header, or the values of JSON outputs, at about 16
 #: bytes a value) is parsed or written in a worker thread.
 OFFLOAD_BYTES = 64 * 1024
 #: The least byte budget for request bodies held at once.
 MIN_BUDGET_BYTES = 256 * 1024 * 1024
+MIB = 1024 * 1024
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _Array = np.ndarray[Any, Any]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -63,49 +66,6 @@ def _error(error: ProtocolError) -> web.Response:
 def budget_for(limit: int) -> int:
     """The byte budget for request bodies held at once: four of the largest."""
     return max(MIN_BUDGET_BYTES, 4 * limit)
-
-
-class ByteBudget:
-    """At most ``capacity`` bytes held at once; :meth:`hold` waits for its share, first
-    come first served. A share larger than the capacity is held alone."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.held = 0
-        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-
-    @contextlib.asynccontextmanager
-    async def hold(self, size: int) -> AsyncIterator[None]:
-        """Cancellation: a cancelled wait takes nothing and holds up no one."""
-        size = min(size, self.capacity)
-        if self._waiting or self.held + size > self.capacity:
-            future = asyncio.get_running_loop().create_future()
-            self._waiting.append((size, future))
-            try:
-                await future
-            except asyncio.CancelledError:
-                if future.done() and not future.cancelled():
-                    self._release(size)  # granted as the wait was cancelled
-                else:
-                    self._waiting.remove((size, future))
-                    self._grant()
-                raise
-        else:
-            self.held += size
-        try:
-            yield
-        finally:
-            self._release(size)
-
-    def _release(self, size: int) -> None:
-        self.held -= size
-        self._grant()
-
-    def _grant(self) -> None:
-        while self._waiting and self.held + self._waiting[0][0] <= self.capacity:
-            size, future = self._waiting.popleft()
-            self.held += size
-            future.set_result(None)
 
 
 @web.middleware
@@ -235,18 +195,51 @@ class HttpFront:
                 if size is not None and size > self.limit:
                     raise _too_large(size, self.limit)
                 # A body of unknown length (chunked) may take up to the limit.
-                async with self.budget.hold(self.limit if size is None else size):
-                    return await self._infer(model, request)
+                async with self.budget.account(self.limit if size is None else size) as account:
+                    body = await self._read(request, account)
+                    return await self._infer(model, request, body)
         except web.HTTPException as exc:
-            return _http_error(exc, request)
+            response = _http_error(exc, request)
         except Exception as exc:
-            return _error(error_of(exc))
+            response = _error(error_of(exc))
+        if not request.content.is_eof():
+            response.force_close()  # the rest of the body is never read
+        return response
 
-    async def _infer(self, model: ServedModel, request: web.Request) -> web.Response:
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise _too_large(None, self.limit) from None
+    async def _read(self, request: web.Request, account: Account) -> bytearray:
+        """The request's body, taken from the budget as it arrives, within the body
+        timeout; a client that goes away is a cancelled request."""
+        size = request.content_length
+        allowed = self._server.body_timeout * max(1.0, (size or self.limit) / MIB)
+        body = bytearray()
+        loop = asyncio.get_running_loop()
+        waited = 0.0
+        while True:
+            start = loop.time()
+            try:
+                chunk = await asyncio.wait_for(request.content.readany(), allowed - waited)
+            except asyncio.TimeoutError:
+                what = "the request body" if size is None else f"the request body of {size} bytes"
+                raise ProtocolError(
+                    Status.REQUEST_TIMEOUT,
+                    f"{what} did not arrive within {allowed:g} s ({len(body)} bytes came; "
+                    f"body_timeout is {self._server.body_timeout:g} s a MiB)",
+                ) from None
+            except ConnectionError:
+                raise ProtocolError(
+                    Status.CANCELLED, "the client went away before its request body arrived"
+                ) from None
+            waited += loop.time() - start
+            if not chunk:
+                return body
+            if len(body) + len(chunk) > self.limit:
+                raise _too_large(None, self.limit)
+            await account.take(len(chunk))
+            body += chunk
+
+    async def _infer(
+        self, model: ServedModel, request: web.Request, body: bytearray
+    ) -> web.Response:
         length = request.headers.get(HEADER_LENGTH)
         if _json_length(body, length) > OFFLOAD_BYTES:
             parsed = await asyncio.to_thread(_parse, model, body, length, _loads_large)
@@ -300,7 +293,7 @@ def _loads_large(text: bytes, limit: int) -> Any:
 _Parsed = tuple[Mapping[str, Any], dict[str, _Array], list[tuple[Any, bool]], bool, float | None]
 
 
-def _json_length(body: bytes, length: str | None) -> int:
+def _json_length(body: bytes | bytearray, length: str | None) -> int:
     try:
         return min(len(body), int(length)) if length is not None else len(body)
     except ValueError:
@@ -308,7 +301,10 @@ def _json_length(body: bytes, length: str | None) -> int:
 
 
 def _parse(
-    model: ServedModel, body: bytes, length: str | None, loads: Callable[[bytes, int], Any]
+    model: ServedModel,
+    body: bytes | bytearray,
+    length: str | None,
+    loads: Callable[[bytes, int], Any],
 ) -> _Parsed:
     """The request's header, its inputs, the outputs asked for (each with whether it
     goes out binary), whether any does, and its timeout."""
@@ -320,7 +316,10 @@ def _parse(
 
 
 def _split(
-    model: ServedModel, body: bytes, length: str | None, loads: Callable[[bytes, int], Any]
+    model: ServedModel,
+    body: bytes | bytearray,
+    length: str | None,
+    loads: Callable[[bytes, int], Any],
 ) -> tuple[dict[str, Any], memoryview]:
     """The JSON header and the binary part of a request body."""
     if length is None:

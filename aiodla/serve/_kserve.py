@@ -75,6 +75,10 @@ class Status(enum.Enum):
     NOT_FOUND = (404, "NOT_FOUND")
     #: A request larger than any the served models take.
     RESOURCE_EXHAUSTED = (413, "RESOURCE_EXHAUSTED")
+    #: A request body that did not arrive in time (HTTP only).
+    REQUEST_TIMEOUT = (408, "DEADLINE_EXCEEDED")
+    #: The client went away (nginx's 499: no one reads the answer).
+    CANCELLED = (499, "CANCELLED")
     UNAVAILABLE = (503, "UNAVAILABLE")
     # Triton has no HTTP code of its own for a request's timeout; 504 is the HTTP word
     # for "no answer in time" and tritonclient reads any code with the message.
