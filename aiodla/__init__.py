@@ -1,6 +1,8 @@
 """aiodla: asyncio-native concurrent inference on NVIDIA's Deep Learning Accelerator."""
 
 from ._blocking import BlockingEngine as BlockingEngine
+from ._detect import Detect as Detect
+from ._detect import Detections as Detections
 from ._device_arrays import DeviceTensor as DeviceTensor
 from ._engine import Engine as Engine
 from ._engine import EngineState as EngineState
@@ -46,6 +48,8 @@ __all__ = (
     "ComputeError",
     "ConfigurationError",
     "CoreStatistics",
+    "Detect",
+    "Detections",
     "DeviceError",
     "DeviceTensor",
     "EmulatedRuntime",

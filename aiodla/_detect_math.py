@@ -1,0 +1,330 @@
+"""Detector post-processing defined to the bit, and its numpy implementation.
+
+:class:`~aiodla.Detect` turns a detector's raw heads into :class:`~aiodla.Detections`.
+This module is the definition both paths follow: the numpy code here (the emulated
+runtime's and host conversion's implementation, vectorized: no Python loop per
+candidate) and the CUDA kernels of :mod:`aiodla.runtime._detect_source`, which the
+tests build as host C++ and compare with this code on the same vectors. It sits below
+both (it imports numpy only), so the kernels' source takes its constants from here.
+
+Arithmetic
+----------
+Every operation is one IEEE-754 float32 operation, rounded to nearest even, in the
+order written, never fused into an FMA. A head value is its tensor's element as
+float32 (float16 and dequantized integers convert exactly as ``TensorSpec.unpack``
+does). NaN compares false everywhere: a NaN class value never wins, a NaN score never
+passes.
+
+1. ``exp32(x)``: NaN stays NaN; x is clamped to [-86, 86] (no overflow, no subnormal);
+   ``n = rint(x * LOG2E)`` (ties to even), ``r = (x - n * LN2_HI) - n * LN2_LO``,
+   ``p = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5``,
+   ``exp32(x) = ((p * (r * r) + r) + 1) * 2**n`` (Cephes' expf; within 2 ulp of exp).
+   ``sigmoid32(x) = 1 / (1 + exp32(-x))``.
+2. **Cells.** Heads are taken in stride order (``Detect.strides``); a head of grid
+   H x W with A anchors has A*H*W cells, cell (a, y, x) at index ``(a*H + y)*W + x``,
+   after the cells of the heads before it: that is the *candidate index*. Channels of
+   anchor a start at ``a * (5 + classes)`` (yolov5), a head's channel k at (y, x) is
+   ``t[k]``; gx, gy, stride and the anchor's (aw, ah) are float32.
+3. **Class and score.** The class is the first c with the largest class value (NaN as
+   -inf); ``"yolov5"``: ``score = sigmoid32(t[4]) * sigmoid32(t[5 + c])``; ``"yolox"``
+   (objectness and classes are probabilities in the exported head): ``score = t[4] *
+   t[5 + c]``; ``"yolov8"``: ``score = sigmoid32(t[4 * reg_max + c])``; ``"boxes"``:
+   ``score = t[4 + c]``. A cell is a candidate when ``score > conf`` (strictly).
+4. **Boxes** (cx, cy, w, h, then ``x1 = cx - w * 0.5``, ``y1 = cy - h * 0.5``,
+   ``x2 = cx + w * 0.5``, ``y2 = cy + h * 0.5``), ``s(k) = sigmoid32(t[k])``:
+   yolov5: ``cx = ((s(0) * 2 - 0.5) + gx) * stride``, ``cy`` likewise with ``s(1)``,
+   ``w = ((s(2) * 2) * (s(2) * 2)) * aw``, ``h`` likewise with ``s(3)`` and ah.
+   yolox: ``cx = (t[0] + gx) * stride``, ``w = exp32(t[2]) * stride`` (and y, h).
+   yolov8 (no centre step): per side k (left, top, right, bottom) over its reg_max bins
+   b[j] = t[k * reg_max + j]: ``m = max b``, ``e[j] = exp32(b[j] - m)``, ``d = (sum of
+   e[j] * j) / (sum of e[j])`` with both sums taken in order of j from 0;
+   ``x1 = ((gx + 0.5) - d_left) * stride``, ``y1 = ((gy + 0.5) - d_top) * stride``,
+   ``x2 = ((gx + 0.5) + d_right) * stride``, ``y2 = ((gy + 0.5) + d_bottom) * stride``.
+   boxes: ``cx, cy, w, h = t[0], t[1], t[2], t[3]``. A cell whose box has a
+   coordinate that is not finite is no candidate.
+5. **Order and cap.** Candidates are sorted by score, highest first, ties broken by
+   the lower candidate index. Only the first ``max_candidates`` go on: past the cap the
+   best by score are kept, the rest dropped (never an error).
+6. **NMS.** ``area = (x2 - x1) * (y2 - y1)``; for boxes i, j:
+   ``inter = max(min(x2i, x2j) - max(x1i, x1j), 0) * max(min(y2i, y2j) - max(y1i, y1j),
+   0)``, ``IoU = inter / ((area_i + area_j) - inter)`` (the ``+0`` convention: no
+   ``+1`` on widths, as torchvision). Candidate j after i is suppressed by i when both
+   have the same class (any class with ``class_agnostic``) and ``IoU > iou`` (a NaN IoU,
+   from a degenerate pair, suppresses nothing). Greedy in sorted order: a candidate not
+   suppressed by an earlier kept one is kept, until ``max_det`` are kept.
+7. **Frame.** With a geometry (``ImagePreprocess``), each kept box is mapped into the
+   frame and clipped: ``x = (x - left) / scale_x`` and ``y = (y - top) / scale_y``
+   (left, top, scale_x, scale_y as float32), then clamped to [0, frame width] and
+   [0, frame height]. Without one the boxes stay in model-input pixels, unclipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "Candidates",
+    "HeadLayout",
+    "decode",
+    "exp32",
+    "frame_boxes",
+    "select",
+    "sigmoid32",
+]
+
+F32 = np.float32
+_Array = npt.NDArray[Any]
+
+# Step 1's constants (Cephes expf); the kernels' source prints them as float32 bits.
+CLAMP = F32(86.0)
+LOG2E = F32(1.44269504088896341)
+LN2_HI = F32(0.693359375)
+LN2_LO = F32(-2.12194440e-4)
+POLY = tuple(
+    F32(c)
+    for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+              1.6666665459e-1, 5.0000001201e-1)
+)  # fmt: skip
+_ONE, _HALF, _TWO = F32(1.0), F32(0.5), F32(2.0)
+_ROWS = 256  # suppression rows the numpy NMS builds at once
+
+
+def exp32(x: _Array) -> _Array:
+    """Step 1's exp of a float32 array (a new array)."""
+    x = np.asarray(x, F32)
+    nan = np.isnan(x)
+    x = np.clip(x, -CLAMP, CLAMP)
+    n = np.rint(x * LOG2E)
+    if nan.any():
+        n[nan] = 0  # NaN stays NaN through r; n only scales
+    r = (x - n * LN2_HI) - n * LN2_LO
+    p = POLY[0]
+    for c in POLY[1:]:
+        p = p * r + c
+    y = (p * (r * r) + r) + _ONE
+    scale = ((n.astype(np.int32) + 127) << 23).view(F32)
+    return np.asarray(y * scale, F32)
+
+
+def sigmoid32(x: _Array) -> _Array:
+    """Step 1's sigmoid: ``1 / (1 + exp32(-x))``."""
+    return np.asarray(_ONE / (_ONE + exp32(-np.asarray(x, F32))), F32)
+
+
+class HeadLayout(NamedTuple):
+    """One head as the definition reads it (:class:`aiodla.Detect` plans these at open)."""
+
+    kind: str  # "yolov5", "yolov8", "yolox" or "boxes" (yolov7 and yolo11 are aliases)
+    height: int
+    width: int
+    stride: float
+    anchors: tuple[tuple[float, float], ...]  # (w, h) per anchor; one (0, 0) if anchor-free
+    offset: int  # candidate index of this head's first cell
+    classes: int
+    reg_max: int
+
+    @property
+    def cells(self) -> int:
+        return len(self.anchors) * self.height * self.width
+
+
+class Candidates(NamedTuple):
+    """Cells that passed the threshold, in candidate-index order."""
+
+    boxes: _Array  # (n, 4) float32, x1 y1 x2 y2 in model-input pixels
+    scores: _Array  # (n,) float32
+    classes: _Array  # (n,) int32
+    ids: _Array  # (n,) int64, the candidate index
+
+    @classmethod
+    def empty(cls) -> Candidates:
+        return cls(
+            np.empty((0, 4), F32), np.empty(0, F32), np.empty(0, np.int32), np.empty(0, np.int64)
+        )
+
+
+def _prefilter(conf: float) -> float:
+    """A logit below which no sigmoid32 passes ``conf``: logit(conf * 0.999), far
+    outside sigmoid32's error (a few ulp), so the exact test decides every cell that
+    matters. -inf when conf <= 0."""
+    if conf <= 0:
+        return -math.inf
+    bound = conf * 0.999
+    return math.log(bound / (1 - bound))
+
+
+def _best_class(values: _Array) -> tuple[_Array, _Array]:
+    """Step 3's class (first largest, NaN as -inf) and its value, per row of (n, C)."""
+    clean = np.where(np.isnan(values), F32(-np.inf), values)
+    best = np.argmax(clean, axis=1)
+    return best.astype(np.int32), np.take_along_axis(clean, best[:, None], 1)[:, 0]
+
+
+def decode(layout: HeadLayout, head: _Array, conf: float) -> Candidates:
+    """Steps 2-4 for one head's logical array ``(1, channels, H, W)`` (any float dtype)."""
+    kind, hh, ww = layout.kind, layout.height, layout.width
+    anchors = len(layout.anchors)
+    values = np.asarray(head).reshape(-1, hh * ww)  # (channels, cells of one anchor)
+    per = values.shape[0] // anchors
+    f_conf = F32(conf)
+    # Cells that may pass, by a necessary condition cheap to test on one channel.
+    if kind in ("yolov5", "yolox"):
+        objectness = values[4::per].astype(F32)  # (anchors, H*W)
+        bound = F32(_prefilter(conf)) if kind == "yolov5" else f_conf
+        passing = objectness > bound
+        a_idx, cell = np.nonzero(passing)
+    else:
+        first = 4 * layout.reg_max if kind == "yolov8" else 4
+        classes = values[first : first + layout.classes].astype(F32)
+        top = np.fmax.reduce(classes, axis=0) if len(classes) else np.full(hh * ww, -np.inf)
+        bound = F32(_prefilter(conf)) if kind == "yolov8" else f_conf
+        cell = np.flatnonzero(top > bound)
+        a_idx = np.zeros_like(cell)
+    if not len(cell):
+        return Candidates.empty()
+    rows = (a_idx * per)[:, None] + np.arange(per)[None, :]
+    t = values[rows, cell[:, None]].astype(F32)  # (n, per): the cells' channels
+    gy, gx = (cell // ww).astype(F32), (cell % ww).astype(F32)
+    stride = F32(layout.stride)
+    if kind == "yolov5":
+        cls, best = _best_class(t[:, 5:])
+        score = sigmoid32(t[:, 4]) * sigmoid32(best)
+        s = sigmoid32(t[:, :4])
+        cx = ((s[:, 0] * _TWO - _HALF) + gx) * stride
+        cy = ((s[:, 1] * _TWO - _HALF) + gy) * stride
+        aw = np.array([w for w, _ in layout.anchors], F32)[a_idx]
+        ah = np.array([h for _, h in layout.anchors], F32)[a_idx]
+        w = ((s[:, 2] * _TWO) * (s[:, 2] * _TWO)) * aw
+        h = ((s[:, 3] * _TWO) * (s[:, 3] * _TWO)) * ah
+        box = _corners(cx, cy, w, h)
+    elif kind == "yolox":
+        cls, best = _best_class(t[:, 5:])
+        score = t[:, 4] * best
+        cx, cy = (t[:, 0] + gx) * stride, (t[:, 1] + gy) * stride
+        box = _corners(cx, cy, exp32(t[:, 2]) * stride, exp32(t[:, 3]) * stride)
+    elif kind == "yolov8":
+        reg = layout.reg_max
+        cls, best = _best_class(t[:, 4 * reg :])
+        score = sigmoid32(best)
+        d = _distances(t[:, : 4 * reg].reshape(-1, 4, reg))
+        ax, ay = gx + _HALF, gy + _HALF
+        box = np.stack(
+            [(ax - d[:, 0]) * stride, (ay - d[:, 1]) * stride,
+             (ax + d[:, 2]) * stride, (ay + d[:, 3]) * stride], axis=1,
+        )  # fmt: skip
+    else:
+        cls, best = _best_class(t[:, 4:])
+        score = best
+        box = _corners(t[:, 0], t[:, 1], t[:, 2], t[:, 3])
+    score = np.asarray(score, F32)
+    keep = (score > f_conf) & np.isfinite(box).all(axis=1)
+    index = layout.offset + (a_idx.astype(np.int64) * hh + cell // ww) * ww + cell % ww
+    return Candidates(
+        np.ascontiguousarray(box[keep], F32), score[keep], cls[keep], index[keep].astype(np.int64)
+    )
+
+
+def _corners(cx: _Array, cy: _Array, w: _Array, h: _Array) -> _Array:
+    hw, hh = w * _HALF, h * _HALF
+    return np.stack([cx - hw, cy - hh, cx + hw, cy + hh], axis=1).astype(F32)
+
+
+def _distances(bins: _Array) -> _Array:
+    """Step 4's softmax-DFL, (n, 4, reg_max) -> (n, 4), sums in order of j."""
+    e = exp32(bins - np.max(bins, axis=2, keepdims=True))
+    weights = np.arange(bins.shape[2], dtype=F32)
+    total = np.zeros(bins.shape[:2], F32)
+    moment = np.zeros(bins.shape[:2], F32)
+    for j in range(bins.shape[2]):  # over bins (a constant), not over candidates
+        total = total + e[:, :, j]
+        moment = moment + e[:, :, j] * weights[j]
+    return np.asarray(moment / total, F32)
+
+
+def merge(parts: Sequence[Candidates]) -> Candidates:
+    """The candidates of several heads, in candidate-index order (heads in stride order)."""
+    parts = [part for part in parts if len(part.scores)]
+    if not parts:
+        return Candidates.empty()
+    if len(parts) == 1:
+        return parts[0]
+    return Candidates(*(np.concatenate(field) for field in zip(*parts, strict=True)))
+
+
+def select(
+    found: Candidates,
+    *,
+    iou: float,
+    max_det: int,
+    max_candidates: int,
+    class_agnostic: bool,
+) -> _Array:
+    """Steps 5 and 6: the positions in ``found`` that survive, best score first.
+
+    The suppressions are a bitmask over the sorted candidates (a row of bits per
+    candidate, as torchvision's CUDA NMS and the kernel build it), built a block of
+    rows at a time as the greedy pass reaches them: that pass loops over kept boxes
+    only, ORing each one's row into the removed set, and stops at ``max_det``.
+    """
+    n_all = len(found.scores)
+    if not n_all:
+        return np.empty(0, np.int64)
+    # lexsort's last key is the primary one: score descending, then candidate index
+    order = np.lexsort((found.ids, -found.scores))[:max_candidates]
+    boxes = found.boxes[order]
+    n = len(order)
+    classes = None if class_agnostic else found.classes[order]
+    x1, y1, x2, y2 = boxes.T
+    area = (x2 - x1) * (y2 - y1)
+
+    def rows(r0: int, r1: int) -> _Array:
+        """Suppression bits of candidates r0..r1 over every later one, packed 8 a byte
+        (bit j % 8 of byte j // 8; columns before the block's byte stay clear)."""
+        c0 = r0 - r0 % 8
+        i, j = slice(r0, r1), slice(c0, n)
+        iw = np.minimum(x2[i, None], x2[j]) - np.maximum(x1[i, None], x1[j])
+        ih = np.minimum(y2[i, None], y2[j]) - np.maximum(y1[i, None], y1[j])
+        inter = np.maximum(iw, F32(0)) * np.maximum(ih, F32(0))
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            overlap = inter / ((area[i, None] + area[j]) - inter) > F32(iou)
+        if classes is not None:
+            overlap &= classes[i, None] == classes[j]
+        overlap &= np.arange(c0, n) > np.arange(r0, r1)[:, None]  # only later ones
+        packed = np.zeros((r1 - r0, (n + 7) // 8), np.uint8)
+        packed[:, c0 // 8 :] = np.packbits(overlap, axis=1, bitorder="little")
+        return packed
+
+    removed = np.zeros((n + 7) // 8, np.uint8)
+    kept: list[int] = []
+    start, mask = 0, rows(0, min(_ROWS, n))
+    i = 0
+    while i < n and len(kept) < max_det:
+        if i >= start + len(mask):  # the mask is built a block of rows at a time, as needed
+            start, mask = i, rows(i, min(i + _ROWS, n))
+        kept.append(i)
+        removed |= mask[i - start]
+        # the next candidate after i that no kept box suppressed
+        rest = np.unpackbits(removed, bitorder="little", count=n)[i + 1 :]
+        free = np.flatnonzero(rest == 0)
+        if not len(free):
+            break
+        i += 1 + int(free[0])
+    return np.asarray(order[kept], np.int64)
+
+
+def frame_boxes(
+    boxes: _Array, top: int, left: int, scale_y: float, scale_x: float, height: int, width: int
+) -> _Array:
+    """Step 7: model-input boxes (n, 4) into a ``height`` x ``width`` frame, clipped."""
+    out = np.empty_like(boxes, F32)
+    out[:, 0::2] = (boxes[:, 0::2] - F32(left)) / F32(scale_x)
+    out[:, 1::2] = (boxes[:, 1::2] - F32(top)) / F32(scale_y)
+    # as the kernel's comparisons: a NaN stays NaN (np.clip would too)
+    out[:, 0::2] = np.clip(out[:, 0::2], F32(0), F32(width))
+    out[:, 1::2] = np.clip(out[:, 1::2], F32(0), F32(height))
+    return out

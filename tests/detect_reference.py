@@ -1,0 +1,185 @@
+"""A plain reference of :mod:`aiodla._detect_math`'s definition: one loop iteration per
+cell and per candidate, scalar float32 arithmetic, each step as the docstring writes
+it. Slow and obviously correct; the tests hold the vectorized numpy path and the
+kernels' host build to it on small heads, and make heads for them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from aiodla._detect import Detect, DetectPlan
+from aiodla._tensors import TensorSpec
+
+F = np.float32
+CEPHES = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+          1.6666665459e-1, 5.0000001201e-1)  # fmt: skip
+
+
+def exp32(x: Any) -> Any:
+    x = F(x)
+    if math.isnan(x):
+        return x
+    x = min(max(x, F(-86.0)), F(86.0))
+    n = F(np.rint(x * F(1.44269504088896341)))
+    r = (x - n * F(0.693359375)) - n * F(-2.12194440e-4)
+    p = F(CEPHES[0])
+    for c in CEPHES[1:]:
+        p = p * r + F(c)
+    y = (p * (r * r) + r) + F(1)
+    return F(y * F(2.0 ** int(n)))
+
+
+def sigmoid32(x: Any) -> Any:
+    return F(F(1) / (F(1) + exp32(-F(x))))
+
+
+def best_class(values: list[Any]) -> tuple[int, Any]:
+    best, value = 0, F(-np.inf)
+    for c, v in enumerate(values):
+        if v > value:  # NaN never wins; the first of equal values does
+            best, value = c, v
+    return best, value
+
+
+def decode(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]]:
+    """Candidates as (index, box, score, class), cell by cell."""
+    conf = F(plan.detect.conf)
+    out = []
+    for layout, head in zip(plan.layouts, heads):
+        t_all = np.asarray(head, F)[0]
+        per = t_all.shape[0] // len(layout.anchors)
+        stride = F(layout.stride)
+        for a, (aw, ah) in enumerate(layout.anchors):
+            for y in range(layout.height):
+                for x in range(layout.width):
+                    t = [F(v) for v in t_all[a * per : (a + 1) * per, y, x]]
+                    gx, gy = F(x), F(y)
+                    kind = layout.kind
+                    if kind == "yolov5":
+                        c, v = best_class(t[5:])
+                        score = F(sigmoid32(t[4]) * sigmoid32(v))
+                        s = [sigmoid32(v) for v in t[:4]]
+                        cx = ((s[0] * F(2) - F(0.5)) + gx) * stride
+                        cy = ((s[1] * F(2) - F(0.5)) + gy) * stride
+                        w = ((s[2] * F(2)) * (s[2] * F(2))) * F(aw)
+                        h = ((s[3] * F(2)) * (s[3] * F(2))) * F(ah)
+                        box = [cx - w * F(0.5), cy - h * F(0.5), cx + w * F(0.5), cy + h * F(0.5)]
+                    elif kind == "yolox":
+                        c, v = best_class(t[5:])
+                        score = F(t[4] * v)
+                        cx, cy = (t[0] + gx) * stride, (t[1] + gy) * stride
+                        w, h = exp32(t[2]) * stride, exp32(t[3]) * stride
+                        box = [cx - w * F(0.5), cy - h * F(0.5), cx + w * F(0.5), cy + h * F(0.5)]
+                    elif kind == "yolov8":
+                        reg = layout.reg_max
+                        c, v = best_class(t[4 * reg :])
+                        score = sigmoid32(v)
+                        d = []
+                        for k in range(4):
+                            bins = t[k * reg : (k + 1) * reg]
+                            m = max(bins)
+                            total, moment = F(0), F(0)
+                            for j, b in enumerate(bins):
+                                e = exp32(b - m)
+                                total = total + e
+                                moment = moment + e * F(j)
+                            d.append(F(moment / total))
+                        ax, ay = gx + F(0.5), gy + F(0.5)
+                        box = [(ax - d[0]) * stride, (ay - d[1]) * stride,
+                               (ax + d[2]) * stride, (ay + d[3]) * stride]  # fmt: skip
+                    else:
+                        c, v = best_class(t[4:])
+                        score = v
+                        box = [t[0] - t[2] * F(0.5), t[1] - t[3] * F(0.5),
+                               t[0] + t[2] * F(0.5), t[1] + t[3] * F(0.5)]  # fmt: skip
+                    if score > conf and all(math.isfinite(b) for b in box):
+                        index = layout.offset + (a * layout.height + y) * layout.width + x
+                        out.append((index, [F(b) for b in box], F(score), c))
+    return out
+
+
+def iou(a: list[Any], b: list[Any]) -> Any:
+    area_a = (a[2] - a[0]) * (a[3] - a[1])
+    area_b = (b[2] - b[0]) * (b[3] - b[1])
+    iw = max(min(a[2], b[2]) - max(a[0], b[0]), F(0))
+    ih = max(min(a[3], b[3]) - max(a[1], b[1]), F(0))
+    inter = iw * ih
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return F(inter / ((area_a + area_b) - inter))
+
+
+def run(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]]:
+    """Kept candidates, in order: sort, cap, then greedy NMS, one pair at a time."""
+    detect = plan.detect
+    found = sorted(decode(plan, heads), key=lambda c: (-c[2], c[0]))[: detect.max_candidates]
+    kept: list[tuple[int, Any, Any, int]] = []
+    for candidate in found:
+        if len(kept) == detect.max_det:
+            break
+        if not any(
+            (detect.class_agnostic or k[3] == candidate[3])
+            and iou(k[1], candidate[1]) > F(detect.iou)
+            for k in kept
+        ):
+            kept.append(candidate)
+    return kept
+
+
+def to_frame(box: list[Any], geometry: Any, height: int, width: int) -> list[Any]:
+    x = [(box[i] - F(geometry.left)) / F(geometry.scale_x) for i in (0, 2)]
+    y = [(box[i] - F(geometry.top)) / F(geometry.scale_y) for i in (1, 3)]
+    x = [min(max(v, F(0)), F(width)) for v in x]
+    y = [min(max(v, F(0)), F(height)) for v in y]
+    return [F(x[0]), F(y[0]), F(x[1]), F(y[1])]
+
+
+# -- heads to test with --------------------------------------------------------------------
+
+
+def plan_for(
+    detect: Detect, size: tuple[int, int] = (64, 96), dtype: str = "float32"
+) -> DetectPlan:
+    """The plan of ``detect`` over outputs shaped as its heads need, for a ``size`` input."""
+    if detect.kind == "boxes":
+        specs = [TensorSpec("boxes", (1, detect.channels(), 1, 150), dtype, "nchw")]
+    else:
+        specs = []
+        for k, stride in enumerate(detect.strides or ()):
+            anchors = len((detect.anchors or ((0, 0),) * 8)[k]) // 2
+            channels = detect.channels(anchors)
+            specs.append(
+                TensorSpec(
+                    f"p{stride}", (1, channels, size[0] // stride, size[1] // stride), dtype, "nchw"
+                )
+            )
+    return detect.plan(size, specs[::-1])  # outputs in another order than the strides
+
+
+def heads_for(plan: DetectPlan, rng: np.random.Generator, *, ties: bool) -> list[Any]:
+    """Random heads that give many candidates: with ``ties``, values from a small set, so
+    that scores tie and boxes coincide; else continuous values."""
+    heads = []
+    detect = plan.detect
+    for spec, layout in zip(plan.specs, plan.layouts):
+        shape = spec.shape
+        if ties:
+            values = rng.choice(np.array([-1.0, 0.0, 0.5, 1.0, 2.0], F), size=shape)
+        else:
+            values = rng.normal(0.0, 1.5, size=shape).astype(F)
+        if layout.kind == "yolox":  # probabilities and small box offsets
+            per = shape[1]
+            values[:, 4:per] = 1 / (1 + np.exp(-values[:, 4:per]))
+            values[:, 2:4] += 1.5  # boxes wider than the grid: they overlap
+        if layout.kind == "boxes":
+            values[:, :2] = rng.choice(np.arange(0, 96, 4.0), size=(1, 2, *shape[2:]))
+            values[:, 2:4] = rng.choice(np.array([8.0, 12.0, 16.0, 24.0]), size=(1, 2, *shape[2:]))
+            values[:, 4:] = rng.choice(
+                np.array([0.1, 0.3, 0.6, 0.9], F), size=(1, shape[1] - 4, *shape[2:])
+            )
+        if detect.kind == "yolov5":
+            values[:, 4 :: 5 + detect.classes] += 1.0  # more cells past the objectness test
+        heads.append(values.astype(spec.numpy_dtype))
+    return heads

@@ -1,0 +1,295 @@
+"""Detect and Detections: the configuration (validated in one place, errors naming the
+value), head matching at open, and the numpy path held to the plain reference of
+tests/detect_reference.py and, where torch is installed, to torchvision's batched NMS."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+from detect_reference import heads_for, plan_for
+from detect_reference import run as reference_run
+from detect_reference import to_frame as reference_to_frame
+
+from aiodla import Detect, Detections, ImagePreprocess
+from aiodla._detect_math import Candidates, exp32, select, sigmoid32
+from aiodla._errors import ConfigurationError
+from aiodla._tensors import TensorSpec
+
+F = np.float32
+
+# (head, keywords): every kind and alias, the options that change the arithmetic.
+DETECTORS = {
+    "yolov5": Detect(head="yolov5", classes=3, conf=0.3, iou=0.45),
+    "yolov7_agnostic": Detect(head="yolov7", classes=2, conf=0.2, class_agnostic=True),
+    "yolov8": Detect(head="yolov8", classes=4, conf=0.3, reg_max=5),
+    "yolo11_strides": Detect(head="yolo11", classes=2, reg_max=4, strides=(16, 32)),
+    "yolox": Detect(head="yolox", classes=3, conf=0.3, iou=0.5),
+    "boxes": Detect(head="boxes", classes=3, conf=0.2, iou=0.3),
+    "capped": Detect(head="yolov5", classes=2, conf=0.05, max_det=7, max_candidates=25),
+}
+
+
+class TestConfiguration:
+    @pytest.mark.parametrize(
+        ("keywords", "message"),
+        [
+            ({"head": "yolov6"}, "head='yolov6' is not one of"),
+            ({"classes": 0}, "classes=0 must be within"),
+            ({"classes": 2.0}, "classes=2.0 must be an integer"),
+            ({"classes": True}, "classes=True must be an integer"),
+            ({"conf": 1.0}, r"conf=1.0 must be within \[0, 1\)"),
+            ({"conf": -0.1}, "conf=-0.1 must be within"),
+            ({"conf": "0.3"}, "conf='0.3' must be a number"),
+            ({"iou": math.nan}, "iou=nan must be within"),
+            ({"max_det": 0}, "max_det=0 must be within"),
+            ({"max_det": 500, "max_candidates": 100}, "max_det=500 must not exceed"),
+            ({"max_candidates": 1 << 17}, "max_candidates=131072 must be within"),
+            ({"reg_max": 0}, "reg_max=0 must be within"),
+            ({"class_agnostic": 1}, "class_agnostic=1 must be a bool"),
+            ({"strides": (16, 8, 32)}, "must be increasing"),
+            ({"strides": (8, 0)}, "0 is not a positive integer"),
+            ({"strides": "8"}, "must be a non-empty sequence"),
+            ({"anchors": ((10, 13),)}, "has 1 entries, one per stride"),
+            ({"anchors": ((10, 13, 5), (1, 2), (3, 4))}, "must hold w, h pairs"),
+            ({"anchors": ((10, -13), (1, 2), (3, 4))}, "-13 is not > 0"),
+            ({"outputs": "p8"}, "must be a sequence of names"),
+            ({"outputs": ("a", "a", "b")}, "names a tensor twice"),
+            ({"outputs": ("a", "b")}, "names 2 tensors; head='yolov5' with strides"),
+        ],
+    )
+    def test_refused(self, keywords: dict[str, Any], message: str) -> None:
+        keywords = {"head": "yolov5", **keywords}
+        with pytest.raises(ConfigurationError, match=message):
+            Detect(**keywords)
+
+    def test_options_for_other_heads_are_refused(self) -> None:
+        with pytest.raises(ConfigurationError, match="anchors= is for anchor-based heads"):
+            Detect(head="yolov8", anchors=((1, 2),) * 3)
+        with pytest.raises(ConfigurationError, match="is for grid heads"):
+            Detect(head="boxes", strides=(8,))
+
+    def test_defaults_are_the_reference_implementations(self) -> None:
+        v5, v7 = Detect(head="yolov5"), Detect(head="yolov7")
+        assert v5.strides == (8, 16, 32) and v5.anchors is not None
+        assert v5.anchors[0] == (10, 13, 16, 30, 33, 23)
+        assert v7.anchors is not None and v7.anchors[2] == (142, 110, 192, 243, 459, 401)
+        assert (v5.classes, v5.conf, v5.iou, v5.max_det) == (80, 0.25, 0.45, 300)
+        assert v5.channels(3) == 255 and Detect(head="yolov8").channels() == 144
+        assert Detect(head="yolox").channels() == 85 and Detect(head="boxes").channels() == 84
+
+
+SPECS_640 = [
+    TensorSpec(name, (1, 255, size, size), "float16", "chw16")
+    for name, size in (("out20", 20), ("out80", 80), ("out40", 40))
+]
+
+
+class TestMatching:
+    def test_by_spatial_size(self) -> None:
+        plan = Detect(head="yolov5").plan((640, 640), SPECS_640)
+        assert [s.name for s in plan.specs] == ["out80", "out40", "out20"]
+        assert [layout.offset for layout in plan.layouts] == [0, 19200, 24000]
+        assert plan.cells == 25200
+
+    def test_by_name(self) -> None:
+        """A decoy of the same size comes first: by size it would be taken, by name not."""
+        specs = [
+            TensorSpec(name, (1, 144, size, size), "float16", "chw16")
+            for name, size in (("decoy", 8), ("p16", 4), ("p8", 8))
+        ]
+        detect = Detect(head="yolov8", strides=(8, 16))
+        assert [s.name for s in detect.plan((64, 64), specs).specs] == ["decoy", "p16"]
+        named = Detect(head="yolov8", strides=(8, 16), outputs=("p8", "p16"))
+        assert [s.name for s in named.plan((64, 64), specs).specs] == ["p8", "p16"]
+
+    @pytest.mark.parametrize(
+        ("detect", "specs", "message"),
+        [
+            (Detect(head="yolov5"), SPECS_640[:2], "no output of 40x40 for stride 16"),
+            (Detect(head="yolov5", classes=81), SPECS_640,
+             "output 'out80' has 255 channels; head='yolov5' with classes=81 and 3 anchors "
+             "needs 258"),
+            (Detect(head="yolov8"), SPECS_640, "output 'out80' has 255 channels.*reg_max=16"),
+            (Detect(head="yolov5", outputs=("out80", "out40", "nope")), SPECS_640,
+             "names 'nope', which the model does not output"),
+            (Detect(head="yolov5", outputs=("out40", "out80", "out20")), SPECS_640,
+             "output 'out40' is 40x40; stride 8 of a 640x640 input gives 80x80"),
+            (Detect(head="boxes"), SPECS_640, "head='boxes' needs outputs="),
+            (Detect(head="yolov5", strides=(8, 16, 32)),
+             [TensorSpec("b", (2, 255, 80, 80), "float16", "chw16"), *SPECS_640[::2]],
+             "output 'b': Detect takes batch 1"),
+        ],
+    )  # fmt: skip
+    def test_mismatch_names_the_tensor(
+        self, detect: Detect, specs: list[TensorSpec], message: str
+    ) -> None:
+        with pytest.raises(ConfigurationError, match=message):
+            detect.plan((640, 640), specs)
+
+
+class TestDetections:
+    def test_protocols(self) -> None:
+        boxes = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], F)
+        d = Detections(boxes, np.array([0.9, 0.5], F), np.array([3, 1], np.int32))
+        assert len(d) == 2 and repr(d) == "<Detections [2 boxes]>"
+        (b0, s0, c0), (_, _, c1) = list(d)
+        assert b0.tolist() == [1, 2, 3, 4] and (s0, c0) == (F(0.9), 3) and c1 == 1
+        assert isinstance(s0, float) and isinstance(c0, int)
+        assert d.to_dict() == {
+            "boxes": [[1, 2, 3, 4], [5, 6, 7, 8]],
+            "scores": [float(F(0.9)), 0.5],
+            "classes": [3, 1],
+        }
+
+    def test_results_types(self) -> None:
+        plan = plan_for(DETECTORS["yolov5"])
+        result = plan.run(heads_for(plan, np.random.default_rng(0), ties=False))
+        assert len(result) > 5
+        assert result.boxes.dtype == F and result.boxes.shape == (len(result), 4)
+        assert result.scores.dtype == F and result.classes.dtype == np.int32
+        assert (np.diff(result.scores) <= 0).all()
+
+
+class TestArithmetic:
+    def test_exp32_is_close_to_exp_and_to_the_reference(self) -> None:
+        from detect_reference import exp32 as scalar_exp32
+
+        x = np.linspace(-86, 86, 100_001, dtype=F)
+        relative = np.abs(exp32(x) / np.exp(x.astype(np.float64)) - 1)
+        assert relative.max() < 3 * 2.0**-24  # within a few ulp of exp
+        picks = np.concatenate([x[::997], F([0.0, -0.0, 1e-30, 90.0, -100.0, np.inf, -np.inf])])
+        vector = exp32(picks)
+        for value, got in zip(picks, vector):
+            assert got.tobytes() == scalar_exp32(value).tobytes(), value
+        assert np.isnan(exp32(F([np.nan])))[0]
+        assert sigmoid32(F([-np.inf, 0.0, np.inf])).tolist() == [sigmoid32(F([-86]))[0], 0.5, 1.0]
+
+
+def assert_same(plan: Any, heads: list[Any], result: Detections) -> None:
+    expected = reference_run(plan, heads)
+    assert len(result) == len(expected)
+    found = plan.candidates(heads)
+    by_index = dict(zip(found.ids.tolist(), range(len(found.ids))))
+    for k, (index, box, score, cls) in enumerate(expected):
+        assert index in by_index
+        assert result.scores[k].tobytes() == F(score).tobytes(), k
+        assert int(result.classes[k]) == cls, k
+        assert result.boxes[k].tobytes() == np.array(box, F).tobytes(), k
+
+
+@pytest.mark.parametrize("name", DETECTORS)
+@pytest.mark.parametrize("ties", [False, True], ids=["continuous", "ties"])
+def test_numpy_path_equals_the_reference(name: str, ties: bool) -> None:
+    plan = plan_for(DETECTORS[name])
+    rng = np.random.default_rng(zlib.crc32(f"{name} {ties}".encode()))
+    heads = heads_for(plan, rng, ties=ties)
+    result = plan.run(heads)
+    assert len(result) > 1, "the case must keep boxes to compare"
+    if name == "capped":
+        assert len(plan.candidates(heads).scores) > 25 and len(result) == 7
+    assert_same(plan, heads, result)
+
+
+def test_float16_heads_read_as_float32() -> None:
+    plan = plan_for(DETECTORS["yolov8"], dtype="float16")
+    heads = heads_for(plan, np.random.default_rng(3), ties=False)
+    assert heads[0].dtype == np.float16
+    assert_same(plan, heads, plan.run(heads))
+
+
+def test_empty_frames() -> None:
+    for name, detect in DETECTORS.items():
+        plan = plan_for(detect)
+        heads = [np.full(spec.shape, -20.0, F) for spec in plan.specs]
+        if detect.kind in ("yolox", "boxes"):
+            heads = [np.zeros(spec.shape, F) for spec in plan.specs]
+        result = plan.run(heads)
+        assert len(result) == 0 and result.boxes.shape == (0, 4), name
+        assert reference_run(plan, heads) == []
+
+
+def test_nan_and_infinite_values_are_no_candidates() -> None:
+    plan = plan_for(DETECTORS["boxes"])
+    heads = heads_for(plan, np.random.default_rng(1), ties=False)
+    heads[0][0, 0, 0, :10] = np.nan  # cx
+    heads[0][0, 2, 0, 10:20] = np.inf  # w
+    heads[0][0, 4:, 0, 20:30] = np.nan  # every class score
+    found = plan.candidates(heads)
+    assert not np.isin(found.ids, np.arange(30)).any()
+    assert_same(plan, heads, plan.run(heads))
+
+
+def test_cap_keeps_the_best_by_score_then_index() -> None:
+    """Eight equal scores past a cap of five: the five lowest indices go on."""
+    boxes = np.array([[10 * i, 0, 10 * i + 5, 5] for i in range(8)], F)  # no overlaps
+    found = Candidates(boxes, np.full(8, 0.5, F), np.zeros(8, np.int32), np.arange(8)[::-1])
+    kept = select(found, iou=0.5, max_det=8, max_candidates=5, class_agnostic=False)
+    assert found.ids[kept].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_iou_threshold_is_strict_and_plus_zero() -> None:
+    """IoU exactly 0.5 (+0 widths) does not suppress at iou=0.5; at 0.49 it does."""
+    boxes = np.array([[0, 0, 4, 4], [0, 0, 4, 2]], F)  # inter 8, union 16
+    found = Candidates(boxes, F([0.9, 0.8]), np.zeros(2, np.int32), np.arange(2))
+    assert select(found, iou=0.5, max_det=9, max_candidates=9, class_agnostic=False).size == 2
+    assert select(found, iou=0.49, max_det=9, max_candidates=9, class_agnostic=False).size == 1
+    other = found._replace(classes=np.array([0, 1], np.int32))
+    assert select(other, iou=0.49, max_det=9, max_candidates=9, class_agnostic=False).size == 2
+    assert select(other, iou=0.49, max_det=9, max_candidates=9, class_agnostic=True).size == 1
+
+
+@pytest.mark.parametrize("resize", ["letterbox", "stretch"])
+def test_boxes_in_frame_coordinates(resize: str) -> None:
+    plan = plan_for(DETECTORS["yolov5"])
+    heads = heads_for(plan, np.random.default_rng(7), ties=False)
+    pre = ImagePreprocess(source="bgr", order="rgb", resize=resize)
+    geometry = pre.geometry(150, 100, 64, 96)
+    result = plan.run(heads, geometry, (150, 100))
+    expected = reference_run(plan, heads)
+    assert len(result) == len(expected) > 0
+    for k, (_, box, _, _) in enumerate(expected):
+        want = np.array(reference_to_frame(box, geometry, 150, 100), F)
+        assert result.boxes[k].tobytes() == want.tobytes()
+    assert result.boxes.min() >= 0 and result.boxes[:, 0::2].max() <= 100
+    assert result.boxes[:, 1::2].max() <= 150
+    # the float64 mapping of Geometry.to_frame agrees to float32 rounding
+    model = plan.run(heads).boxes
+    mapped = np.clip(geometry.to_frame(model), 0, [100, 150, 100, 150])
+    assert np.allclose(result.boxes, mapped, rtol=1e-6, atol=1e-4)
+
+
+# -- torchvision, where installed ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("agnostic", [False, True])
+@pytest.mark.parametrize("ties", [False, True], ids=["continuous", "ties"])
+def test_against_torchvision_batched_nms(agnostic: bool, ties: bool) -> None:
+    """The kept set and order of batched_nms on the same candidates. torchvision sorts
+    with an unstable sort, so it is given the candidates' ranks in the defined order
+    (score, then index) as scores: the suppression is what is compared."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (optional reference)")
+    ops = pytest.importorskip("torchvision.ops", reason="torchvision is not installed")
+    detect = Detect(head="boxes", classes=3, conf=0.2, iou=0.4, max_det=4096,
+                    class_agnostic=agnostic)  # fmt: skip
+    plan = plan_for(detect)
+    for seed in range(5):
+        heads = heads_for(plan, np.random.default_rng(seed), ties=ties)
+        found = plan.candidates(heads)
+        order = np.lexsort((found.ids, -found.scores))
+        ranks = np.empty(len(order), np.float32)
+        ranks[order] = np.arange(len(order), 0, -1)
+        idxs = (
+            torch.zeros(len(order), dtype=torch.int64)
+            if agnostic
+            else torch.from_numpy(found.classes.astype(np.int64))
+        )
+        keep = ops.batched_nms(
+            torch.from_numpy(found.boxes), torch.from_numpy(ranks), idxs, detect.iou
+        ).numpy()
+        ours = select(found, iou=detect.iou, max_det=detect.max_det,
+                      max_candidates=detect.max_candidates, class_agnostic=agnostic)  # fmt: skip
+        assert ours.tolist() == keep.tolist()
