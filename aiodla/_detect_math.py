@@ -29,7 +29,9 @@ passes.
    -inf); ``"yolov5"``: ``score = sigmoid32(t[4]) * sigmoid32(t[5 + c])``; ``"yolox"``
    (objectness and classes are probabilities in the exported head): ``score = t[4] *
    t[5 + c]``; ``"yolov8"``: ``score = sigmoid32(t[4 * reg_max + c])``; ``"boxes"``:
-   ``score = t[4 + c]``. A cell is a candidate when ``score > conf`` (strictly).
+   ``score = t[4 + c]``. A cell is a candidate when ``score > conf`` (strictly) and,
+   for yolov5 and yolox, its objectness (``sigmoid32(t[4])``, ``t[4]``) ``> conf`` too
+   (implied when class probabilities are at most 1; the kernels test it first).
 4. **Boxes** (cx, cy, w, h, then ``x1 = cx - w * 0.5``, ``y1 = cy - h * 0.5``,
    ``x2 = cx + w * 0.5``, ``y2 = cy + h * 0.5``), ``s(k) = sigmoid32(t[k])``:
    yolov5: ``cx = ((s(0) * 2 - 0.5) + gx) * stride``, ``cy`` likewise with ``s(1)``,

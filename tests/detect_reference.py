@@ -95,6 +95,9 @@ def decode(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]
                         score = v
                         box = [t[0] - t[2] * F(0.5), t[1] - t[3] * F(0.5),
                                t[0] + t[2] * F(0.5), t[1] + t[3] * F(0.5)]  # fmt: skip
+                    objectness = t[4] if kind == "yolox" else sigmoid32(t[4])
+                    if kind in ("yolov5", "yolox") and not objectness > conf:
+                        continue
                     if score > conf and all(math.isfinite(b) for b in box):
                         index = layout.offset + (a * layout.height + y) * layout.width + x
                         out.append((index, [F(b) for b in box], F(score), c))

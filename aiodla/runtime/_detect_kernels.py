@@ -1,0 +1,180 @@
+"""Detector post-processing on the GPU: the compiled kernels of one :class:`~aiodla.Detect`
+matched to one model, and the five launches a frame takes on a stream.
+
+The source comes from :mod:`aiodla.runtime._detect_source`; compiling, the disk cache
+and launching are the conversion kernels' (:mod:`._conversion_kernels`: the same NVRTC
+options, the cache keyed by source, options, architecture and NVRTC version,
+``cuLaunchKernel`` with a per-thread parameter block). A slot owns a scratch buffer of
+``work_bytes`` and an output of ``out_bytes`` in device memory; :meth:`DetectKernels.launch`
+enqueues everything after the DLA task on the slot's stream, and the host then copies
+the output only (``count`` at byte 0, then ``max_det`` boxes, scores and classes at
+:attr:`DetectKernels.layout`'s offsets).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from ._conversion_kernels import (
+    _Launch,
+    _Launcher,
+    _Params,
+    build_program,
+    default_launcher,
+    launch_kernel,
+)
+from ._detect_source import DetectProgram, plan_detect
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._detect import Detections, DetectPlan
+    from .._preprocess import Geometry
+
+__all__ = ["DetectKernels", "OutputLayout", "detect_source", "read_output"]
+
+_ORDER = (
+    "aiodla_detect_reset",
+    "aiodla_detect_decode",
+    "aiodla_detect_rank",
+    "aiodla_detect_mask",
+    "aiodla_detect_select",
+)
+_SELECT = struct.Struct("<QQ7Q")  # work, out, left, top, scale_x, scale_y, width, height, mapped
+
+
+def detect_source(plan: DetectPlan) -> str:
+    """The CUDA C++ source of the program for this plan (no GPU needed)."""
+    return plan_detect(plan).source
+
+
+class OutputLayout(NamedTuple):
+    """Where the output buffer holds what (bytes from its start)."""
+
+    max_det: int
+    boxes: int
+    scores: int
+    classes: int
+    size: int
+
+
+def output_layout(max_det: int) -> OutputLayout:
+    boxes = 16
+    scores = boxes + 16 * max_det
+    classes = scores + 4 * max_det
+    return OutputLayout(max_det, boxes, scores, classes, classes + 4 * max_det)
+
+
+def read_output(raw: Any, layout: OutputLayout) -> Detections:
+    """The Detections in an output buffer's bytes (a uint8 array of ``layout.size``),
+    copied out of it; a count outside 0..max_det (a corrupt buffer) is a ValueError."""
+    from .._detect import Detections
+
+    data = np.asarray(raw, np.uint8).reshape(-1)
+    count = int(data[:4].view(np.int32)[0])
+    if not 0 <= count <= layout.max_det:
+        raise ValueError(f"detector output holds a count of {count}, not 0..{layout.max_det}")
+    boxes = data[layout.boxes : layout.boxes + 16 * count].view(np.float32).reshape(count, 4)
+    scores = data[layout.scores : layout.scores + 4 * count].view(np.float32)
+    classes = data[layout.classes : layout.classes + 4 * count].view(np.int32)
+    return Detections(boxes.copy(), scores.copy(), classes.copy())
+
+
+class DetectKernels:
+    """The compiled post-processing kernels of one engine's detector outputs."""
+
+    def __init__(
+        self,
+        program: DetectProgram,
+        launches: dict[str, _Launch],
+        layout: OutputLayout,
+        *,
+        from_cache: bool,
+        keep_alive: Any = None,
+        launcher: _Launcher | None = None,
+    ) -> None:
+        self._program = program
+        self._launches = launches
+        self.layout = layout
+        self._from_cache = from_cache
+        self._keep_alive = keep_alive
+        self._one = _Params(1)
+        self._decode = _Params(program.heads + 1)
+        self._select = _Params(_SELECT.size // 8)
+        self._launcher = launcher or default_launcher()
+
+    @classmethod
+    def compile(
+        cls, plan: DetectPlan, *, device: int = 0, cache_dir: Path | None = None
+    ) -> DetectKernels:
+        """Compile (or take from the disk cache) the program for ``plan``.
+        RuntimeUnavailableError when cuda.core, NVRTC or the device is missing or the
+        compile fails (with NVRTC's log); ValueError for a head a GPU load cannot read."""
+        program = plan_detect(plan)
+        handles, from_cache = build_program(
+            program.source, _ORDER, device=device, cache_dir=cache_dir, what="detector"
+        )
+        launches = {name: _Launch(handles[name], program.grids[name]) for name in _ORDER}
+        layout = output_layout(plan.detect.max_det)
+        return cls(program, launches, layout, from_cache=from_cache, keep_alive=handles)
+
+    @property
+    def work_bytes(self) -> int:
+        """Device scratch a slot needs (candidates, sorted list, suppression mask)."""
+        return self._program.work_bytes
+
+    @property
+    def out_bytes(self) -> int:
+        """The output buffer's size: all the host copies back."""
+        return self.layout.size
+
+    @property
+    def compiled_from_cache(self) -> bool:
+        return self._from_cache
+
+    def launch(
+        self,
+        heads: Sequence[int],
+        work: int,
+        out: int,
+        stream: int,
+        geometry: Geometry | None = None,
+        frame_size: tuple[int, int] | None = None,
+    ) -> None:
+        """Enqueue on ``stream`` the post-processing of the heads' DLA buffers (device
+        pointers, in the plan's order) into ``out``, using ``work`` as scratch (both
+        16-byte aligned). With ``geometry`` and ``frame_size`` (height, width) the boxes
+        are mapped into the frame and clipped. ValueError for the wrong number of heads
+        or an unaligned buffer; CudaCallError when a launch fails."""
+        if len(heads) != self._program.heads:
+            raise ValueError(f"{len(heads)} head buffers given, the plan has {self._program.heads}")
+        if work & 15 or out & 15:
+            raise ValueError(f"detector buffers must be 16-byte aligned: {work:#x}, {out:#x}")
+        one, decode, select = self._one, self._decode, self._select
+        struct.pack_into("<Q", one.values, 0, work)
+        struct.pack_into(f"<{len(heads) + 1}Q", decode.values, 0, *heads, work)
+        sizes: tuple[float, ...] = (0.0,) * 6
+        mapped = geometry is not None and frame_size is not None
+        if geometry is not None and frame_size is not None:
+            sizes = (geometry.left, geometry.top, geometry.scale_x, geometry.scale_y)
+            sizes += (frame_size[1], frame_size[0])
+        bits = np.array(sizes, np.float32).view(np.uint32).tolist()
+        _SELECT.pack_into(select.values, 0, work, out, *bits, int(mapped))
+        run = self._launches
+        launch_kernel(self._launcher, "detector", run["aiodla_detect_reset"], stream, one.address)
+        launch_kernel(
+            self._launcher, "detector", run["aiodla_detect_decode"], stream, decode.address
+        )
+        for name in ("aiodla_detect_rank", "aiodla_detect_mask"):
+            launch_kernel(self._launcher, "detector", run[name], stream, one.address)
+        launch_kernel(
+            self._launcher, "detector", run["aiodla_detect_select"], stream, select.address
+        )
+
+    def __repr__(self) -> str:
+        origin = "cache" if self._from_cache else "nvrtc"
+        return f"<DetectKernels [{self._program.heads} heads, from {origin}]>"

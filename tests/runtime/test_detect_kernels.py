@@ -1,0 +1,304 @@
+"""The detector kernels without a GPU: the generated source built as host C++ (one host
+thread per CUDA thread; the one-block greedy pass with real threads and a barrier) and
+run through ``DetectKernels.launch`` itself (fake NVRTC, a launcher calling the host
+build with the very parameter blocks ``cuLaunchKernel`` would get), on heads packed
+into their DLA layouts, compared with the numpy path on the same vectors; the NVRTC
+compile for sm_87 and sm_90; and the errors."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from detect_reference import heads_for, plan_for
+from test_conversion_kernels import HOST_PRELUDE, FakeToolchain
+from test_preprocess_kernels import HostLauncher
+
+from aiodla import Detect, ImagePreprocess
+from aiodla._detect import DetectPlan
+from aiodla._tensors import TensorSpec
+from aiodla.runtime import _conversion_kernels as ck
+from aiodla.runtime._detect_kernels import DetectKernels, detect_source, read_output
+from aiodla.runtime._detect_source import plan_detect
+from aiodla.runtime._protocol import CudaCallError
+
+F = np.float32
+
+# Every kind, DLA layouts with lanes and padding, float16 and float32 heads, a cap that
+# candidates exceed, class-agnostic NMS.
+CASES = {
+    "yolov5_chw16": (Detect(head="yolov5", classes=3, conf=0.3), "float16", "chw16"),
+    "yolov7_nchw_agnostic": (
+        Detect(head="yolov7", classes=2, conf=0.2, class_agnostic=True),
+        "float32",
+        "nchw",
+    ),
+    "yolov8_chw16": (Detect(head="yolov8", classes=4, conf=0.3, reg_max=5), "float16", "chw16"),
+    "yolox_nhwc": (Detect(head="yolox", classes=3, conf=0.3, iou=0.5), "float32", "nhwc"),
+    "boxes_chw16": (Detect(head="boxes", classes=3, conf=0.2, iou=0.3), "float16", "chw16"),
+    "capped_chw32": (
+        Detect(head="yolov5", classes=2, conf=0.05, max_det=7, max_candidates=25),
+        "float16",
+        "chw16",
+    ),
+}
+
+
+def dla_plan(detect: Detect, dtype: str, fmt: str) -> DetectPlan:
+    logical = plan_for(detect, dtype=dtype)
+    specs = [TensorSpec(s.name, s.shape, dtype, fmt) for s in logical.specs]
+    return detect.plan((64, 96), specs)
+
+
+def host_build(tmp_path: Path, source: str, heads: int) -> ctypes.CDLL:
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler to build the kernels as host code")
+    pointers = ", ".join(f"*(const void**)p[{k}]" for k in range(heads))
+    one = "*(void**)p[0]"
+    serial = {
+        "aiodla_detect_reset": one,
+        "aiodla_detect_decode": f"{pointers}, *(void**)p[{heads}]",
+        "aiodla_detect_rank": one,
+        "aiodla_detect_mask": one,
+    }
+    runners = [
+        f'extern "C" void run_{name}(unsigned grid, void** p) {{\n'
+        "  for (unsigned g = 0; g < grid; ++g) for (unsigned t = 0; t < BLOCK; ++t) {\n"
+        f"    blockIdx = {{g, 0, 0}}; threadIdx = {{t, 0, 0}}; {name}({arguments}); }}\n}}\n"
+        for name, arguments in serial.items()
+    ]
+    select = "*(const void**)p[0], *(void**)p[1], " + ", ".join(
+        f"*(u64*)p[{k}]" for k in range(2, 9)
+    )
+    runners.append(
+        'extern "C" void run_aiodla_detect_select(unsigned grid, void** p) {\n'
+        "  std::barrier<> bar(BLOCK); block_barrier = &bar; std::vector<std::thread> ts;\n"
+        "  for (unsigned t = 0; t < BLOCK; ++t) ts.emplace_back([=] {\n"
+        f"    blockIdx = {{0, 0, 0}}; threadIdx = {{t, 0, 0}}; aiodla_detect_select({select}); }});\n"
+        "  for (auto& th : ts) th.join();\n}\n"
+    )
+    path = tmp_path / "detect.cpp"
+    path.write_text(HOST_PRELUDE + source + "".join(runners))
+    library = tmp_path / "detect.so"
+    flags = ["-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-ffp-contract=off", "-pthread"]
+    subprocess.run([compiler, *flags, "-o", str(library), str(path)], check=True)
+    return ctypes.CDLL(str(library))
+
+
+class HostDetector:
+    """One case compiled through DetectKernels.compile (fake NVRTC) and launched through
+    its launch (host build), with host buffers standing for the slot's device ones."""
+
+    def __init__(self, plan: DetectPlan, tmp_path: Path) -> None:
+        self.plan = plan
+        library = host_build(tmp_path, detect_source(plan), len(plan.specs))
+        toolchain = FakeToolchain()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ck, "_toolchain", lambda device: toolchain)
+            self.kernels = DetectKernels.compile(plan, cache_dir=tmp_path / "cache")
+        self.launcher = HostLauncher(library)
+        self.kernels._launcher = self.launcher
+
+    def run(self, heads: list[Any], geometry: Any = None, frame: Any = None) -> Any:
+        # each head packed into its DLA layout, as the DLA task leaves it
+        packed = [spec.pack(head) for spec, head in zip(self.plan.specs, heads, strict=True)]
+        # stale bytes in the scratch and output: nothing may depend on them being zero
+        work = aligned(self.kernels.work_bytes, fill=0x7F)
+        out = aligned(self.kernels.out_bytes, fill=0x5A)
+        self.kernels.launch(
+            [p.ctypes.data for p in packed], work.ctypes.data, out.ctypes.data, 0, geometry, frame
+        )
+        return read_output(out, self.kernels.layout)
+
+
+def aligned(size: int, fill: int) -> Any:
+    raw = np.full(size + 16, fill, np.uint8)
+    start = -raw.ctypes.data % 16
+    return raw[start : start + size]
+
+
+def assert_equal(got: Any, expected: Any) -> None:
+    assert len(got) == len(expected)
+    assert got.boxes.tobytes() == expected.boxes.tobytes()
+    assert got.scores.tobytes() == expected.scores.tobytes()
+    assert got.classes.tolist() == expected.classes.tolist()
+
+
+class Detectors:
+    """Each case built on first use: one g++ run inside the test that needs it, so no
+    single test pays for every build."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.built: dict[str, HostDetector] = {}
+
+    def __getitem__(self, name: str) -> HostDetector:
+        if name not in self.built:
+            self.built[name] = HostDetector(dla_plan(*CASES[name]), self.factory.mktemp(name))
+        return self.built[name]
+
+
+@pytest.fixture(scope="module")
+def detectors(tmp_path_factory: pytest.TempPathFactory) -> Detectors:
+    return Detectors(tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("ties", [False, True], ids=["continuous", "ties"])
+def test_host_build_matches_numpy(detectors: Detectors, name: str, ties: bool) -> None:
+    detector = detectors[name]
+    plan = detector.plan
+    heads = heads_for(plan, np.random.default_rng(zlib.crc32(f"{name} {ties}".encode())), ties=ties)
+    # the numpy path reads the logical arrays the DLA buffers hold
+    logical = [
+        spec.unpack(spec.pack(h)).astype(F) for spec, h in zip(plan.specs, heads, strict=True)
+    ]
+    expected = plan.run(logical)
+    assert len(expected) > 1
+    assert_equal(detector.run(heads), expected)
+    assert detector.launcher.calls[-5:] == [
+        "aiodla_detect_reset", "aiodla_detect_decode", "aiodla_detect_rank",
+        "aiodla_detect_mask", "aiodla_detect_select",
+    ]  # fmt: skip
+    if name.startswith("capped"):
+        assert len(plan.candidates(logical).scores) > 25 and len(expected) == 7
+
+
+def test_host_build_empty_frame_and_repeat(detectors: Detectors) -> None:
+    """No candidate at all gives 0 detections; the scratch of a previous frame changes
+    nothing (the counter is reset, stale mask words are never read)."""
+    detector = detectors["yolov5_chw16"]
+    plan = detector.plan
+    empty = [np.full(spec.shape, -20.0, F) for spec in plan.specs]
+    assert len(detector.run(empty)) == 0
+    heads = heads_for(plan, np.random.default_rng(11), ties=True)
+    logical = [
+        spec.unpack(spec.pack(h)).astype(F) for spec, h in zip(plan.specs, heads, strict=True)
+    ]
+    assert_equal(detector.run(heads), plan.run(logical))
+
+
+@pytest.mark.parametrize("resize", ["letterbox", "stretch"])
+def test_host_build_maps_into_the_frame(detectors: Detectors, resize: str) -> None:
+    detector = detectors["yolov8_chw16"]
+    plan = detector.plan
+    heads = heads_for(plan, np.random.default_rng(5), ties=False)
+    logical = [
+        spec.unpack(spec.pack(h)).astype(F) for spec, h in zip(plan.specs, heads, strict=True)
+    ]
+    geometry = ImagePreprocess(source="bgr", order="rgb", resize=resize).geometry(150, 100, 64, 96)
+    expected = plan.run(logical, geometry, (150, 100))
+    assert expected.boxes.min() == 0.0  # clipping is exercised
+    assert_equal(detector.run(heads, geometry, (150, 100)), expected)
+
+
+def test_yolov5s_shaped_heads(tmp_path: Path) -> None:
+    """YOLOv5s' three FP16 chw16 heads of a 640x640 input, realistic sparsity."""
+    specs = [
+        TensorSpec(f"p{s}", (1, 255, 640 // s, 640 // s), "float16", "chw16") for s in (8, 16, 32)
+    ]
+    plan = Detect(head="yolov5").plan((640, 640), specs)
+    detector = HostDetector(plan, tmp_path)
+    rng = np.random.default_rng(29)
+    heads = [rng.normal(-1.0, 1.0, spec.shape).astype(np.float16) for spec in specs]
+    for head in heads:
+        head[0, 4::85] -= 2.5  # few cells with objectness
+    logical = [h.astype(F) for h in heads]
+    expected = plan.run(logical)
+    assert 10 < len(expected) < 300
+    assert_equal(detector.run(heads), expected)
+
+
+# -- the source, the launch checks, the errors ------------------------------------------------
+
+
+def test_sizes_and_source() -> None:
+    plan = dla_plan(*CASES["yolov5_chw16"])
+    program = plan_detect(plan)
+    cap, words = 4096, 64
+    assert program.cells == plan.cells == 3 * (8 * 12 + 4 * 6 + 2 * 3)
+    assert program.work_bytes >= 16 + 32 * plan.cells + 32 * cap + 8 * cap * words
+    assert program.work_bytes % 16 == 0
+    assert f"CONF = {int(F(0.3).view(np.uint32)):#010x}u" in program.source
+    for k in range(3):
+        assert program.source.count(f"struct H{k} ") == 1
+    assert program.grids["aiodla_detect_mask"] == cap * words // 256
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeToolchain:
+    toolchain = FakeToolchain()
+    monkeypatch.setattr(ck, "_toolchain", lambda device: toolchain)
+    return toolchain
+
+
+def test_cache_and_launch_refusals(fake: FakeToolchain, tmp_path: Path) -> None:
+    plan = dla_plan(*CASES["boxes_chw16"])
+    first = DetectKernels.compile(plan, cache_dir=tmp_path)
+    second = DetectKernels.compile(plan, cache_dir=tmp_path)
+    assert not first.compiled_from_cache and second.compiled_from_cache and fake.compiled == 1
+    second._launcher = lambda *args: (0,)
+    with pytest.raises(ValueError, match="2 head buffers given, the plan has 1"):
+        second.launch([0x100, 0x200], 0x1000, 0x2000, 0)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        second.launch([0x100], 0x1008, 0x2000, 0)
+    second._launcher = lambda *args: (700,)
+    with pytest.raises(CudaCallError) as info:
+        second.launch([0x100], 0x1000, 0x2000, 0)
+    assert info.value.code == 700
+
+
+def test_corrupt_output_count_is_refused() -> None:
+    plan = dla_plan(*CASES["boxes_chw16"])
+    layout = DetectKernels(
+        plan_detect(plan), {}, _layout(plan), from_cache=False, launcher=print
+    ).layout
+    raw = np.zeros(layout.size, np.uint8)
+    raw[:4] = np.array([layout.max_det + 1], np.int32).view(np.uint8)
+    with pytest.raises(ValueError, match="count of 301"):
+        read_output(raw, layout)
+
+
+def _layout(plan: DetectPlan) -> Any:
+    from aiodla.runtime._detect_kernels import output_layout
+
+    return output_layout(plan.detect.max_det)
+
+
+@pytest.mark.parametrize("arch", ["sm_87", "sm_90"])
+def test_nvrtc_compiles(arch: str) -> None:
+    """No GPU needed: a source NVRTC refuses never reaches a Jetson (sm_87, Orin) or the
+    H200 (sm_90) the GPU tests run on."""
+    core = pytest.importorskip("cuda.core")
+    if not hasattr(core, "Program"):  # cuda-core before 1.0 kept it in .experimental
+        core = pytest.importorskip("cuda.core.experimental")
+    try:
+        from cuda.bindings import nvrtc
+
+        error, *_ = nvrtc.nvrtcVersion()
+    except Exception as exc:
+        pytest.skip(f"NVRTC is not installed here: {exc}")
+    assert int(error) == 0
+    yolov5s = Detect(head="yolov5").plan(
+        (640, 640),
+        [
+            TensorSpec(f"p{s}", (1, 255, 640 // s, 640 // s), "float16", "chw16")
+            for s in (8, 16, 32)
+        ],
+    )
+    for plan in [yolov5s] + [dla_plan(*case) for case in CASES.values()]:
+        options = core.ProgramOptions(arch=arch, name="aiodla_detect", **ck._OPTIONS)
+        program = core.Program(detect_source(plan), "c++", options)
+        try:
+            cubin = bytes(program.compile("cubin").code)
+        finally:
+            program.close()
+        assert cubin[:4] == b"\x7fELF"
+        assert b"aiodla_detect_select" in cubin and b"aiodla_detect_decode" in cubin
