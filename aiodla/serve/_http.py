@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -55,6 +56,7 @@ OFFLOAD_BYTES = 64 * 1024
 MIN_BUDGET_BYTES = 256 * 1024 * 1024
 MIB = 1024 * 1024
 HEADER_LENGTH = "Inference-Header-Content-Length"
+logger = logging.getLogger("aiodla.serve")
 _Array = np.ndarray[Any, Any]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -71,13 +73,17 @@ def budget_for(limit: int) -> int:
 @web.middleware
 async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     """Every error as ``{"error": message}``: aiohttp's own (a route not served, a
-    method not allowed) come as plain text, which tritonclient cannot read."""
+    method not allowed) and an unexpected exception's 500 come as plain text, which
+    tritonclient cannot read."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return _http_error(exc, request)
+    except Exception as exc:
+        logger.exception("aiodla serve: %s %s failed", request.method, request.path)
+        return _error(error_of(exc))
 
 
 def _http_error(exc: web.HTTPException, request: web.Request) -> web.Response:
@@ -229,6 +235,9 @@ class HttpFront:
                 raise ProtocolError(
                     Status.CANCELLED, "the client went away before its request body arrived"
                 ) from None
+            except web.RequestPayloadError as exc:  # a Content-Encoding that does not decode
+                message = " ".join(str(exc).split())
+                raise _bad(f"the request body cannot be read: {message}") from None
             waited += loop.time() - start
             if not chunk:
                 return body

@@ -1,0 +1,107 @@
+"""Malformed HTTP on the wire: every error the server's handlers see is answered as
+``{"error": ...}`` with its status (a body that cannot be decoded is 400, not 500);
+the HTTP parser's own refusals, before any handler runs, are 400 in plain text, as the
+README lists them."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from typing import Any
+
+import pytest
+
+from aiodla.serve import Server
+
+pytestmark = pytest.mark.asyncio
+
+INFER = b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: x\r\n"
+
+
+async def exchange(server: Server, *parts: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``parts`` (waiting, between them, until the server holds the request),
+    read one answer: its status, headers and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        for index, part in enumerate(parts):
+            if index:
+                while not server.statistics().in_flight:
+                    await asyncio.sleep(0.005)
+            writer.write(part)
+            await writer.drain()
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)).decode("latin-1")
+        lines = head.split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 20)
+        return int(lines[0].split()[1]), headers, body
+    finally:
+        writer.close()
+
+
+def error_of(headers: dict[str, str], body: bytes) -> str:
+    assert headers["content-type"].startswith("application/json"), (headers, body)
+    message = json.loads(body)["error"]
+    assert isinstance(message, str)
+    return message
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_does_not_decode_is_400_json(server: Server, encoding: str) -> None:
+    body = b'{"inputs": []}' * 4
+    status, headers, answer = await exchange(
+        server,
+        INFER
+        + b"Content-Encoding: %s\r\nContent-Length: %d\r\n\r\n" % (encoding.encode(), len(body)),
+        body,
+    )
+    assert status == 400, answer
+    assert "request body" in error_of(headers, answer)
+    assert server.statistics().failed == {"INVALID_ARGUMENT": 1}
+
+
+async def test_gzip_that_decodes_is_taken(server: Server) -> None:
+    body = gzip.compress(b'{"inputs": []}')
+    status, headers, answer = await exchange(
+        server, INFER + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    # Decoded: the request's JSON is read (and refused for its empty inputs).
+    assert status == 400 and "expected 1 inputs but got 0" in error_of(headers, answer)
+
+
+async def test_an_unexpected_error_of_any_route_is_json(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("metadata is broken")
+
+    monkeypatch.setattr(type(server), "server_metadata", broken)
+    status, headers, answer = await exchange(server, b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 500
+    assert "metadata is broken" in error_of(headers, answer)
+
+
+# What the README lists as the parser's own plain-text 400s.
+PARSER_ERRORS = {
+    "duplicate Content-Length": INFER + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    "invalid Content-Length": INFER + b"Content-Length: abc\r\n\r\n{}",
+    "Content-Length with chunked": INFER
+    + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    "bad chunk size at the start": INFER + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n",
+    "URL over 8190 bytes": b"GET /v2/" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "header over 8190 bytes": b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-A: " + b"y" * 9000 + b"\r\n\r\n",
+    "non-ASCII path": "GET /v2/models/\u00e9 HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+    "too many headers": b"GET /v2 HTTP/1.1\r\nHost: x\r\n"
+    + b"".join(b"X-%d: y\r\n" % i for i in range(200))
+    + b"\r\n",
+    "garbage request line": b"HELLO THERE\r\n\r\n",
+    "unknown HTTP version": b"GET /v2 HTTP/9.9\r\nHost: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", PARSER_ERRORS)
+async def test_the_parsers_own_refusals_are_400(server: Server, case: str) -> None:
+    status, headers, _ = await exchange(server, PARSER_ERRORS[case])
+    assert status == 400
+    assert headers["content-type"].startswith("text/plain")
+    assert server.statistics().received == 0  # no handler saw it
