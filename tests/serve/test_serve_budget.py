@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import aiohttp
 import numpy as np
 import pytest
 
 from aiodla.serve import Server
-from aiodla.serve._http import budget_for
 from aiodla.testing import EngineFactory
 
 from support import X, affine_model, expected_affine
 
 pytestmark = pytest.mark.asyncio
 
-# Each a 400 once its body is read: not JSON, no inputs, a wrong shape.
+# Each a 400 once its body is read (padded to the size tested): not JSON, no inputs,
+# a wrong shape.
 BAD_BODIES = (
     b'{"inputs": [',
     b'{"inputs": []}',
@@ -28,25 +27,26 @@ BAD_BODIES = (
 )
 
 
-async def chunked(body: bytes) -> AsyncIterator[bytes]:
-    """A body sent without a Content-Length: the server reserves the whole limit for it."""
-    yield body
-
-
 async def test_error_responses_give_back_their_share_of_the_budget(
-    aiodla_engine: EngineFactory,
+    aiodla_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from aiodla.serve import _http
+
+    # A budget of four bodies of the largest size (the tiny model takes 1 MiB).
+    monkeypatch.setattr(_http, "MIN_BUDGET_BYTES", 4 * 1024 * 1024)
     engine = await aiodla_engine(affine_model())
-    async with Server({"affine": engine}, http="127.0.0.1:0") as server:
+    async with Server({"affine": engine}, http="127.0.0.1:0", grpc=None) as server:
         limit = server.max_request_bytes
-        # As many errors as the budget has shares of a body of unknown length: a share
-        # kept by each would leave the next request waiting for good.
-        errors = budget_for(limit) // limit
+        # As many refused bodies of the largest size as the budget holds: the bytes of
+        # one kept by each would leave the next request waiting for good.
+        errors = _http.budget_for(limit) // limit
+        assert errors == 4
         url = f"http://127.0.0.1:{server.http_port}/v2/models/affine/infer"
         async with aiohttp.ClientSession() as session:
             for i in range(errors):
                 body = BAD_BODIES[i % len(BAD_BODIES)]
-                async with session.post(url, data=chunked(body)) as response:
+                body += b" " * (limit - len(body))
+                async with session.post(url, data=body) as response:
                     assert response.status == 400, await response.text()
                     assert "error" in await response.json()
             x = np.arange(np.prod(X.shape), dtype=np.float16).reshape(X.shape) / 16
