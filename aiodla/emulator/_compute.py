@@ -92,11 +92,12 @@ def check_compute(
 
 
 class ComputeTask:
-    """One task's buffers bound to a compute function; :meth:`run` computes it.
+    """One task's buffers bound to a compute function.
 
-    ``run`` reads the inputs from the device buffers, calls the function, checks and
-    writes the outputs; it returns the :class:`ComputeError` of a failure (the outputs
-    are then left as they were) or None.
+    :meth:`compute` reads the inputs from the device buffers, calls the function and
+    checks what it returned: the output arrays, or the :class:`ComputeError` of a
+    failure. :meth:`write` stores the arrays in the output buffers; the runtime calls it
+    only while the task still wants them (a task ended by its timeout does not).
     """
 
     def __init__(
@@ -117,26 +118,29 @@ class ComputeTask:
             for spec, buffer in zip(outputs, output_buffers, strict=True)
         ]
 
-    def run(self) -> ComputeError | None:
+    def compute(self) -> list[np.ndarray[Any, Any]] | ComputeError:
         name = describe(self.function)
         arrays = {bound.spec.name: bound.read() for bound in self._inputs}
         try:
             result = self.function(arrays)
         except ComputeError as exc:  # it says itself what went wrong (replay does)
             return exc
-        except Exception as exc:
+        # BaseException too: SystemExit or KeyboardInterrupt raised by the function
+        # ends its task like any failure; on the runtime's thread nothing else would.
+        except BaseException as exc:
             error = ComputeError(f"compute function {name} raised {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             return error
         try:
-            checked = check_outputs(name, result, [b.spec for b in self._outputs])
+            return check_outputs(name, result, [b.spec for b in self._outputs])
         except ComputeError as exc:
             return exc
+
+    def write(self, checked: Sequence[np.ndarray[Any, Any]]) -> None:
         for bound, array in zip(self._outputs, checked, strict=True):
             if not bound.spec._is_dense():
                 bound.raw[:] = 0  # every byte of an output is written, padding as zeros
             bound.write(array, checked=True)
-        return None
 
 
 def check_outputs(

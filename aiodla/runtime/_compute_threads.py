@@ -6,6 +6,12 @@ copies of its inputs) as their time comes, runs the function and writes the outp
 then lets the stream go on (see ``_emulated`` for the whole model and
 ``aiodla.emulator._compute`` for the function's contract). A layer of the runtime
 between its fault injection and the cuDLA calls.
+
+Every task ends: whatever the function raises fails that task alone, and a function
+still running when the task's timeout passes (``set_task_timeout``, cuDLA's 30 s by
+default) ends the task with the DLA's timeout status, as a hung DLA task ends. Its
+thread is then left to return in its own time, its outputs discarded, and a fresh
+thread takes over the core's queued tasks.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from ..emulator._compute import (
     describe,
     import_compute,
 )
-from ._faults import FaultInjection
+from ._faults import _STATUS_VALUES, FaultInjection
 
 if TYPE_CHECKING:
     from ..emulator._format import EmulatorModel
@@ -135,6 +141,8 @@ class ComputeThreads(FaultInjection):
                 operations = stream.operations
                 if self._closing or self._poisoned is not None or not operations:
                     return False
+                if operation.effect.status:  # type: ignore[attr-defined]
+                    return False  # ended by its timeout before its turn came
                 head = operations[0]
                 if head is operation and head.at is not None:
                     return True
@@ -154,6 +162,27 @@ class ComputeThreads(FaultInjection):
             operation.computing = False
             self._placed.notify_all()
 
+    def _compute_expired(self, operation: _Operation, now: float) -> bool:
+        """(Lock held) End a computing task whose timeout has passed since it started:
+        no outputs, the DLA's timeout status; a thread stuck in its function is
+        replaced. Not while its outputs are being stored: it ends in a moment anyway."""
+        effect: Any = operation.effect
+        device = operation.device
+        if operation.at is None or device is None:
+            return False
+        if now < operation.at - effect.duration + device.timeout:
+            return False
+        core = device.core.index
+        worker = self._workers.get(core)
+        if worker is not None and worker.running is operation:
+            if worker.writing:
+                return False
+            self._workers[core] = worker.replaced()
+        effect.status = _STATUS_VALUES["engine_timeout"]
+        operation.computing = False
+        self._placed.notify_all()
+        return True
+
 
 class _ComputeWorker:
     """One DLA core's compute thread: runs the compute functions of the core's tasks
@@ -161,6 +190,12 @@ class _ComputeWorker:
 
     def __init__(self, runtime: ComputeThreads, core: int) -> None:
         self.modules = 0  # modules with a compute function loaded on this core
+        # Under the runtime's lock: the task whose function runs now, whether its
+        # outputs are being stored, and whether a fresh worker took this one's place.
+        self.running: _Operation | None = None
+        self.writing = False
+        self.abandoned = False
+        self._core = core
         self._runtime = runtime
         self._jobs: queue.SimpleQueue[tuple[_Stream, _Operation, ComputeTask] | None] = (
             queue.SimpleQueue()
@@ -178,18 +213,51 @@ class _ComputeWorker:
         compute function that never returns must not hang a close)."""
         self._jobs.put(None)
 
+    def replaced(self) -> _ComputeWorker:
+        """(Lock held) A fresh worker for this core, with the jobs queued here; this
+        one's thread, stuck in a function, ends when the function returns."""
+        fresh = _ComputeWorker(self._runtime, self._core)
+        fresh.modules, self.abandoned = self.modules, True
+        while True:
+            try:
+                fresh._jobs.put(self._jobs.get_nowait())
+            except queue.Empty:
+                return fresh
+
     def _run(self) -> None:
         runtime = self._runtime
-        while (job := self._jobs.get()) is not None:
+        while not self.abandoned and (job := self._jobs.get()) is not None:
             stream, operation, task = job
             if not runtime._reach(stream, operation):
                 continue
+            with runtime._lock:
+                if operation.effect.status:  # type: ignore[attr-defined]
+                    continue  # ended by its timeout in the meantime
+                self.running = operation
             try:
-                failure = task.run()
-            except Exception as exc:  # writing the outputs failed: still that task's alone
-                failure = ComputeError(
-                    f"compute function {describe(task.function)}: its outputs could not "
-                    f"be stored ({exc})"
-                )
-                failure.__cause__ = exc
-            runtime._computed(operation, failure)
+                outcome = task.compute()
+            except BaseException as exc:  # reading its inputs failed: that task's alone
+                outcome = ComputeError(f"compute function {describe(task.function)}: {exc!r}")
+                outcome.__cause__ = exc
+            with runtime._lock:
+                self.running = None
+                if operation.effect.status:  # type: ignore[attr-defined]
+                    continue  # ended by its timeout: the outputs go nowhere
+                self.writing = True
+            failure = outcome if isinstance(outcome, ComputeError) else self._write(task, outcome)
+            with runtime._lock:
+                self.writing = False
+                runtime._computed(operation, failure)
+
+    @staticmethod
+    def _write(task: ComputeTask, outputs: Any) -> ComputeError | None:
+        try:
+            task.write(outputs)
+        except Exception as exc:  # still that task's failure alone
+            failure = ComputeError(
+                f"compute function {describe(task.function)}: its outputs could not "
+                f"be stored ({exc})"
+            )
+            failure.__cause__ = exc
+            return failure
+        return None

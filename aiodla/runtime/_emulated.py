@@ -410,7 +410,8 @@ class EmulatedRuntime(EmulatedGraphs, EmulatedConversion, ComputeThreads):
                 target.core.gate._arrived()
         self._push(fifo, operation)
         if computed and operation.computing:
-            self._workers[target.core.index].put(fifo, operation, effect.compute)  # type: ignore[arg-type]
+            with self._lock:  # the core's worker may be replaced meanwhile (a timeout)
+                self._workers[target.core.index].put(fifo, operation, effect.compute)  # type: ignore[arg-type]
 
     def _resolve_task(
         self, target: _Device, task: _Task
