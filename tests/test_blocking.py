@@ -204,6 +204,8 @@ class TestClose:
                 asyncio.run(gate.reached(1))
                 settle(lambda: engine.statistics().queued == 1)
                 assert queued.cancel()
+                # Seen by the engine before the DLA frees the slot the request waits for.
+                settle(lambda: engine.statistics().cancelled == 1)
             np.testing.assert_array_equal(first.result(timeout=10), expected_affine(frame(0)))
             np.testing.assert_array_equal(engine.infer(frame(2)), expected_affine(frame(2)))
             stats = engine.statistics()
