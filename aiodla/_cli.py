@@ -11,6 +11,7 @@
     aiodla bench MODEL [--cores 0,1] [--streams N] [--concurrency N]
                        [--requests N | --duration S] [--json] [--runtime ...]
     aiodla serve MODEL [NAME=MODEL ...] [--http HOST:PORT] [--grpc HOST:PORT]   (aiodla[serve])
+    aiodla doctor [--json]               is this machine ready for the DLA (``_doctor``)
 
 Errors are one line on stderr naming the cause, with exit status 1 (2 for a bad
 argument, 130 when interrupted); ``--debug`` adds the traceback.
@@ -32,6 +33,7 @@ import click
 
 from . import __version__
 from ._bench import progress_bar, run_bench, summary_lines
+from ._cli_doctor import doctor_command
 from ._cli_frame import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -588,3 +590,4 @@ def bench(
 
 
 cli.add_command(serve_command)  # the serve extra's; it imports that extra on use
+cli.add_command(doctor_command)
