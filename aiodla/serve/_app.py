@@ -8,9 +8,10 @@ answered at once (UNAVAILABLE) instead of parking the request in the server.
 
 Shutdown (:meth:`Server.stop`, SIGTERM under ``aiodla serve``): both fronts stop
 accepting connections and calls at once, readiness turns false, requests already
-accepted run to their answer within ``drain_timeout``; any still running then are
-answered UNAVAILABLE, never dropped. Engines belong to the caller: :func:`serve`
-closes the ones it opened after the fronts are down.
+accepted (counted on arrival: an HTTP request's headers, a gRPC call's message) run
+to their answer within ``drain_timeout``; any still running then, an HTTP body still
+arriving included, are answered UNAVAILABLE, never dropped. Engines belong to the
+caller: :func:`serve` closes the ones it opened after the fronts are down.
 """
 
 from __future__ import annotations
@@ -257,6 +258,8 @@ class Server:
         for future in list(self._futures):
             self._forced.add(future)
             future.cancel()
+        if self._http is not None:
+            self._http.stop_reading()
 
     async def _close_fronts(self, grace: float) -> None:
         if self._in_flight:

@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped,unused-ignore]
 import numpy as np
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
 from grpc import aio  # type: ignore[import-untyped,unused-ignore]
 
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
@@ -78,12 +79,14 @@ class GrpcFront:
                 pb.ModelMetadataRequest,
                 pb.ModelMetadataResponse,
             ),
-            "ModelInfer": (self.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+            # Its message is parsed by the handler, so a malformed one is a request the
+            # server counts and answers INVALID_ARGUMENT (grpcio's own answer is UNKNOWN).
+            "ModelInfer": (self.model_infer, None, pb.ModelInferResponse),
         }
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 call,
-                request_deserializer=request.FromString,
+                request_deserializer=None if request is None else request.FromString,
                 response_serializer=response.SerializeToString,
             )
             for name, (call, request, response) in calls.items()
@@ -153,9 +156,10 @@ class GrpcFront:
 
     # -- inference -----------------------------------------------------------------------------
 
-    async def model_infer(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def model_infer(self, message: bytes, context: aio.ServicerContext[Any, Any]) -> Any:
         try:
             with self._server.request():
+                request = _parsed(message)
                 model = self._server.model(request.model_name, request.model_version)
                 inputs = _inputs(model, request)
                 outputs = model.output_specs([o.name for o in request.outputs])
@@ -182,6 +186,15 @@ class GrpcFront:
                 return response
         except Exception as exc:
             await _abort(context, error_of(exc))
+
+
+def _parsed(message: bytes) -> Any:
+    try:
+        return pb.ModelInferRequest.FromString(message)
+    except DecodeError as exc:
+        raise ProtocolError(
+            Status.INVALID_ARGUMENT, f"the ModelInferRequest message cannot be parsed: {exc}"
+        ) from None
 
 
 async def _abort(context: aio.ServicerContext[Any, Any], error: ProtocolError) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -135,6 +136,9 @@ class HttpFront:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         self._site: web.TCPSite | None = None
         self.port = 0
+        # The handlers reading a body, and those told to stop (see stop_reading).
+        self._reading: set[asyncio.Task[Any]] = set()
+        self._stopped: set[asyncio.Task[Any]] = set()
 
     async def start(self, host: str, port: int) -> None:
         await self._runner.setup()
@@ -146,6 +150,12 @@ class HttpFront:
         if self._site is not None:
             await self._site.stop()
             self._site = None
+
+    def stop_reading(self) -> None:
+        """The drain is over: bodies still arriving are answered UNAVAILABLE."""
+        for task in list(self._reading):
+            self._stopped.add(task)
+            task.cancel()
 
     async def close(self) -> None:
         await self._runner.cleanup()
@@ -214,7 +224,29 @@ class HttpFront:
 
     async def _read(self, request: web.Request, account: Account) -> bytearray:
         """The request's body, taken from the budget as it arrives, within the body
-        timeout; a client that goes away is a cancelled request."""
+        timeout; a client that goes away is a cancelled request.
+
+        Cancellation: by :meth:`stop_reading`, an UNAVAILABLE answer; else as usual.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        self._reading.add(task)
+        try:
+            return await self._receive(request, account)
+        except asyncio.CancelledError:
+            if task not in self._stopped:
+                raise
+            if sys.version_info >= (3, 11):
+                task.uncancel()
+            raise ProtocolError(
+                Status.UNAVAILABLE,
+                "the server shut down before the request body arrived (drain timeout)",
+            ) from None
+        finally:
+            self._reading.discard(task)
+            self._stopped.discard(task)
+
+    async def _receive(self, request: web.Request, account: Account) -> bytearray:
         size = request.content_length
         allowed = self._server.body_timeout * max(1.0, (size or self.limit) / MIB)
         body = bytearray()

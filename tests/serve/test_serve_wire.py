@@ -105,3 +105,18 @@ async def test_the_parsers_own_refusals_are_400(server: Server, case: str) -> No
     assert status == 400
     assert headers["content-type"].startswith("text/plain")
     assert server.statistics().received == 0  # no handler saw it
+
+
+@pytest.mark.parametrize("message", [b"\xff\xff\xff", b"\x0a\x05ab"])
+async def test_a_malformed_grpc_message_is_invalid_argument_and_counted(
+    server: Server, message: bytes
+) -> None:
+    import grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await call(message)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ModelInferRequest" in str(error.value.details())
+    assert server.statistics().failed == {"INVALID_ARGUMENT": 1}
