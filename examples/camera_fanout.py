@@ -53,7 +53,8 @@ def camera_frame(index: int) -> np.ndarray[Any, Any]:
 async def camera(stream: LatestFrameStream, frame: Any, fps: float, duration: float) -> None:
     async def read() -> None:
         async for result in stream:  # answers arrive in frame order
-            _ = result.output  # a real application draws or publishes it here
+            if result.error is None:  # a failed frame has an error and no output
+                _ = result.output  # a real application draws or publishes it here
 
     async with stream:  # leaving it closes the stream, which ends read()
         reader = asyncio.create_task(read())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -460,3 +461,56 @@ class TestClose:
         stream.submit(frame(0))
         with pytest.warns(ResourceWarning, match="unclosed stream"):
             stream.__del__()
+
+
+class TestReadmeExample:
+    """README's camera fan-out example, run as written on the emulated DLA, with a
+    capture task that offers three frames of which the DLA fails the second."""
+
+    @staticmethod
+    def example() -> str:
+        readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+        section = readme.split("## Camera fan-out", 1)[1]
+        code = section.split("```python\n", 1)[1].split("```", 1)[0]
+        body = [line for line in code.splitlines() if not line.startswith("from aiodla")]
+        return "async def example():\n" + textwrap.indent("\n".join(body), "    ")
+
+    @pytest.mark.asyncio
+    async def test_failed_frames_are_reported_not_published(self, runtime: EmulatedRuntime) -> None:
+        published: list[tuple[int, Any]] = []
+        printed: list[str] = []
+        captures: list[asyncio.Future[None]] = []
+
+        class Captured(LatestFrameStream):
+            """The capture side: frame i once frame i - 1 is answered, then close."""
+
+            async def __aenter__(self) -> LatestFrameStream:
+                opened = await super().__aenter__()
+                captures.append(asyncio.ensure_future(self._capture()))
+                return opened
+
+            async def _capture(self) -> None:
+                for index in range(3):
+                    if index == 1:
+                        runtime.fail_next_task(0)
+                    self.submit(frame(index))
+                    await wait_until(lambda: self.statistics().buffered == 0 and not self._busy())
+                await self.aclose()
+
+            def _busy(self) -> bool:
+                s = self.statistics()
+                return bool(s.pending or s.in_flight)
+
+        namespace: dict[str, Any] = {
+            "Engine": lambda _path: Engine(affine_model(), runtime=runtime, cores=[0]),
+            "LatestFrameStream": Captured,
+            "publish": lambda index, output: published.append((index, output)),
+            "print": lambda *args: printed.append(" ".join(map(str, args))),
+        }
+        exec(compile(self.example(), "README.md", "exec"), namespace)
+        await namespace["example"]()
+        await asyncio.gather(*captures)
+        assert [index for index, _ in published] == [0, 2]
+        for index, output in published:
+            np.testing.assert_array_equal(output, expected_affine(frame(index)))
+        assert any("frame 1" in line and "DLA task failed" in line for line in printed), printed
