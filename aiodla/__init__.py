@@ -23,7 +23,9 @@ from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
 from ._errors import StreamClosedError as StreamClosedError
 from ._errors import TaskError as TaskError
 from ._errors import WorkerLostError as WorkerLostError
+from ._options import EngineKeywords as EngineKeywords
 from ._options import EngineOptions as EngineOptions
+from ._options import ProcessIsolation as ProcessIsolation
 from ._preprocess import Geometry as Geometry
 from ._preprocess import ImagePreprocess as ImagePreprocess
 from ._session import FrameResult as FrameResult
@@ -57,6 +59,7 @@ __all__ = (
     "EngineClosedError",
     "EngineDeadError",
     "EngineHealth",
+    "EngineKeywords",
     "EngineOptions",
     "EngineState",
     "EngineStatistics",
@@ -71,6 +74,7 @@ __all__ = (
     "LatestFrameStream",
     "LoadableFormatError",
     "ModelError",
+    "ProcessIsolation",
     "QueueFullError",
     "RequestTimeoutError",
     "RuntimeUnavailableError",

@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
@@ -46,12 +46,15 @@ from ._errors import (
 )
 from ._flow import EngineState, Flow
 from ._isolation import RemoteCores
-from ._options import EngineOptions, check_timeout
+from ._options import EngineKeywords, EngineOptions, check_timeout
 from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
 from ._statistics import CoreStatistics, EngineHealth, EngineStatistics, StageTimes
 from ._tensors import TensorSpec
 from .runtime._protocol import Runtime
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Engine", "EngineState"]
 
@@ -65,10 +68,9 @@ class Engine:
     """Concurrent inference on DLA cores, shared by any number of coroutines.
 
     ``model`` is a loadable: a path, or its bytes. ``runtime`` is ``"auto"`` (the real
-    cuDLA when present, else the emulated runtime for emulator loadables),
-    ``"cuda"``, ``"emulated"``, or a :class:`~aiodla.runtime.Runtime` instance (which
-    the engine then does not close). Every other keyword is an :class:`EngineOptions`
-    field, forwarded unchanged (its defaults are the engine's).
+    cuDLA when present, else the emulated runtime for emulator loadables), ``"cuda"``,
+    ``"emulated"``, or a :class:`~aiodla.runtime.Runtime` (which the engine does not
+    close). Every other keyword is typed by :class:`EngineKeywords`: see EngineOptions.
 
     Use it as an async context manager::
 
@@ -77,7 +79,11 @@ class Engine:
     """
 
     def __init__(
-        self, model: ModelSource, *, runtime: str | Runtime = "auto", **options: Any
+        self,
+        model: ModelSource,
+        *,
+        runtime: str | Runtime = "auto",
+        **options: Unpack[EngineKeywords],
     ) -> None:
         if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)):
             raise ConfigurationError(

@@ -7,13 +7,72 @@ import difflib
 import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:
+    from ._preprocess import ImagePreprocess
 
 from ._errors import ConfigurationError
 
-__all__ = ["EngineOptions", "check_timeout"]
+__all__ = ["EngineKeywords", "EngineOptions", "ProcessIsolation", "check_timeout"]
 
 DEFAULT_OFFLOAD_BYTES = 256 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessIsolation:
+    """``Engine(isolation=ProcessIsolation(...))``: the runtime, the CUDA context and
+    every cuDLA handle live in a supervised worker process that is replaced when it is
+    lost (only its in-flight requests fail, with :class:`~aiodla.WorkerLostError`);
+    ``isolation="process"`` is this with its defaults.
+
+    ``max_restarts``: how many replacements are allowed within ``restart_window``
+    seconds before the engine is dead. ``heartbeat_timeout``: seconds a worker may stay
+    silent before it is taken for hung, killed and replaced.
+    """
+
+    max_restarts: int = 5
+    restart_window: float = 60.0
+    heartbeat_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        _whole(self.max_restarts, "max_restarts", 0, None)
+        if not _finite(self.restart_window) or not self.restart_window > 0:
+            raise ConfigurationError(f"restart_window={self.restart_window!r} must be seconds > 0")
+        if not _finite(self.heartbeat_timeout) or not self.heartbeat_timeout > 0:
+            raise ConfigurationError(
+                f"heartbeat_timeout={self.heartbeat_timeout!r} must be seconds > 0"
+            )
+
+
+# Engine takes these grouped in ProcessIsolation; EngineOptions keeps them flat beneath.
+_PROCESS_SETTINGS = tuple(field.name for field in dataclasses.fields(ProcessIsolation))
+
+
+class EngineKeywords(TypedDict, total=False):
+    """The keywords ``Engine(model, ...)`` takes beside ``runtime``, with their types, so
+    a type checker refuses a misspelt or mistyped option (what each means and its
+    default: :class:`EngineOptions`). Type a wrapper's own ``**options`` with it:
+    ``def open_engine(path: str, **options: Unpack[EngineKeywords]) -> Engine``."""
+
+    cores: Iterable[int]
+    streams_per_core: int
+    max_queue: int
+    task_timeout: float | None
+    close_timeout: float
+    scales: Mapping[str, float]
+    offload_bytes: int
+    latency_window: int
+    max_consecutive_faults: int | None
+    probe_interval: float
+    stage_times: bool
+    casting: Literal["safe", "same_kind"]
+    convert: Literal["auto", "device", "host"]
+    zero_copy: bool | None
+    preprocess: Mapping[str, ImagePreprocess]
+    isolation: Literal["thread", "process"] | ProcessIsolation
+    graphs: bool
+    trust_compute: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +108,10 @@ class EngineOptions:
     as it says.
     ``isolation``: where the runtime, the CUDA context and every cuDLA handle live:
     ``"thread"`` in this process (a sticky CUDA error kills the engine), ``"process"``
-    in a supervised worker process that is replaced when it is lost (only its in-flight
-    requests fail, with :class:`~aiodla.WorkerLostError`). ``max_restarts``: how many
-    replacements are allowed within ``restart_window`` seconds before the engine is
-    dead. ``heartbeat_timeout``: seconds a worker may stay silent before it is taken
-    for hung, killed and replaced. ``graphs``: each slot captures the work around its
+    in a supervised worker process (see :class:`ProcessIsolation`, whose settings
+    ``max_restarts``, ``restart_window`` and ``heartbeat_timeout`` are kept here
+    flat; :attr:`process_isolation` groups them again).
+    ``graphs``: each slot captures the work around its
     task (copies, conversions, its event) into a graph the first time a request of a
     kind runs there, and enqueues the graph, one call, for every later one; False
     enqueues each call every time. ``trust_compute``: let the emulated runtime the
@@ -83,17 +141,40 @@ class EngineOptions:
     heartbeat_timeout: float = 5.0
     graphs: bool = True
 
+    @property
+    def process_isolation(self) -> ProcessIsolation | None:
+        """The worker process's settings, or None when the runtime is in this process."""
+        if self.isolation != "process":
+            return None
+        return ProcessIsolation(self.max_restarts, self.restart_window, self.heartbeat_timeout)
+
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
-        """The options named by ``Engine(model, **keywords)``; an unknown keyword is a
-        :class:`ConfigurationError` that names it (and the nearest known one)."""
+        """The options named by ``Engine(model, **keywords)``, ``isolation`` a mode or a
+        :class:`ProcessIsolation`; an unknown keyword is a :class:`ConfigurationError`
+        that names it (and the nearest known one)."""
         known = [field.name for field in dataclasses.fields(cls)]
         for name in keywords:
+            if name in _PROCESS_SETTINGS:
+                raise ConfigurationError(
+                    f"{name} is a setting of the worker process: pass "
+                    f"isolation=aiodla.ProcessIsolation({name}=...)"
+                )
             if name not in known:
+                offered = [option for option in known if option not in _PROCESS_SETTINGS]
                 near = difflib.get_close_matches(name, known, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else f"; options are {known}"
+                if not near:
+                    hint = f"; options are {offered}"
+                elif near[0] in _PROCESS_SETTINGS:
+                    hint = f"; did you mean isolation=aiodla.ProcessIsolation({near[0]}=...)?"
+                else:
+                    hint = f"; did you mean {near[0]!r}?"
                 raise ConfigurationError(f"unknown engine option {name!r}{hint}")
-        return cls(**keywords)
+        options = dict(keywords)
+        isolation = options.get("isolation")
+        if isinstance(isolation, ProcessIsolation):
+            options.update(dataclasses.asdict(isolation), isolation="process")
+        return cls(**options)
 
     def __post_init__(self) -> None:
         cores: object = self.cores  # checked as given: callers pass lists, ranges, ...
@@ -132,14 +213,10 @@ class EngineOptions:
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if self.isolation not in ("thread", "process"):
-            raise ConfigurationError(f"isolation={self.isolation!r} must be 'thread' or 'process'")
-        _whole(self.max_restarts, "max_restarts", 0, None)
-        if not _finite(self.restart_window) or not self.restart_window > 0:
-            raise ConfigurationError(f"restart_window={self.restart_window!r} must be seconds > 0")
-        if not _finite(self.heartbeat_timeout) or not self.heartbeat_timeout > 0:
             raise ConfigurationError(
-                f"heartbeat_timeout={self.heartbeat_timeout!r} must be seconds > 0"
+                f"isolation={self.isolation!r} must be 'thread', 'process' or a ProcessIsolation"
             )
+        ProcessIsolation(self.max_restarts, self.restart_window, self.heartbeat_timeout)
         if not _finite(self.close_timeout) or self.close_timeout < 0:
             raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")
         from ._preprocess import ImagePreprocess  # (its module imports the tensors')

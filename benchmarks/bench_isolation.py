@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from aiodla import AiodlaError, Engine, TensorSpec
+from aiodla import AiodlaError, Engine, ProcessIsolation, TensorSpec
 from aiodla._isolation import inject_fault
 from aiodla.emulator import make_loadable
 
@@ -182,8 +182,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             runtime=args.runtime,
             cores=CORES,
             streams_per_core=args.streams,
-            isolation="process",
-            max_restarts=args.faults + 1,
+            isolation=ProcessIsolation(max_restarts=args.faults + 1),
         ) as engine:
             times = await recovery(engine, args.faults, args.clients, args.fault)
         report["recovery_ms"] = {

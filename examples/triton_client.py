@@ -18,9 +18,14 @@ import argparse
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+# tritonclient ships no type information (no py.typed): its calls are Any here.
+import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
+import tritonclient.http as httpclient  # type: ignore[import-untyped]
+from tritonclient.utils import (  # type: ignore[import-untyped]
+    InferenceServerException,
+    triton_to_np_dtype,
+)
 
 
 def random_inputs(metadata: dict[str, Any], module: Any) -> list[Any]:

@@ -30,6 +30,7 @@ from aiodla import (
     EngineDeadError,
     InputTypeError,
     LatestFrameStream,
+    ProcessIsolation,
     QueueFullError,
     RequestTimeoutError,
     TaskError,
@@ -61,7 +62,13 @@ SLOTS = 4  # two cores, two streams each: at most this many requests in flight
 
 
 def process_engine(model: bytes | None = None, **options: Any) -> Engine:
-    return Engine(model or affine_model(), runtime="emulated", isolation="process", **options)
+    """``options`` may hold ProcessIsolation's settings beside the engine's."""
+    settings = {name: options.pop(name) for name in _SETTINGS.intersection(options)}
+    isolation = ProcessIsolation(**settings)
+    return Engine(model or affine_model(), runtime="emulated", isolation=isolation, **options)
+
+
+_SETTINGS = {"max_restarts", "restart_window", "heartbeat_timeout"}
 
 
 async def outcome(engine: Engine, x: np.ndarray[Any, Any]) -> Any:
@@ -430,11 +437,11 @@ class TestRefused:
         with pytest.raises(ConfigurationError, match="isolation='fork'"):
             Engine(affine_model(), isolation="fork")
         with pytest.raises(ConfigurationError, match="max_restarts=-1"):
-            Engine(affine_model(), max_restarts=-1)
+            ProcessIsolation(max_restarts=-1)
         with pytest.raises(ConfigurationError, match="restart_window=0"):
-            Engine(affine_model(), restart_window=0)
+            ProcessIsolation(restart_window=0)
         with pytest.raises(ConfigurationError, match="heartbeat_timeout"):
-            Engine(affine_model(), heartbeat_timeout=float("nan"))
+            ProcessIsolation(heartbeat_timeout=float("nan"))
 
     @pytest.mark.asyncio
     async def test_an_unknown_fault_control_is_refused(self) -> None:

@@ -1,4 +1,4 @@
-"""The tree stays formatted and lint-clean, and the quickstart type-checks strictly:
+"""The tree stays formatted and lint-clean, and the examples type-check strictly:
 checked in every test run, so CI holds them."""
 
 from __future__ import annotations
@@ -32,18 +32,36 @@ def test_the_tree_passes_lint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# Each line a call that the typed Engine signature must refuse, then one it takes.
+_MISUSE = """\
+from aiodla import Engine, ProcessIsolation
+Engine(b"", stream_per_core=4)
+Engine(b"", max_restarts=3)
+Engine(b"", convert="gpu")
+Engine(b"", streams_per_core="4")
+Engine(b"", isolation=ProcessIsolation(heartbeat_timeout=1.0), cores=range(2))
+"""
+
+
 @pytest.mark.timeout(300)
-def test_the_quickstart_type_checks_strictly(tmp_path: Path) -> None:
-    # What a user writes first must pass `mypy --strict` against aiodla's public types.
-    # The package's own strict check (pyproject's [tool.mypy]) depends on numpy's stubs,
-    # which change between numpy releases: it is the lint step, not part of this test,
-    # so a numpy release cannot fail a run that changed nothing.
+def test_the_examples_type_check_strictly(tmp_path: Path) -> None:
+    # What a user writes must pass `mypy --strict` against aiodla's public types, and a
+    # misspelt or mistyped engine option must not. The package's own strict check
+    # (pyproject's [tool.mypy]) depends on numpy's stubs, which change between numpy
+    # releases: it is the lint step, not part of this test, so a numpy release cannot
+    # fail a run that changed nothing.
+    misuse = tmp_path / "misuse.py"
+    misuse.write_text(_MISUSE)
     result = run(
         "mypy",
         "--strict",
         "--follow-imports=silent",
         "--cache-dir",
-        str(tmp_path),
-        "examples/quickstart.py",
+        str(tmp_path / "cache"),
+        "examples",
+        str(misuse),
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    refused = [line.split(":")[1] for line in errors if line.startswith(str(misuse))]
+    assert refused == ["2", "3", "4", "5"], result.stdout + result.stderr
+    assert len(errors) == len(refused), result.stdout + result.stderr

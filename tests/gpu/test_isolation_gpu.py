@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiodla import AiodlaError, Engine, TensorSpec, WorkerLostError
+from aiodla import AiodlaError, Engine, ProcessIsolation, TensorSpec, WorkerLostError
 from aiodla._isolation import inject_fault
 from aiodla._isolation._worker import CONTEXT_LOST_EXIT
 from aiodla.emulator._format import make_loadable, parse_loadable
@@ -54,7 +54,7 @@ def process_engine(**options: Any) -> Engine:
     return Engine(
         LOADABLE,
         runtime="cuda",
-        isolation="process",
+        isolation=ProcessIsolation(**options.pop("isolation", {})),
         cores=(0, 1),
         streams_per_core=2,
         **options,
@@ -150,7 +150,7 @@ async def test_sigkill_costs_only_in_flight_requests(accounted: None) -> None:
 
 
 async def test_a_hung_worker_costs_only_in_flight_requests(accounted: None) -> None:
-    engine = process_engine(heartbeat_timeout=0.5)
+    engine = process_engine(isolation={"heartbeat_timeout": 0.5})
     await engine.open()
     first = worker_pid(engine)
 
