@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._detect_math import Candidates, HeadLayout, decode, frame_boxes, merge, select
+from ._detect_math import (
+    Candidates,
+    HeadLayout,
+    decode_cells,
+    frame_boxes,
+    gather,
+    merge,
+    select,
+)
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -304,9 +312,12 @@ class DetectPlan:
     def candidates(self, heads: Sequence[Any]) -> Candidates:
         """Steps 2-4 over every head's logical array, in stride order."""
         conf = self.detect.conf
-        return merge(
-            [decode(layout, head, conf) for layout, head in zip(self.layouts, heads, strict=True)]
+        cells = merge(
+            [gather(layout, head, conf) for layout, head in zip(self.layouts, heads, strict=True)]
         )
+        if cells is None:
+            return Candidates.empty()
+        return decode_cells(self.detect.kind, self.detect.reg_max, cells, conf)
 
     def run(
         self,

@@ -71,10 +71,13 @@ import numpy.typing as npt
 
 __all__ = [
     "Candidates",
+    "Cells",
     "HeadLayout",
     "decode",
+    "decode_cells",
     "exp32",
     "frame_boxes",
+    "gather",
     "select",
     "sigmoid32",
 ]
@@ -167,53 +170,79 @@ def _best_class(values: _Array) -> tuple[_Array, _Array]:
     return best.astype(np.int32), np.take_along_axis(clean, best[:, None], 1)[:, 0]
 
 
-def decode(layout: HeadLayout, head: _Array, conf: float) -> Candidates:
-    """Steps 2-4 for one head's logical array ``(1, channels, H, W)`` (any float dtype)."""
+class Cells(NamedTuple):
+    """Cells of one or more heads that may pass, with what decoding them needs."""
+
+    t: _Array  # (n, channels of one anchor) float32
+    gx: _Array  # (n,) float32 grid column, row
+    gy: _Array
+    stride: _Array  # (n,) float32
+    aw: _Array  # (n,) float32 anchor size (yolov5; zeros else)
+    ah: _Array
+    ids: _Array  # (n,) int64 candidate index
+
+
+def gather(layout: HeadLayout, head: _Array, conf: float) -> Cells | None:
+    """Step 2 for one head's logical array ``(1, channels, H, W)`` (any float dtype):
+    the cells a cheap necessary condition on one channel lets through (see
+    ``_prefilter``), their channels as float32; None when there is none."""
     kind, hh, ww = layout.kind, layout.height, layout.width
     anchors = len(layout.anchors)
     values = np.asarray(head).reshape(-1, hh * ww)  # (channels, cells of one anchor)
     per = values.shape[0] // anchors
     f_conf = F32(conf)
-    # Cells that may pass, by a necessary condition cheap to test on one channel.
     if kind in ("yolov5", "yolox"):
-        objectness = values[4::per].astype(F32)  # (anchors, H*W)
+        objectness = values[4::per]  # (anchors, H*W); float16 compares exactly
         bound = F32(_prefilter(conf)) if kind == "yolov5" else f_conf
-        passing = objectness > bound
-        a_idx, cell = np.nonzero(passing)
+        a_idx, cell = np.nonzero(objectness > bound)
     else:
         first = 4 * layout.reg_max if kind == "yolov8" else 4
-        classes = values[first : first + layout.classes].astype(F32)
-        top = np.fmax.reduce(classes, axis=0) if len(classes) else np.full(hh * ww, -np.inf)
+        classes = values[first : first + layout.classes]
+        top = np.fmax.reduce(classes, axis=0)
         bound = F32(_prefilter(conf)) if kind == "yolov8" else f_conf
         cell = np.flatnonzero(top > bound)
         a_idx = np.zeros_like(cell)
     if not len(cell):
-        return Candidates.empty()
+        return None
     rows = (a_idx * per)[:, None] + np.arange(per)[None, :]
     t = values[rows, cell[:, None]].astype(F32)  # (n, per): the cells' channels
-    gy, gx = (cell // ww).astype(F32), (cell % ww).astype(F32)
-    stride = F32(layout.stride)
+    y, x = cell // ww, cell % ww
+    sizes = np.array(layout.anchors, F32)[a_idx]
+    ids = layout.offset + (a_idx.astype(np.int64) * hh + y) * ww + x
+    stride = np.full(len(cell), layout.stride, F32)
+    return Cells(t, x.astype(F32), y.astype(F32), stride, sizes[:, 0], sizes[:, 1], ids)
+
+
+def decode(layout: HeadLayout, head: _Array, conf: float) -> Candidates:
+    """Steps 2-4 for one head's logical array ``(1, channels, H, W)``."""
+    cells = gather(layout, head, conf)
+    if cells is None:
+        return Candidates.empty()
+    return decode_cells(layout.kind, layout.reg_max, cells, conf)
+
+
+def decode_cells(kind: str, reg_max: int, cells: Cells, conf: float) -> Candidates:
+    """Steps 3-4 for gathered cells (of any heads of one kind), in their order."""
+    t, gx, gy, stride = cells.t, cells.gx, cells.gy, cells.stride
     if kind == "yolov5":
         cls, best = _best_class(t[:, 5:])
-        score = sigmoid32(t[:, 4]) * sigmoid32(best)
-        s = sigmoid32(t[:, :4])
+        s = sigmoid32(np.column_stack([t[:, :5], best]))  # one pass for six channels
+        score = s[:, 4] * s[:, 5]
         cx = ((s[:, 0] * _TWO - _HALF) + gx) * stride
         cy = ((s[:, 1] * _TWO - _HALF) + gy) * stride
-        aw = np.array([w for w, _ in layout.anchors], F32)[a_idx]
-        ah = np.array([h for _, h in layout.anchors], F32)[a_idx]
-        w = ((s[:, 2] * _TWO) * (s[:, 2] * _TWO)) * aw
-        h = ((s[:, 3] * _TWO) * (s[:, 3] * _TWO)) * ah
+        w = ((s[:, 2] * _TWO) * (s[:, 2] * _TWO)) * cells.aw
+        h = ((s[:, 3] * _TWO) * (s[:, 3] * _TWO)) * cells.ah
         box = _corners(cx, cy, w, h)
     elif kind == "yolox":
         cls, best = _best_class(t[:, 5:])
         score = t[:, 4] * best
         cx, cy = (t[:, 0] + gx) * stride, (t[:, 1] + gy) * stride
-        box = _corners(cx, cy, exp32(t[:, 2]) * stride, exp32(t[:, 3]) * stride)
+        wh = exp32(t[:, 2:4]) * stride[:, None]
+        box = _corners(cx, cy, wh[:, 0], wh[:, 1])
     elif kind == "yolov8":
-        reg = layout.reg_max
-        cls, best = _best_class(t[:, 4 * reg :])
+        cls, best = _best_class(t[:, 4 * reg_max :])
         score = sigmoid32(best)
-        d = _distances(t[:, : 4 * reg].reshape(-1, 4, reg))
+        d = _distances(t[:, : 4 * reg_max].reshape(-1, 4, reg_max))
         ax, ay = gx + _HALF, gy + _HALF
         box = np.stack(
             [(ax - d[:, 0]) * stride, (ay - d[:, 1]) * stride,
@@ -224,11 +253,8 @@ def decode(layout: HeadLayout, head: _Array, conf: float) -> Candidates:
         score = best
         box = _corners(t[:, 0], t[:, 1], t[:, 2], t[:, 3])
     score = np.asarray(score, F32)
-    keep = (score > f_conf) & np.isfinite(box).all(axis=1)
-    index = layout.offset + (a_idx.astype(np.int64) * hh + cell // ww) * ww + cell % ww
-    return Candidates(
-        np.ascontiguousarray(box[keep], F32), score[keep], cls[keep], index[keep].astype(np.int64)
-    )
+    keep = (score > F32(conf)) & np.isfinite(box).all(axis=1)
+    return Candidates(np.ascontiguousarray(box[keep], F32), score[keep], cls[keep], cells.ids[keep])
 
 
 def _corners(cx: _Array, cy: _Array, w: _Array, h: _Array) -> _Array:
@@ -248,14 +274,13 @@ def _distances(bins: _Array) -> _Array:
     return np.asarray(moment / total, F32)
 
 
-def merge(parts: Sequence[Candidates]) -> Candidates:
-    """The candidates of several heads, in candidate-index order (heads in stride order)."""
-    parts = [part for part in parts if len(part.scores)]
-    if not parts:
-        return Candidates.empty()
-    if len(parts) == 1:
-        return parts[0]
-    return Candidates(*(np.concatenate(field) for field in zip(*parts, strict=True)))
+def merge(parts: Sequence[Cells | None]) -> Cells | None:
+    """The gathered cells of several heads, in candidate-index order (heads in stride
+    order): one decoding pass then serves them all."""
+    found = [part for part in parts if part is not None]
+    if len(found) < 2:
+        return found[0] if found else None
+    return Cells(*(np.concatenate(field) for field in zip(*found, strict=True)))
 
 
 def select(
@@ -268,10 +293,10 @@ def select(
 ) -> _Array:
     """Steps 5 and 6: the positions in ``found`` that survive, best score first.
 
-    The suppressions are a bitmask over the sorted candidates (a row of bits per
-    candidate, as torchvision's CUDA NMS and the kernel build it), built a block of
-    rows at a time as the greedy pass reaches them: that pass loops over kept boxes
-    only, ORing each one's row into the removed set, and stops at ``max_det``.
+    The suppressions are a mask over the sorted candidates (a row of flags per
+    candidate, as torchvision's CUDA NMS and the kernel build it as bits), built a
+    block of rows at a time as the greedy pass reaches them: that pass loops over kept
+    boxes only, ORing each one's row into the removed set, and stops at ``max_det``.
     """
     n_all = len(found.scores)
     if not n_all:
@@ -285,10 +310,9 @@ def select(
     area = (x2 - x1) * (y2 - y1)
 
     def rows(r0: int, r1: int) -> _Array:
-        """Suppression bits of candidates r0..r1 over every later one, packed 8 a byte
-        (bit j % 8 of byte j // 8; columns before the block's byte stay clear)."""
-        c0 = r0 - r0 % 8
-        i, j = slice(r0, r1), slice(c0, n)
+        """Suppression flags of candidates r0..r1 over every candidate (only later ones
+        can be set)."""
+        i, j = slice(r0, r1), slice(r0, n)
         iw = np.minimum(x2[i, None], x2[j]) - np.maximum(x1[i, None], x1[j])
         ih = np.minimum(y2[i, None], y2[j]) - np.maximum(y1[i, None], y1[j])
         inter = np.maximum(iw, F32(0)) * np.maximum(ih, F32(0))
@@ -296,26 +320,25 @@ def select(
             overlap = inter / ((area[i, None] + area[j]) - inter) > F32(iou)
         if classes is not None:
             overlap &= classes[i, None] == classes[j]
-        overlap &= np.arange(c0, n) > np.arange(r0, r1)[:, None]  # only later ones
-        packed = np.zeros((r1 - r0, (n + 7) // 8), np.uint8)
-        packed[:, c0 // 8 :] = np.packbits(overlap, axis=1, bitorder="little")
-        return packed
+        overlap &= np.arange(r0, n) > np.arange(r0, r1)[:, None]  # only later ones
+        flags = np.zeros((r1 - r0, n), bool)
+        flags[:, r0:] = overlap
+        return flags
 
-    removed = np.zeros((n + 7) // 8, np.uint8)
+    removed = np.zeros(n, bool)
     kept: list[int] = []
     start, mask = 0, rows(0, min(_ROWS, n))
     i = 0
-    while i < n and len(kept) < max_det:
+    while len(kept) < max_det:
         if i >= start + len(mask):  # the mask is built a block of rows at a time, as needed
             start, mask = i, rows(i, min(i + _ROWS, n))
         kept.append(i)
         removed |= mask[i - start]
         # the next candidate after i that no kept box suppressed
-        rest = np.unpackbits(removed, bitorder="little", count=n)[i + 1 :]
-        free = np.flatnonzero(rest == 0)
-        if not len(free):
+        step = int(np.argmin(removed[i + 1 :])) if i + 1 < n else 0
+        if i + 1 >= n or removed[i + 1 + step]:
             break
-        i += 1 + int(free[0])
+        i += 1 + step
     return np.asarray(order[kept], np.int64)
 
 

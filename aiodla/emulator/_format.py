@@ -11,7 +11,7 @@ Header (64 bytes)::
     12      uint32    header_size, 64 (bytes before the parameters)
     16      uint32    num_inputs,  1..64
     20      uint32    num_outputs, 1..64; affine and mean_hw: equal to num_inputs
-    24      uint32    op: 1 = affine, 2 = mean_hw, 3 = mix
+    24      uint32    op: 1 = affine, 2 = mean_hw, 3 = mix, 4 = detect
     28      uint32    param_count, 2
     32      float64   latency: seconds one task occupies one DLA core, 0 <= latency <= 3600
     40      uint64    total_size: the exact length of the whole loadable
@@ -95,6 +95,11 @@ output's draws; equal outputs are then chance (about 1 in 256 for 8-bit types).
 ``y`` is then stored in the output's type: float types round to nearest even (directly
 from binary64); integer types round half to even, saturate to the type's range, and
 store 0 for NaN. Every output depends on its own request's inputs only.
+
+``detect`` (any inputs; outputs of shape (1, 3*(5+k), H, W), float) draws as ``mix``
+does, one draw per cell of three anchors, and writes raw YOLOv5-style heads with a few
+objects each (``aiodla.emulator._detector`` gives the arithmetic). ``scale`` and
+``bias`` are unused. The GPU stand-in does not run it yet and refuses such a loadable.
 """
 
 from __future__ import annotations
@@ -132,7 +137,7 @@ HEADER_SIZE = 64
 RECORD_SIZE = 168
 MAX_TENSORS = 64
 MAX_LATENCY = 3600.0
-OPS = {"affine": 1, "mean_hw": 2, "mix": 3}
+OPS = {"affine": 1, "mean_hw": 2, "mix": 3, "detect": 4}
 # make_loadable's default: affine or mean_hw when the shapes fit, else mix.
 AUTO = "auto"
 _OP_NAMES = {code: name for name, code in OPS.items()}
@@ -219,6 +224,11 @@ def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
     specs_by_name([*inputs, *outputs])
     if op == "mix":
         return  # any counts, any shapes
+    if op == "detect":
+        from ._detector import check_detect_outputs  # (the op's own module)
+
+        check_detect_outputs(outputs)
+        return
     if len(inputs) != len(outputs):
         raise ModelError(
             f"op {op!r} pairs input i with output i: got {len(inputs)} inputs and "

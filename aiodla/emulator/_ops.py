@@ -65,12 +65,16 @@ def compute_logical(
 
 
 def compute_outputs(
-    model: EmulatorModel, stored: Sequence[np.ndarray[Any, Any]]
+    model: EmulatorModel, stored: Sequence[np.ndarray[Any, Any]], mix: _Mix | None = None
 ) -> list[np.ndarray[Any, Any]]:
     """Every output, in its stored type and logical shape, from every input's stored
     values (logical shape, stored type): the whole task, without the layouts."""
     if model.op == "mix":
-        return _Mix(model)(stored)
+        return (mix or _Mix(model))(stored)
+    if model.op == "detect":
+        from ._detector import detect_heads  # (it builds on this module's draws)
+
+        return detect_heads(model.outputs, (mix or _Mix(model)).digest(stored))
     return [
         to_storage(compute_logical(model, index, x), target.numpy_dtype)
         for index, (x, target) in enumerate(zip(stored, model.outputs, strict=True))
@@ -219,12 +223,12 @@ class ModelRunner:
         # Device buffers are shared with copies on the stream, so a task writes every
         # byte of its outputs each time (padding as zeros), as the format says.
         self._padded = [not target.spec._is_dense() for target in self._targets]
-        self._mix = _Mix(model) if model.op == "mix" else None
+        self._mix = _Mix(model) if model.op in ("mix", "detect") else None
 
     def __call__(self) -> None:
         if self._mix is not None:
             stored = [source.read(dequantize=False) for source in self._sources]
-            for index, result in enumerate(self._mix(stored)):
+            for index, result in enumerate(compute_outputs(self.model, stored, self._mix)):
                 self._write(index, result)
             return
         for index, source in enumerate(self._sources):
