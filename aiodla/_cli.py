@@ -58,7 +58,7 @@ from ._inspection import (
     version_text,
 )
 from ._tensors import TensorSpec
-from .emulator._detector import PRESETS
+from .emulator._detector import PRESETS, PRESETS_HELP, preset_io
 from .emulator._format import (
     AUTO,
     MAGIC,
@@ -315,12 +315,7 @@ def _tensors_option(
     type=click.Path(dir_okay=False),
     help="Copy the tensors of a model spec ('aiodla inspect MODEL --json').",
 )
-@click.option(
-    "--preset",
-    type=click.Choice(sorted(PRESETS)),
-    help="A known model's I/O with an op that imitates it: yolov5s (a 3x640x640 input, "
-    "three raw heads with a few dozen objects a frame, 3.8 ms a task).",
-)
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), help=PRESETS_HELP)
 @click.option(
     "--input",
     "inputs",
@@ -390,19 +385,15 @@ def emulate(
         )
     settings: dict[str, Any] = {}
     if like is not None:
-        if inputs or outputs:
-            raise click.UsageError("give --like, or --input and --output, not both")
-        if preset is not None:
-            raise click.UsageError("give --like or --preset, not both")
+        if inputs or outputs or preset:
+            raise click.UsageError("give --like, --preset, or --input and --output: not both")
         input_descs, output_descs, settings = read_spec(like)
         inputs = [_spec_from(like, d) for d in input_descs]
         outputs = [_spec_from(like, d) for d in output_descs]
     elif preset is not None:
         if inputs or outputs:
-            raise click.UsageError("give --preset, or --input and --output, not both")
-        preset_inputs, preset_outputs, preset_latency = PRESETS[preset]
-        inputs, outputs = list(preset_inputs), list(preset_outputs)
-        settings = {"op": "detect", "latency": preset_latency}
+            raise click.UsageError("give --preset, or --input and --output: not both")
+        inputs, outputs, settings = preset_io(preset)
     elif not inputs or not outputs:
         raise click.UsageError("give --like SPEC.json, or at least one --input and one --output")
     chosen_op = op or (settings.get("op") if settings.get("op") in OPS else None) or AUTO
