@@ -11,7 +11,7 @@
     aiodla bench MODEL [--cores 0,1] [--streams N] [--concurrency N]
                        [--requests N | --duration S] [--json] [--runtime ...]
     aiodla serve MODEL [NAME=MODEL ...] [--http HOST:PORT] [--grpc HOST:PORT]   (aiodla[serve])
-    aiodla doctor [--json]               is this machine ready for the DLA (``_doctor``)
+    aiodla doctor | verify MODEL ...     readiness, answers and speed (_cli_doctor, _cli_verify)
 
 Errors are one line on stderr naming the cause, with exit status 1 (2 for a bad
 argument, 130 when interrupted); ``--debug`` adds the traceback.
@@ -45,6 +45,7 @@ from ._cli_frame import (
     streams_option,
     trust_compute_option,
 )
+from ._cli_verify import verify_command
 from ._cores import read_model
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
@@ -598,3 +599,4 @@ def bench(
 
 cli.add_command(serve_command)  # the serve extra's; it imports that extra on use
 cli.add_command(doctor_command)
+cli.add_command(verify_command)

@@ -85,6 +85,16 @@ class OnnxCompute:
     def __repr__(self) -> str:
         return f"onnx_compute({self.source!r})"
 
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The ONNX network's input names."""
+        return tuple(self._onnx_inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The ONNX network's output names."""
+        return tuple(self._onnx_outputs)
+
     def check(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
         """At the engine's open: every DLA tensor has an ONNX counterpart that fits."""
         feeds = [self._match(spec, self._onnx_inputs, "input") for spec in inputs]

@@ -1,0 +1,218 @@
+"""aiodla verify on the emulated runtime: an emulator loadable computed by
+onnx_compute from an ONNX network is held against that network (a pass), against a
+different one (a fail naming the output), and against one whose I/O names differ."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from aiodla import TensorSpec, _cli, _verify
+from aiodla._doctor import Host
+from aiodla.emulator import make_loadable
+
+onnx = pytest.importorskip("onnx", reason="needs onnx (the 'test' extra; no wheel here)")
+pytest.importorskip("onnxruntime", reason="needs onnxruntime (no wheel for this Python)")
+from onnx import TensorProto, helper  # noqa: E402
+
+IMAGE = TensorSpec("image", (1, 3, 16, 16), "float16", "chw16")
+FEATURES = TensorSpec("features", (1, 3, 16, 16), "float16", "nchw")
+SCORES = TensorSpec("scores", (1, 8, 1, 1), "float16", "nchw")
+
+
+def network(seed: int = 3, input_name: str = "image") -> bytes:
+    """Conv 3->3 + ReLU + 3x3 max pooling (features), and a classifier head: global
+    average pooling and a 1x1 conv to 8 classes (scores, [1, 8] in ONNX)."""
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, shape: tuple[int, ...]) -> Any:
+        values = rng.standard_normal(shape).astype(np.float32) * 0.5
+        return helper.make_tensor(name, TensorProto.FLOAT, shape, values.ravel())
+
+    nodes = [
+        helper.make_node("Conv", [input_name, "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("MaxPool", ["relu"], ["features"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["relu"], ["pooled"]),
+        helper.make_node("Conv", ["pooled", "wc", "bc"], ["logits"]),
+        helper.make_node("Flatten", ["logits"], ["scores"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [1, 3, 16, 16])],
+        [
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 3, 16, 16]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 8]),
+        ],
+        initializer=[
+            tensor("w", (3, 3, 3, 3)),
+            tensor("b", (3,)),
+            tensor("wc", (8, 3, 1, 1)),
+            tensor("bc", (8,)),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+class Setup:
+    """An ONNX network, a module whose ``compute`` is onnx_compute of it, and the
+    emulator loadable that names that compute function."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.dir = tmp_path
+        self.onnx = tmp_path / "net.onnx"
+        self.onnx.write_bytes(network())
+        module = f"verify_net_{uuid.uuid4().hex}"  # a fresh import per test
+        (tmp_path / f"{module}.py").write_text(
+            "import os\n"
+            "from aiodla.emulator import onnx_compute\n"
+            "compute = onnx_compute(os.path.join(os.path.dirname(__file__), 'net.onnx'))\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        self.model = tmp_path / "model.bin"
+        self.model.write_bytes(
+            make_loadable([IMAGE], [FEATURES, SCORES], latency=0.001, compute=f"{module}:compute")
+        )
+
+    def other(self, name: str, **kwargs: Any) -> Path:
+        path = self.dir / name
+        path.write_bytes(network(**kwargs))
+        return path
+
+    def run(self, *args: str) -> Result:
+        base = [str(self.model), "--runtime", "emulated", "--trust-compute"]
+        return CliRunner().invoke(
+            _cli.cli, ["verify", *base, "--requests", "20", "--samples", "4", *args]
+        )
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Setup:
+    return Setup(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def quick_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor's CUDA probe answers at once (its own tests run the real one)."""
+    facts = json.dumps({"bindings_version": "13.5.0"})
+    fast = functools.partial(Host, probe_command=(sys.executable, "-c", f"print({facts!r})"))
+    monkeypatch.setattr(_verify, "Host", fast)
+
+
+def test_the_onnx_model_it_was_built_from_passes(setup: Setup) -> None:
+    report = setup.dir / "report.md"
+    result = setup.run("--onnx", str(setup.onnx), "--report", str(report), "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["verdict"] == "pass"
+    assert document["cores"] == [0, 1] and set(document["latency"]) == {"0", "1"}
+    assert document["cores_agree"] == {"identical": True, "against": 0, "differences": []}
+    assert document["precision"] == "fp16"
+    comparison = {entry["output"]: entry for entry in document["comparison"]}
+    assert set(comparison) == {"features", "scores"}
+    for entry in comparison.values():
+        assert entry["pass"] and entry["failures"] == []
+        assert entry["cosine"] > 0.999 and 0 < entry["max_rel"] < 0.02  # FP16 rounding
+    assert comparison["scores"]["top1"] == 1.0 and comparison["features"]["top1"] is None
+    for figures in document["latency"].values():
+        assert 1.0 <= figures["median_ms"] <= figures["p99_ms"]  # 1 ms per task at least
+        assert figures["requests"] == 20
+    assert document["throughput"]["requests_per_second"] > 0
+    assert document["versions"]["cuda_bindings"]  # the doctor's own probe ran
+    text = report.read_text()
+    assert "**Verdict: PASS**" in text
+    assert "| `scores` |" in text and "| `features` |" in text
+    assert "Cores [0, 1] gave identical bytes on every output." in text
+
+
+@pytest.mark.usefixtures("quick_doctor")
+class TestFailures:
+    def test_a_different_onnx_model_fails_naming_the_output(self, setup: Setup) -> None:
+        other = setup.other("other.onnx", seed=4)
+        report = setup.dir / "report.md"
+        result = setup.run("--onnx", str(other), "--report", str(report))
+        assert result.exit_code == 1, result.output
+        lines = result.output.splitlines()
+        failing = [line for line in lines if line.startswith("vs onnx") and "FAIL" in line]
+        assert any("'features'" in line and "cosine similarity" in line for line in failing)
+        assert lines[-1] == "verdict    FAIL"
+        text = report.read_text()
+        assert "**Verdict: FAIL**" in text
+        assert "| `features` |" in text and "**fail**: max relative error" in text
+
+    def test_mismatched_io_names_are_a_clear_error(self, setup: Setup) -> None:
+        other = setup.other("renamed.onnx", input_name="input")
+        result = setup.run("--onnx", str(other))
+        assert result.exit_code == 1
+        assert result.output.count("\n") == 1, result.output  # one line
+        assert "does not match the loadable's by name" in result.output
+        assert "inputs ['image']" in result.output and "inputs ['input']" in result.output
+
+
+@pytest.mark.usefixtures("quick_doctor")
+class TestInputs:
+    def test_a_given_input_is_the_one_sample(self, setup: Setup) -> None:
+        array = np.random.default_rng(5).standard_normal(IMAGE.shape).astype(np.float32)
+        np.save(setup.dir / "frame.npy", array)
+        result = setup.run("--input", f"image={setup.dir / 'frame.npy'}", "--json", "--cores", "1")
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.output)
+        assert document["samples"] == 1 and document["inputs"][0]["source"] == "given"
+        assert document["cores"] == [1] and "comparison" not in document
+
+    def test_an_unknown_input_name_is_a_clear_error(self, setup: Setup) -> None:
+        np.save(setup.dir / "frame.npy", np.zeros(IMAGE.shape, np.float32))
+        result = setup.run("--input", f"picture={setup.dir / 'frame.npy'}")
+        assert result.exit_code == 1
+        assert "--input names ['picture'] are not inputs" in result.output
+        assert "['image']" in result.output
+
+    def test_an_unreadable_input_file_is_a_clear_error(self, setup: Setup) -> None:
+        (setup.dir / "bad.npy").write_text("not numpy")
+        result = setup.run("--input", f"image={setup.dir / 'bad.npy'}")
+        assert result.exit_code == 1
+        assert "cannot read a .npy array" in result.output
+
+    def test_an_input_of_the_wrong_shape_is_the_engines_input_error(self, setup: Setup) -> None:
+        np.save(setup.dir / "small.npy", np.zeros((1, 3, 8, 8), np.float32))
+        result = setup.run("--input", f"image={setup.dir / 'small.npy'}")
+        assert result.exit_code == 1
+        assert "shape" in result.output and "image" in result.output
+
+
+class TestJudging:
+    def test_cores_that_differ_are_named(self) -> None:
+        same = {"y": np.array([1.0, 2.0], np.float32)}
+        other = {"y": np.array([1.0, 2.5], np.float32)}
+        agreement = _verify._agreement({0: [same, same], 1: [same, other]}, 0)
+        assert not agreement["identical"]
+        assert agreement["differences"] == [{"core": 1, "sample": 1, "output": "y", "max_abs": 0.5}]
+
+    def test_precision_is_int8_when_any_tensor_is_8_bit(self) -> None:
+        int8 = TensorSpec("q", (1, 32, 4, 4), "int8", "chw32")
+        assert _verify._precision([IMAGE], [FEATURES]) == "fp16"
+        assert _verify._precision([int8], [FEATURES]) == "int8"
+
+    def test_top1_disagreement_fails_a_classifier(self) -> None:
+        want = [np.eye(8, dtype=np.float32)[i % 8].reshape(1, 8, 1, 1) for i in range(4)]
+        got = [np.roll(w, 1, axis=1) for w in want]
+        entry = _verify._compare(SCORES, got, want, _verify.TOLERANCES["fp16"])
+        assert entry["top1"] == 0.0 and not entry["pass"]
+        assert any("top-1 agreement 0.000" in f for f in entry["failures"])
+
+    def test_the_dla_reads_int8_quantized(self) -> None:
+        spec = TensorSpec("q", (1, 1, 1, 3), "int8", "nchw", scale=0.5)
+        seen = _verify._device_view(spec, np.array([[[[0.26, 100.0, -1.1]]]], np.float32))
+        np.testing.assert_array_equal(seen, np.array([[[[0.5, 63.5, -1.0]]]], np.float32))
