@@ -11,7 +11,6 @@
     aiodla bench MODEL [--cores 0,1] [--streams N] [--concurrency N]
                        [--requests N | --duration S] [--json] [--runtime ...]
     aiodla serve MODEL [NAME=MODEL ...] [--http HOST:PORT] [--grpc HOST:PORT]   (aiodla[serve])
-    aiodla doctor | verify MODEL ...     readiness, answers and speed (_cli_doctor, _cli_verify)
 
 Errors are one line on stderr naming the cause, with exit status 1 (2 for a bad
 argument, 130 when interrupted); ``--debug`` adds the traceback.
@@ -597,6 +596,5 @@ def bench(
     return 0
 
 
-cli.add_command(serve_command)  # the serve extra's; it imports that extra on use
-cli.add_command(doctor_command)
-cli.add_command(verify_command)
+for _command in (serve_command, doctor_command, verify_command):  # serve imports its extra on use
+    cli.add_command(_command)
