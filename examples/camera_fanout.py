@@ -31,16 +31,16 @@ FRAME_SIZE = (1080, 1920)  # what each simulated camera delivers (height, width)
 LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
 
 
-def demo_model(latency: float) -> bytes:
+def demo_model(latency: float, size: int = 640) -> bytes:
     """A detector-sized input (640x640 RGB, FP16 CHW16) and a small output."""
-    images = TensorSpec("images", (1, 3, 640, 640), "float16", "chw16")
+    images = TensorSpec("images", (1, 3, size, size), "float16", "chw16")
     scores = TensorSpec("scores", (1, 3, 1, 1), "float32", "nchw")
     return make_loadable([images], [scores], "mean_hw", latency)
 
 
-def camera_frame(index: int) -> np.ndarray[Any, Any]:
-    """A synthetic 1080p BGR frame, different for each camera."""
-    height, width = FRAME_SIZE
+def camera_frame(index: int, size: tuple[int, int] = FRAME_SIZE) -> np.ndarray[Any, Any]:
+    """A synthetic 1080p BGR frame (of ``size``: height, width), different for each camera."""
+    height, width = size
     rows = np.linspace(0, 255, height, dtype=np.float32)[:, None]
     columns = np.linspace(0, 255, width, dtype=np.float32)[None, :]
     frame = np.empty((height, width, 3), np.uint8)
@@ -69,7 +69,11 @@ async def camera(stream: LatestFrameStream, frame: Any, fps: float, duration: fl
 
 
 async def run(
-    model: str | bytes, cameras: int, fps: float, duration: float
+    model: str | bytes,
+    cameras: int,
+    fps: float,
+    duration: float,
+    frame_size: tuple[int, int] = FRAME_SIZE,
 ) -> list[StreamStatistics]:
     """Run the cameras for ``duration`` seconds; print and return each one's statistics."""
     first = TensorSpec("probe", (1, 3, 1, 1))  # replaced by the model's own input below
@@ -78,14 +82,14 @@ async def run(
     # The model's (first) input takes the cameras' raw frames, letterboxed to its size.
     async with Engine(model, cores=[0, 1], preprocess={first.name: LETTERBOX}) as engine:
         height, width = first.shape[2:]
-        scale, top, left = LETTERBOX.geometry(*FRAME_SIZE, height, width)
+        scale, top, left = LETTERBOX.geometry(*frame_size, height, width)
         print(
-            f"frames {FRAME_SIZE[1]}x{FRAME_SIZE[0]} -> input {width}x{height}: "
+            f"frames {frame_size[1]}x{frame_size[0]} -> input {width}x{height}: "
             f"scale {scale:.4f}, top {top}, left {left} (to map boxes back)"
         )
         streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(cameras)]
         await asyncio.gather(
-            *(camera(s, camera_frame(i), fps, duration) for i, s in enumerate(streams))
+            *(camera(s, camera_frame(i, frame_size), fps, duration) for i, s in enumerate(streams))
         )
         stats = [stream.statistics() for stream in streams]
         runtime = engine.runtime.name if engine.runtime else "?"

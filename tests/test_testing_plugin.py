@@ -176,16 +176,19 @@ class TestControls:
             await engine.infer(ONES)
             return loop.time() - started
 
+        # Orders and lower bounds only: a loaded machine makes every request slower.
         engine = await aiodla_engine(inputs=[X], outputs=[Y])
-        aiodla_controls.delay_next(0.2)
-        slow, fast = await asyncio.gather(timed(engine), timed(engine))
-        assert slow >= 0.2 > fast
-        # A delay for core 1 waits for a task there.
-        aiodla_controls.delay_next(0.2, core=1)
+        aiodla_controls.delay_next(0.5)
+        slow, fast = (asyncio.ensure_future(timed(engine)) for _ in range(2))
+        done, _ = await asyncio.wait({slow, fast}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {fast}  # the delay is the next task's alone
+        assert await slow >= 0.5
+        # A delay for core 1 waits for a task there: requests on core 0 leave it armed.
+        aiodla_controls.delay_next(0.5, core=1)
         core_0 = await aiodla_engine(inputs=[X], outputs=[Y], cores=[0])
-        assert max([await timed(core_0) for _ in range(3)]) < 0.2
-        fast, slow = sorted(await asyncio.gather(timed(engine), timed(engine)))
-        assert fast < 0.2 <= slow
+        for _ in range(3):
+            await timed(core_0)
+        assert max(await asyncio.gather(timed(engine), timed(engine))) >= 0.5
 
     @pytest.mark.asyncio
     async def test_hold_reaches_states_without_sleeping(
@@ -250,7 +253,7 @@ class TestControls:
         await gate.reached(1)
         started = time.monotonic()
         await factory.aclose()  # not close_timeout (10 s): the gate goes first
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 9.0
         assert request.done()
         controls.check_released()
 

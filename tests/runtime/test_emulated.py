@@ -65,6 +65,26 @@ class Rig:
         rt.destroy_device(self.device)
 
 
+class ManualClock:
+    """The emulated runtime's time source, moved by the test alone."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def done_at(rt: EmulatedRuntime, event: int, clock: ManualClock, step: float = 0.001) -> float:
+    """The time on ``clock`` at which ``event`` completes, stepping the clock forward
+    (from where it is) by ``step`` until it does."""
+    for _ in range(100_000):
+        if rt.query_event(event):
+            return clock.now
+        clock.now = round(clock.now + step, 9)
+    raise AssertionError("the event never completed")
+
+
 @pytest.fixture
 def rt() -> EmulatedRuntime:
     return EmulatedRuntime(cores=2)
@@ -90,30 +110,32 @@ class TestHappyPath:
         assert rt.query_event(rig.event)
         rig.close()
 
-    def test_timeline_is_exact_per_core(self, rt: EmulatedRuntime) -> None:
-        """Two streams on one core: tasks run back to back, 20 ms each, never overlapping."""
+    def test_timeline_is_exact_per_core(self) -> None:
+        """Two streams on one core: tasks run back to back, 20 ms each, never overlapping
+        (on a clock the test moves, so a loaded machine changes nothing)."""
+        clock = ManualClock()
+        rt = EmulatedRuntime(cores=2, clock=clock)
         rig = Rig(rt, latency=0.02)
         other_stream, other_event = rt.create_stream(), rt.create_event()
-        began = time.monotonic()
         rig.run(np.zeros(IN.shape, np.float32))
         rt.submit_task(rig.device, rig.task, other_stream)
         rt.record_event(other_event, other_stream)
-        rt.synchronize_stream(other_stream)
-        elapsed = time.monotonic() - began
-        assert 0.04 <= elapsed < 0.1
+        assert [done_at(rt, event, clock) for event in (rig.event, other_event)] == [
+            pytest.approx(0.02),
+            pytest.approx(0.04),
+        ]
         assert rt.core_busy_time(0) == pytest.approx(0.04)
         rt.destroy_event(other_event)
         rt.destroy_stream(other_stream)
         rig.close()
 
-    def test_two_cores_run_in_parallel(self, rt: EmulatedRuntime) -> None:
+    def test_two_cores_run_in_parallel(self) -> None:
+        clock = ManualClock()
+        rt = EmulatedRuntime(cores=2, clock=clock)
         rigs = [Rig(rt, core=0, latency=0.03), Rig(rt, core=1, latency=0.03)]
-        began = time.monotonic()
         for rig in rigs:
             rig.run(np.ones(IN.shape, np.float32))
-        for rig in rigs:
-            rt.synchronize_stream(rig.stream)
-        assert time.monotonic() - began < 0.055
+        assert [done_at(rt, rig.event, clock) for rig in rigs] == [pytest.approx(0.03)] * 2
         for rig in rigs:
             rig.close()
 
