@@ -38,6 +38,7 @@ from ._grpc import GrpcFront
 from ._http import HttpFront
 from ._kserve import ProtocolError, Status, error_of, request_limit
 from ._served import VERSION, ServedModel
+from ._tls import Tls
 
 __all__ = [
     "MISSING_EXTRA",
@@ -103,8 +104,12 @@ class Server:
     ``http`` and ``grpc`` are ``HOST:PORT`` addresses (port 0: any free port, read it
     from :attr:`http_port` / :attr:`grpc_port` once started), or None to leave that
     front out. An HTTP request body must arrive within ``body_timeout`` seconds a MiB
-    (at least one MiB's worth), else it is answered 408. Start and stop it on the
-    engines' event loop::
+    (at least one MiB's worth), else it is answered 408.
+
+    ``tls_cert`` and ``tls_key`` (PEM files) make both fronts serve TLS only;
+    ``tls_client_ca`` then requires a client certificate signed by that CA. There is
+    no other authentication: without it, anyone who reaches the ports may infer. Start
+    and stop it on the engines' event loop::
 
         async with Engine("det.bin") as engine, Server({"det": engine}) as server:
             await stopped.wait()
@@ -118,6 +123,9 @@ class Server:
         grpc: str | None = "127.0.0.1:8001",
         drain_timeout: float = 30.0,
         body_timeout: float = BODY_TIMEOUT,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_client_ca: str | os.PathLike[str] | None = None,
     ) -> None:
         if not engines:
             raise ConfigurationError("serve at least one model")
@@ -132,6 +140,7 @@ class Server:
         self._grpc_address = None if grpc is None else parse_address(grpc, "gRPC")
         self._drain_timeout = drain_timeout
         self._body_timeout = body_timeout
+        self._tls = Tls.load(tls_cert, tls_key, tls_client_ca)
         self._models: dict[str, ServedModel] = {}
         self._accepting = False
         self._received = 0
@@ -169,6 +178,11 @@ class Server:
     def body_timeout(self) -> float:
         """Seconds a MiB an HTTP request body may take to arrive (at least a MiB's worth)."""
         return self._body_timeout
+
+    @property
+    def tls(self) -> bool:
+        """Whether both fronts serve over TLS only."""
+        return self._tls is not None
 
     @property
     def accepting(self) -> bool:
@@ -211,10 +225,10 @@ class Server:
         try:
             if self._http_address is not None:
                 self._http = HttpFront(self)
-                await self._http.start(*self._http_address)
+                await self._http.start(*self._http_address, self._tls)
             if self._grpc_address is not None:
                 self._grpc = GrpcFront(self)
-                await self._grpc.start(*self._grpc_address)
+                await self._grpc.start(*self._grpc_address, self._tls)
         except BaseException:
             await self._close_fronts(0.0)
             raise
@@ -356,6 +370,9 @@ async def serve(
     runtime: str = "auto",
     drain_timeout: float = 30.0,
     body_timeout: float = BODY_TIMEOUT,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_client_ca: str | None = None,
     started: Any = None,
     **options: Any,
 ) -> ServeStatistics:
@@ -368,6 +385,7 @@ async def serve(
     for address, what in ((http, "HTTP"), (grpc, "gRPC")):
         if address is not None:
             parse_address(address, what)  # a typo fails before any engine opens
+    Tls.load(tls_cert, tls_key, tls_client_ca)  # and so does a TLS file
     named: dict[str, str] = {}
     for text in models:
         name, path = parse_model(text)
@@ -388,6 +406,9 @@ async def serve(
             grpc=grpc,
             drain_timeout=drain_timeout,
             body_timeout=body_timeout,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)

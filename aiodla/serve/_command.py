@@ -40,6 +40,8 @@ def _announce(server: Server) -> None:
         parts.append(f"HTTP port {server.http_port}")
     if server.grpc_port is not None:
         parts.append(f"gRPC port {server.grpc_port}")
+    if server.tls:
+        parts.append("TLS")
     print(f"aiodla serve: listening: {'; '.join(parts)}", file=sys.stderr, flush=True)
 
 
@@ -86,6 +88,19 @@ def _announce(server: Server) -> None:
     "worth); a slower one is answered 408.",
 )
 @click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False),
+    metavar="PEM",
+    help="Serve HTTP and gRPC over TLS only, with this certificate (chain); with --tls-key.",
+)
+@click.option("--tls-key", type=click.Path(dir_okay=False), metavar="PEM", help="Its private key.")
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(dir_okay=False),
+    metavar="PEM",
+    help="Require client certificates signed by this CA (mutual TLS), on both fronts.",
+)
+@click.option(
     "--runtime",
     type=click.Choice(_select.RUNTIME_CHOICES),
     default="auto",
@@ -103,6 +118,9 @@ def serve_command(
     max_queue: int,
     drain_timeout: float,
     body_timeout: float,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_client_ca: str | None,
     runtime: str,
     trust_compute: bool,
 ) -> int:
@@ -129,6 +147,9 @@ def serve_command(
             runtime=runtime,
             drain_timeout=drain_timeout,
             body_timeout=body_timeout,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
             started=_announce,
             cores=cores,
             streams_per_core=streams,

@@ -28,6 +28,7 @@ from grpc import aio  # type: ignore[import-untyped,unused-ignore]
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 from ._pb import grpc_service_pb2 as pb
 from ._served import Backend, ServedModel
+from ._tls import Tls
 
 __all__ = ["SERVICE", "GrpcFront"]
 
@@ -97,9 +98,17 @@ class GrpcFront:
         self._stopping: Any = None
         self.port = 0
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, tls: Tls | None) -> None:
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self._grpc.add_insecure_port(where)
+        if tls is None:
+            self.port = self._grpc.add_insecure_port(where)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.key, tls.cert)],
+                root_certificates=tls.client_ca,
+                require_client_auth=tls.client_ca is not None,
+            )
+            self.port = self._grpc.add_secure_port(where, credentials)
         if not self.port:
             raise OSError(f"gRPC: cannot listen on {where}")
         await self._grpc.start()

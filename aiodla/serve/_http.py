@@ -47,6 +47,7 @@ from ._budget import Account, ByteBudget
 from ._json import NestingError, dumps_values, loads, nesting
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 from ._served import Backend, ServedModel
+from ._tls import Tls
 
 __all__ = ["OFFLOAD_BYTES", "HttpFront", "budget_for"]
 
@@ -140,9 +141,10 @@ class HttpFront:
         self._reading: set[asyncio.Task[Any]] = set()
         self._stopped: set[asyncio.Task[Any]] = set()
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, tls: Tls | None) -> None:
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port)
+        context = None if tls is None else tls.ssl_context()
+        self._site = web.TCPSite(self._runner, host, port, ssl_context=context)
         await self._site.start()
         self.port = self._runner.addresses[0][1]
 
