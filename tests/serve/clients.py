@@ -5,7 +5,7 @@ worker thread, never on the loop that serves them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -136,3 +136,10 @@ async def failure(awaitable: Any) -> InferenceServerException:
     except InferenceServerException as exc:
         return exc
     raise AssertionError("the call succeeded")
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait, a loop turn or so at a time, until ``condition()`` holds: a state the test
+    reaches, never an amount of time (pytest's timeout bounds a wait that never ends)."""
+    while not condition():
+        await asyncio.sleep(0.002)

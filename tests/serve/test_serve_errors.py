@@ -13,7 +13,7 @@ import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
-from clients import Client, failure
+from clients import Client, failure, until
 from conftest import int8_model, sample
 
 from aiodla import Engine
@@ -214,10 +214,7 @@ async def test_grpc_deadline(
         assert status_of(kind, exc) == "DEADLINE_EXCEEDED"
         # The queued request ends on the server as well (timed out or cancelled), never
         # reaching the DLA, which is still held.
-        for _ in range(200):
-            if engine.statistics().queued == 0:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: engine.statistics().queued == 0)
         stats = engine.statistics()
         assert stats.queued == 0 and stats.timed_out + stats.cancelled == 1
     await asyncio.gather(*held)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as tgrpc_aio
 import tritonclient.http.aio as thttp_aio
+from clients import until
 from tritonclient.utils import InferenceServerException
 
 from aiodla.serve import Server
@@ -72,11 +73,9 @@ async def test_a_thousand_concurrent_requests_with_deadlines(aiodla_engine: Engi
         assert set(served.failed) <= {"DEADLINE_EXCEEDED", "CANCELLED"}
         assert ok <= served.succeeded
 
-        for _ in range(500):  # cancelled tasks may still be finishing on the DLA
-            stats = engine.statistics()
-            if stats.in_flight == 0 and stats.queued == 0:
-                break
-            await asyncio.sleep(0.01)
+        # Cancelled tasks may still be finishing on the DLA.
+        await until(lambda: engine.statistics().in_flight == engine.statistics().queued == 0)
+        stats = engine.statistics()
         assert counts_add_up(stats) and stats.queued == stats.in_flight == 0
         # A gRPC call can also reach the server with its deadline already passed (the
         # loop busy with 1,000 requests): answered DEADLINE_EXCEEDED, never submitted.

@@ -18,7 +18,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as tgrpc_aio
 import tritonclient.http.aio as thttp_aio
+from clients import until
 from tritonclient.utils import InferenceServerException
 
 from aiodla.serve import Server, serve
@@ -37,13 +38,6 @@ from support import affine_model, expected_affine
 pytestmark = pytest.mark.asyncio
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait, a loop turn at a time, until ``condition()`` holds (pytest's timeout
-    bounds it)."""
-    while not condition():
-        await asyncio.sleep(0.001)
 
 
 @contextlib.asynccontextmanager
@@ -69,7 +63,10 @@ async def serving(
         yield server, task
     finally:
         if not task.done():
-            os.kill(os.getpid(), signal.SIGTERM)
+            if started.done():  # serve() handles the signal from then on
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                task.cancel()
         controls.release_all()
         with contextlib.suppress(Exception):
             await task

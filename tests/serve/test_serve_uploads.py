@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import pytest_asyncio
-from clients import Client
+from clients import Client, until
 
 from aiodla import Engine
 from aiodla.serve import Server
@@ -72,16 +72,14 @@ async def test_stalled_uploads_hold_up_no_other_request(tight: Server, sent: int
     protocols are still answered, and the stalled ones hold only what they sent."""
     async with stalled(tight, count=8, size=MIB, sent=sent):
         # Every stalled request is in the server (it counts them on arrival).
-        while tight.statistics().in_flight < 8:
-            await asyncio.sleep(0.005)
+        await until(lambda: tight.statistics().in_flight == 8)
         x = np.full((1, 3, 8, 8), 1.5, np.float16)
         for kind in ("http", "http_aio", "grpc"):
             outputs, _ = await asyncio.wait_for(Client(kind, tight).infer("affine", {"x": x}), 20)
             assert outputs["y"].tobytes() == expected_affine(x).tobytes()
         assert tight.statistics().in_flight == 8
     # Closing a stalled upload's socket is the caller going away.
-    while tight.statistics().in_flight:
-        await asyncio.sleep(0.005)
+    await until(lambda: not tight.statistics().in_flight)
     assert tight.statistics().failed == {"CANCELLED": 8}
 
 

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+from clients import until
 
 from aiodla.serve import Server
 
@@ -26,8 +27,7 @@ async def exchange(server: Server, *parts: bytes) -> tuple[int, dict[str, str], 
     try:
         for index, part in enumerate(parts):
             if index:
-                while not server.statistics().in_flight:
-                    await asyncio.sleep(0.005)
+                await until(lambda: server.statistics().in_flight > 0)
             writer.write(part)
             await writer.drain()
         head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)).decode("latin-1")
