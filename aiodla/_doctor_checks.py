@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .runtime._cache import unsafe
 from .runtime._conversion_kernels import kernel_cache_dir
 
 __all__ = [
@@ -294,13 +295,20 @@ def cache_check(host: Host) -> Finding:
     existing = directory
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    reason = unsafe(os.lstat(existing), "directory") if existing == directory else None
+    if reason is not None:
+        return Finding(
+            WARN,
+            f"{directory} is refused ({reason}): conversion kernels compile at every open",
+            f"make it yours and private (chmod 700 {directory}), or set AIODLA_CACHE_DIR",
+        )
     if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
         state = "writable" if existing == directory else f"can be created (in {existing})"
         return Finding(OK, f"{directory} {state}")
     return Finding(
         WARN,
         f"{directory} is not writable: conversion kernels compile at every open",
-        "set AIODLA_KERNEL_CACHE to a writable directory",
+        "set AIODLA_CACHE_DIR to a writable directory",
     )
 
 

@@ -93,7 +93,7 @@ class FakeJetson:
         return Host(
             root=self.root,
             path=str(self.bin),
-            environ={"AIODLA_KERNEL_CACHE": str(self.cache)},
+            environ={"AIODLA_CACHE_DIR": str(self.cache)},
             timeout=self.timeout,
             probe_command=probe,
             open_files=self.open_files,
@@ -162,7 +162,8 @@ CASES: list[tuple[str, Change, str, str, str, str]] = [
     ("no cudla module", lambda j: (j.facts.pop("status_spelling"), j.facts.update(status_spelling_error="ImportError: cudla")), "cuda_bindings", "fail", "cannot be imported: ImportError", "reinstall"),
     ("13.3 spelling", lambda j: j.facts.update(bindings_version="13.3.1", status_spelling="ErrorInvalidParam"), "cuda_bindings", "ok", "ErrorInvalidParam (13.3 and 13.4)", ""),
     ("no NVRTC", lambda j: (j.facts.pop("nvrtc_version"), j.facts.update(nvrtc_version_error="DynamicLibNotFoundError: nvrtc")), "nvrtc", "warn", "runs on the host", "nvidia-cuda-nvrtc"),
-    ("cache not writable", lambda j: (j.cache.write_text("a file"), setattr(j, "cache", j.cache / "kernels")), "kernel_cache", "warn", "is not writable", "AIODLA_KERNEL_CACHE"),
+    ("cache not writable", lambda j: (j.cache.write_text("a file"), setattr(j, "cache", j.cache / "kernels")), "kernel_cache", "warn", "is not writable", "AIODLA_CACHE_DIR"),
+    ("cache writable by others", lambda j: ((j.cache / "kernels").mkdir(parents=True), (j.cache / "kernels").chmod(0o777)), "kernel_cache", "warn", "is refused (it is writable by others (mode 0777))", "chmod 700"),
     ("no nvpmodel", lambda j: (j.bin / "nvpmodel").unlink(), "power_mode", "warn", "nvpmodel not found", "ships with L4T"),
     ("a capped power mode", lambda j: j.nvpmodel(printing("NV Power Mode: 30W\n2\n")), "power_mode", "warn", "30W (mode 2): the DLA", "nvpmodel -m 0"),
     ("nvpmodel fails", lambda j: j.nvpmodel("echo 'cannot open /etc/nvpmodel.conf' >&2; exit 3"), "power_mode", "warn", "failed (status 3): cannot open", "by hand"),

@@ -16,12 +16,9 @@ must have the device's primary context current, as for every CUDA call of the en
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
-import os
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from .._errors import RuntimeUnavailableError
+from ._cache import EntryRefused, cache_dir, cache_folder, read_entry, write_entry
 from ._conversion_source import BLOCK, KernelPlan, plan_program
 from ._protocol import CudaCallError
 
@@ -40,7 +38,6 @@ __all__ = ["ConversionKernels", "kernel_cache_dir", "kernel_source"]
 
 # Bump when the cache file's framing or the program's meaning changes without its text.
 _CACHE_FORMAT = b"aiodla-kernels-1"
-_MAGIC = b"AIODLAK1"
 _OPTIONS: dict[str, Any] = {
     # IEEE behaviour everywhere: no flush-to-zero (float16 subnormals), no contraction.
     "std": "c++17",
@@ -60,17 +57,9 @@ def kernel_source(
 
 
 def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where compiled programs are cached: ``$AIODLA_KERNEL_CACHE``, else
-    ``$XDG_CACHE_HOME/aiodla/kernels``, else ``~/.cache/aiodla/kernels``."""
-    env = os.environ if environ is None else environ
-    explicit = env.get("AIODLA_KERNEL_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = env.get("XDG_CACHE_HOME")
-    # The XDG spec says a relative path is invalid and must be ignored.
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "aiodla" / "kernels"
-    return Path.home() / ".cache" / "aiodla" / "kernels"
+    """Where compiled programs are cached: ``kernels`` in aiodla's cache directory
+    (``$AIODLA_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiodla``, else ``~/.cache/aiodla``)."""
+    return cache_dir(environ) / "kernels"
 
 
 class _Toolchain(Protocol):
@@ -172,36 +161,6 @@ class _Log:
 
     def write(self, text: str) -> None:
         self.text += text
-
-
-def _read_cache(path: Path) -> bytes | None:
-    """The cubin in a cache entry, or None when it is missing, unreadable or corrupt."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    header = len(_MAGIC) + 32
-    if len(data) <= header or not data.startswith(_MAGIC):
-        return None
-    digest, cubin = data[len(_MAGIC) : header], data[header:]
-    return cubin if hashlib.sha256(cubin).digest() == digest else None
-
-
-def _write_cache(path: Path, cubin: bytes) -> None:
-    """Write atomically (temp file + rename): a concurrent reader sees all or nothing.
-    A cache that cannot be written (read-only home, full disk) only costs a recompile."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(_MAGIC + hashlib.sha256(cubin).digest() + cubin)
-        os.replace(temp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
 
 
 class _Launch(NamedTuple):
@@ -407,9 +366,15 @@ def build_program(
             ]
         )
     ).hexdigest()
-    path = (kernel_cache_dir() if cache_dir is None else Path(cache_dir)) / f"{key}.cubin"
+    # A folder or entry that may not be trusted is not read: the program is compiled
+    # and kept in memory only (see _cache).
+    folder = cache_folder(kernel_cache_dir() if cache_dir is None else Path(cache_dir))
+    path = None if folder is None else folder / f"{key}.cubin"
     handles: dict[str, Any] | None = None
-    cubin = _read_cache(path)
+    try:
+        cubin = None if path is None else read_entry(path)
+    except EntryRefused:
+        cubin, path = None, None
     from_cache = cubin is not None
     if cubin is not None:
         try:
@@ -424,7 +389,8 @@ def build_program(
             raise RuntimeUnavailableError(
                 f"the {what} kernels compiled for {arch} could not be loaded: {exc}"
             ) from exc
-        _write_cache(path, cubin)
+        if path is not None:
+            write_entry(path, cubin)
     return handles, from_cache
 
 

@@ -20,6 +20,7 @@ import pytest
 from aiodla import _descriptors
 from aiodla._errors import RuntimeUnavailableError
 from aiodla._tensors import TensorSpec
+from aiodla.runtime import _cache
 from aiodla.runtime import _conversion_kernels as ck
 from aiodla.runtime import _conversion_source as cs
 
@@ -140,21 +141,26 @@ class TestSource:
 
 class TestCacheDir:
     def test_explicit(self, tmp_path: Path) -> None:
-        env = {"AIODLA_KERNEL_CACHE": str(tmp_path / "k"), "XDG_CACHE_HOME": "/x"}
-        assert ck.kernel_cache_dir(env) == tmp_path / "k"
+        env = {"AIODLA_CACHE_DIR": str(tmp_path / "k"), "XDG_CACHE_HOME": "/x"}
+        assert ck.kernel_cache_dir(env) == tmp_path / "k" / "kernels"
 
     def test_xdg(self) -> None:
         assert ck.kernel_cache_dir({"XDG_CACHE_HOME": "/var/c"}) == Path("/var/c/aiodla/kernels")
-        assert ck.kernel_cache_dir({"AIODLA_KERNEL_CACHE": "", "XDG_CACHE_HOME": "/c"}) == Path(
+        assert ck.kernel_cache_dir({"AIODLA_CACHE_DIR": "", "XDG_CACHE_HOME": "/c"}) == Path(
             "/c/aiodla/kernels"
         )
+
+    def test_one_setting_for_every_cache(self, tmp_path: Path) -> None:
+        # The kernels' own variable of old is not a second setting.
+        env = {"AIODLA_KERNEL_CACHE": str(tmp_path / "k"), "XDG_CACHE_HOME": "/x"}
+        assert ck.kernel_cache_dir(env) == Path("/x/aiodla/kernels")
 
     def test_home(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.setenv("HOME", str(tmp_path))
         expected = tmp_path / ".cache" / "aiodla" / "kernels"
         assert ck.kernel_cache_dir({}) == expected
         assert ck.kernel_cache_dir({"XDG_CACHE_HOME": "relative/path"}) == expected
-        monkeypatch.delenv("AIODLA_KERNEL_CACHE", raising=False)
+        monkeypatch.delenv("AIODLA_CACHE_DIR", raising=False)
         monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
         assert ck.kernel_cache_dir() == expected
 
@@ -227,11 +233,11 @@ class TestCompileAndCache:
             import hashlib
 
             body = b"NOT A CUBIN"
-            data = bytearray(ck._MAGIC + hashlib.sha256(body).digest() + body)
+            data = bytearray(_cache._MAGIC + hashlib.sha256(body).digest() + body)
         entry.write_bytes(bytes(data))
         kernels = self.compile(tmp_path)
         assert not kernels.compiled_from_cache and fake.compiled == 2
-        assert ck._read_cache(entry) == fake.loaded[-1]  # rewritten, whole again
+        assert _cache.read_entry(entry) == fake.loaded[-1]  # rewritten, whole again
 
     def test_unwritable_cache_still_compiles(self, fake: FakeToolchain, tmp_path: Path) -> None:
         blocker = tmp_path / "file"
