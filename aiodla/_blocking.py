@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import functools
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from types import TracebackType
@@ -46,6 +47,7 @@ class _Running:
 
     portal: BlockingPortal
     loop: asyncio.AbstractEventLoop
+    thread: int  # the loop thread's ident
 
 
 class BlockingEngine:
@@ -109,7 +111,8 @@ class BlockingEngine:
                 self._state = _State.CLOSED
                 self._stack.close()
                 raise
-            self._running = _Running(portal, portal.call(asyncio.get_running_loop))
+            loop, thread = portal.call(_loop_and_thread)
+            self._running = _Running(portal, loop, thread)
             self._state = _State.OPEN
 
     def close(self) -> None:
@@ -120,6 +123,9 @@ class BlockingEngine:
         :class:`~aiodla.EngineClosedError`, in their own threads.
         """
         _refuse_in_event_loop("closing a BlockingEngine")
+        self._close()
+
+    def _close(self) -> None:
         with self._lock:
             running, self._running = self._running, None
             self._state = _State.CLOSED
@@ -253,6 +259,25 @@ class BlockingEngine:
 
     def __repr__(self) -> str:
         return f"<BlockingEngine {self._engine!r}>"
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        running = getattr(self, "_running", None)
+        if running is None:
+            return
+        _warn(
+            f"unclosed {self!r}; use 'with BlockingEngine(...)' or engine.close()",
+            ResourceWarning,
+            source=self,
+        )
+        # Dropping the portal's context stops its loop and joins its thread anyway,
+        # cancelling what runs there: close first, so the engine drains and releases
+        # its handles. On the loop's own thread nothing can wait for the loop.
+        if threading.get_ident() != running.thread:
+            self._close()
+
+
+def _loop_and_thread() -> tuple[asyncio.AbstractEventLoop, int]:
+    return asyncio.get_running_loop(), threading.get_ident()
 
 
 def _cancel_task(

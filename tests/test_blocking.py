@@ -240,3 +240,15 @@ def test_the_two_thread_example_runs_every_frame_on_both_cores() -> None:
     )
     assert match is not None, result.stdout
     assert int(match[1]) > 0 and int(match[2]) > 0
+
+
+def test_an_engine_dropped_open_warns_and_closes_first() -> None:
+    before = set(threading.enumerate())
+    engine = BlockingEngine(affine_model(), cores=[0])
+    engine.open()
+    np.testing.assert_array_equal(engine.infer(frame(0)), expected_affine(frame(0)))
+    inner = engine.engine
+    with pytest.warns(ResourceWarning, match="unclosed <BlockingEngine"):
+        del engine  # no cycle holds it: collected here
+    assert threads_left(before) == set()
+    assert inner.state.value == "closed"
