@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
@@ -69,6 +70,15 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ConfigurationError(f"{what} address {text!r} must be HOST:PORT, e.g. 127.0.0.1:8000")
     return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def parse_model(text: str) -> tuple[str, str]:
@@ -233,6 +243,20 @@ class Server:
             await self._close_fronts(0.0)
             raise
         self._accepting = True
+        exposed = [
+            f"{what} on {host}:{port}"
+            for what, address, port in (
+                ("HTTP", self._http_address, self.http_port),
+                ("gRPC", self._grpc_address, self.grpc_port),
+            )
+            if address is not None and not _loopback(host := address[0])
+        ]
+        if exposed and self._tls is None:
+            logger.warning(
+                "aiodla serve: %s, in cleartext and with no authentication: anyone who "
+                "reaches it may infer (see the README on TLS and putting a proxy in front)",
+                " and ".join(exposed),
+            )
 
     async def stop(self) -> None:
         """Stop accepting, answer what was accepted (within ``drain_timeout``), close

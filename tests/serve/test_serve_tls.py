@@ -200,6 +200,35 @@ async def test_tls_files_are_checked_when_the_server_is_made(
         Server(engines, http="127.0.0.1:0", **files)  # type: ignore[arg-type]
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("tls", [False, True])
+async def test_serving_beyond_loopback_in_cleartext_warns(
+    engines: dict[str, Engine],
+    certs: dict[str, tuple[Path, Path]],
+    caplog: pytest.LogCaptureFixture,
+    tls: bool,
+) -> None:
+    cert, key = certs["server"] if tls else (None, None)
+    async with Server(engines, http="0.0.0.0:0", grpc="127.0.0.1:0", tls_cert=cert, tls_key=key):
+        pass
+    async with Server(engines, http="127.0.0.1:0", grpc="localhost:0"):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if tls:
+        assert warnings == []
+    else:
+        (warning,) = warnings
+        assert "HTTP on 0.0.0.0:" in warning and "no authentication" in warning
+        assert "gRPC" not in warning
+
+
+def test_loopback_addresses() -> None:
+    from aiodla.serve._app import _loopback
+
+    assert _loopback("127.0.0.1") and _loopback("::1") and _loopback("localhost")
+    assert not _loopback("0.0.0.0") and not _loopback("::") and not _loopback("det.local")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
