@@ -16,8 +16,8 @@ of it is read; and the bodies held at once share a byte budget
 (:class:`~._budget.ByteBudget`), taken as the bytes arrive. A body must arrive within
 ``body_timeout`` seconds a MiB (at least one MiB's worth, time spent waiting on the
 client only), else it is answered 408 and the connection closed: a stalled upload
-holds what it sent for that long, and no one waits on it. Large JSON is parsed and written in a
-worker thread, in pieces (:mod:`._json`), so it does not stall the event loop.
+holds what it sent for that long, and no one waits on it. Large JSON is parsed and
+written in a worker thread, in pieces (:mod:`._json`), so it does not stall the loop.
 
 Why aiohttp: the server must run on the event loop that owns the engines, so a
 handler calls ``Engine.infer_nowait`` directly, with no thread hop or second loop, and
@@ -257,7 +257,10 @@ class HttpFront:
         while True:
             start = loop.time()
             try:
-                chunk = await asyncio.wait_for(request.content.readany(), allowed - waited)
+                if request.content.is_eof():  # all of it came: reading cannot wait
+                    chunk = await request.content.readany()
+                else:
+                    chunk = await asyncio.wait_for(request.content.readany(), allowed - waited)
             except asyncio.TimeoutError:
                 what = "the request body" if size is None else f"the request body of {size} bytes"
                 raise ProtocolError(
