@@ -34,6 +34,7 @@ from .. import __version__
 from .._engine import Engine
 from .._errors import ConfigurationError
 from .._tensors import TensorSpec
+from ..runtime import Runtime
 from ._deps import MISSING_EXTRA
 from ._grpc import GrpcFront
 from ._http import HttpFront
@@ -391,7 +392,7 @@ async def serve(
     *,
     http: str | None = "127.0.0.1:8000",
     grpc: str | None = "127.0.0.1:8001",
-    runtime: str = "auto",
+    runtime: str | Runtime = "auto",
     drain_timeout: float = 30.0,
     body_timeout: float = BODY_TIMEOUT,
     tls_cert: str | None = None,
@@ -403,7 +404,8 @@ async def serve(
     """Open an engine per model (``PATH`` or ``NAME=PATH``), serve them until SIGTERM
     or SIGINT, then drain, stop and close; return the server's statistics.
 
-    ``options`` go to every :class:`~aiodla.Engine` (``cores``, ``max_queue``, ...).
+    ``runtime`` and ``options`` go to every :class:`~aiodla.Engine` (a runtime's name
+    or instance; ``cores``, ``max_queue``, ...), the rest to :class:`Server`.
     ``started(server)`` is called once the server listens.
     """
     for address, what in ((http, "HTTP"), (grpc, "gRPC")):

@@ -52,7 +52,7 @@ async def serving(
             [str(model)],
             http="127.0.0.1:0",
             grpc="127.0.0.1:0",
-            runtime=controls.runtime,  # type: ignore[arg-type]
+            runtime=controls.runtime,
             drain_timeout=drain,
             started=started.set_result,
             streams_per_core=1,
