@@ -20,6 +20,7 @@ The relative error is the max absolute error over the reference's largest magnit
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
@@ -32,6 +33,7 @@ from ._doctor import Host, diagnose
 from ._engine import Engine
 from ._errors import AiodlaError, ModelError
 from ._tensors import TensorSpec
+from .emulator._onnx import OnnxCompute
 
 __all__ = ["TOLERANCES", "Tolerance", "VerifyError", "VerifySettings", "verify"]
 
@@ -85,12 +87,15 @@ async def verify(data: bytes, settings: VerifySettings) -> dict[str, Any]:
     samples: list[dict[str, np.ndarray[Any, Any]]] = []
     generated: list[str] = []
     runtime = settings.runtime
+    network: OnnxCompute | None = None
     for core in settings.cores:
         async with Engine(data, cores=[core], streams_per_core=1, **options) as engine:
             if specs is None:
                 specs = (engine.inputs, engine.outputs)
                 samples, generated = _inputs(engine.inputs, settings)
                 runtime = engine.runtime.name
+                # Before any measuring: an ONNX model that does not fit fails at once.
+                network = _network(settings.onnx, *specs) if settings.onnx else None
             outputs = [_named(engine, await engine.infer(dict(s))) for s in samples]
             per_core[core] = outputs
             latency[core] = await _latencies(engine, samples[0], settings.latency_requests)
@@ -123,8 +128,8 @@ async def verify(data: bytes, settings: VerifySettings) -> dict[str, Any]:
         "stated_service_time": service,
     }
     checks = [document["cores_agree"]["identical"]]
-    if settings.onnx is not None:
-        reference = _reference(settings.onnx, inputs, outputs_specs, samples)
+    if network is not None:
+        reference = _reference(network, inputs, outputs_specs, samples)
         tolerance = TOLERANCES[precision]
         document["tolerance"] = dataclasses.asdict(tolerance)
         document["comparison"] = [
@@ -212,8 +217,6 @@ async def _latencies(engine: Engine, sample: Mapping[str, Any], count: int) -> l
 
 
 async def _throughput(engine: Engine, sample: Mapping[str, Any], count: int) -> float:
-    import asyncio
-
     concurrency = max(1, 2 * engine.options.streams_per_core * len(engine.options.cores))
     shares = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
 
@@ -253,14 +256,8 @@ def _agreement(
 # -- the reference -------------------------------------------------------------------------
 
 
-def _reference(
-    onnx: str,
-    inputs: Sequence[TensorSpec],
-    outputs: Sequence[TensorSpec],
-    samples: Sequence[Mapping[str, np.ndarray[Any, Any]]],
-) -> dict[str, list[np.ndarray[Any, Any]]]:
-    from .emulator._onnx import OnnxCompute
-
+def _network(onnx: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> OnnxCompute:
+    """onnxruntime on ``onnx``, its I/O matched to the loadable's by name."""
     network = OnnxCompute(onnx)
     onnx_in, onnx_out = sorted(network.input_names), sorted(network.output_names)
     dla_in, dla_out = sorted(s.name for s in inputs), sorted(s.name for s in outputs)
@@ -275,6 +272,16 @@ def _reference(
         network.check(tuple(inputs), tuple(outputs))
     except ModelError as exc:
         raise VerifyError(str(exc)) from exc
+    return network
+
+
+def _reference(
+    network: OnnxCompute,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    samples: Sequence[Mapping[str, np.ndarray[Any, Any]]],
+) -> dict[str, list[np.ndarray[Any, Any]]]:
+    """The network's outputs for what the DLA reads of each sample."""
     by_spec = {spec.name: spec for spec in inputs}
     results: dict[str, list[np.ndarray[Any, Any]]] = {spec.name: [] for spec in outputs}
     for sample in samples:
