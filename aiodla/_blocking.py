@@ -74,7 +74,9 @@ class BlockingEngine:
     def __init__(self, model: ModelSource, **options: Any) -> None:
         # Built here so a bad option fails at the call that gave it, as Engine's does.
         self._engine = Engine(model, **options)
-        self._lock = threading.Lock()  # guards _state and _running
+        self._lock = threading.Lock()  # guards _state, _running, _inbox, _wake_pending
+        self._inbox: list[tuple[Future[Any], Any, float | None, str]] = []
+        self._wake_pending = False
         self._state = _State.NEW
         self._running: _Running | None = None  # while open
         self._pending: set[asyncio.Task[Any]] = set()  # requests' tasks, loop only
@@ -177,10 +179,19 @@ class BlockingEngine:
             running = self._running
             if running is None:
                 raise EngineClosedError(self._not_open())
-            running.loop.call_soon_threadsafe(
-                self._begin, running.loop, future, inputs, timeout, output
-            )
+            self._inbox.append((future, inputs, timeout, output))
+            # Requests that arrive before the loop takes them share one wake-up.
+            if not self._wake_pending:
+                self._wake_pending = True
+                running.loop.call_soon_threadsafe(self._take_inbox, running.loop)
         return future
+
+    def _take_inbox(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            batch, self._inbox = self._inbox, []
+            self._wake_pending = False
+        for future, inputs, timeout, output in batch:
+            self._begin(loop, future, inputs, timeout, output)
 
     def _begin(
         self,
