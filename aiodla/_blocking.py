@@ -21,14 +21,19 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._engine import Engine, ModelSource
 from ._errors import AiodlaError, EngineClosedError
+from ._options import EngineKeywords
 from ._statistics import EngineHealth, EngineStatistics
 from ._tensors import TensorSpec
+from .runtime._protocol import Runtime
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["BlockingEngine"]
 
@@ -71,9 +76,15 @@ class BlockingEngine:
     may be called anywhere; ``asyncio.wrap_future`` awaits its result.
     """
 
-    def __init__(self, model: ModelSource, **options: Any) -> None:
+    def __init__(
+        self,
+        model: ModelSource,
+        *,
+        runtime: str | Runtime = "auto",
+        **options: Unpack[EngineKeywords],
+    ) -> None:
         # Built here so a bad option fails at the call that gave it, as Engine's does.
-        self._engine = Engine(model, **options)
+        self._engine = Engine(model, runtime=runtime, **options)
         self._lock = threading.Lock()  # guards _state, _running, _inbox, _wake_pending
         self._inbox: list[tuple[Future[Any], Any, float | None, str]] = []
         self._wake_pending = False

@@ -34,12 +34,14 @@ def test_the_tree_passes_lint() -> None:
 
 # Each line a call that the typed Engine signature must refuse, then one it takes.
 _MISUSE = """\
-from aiodla import Engine, ProcessIsolation
+from aiodla import BlockingEngine, Engine, ProcessIsolation
 Engine(b"", stream_per_core=4)
 Engine(b"", max_restarts=3)
 Engine(b"", convert="gpu")
 Engine(b"", streams_per_core="4")
+BlockingEngine(b"", stream_per_core=4)
 Engine(b"", isolation=ProcessIsolation(heartbeat_timeout=1.0), cores=range(2))
+BlockingEngine(b"", runtime="emulated", isolation="process", max_queue=8)
 """
 
 
@@ -63,5 +65,5 @@ def test_the_examples_type_check_strictly(tmp_path: Path) -> None:
     )
     errors = [line for line in result.stdout.splitlines() if ": error:" in line]
     refused = [line.split(":")[1] for line in errors if line.startswith(str(misuse))]
-    assert refused == ["2", "3", "4", "5"], result.stdout + result.stderr
+    assert refused == ["2", "3", "4", "5", "6"], result.stdout + result.stderr
     assert len(errors) == len(refused), result.stdout + result.stderr

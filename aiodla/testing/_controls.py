@@ -26,7 +26,10 @@ from ._model import ModelDescription, emulated_model
 from ._remote import RemoteGate, Workers
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from .._isolation._supervisor import Supervisor
+    from .._options import EngineKeywords
 
 __all__ = ["DLA_TASK_FAILURE", "DLAControls", "EngineFactory", "Gate", "HandleLeakError"]
 
@@ -484,7 +487,7 @@ class EngineFactory:
         scale: float | None = None,
         bias: float | None = None,
         compute: ComputeFunction | str | None = None,
-        **engine_options: Any,
+        **engine_options: Unpack[EngineKeywords],
     ) -> Engine:
         """An open engine for the described model (see :func:`emulated_model`);
         ``engine_options`` are :class:`aiodla.Engine`'s keywords (``cores``,
