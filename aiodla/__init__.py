@@ -17,6 +17,7 @@ from ._errors import InputTypeError as InputTypeError
 from ._errors import InputValueError as InputValueError
 from ._errors import LoadableFormatError as LoadableFormatError
 from ._errors import ModelError as ModelError
+from ._errors import PostprocessError as PostprocessError
 from ._errors import QueueFullError as QueueFullError
 from ._errors import RequestTimeoutError as RequestTimeoutError
 from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
@@ -74,6 +75,7 @@ __all__ = (
     "LatestFrameStream",
     "LoadableFormatError",
     "ModelError",
+    "PostprocessError",
     "ProcessIsolation",
     "QueueFullError",
     "RequestTimeoutError",

@@ -285,7 +285,7 @@ class Detect:
             )
             offset += layout.cells
             layouts.append(layout)
-        return DetectPlan(self, tuple(chosen), tuple(layouts))
+        return DetectPlan(self, tuple(chosen), tuple(layouts), input_size)
 
 
 def _what(detect: Detect, anchors: int) -> str:
@@ -303,6 +303,7 @@ class DetectPlan:
     detect: Detect
     specs: tuple[TensorSpec, ...]
     layouts: tuple[HeadLayout, ...]
+    input_size: tuple[int, int]  # the model input's height and width
 
     @property
     def cells(self) -> int:

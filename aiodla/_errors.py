@@ -10,6 +10,7 @@ Every exception aiodla raises on purpose derives from :class:`AiodlaError`::
     │   ├── LoadableFormatError    malformed emulator loadable bytes
     │   └── ComputeError           an emulated runtime's compute= function raised, or
     │                              returned outputs that do not fit the model
+    ├── PostprocessError           ``postprocess=`` failed on one request's outputs
     ├── ConfigurationError         (also ValueError) a bad engine or runtime option
     ├── RuntimeUnavailableError    no runtime can serve this model on this machine
     ├── QueueFullError             ``infer_nowait`` with the admission queue full
@@ -46,6 +47,7 @@ __all__ = [
     "InputValueError",
     "LoadableFormatError",
     "ModelError",
+    "PostprocessError",
     "QueueFullError",
     "RequestTimeoutError",
     "RuntimeUnavailableError",
@@ -95,6 +97,11 @@ class ComputeError(ModelError):
     """The emulated runtime's ``compute=`` function failed on one request: it raised
     (the exception is the ``__cause__``), or its outputs do not fit the model's output
     specs. Only that request fails; the engine goes on serving."""
+
+
+class PostprocessError(AiodlaError):
+    """Post-processing (``Engine(postprocess=...)``) failed on one request's outputs;
+    the exception is the ``__cause__``. Only that request fails."""
 
 
 class ConfigurationError(AiodlaError, ValueError):

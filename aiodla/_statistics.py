@@ -18,6 +18,7 @@ from ._errors import (
     DeviceError,
     EngineClosedError,
     EngineDeadError,
+    PostprocessError,
     TaskError,
     WorkerLostError,
 )
@@ -41,7 +42,9 @@ __all__ = [
 # The causes ``EngineStatistics.failures`` splits ``failed`` into, each a key of it:
 # the DLA reported an error, a cuDLA or CUDA call failed, the emulated runtime's
 # compute= function failed, you closed the engine, the device broke it, anything else.
-FAILURE_REASONS = ("task", "device", "compute", "closed", "worker_lost", "dead", "other")
+FAILURE_REASONS = (
+    "task", "device", "compute", "postprocess", "closed", "worker_lost", "dead", "other",
+)  # fmt: skip
 
 
 def failure_reason(error: BaseException) -> str:
@@ -50,6 +53,8 @@ def failure_reason(error: BaseException) -> str:
         return "task"
     if isinstance(error, ComputeError):
         return "compute"
+    if isinstance(error, PostprocessError):
+        return "postprocess"
     if isinstance(error, DeviceError):
         return "device"
     if isinstance(error, EngineClosedError):

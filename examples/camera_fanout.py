@@ -1,18 +1,17 @@
-"""Camera fan-out: many cameras share one engine, each keeping only its newest frame.
+"""Camera fan-out: eight cameras, one detector, boxes per frame.
 
-    python examples/camera_fanout.py                    # emulated DLA, no GPU needed
-    python examples/camera_fanout.py --model model.bin  # your loadable, on a Jetson
+    python examples/camera_fanout.py                        # emulated DLA, no GPU needed
+    python examples/camera_fanout.py --model yolov5s.bin    # your loadable, on a Jetson
+    python examples/camera_fanout.py --save frame.jpg       # draw one frame's boxes
 
-Each camera is an asyncio task producing frames at --fps into its own
-aiodla.LatestFrameStream: at most one request in flight, one frame waiting, and a newer
-frame replaces the waiting one (counted as dropped). Offering more frames than the DLA
-can run therefore never builds a backlog: latency stays bounded and the excess shows up
-as dropped frames. Without --model it builds an emulator loadable taking --latency
-seconds per frame on each of two cores; the defaults offer twice what it can run.
-
-The cameras hand over raw 1920x1080 BGR frames, as OpenCV or a decoder gives them: the
-engine letterboxes each to the model's 640x640 RGB input, normalizes it and converts it
-to FP16 CHW16 (aiodla.ImagePreprocess); ``geometry`` maps boxes back to the frame.
+Each simulated camera writes 1920x1080 BGR frames into frame buffers the engine owns
+(``engine.frame_buffers``: pinned memory, so ``infer`` skips the staging copy) and
+offers them to its own ``aiodla.LatestFrameStream``: at most one frame in flight, one
+waiting, a newer frame replacing the waiting one (counted as dropped). The engine
+letterboxes each frame to the detector's 640x640 input (``ImagePreprocess``), runs it,
+decodes the heads and runs NMS (``Detect``), and answers with ``Detections`` in the
+frame's own pixels. Without --model it builds the YOLOv5s emulator loadable
+(``aiodla emulate --preset yolov5s``): raw heads with a few dozen objects a frame.
 """
 
 from __future__ import annotations
@@ -24,48 +23,77 @@ from typing import Any
 
 import numpy as np
 
-from aiodla import Engine, ImagePreprocess, LatestFrameStream, StreamStatistics, TensorSpec
+from aiodla import (
+    Detect,
+    Detections,
+    Engine,
+    ImagePreprocess,
+    LatestFrameStream,
+    StreamStatistics,
+    TensorSpec,
+)
 from aiodla.emulator import make_loadable
+from aiodla.emulator._detector import PRESETS
 
-FRAME_SIZE = (1080, 1920)  # what each simulated camera delivers (height, width)
+FRAME_SIZE = (1080, 1920)  # what each simulated camera delivers (height, width; BGR)
 LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+# A ring per camera: one frame in flight, one waiting, one being written.
+BUFFERS_PER_CAMERA = 3
 
 
 def demo_model(latency: float, size: int = 640) -> bytes:
-    """A detector-sized input (640x640 RGB, FP16 CHW16) and a small output."""
-    images = TensorSpec("images", (1, 3, size, size), "float16", "chw16")
-    scores = TensorSpec("scores", (1, 3, 1, 1), "float32", "nchw")
-    return make_loadable([images], [scores], "mean_hw", latency)
+    """YOLOv5s' I/O (``aiodla emulate --preset yolov5s``), or the same at a ``size`` x
+    ``size`` input (heads of size/8, size/16, size/32)."""
+    inputs, outputs, _ = PRESETS["yolov5s"]
+    if size != 640:
+        inputs = (TensorSpec("images", (1, 3, size, size), "float16", "chw16"),)
+        outputs = tuple(
+            TensorSpec(s.name, (1, 255, size // k, size // k), "float16", "chw16")
+            for s, k in zip(outputs, (8, 16, 32), strict=True)
+        )
+    return make_loadable(inputs, outputs, "detect", latency)
 
 
-def camera_frame(index: int, size: tuple[int, int] = FRAME_SIZE) -> np.ndarray[Any, Any]:
-    """A synthetic 1080p BGR frame (of ``size``: height, width), different for each camera."""
-    height, width = size
-    rows = np.linspace(0, 255, height, dtype=np.float32)[:, None]
-    columns = np.linspace(0, 255, width, dtype=np.float32)[None, :]
-    frame = np.empty((height, width, 3), np.uint8)
-    frame[..., 0] = rows
-    frame[..., 1] = columns
-    frame[..., 2] = (index * 37) % 256
-    return frame
+def fill_frame(frame: np.ndarray[Any, Any], camera: int, index: int) -> None:
+    """A synthetic frame written in place, as ``cv2.VideoCapture.read(image=frame)``
+    would: a gradient that moves with the frame number."""
+    height, width, _ = frame.shape
+    frame[..., 0] = (np.arange(width, dtype=np.uint16) + 7 * index).astype(np.uint8)
+    frame[..., 1] = (np.arange(height, dtype=np.uint16) * 255 // height)[:, None]
+    frame[..., 2] = (camera * 37 + index) % 256
 
 
-async def camera(stream: LatestFrameStream, frame: Any, fps: float, duration: float) -> None:
+async def camera(
+    number: int,
+    stream: LatestFrameStream,
+    buffers: list[np.ndarray[Any, Any]],
+    fps: float,
+    duration: float,
+    shown: dict[int, tuple[np.ndarray[Any, Any], Detections]],
+) -> int:
+    boxes = 0
+
     async def read() -> None:
+        nonlocal boxes
         async for result in stream:  # answers arrive in frame order
             if result.error is None:  # a failed frame has an error and no output
-                _ = result.output  # a real application draws or publishes it here
+                detections: Detections = result.output
+                boxes += len(detections)
+                shown[number] = (result.context.copy(), detections)
 
     async with stream:  # leaving it closes the stream, which ends read()
         reader = asyncio.create_task(read())
         loop = asyncio.get_running_loop()
-        tick = loop.time()
-        end = tick + duration
+        tick, end, index = loop.time(), loop.time() + duration, 0
         while tick < end:
-            stream.submit(frame)  # never waits: the newest frame wins
+            frame = buffers[index % len(buffers)]
+            fill_frame(frame, number, index)
+            stream.submit(frame, context=frame)  # never waits: the newest frame wins
+            index += 1
             tick += 1 / fps
             await asyncio.sleep(max(0.0, tick - loop.time()))
     await reader
+    return boxes
 
 
 async def run(
@@ -74,61 +102,72 @@ async def run(
     fps: float,
     duration: float,
     frame_size: tuple[int, int] = FRAME_SIZE,
+    save: str | None = None,
 ) -> list[StreamStatistics]:
     """Run the cameras for ``duration`` seconds; print and return each one's statistics."""
-    first = TensorSpec("probe", (1, 3, 1, 1))  # replaced by the model's own input below
-    async with Engine(model, cores=[0, 1]) as probe:
-        first = probe.inputs[0]
-    # The model's (first) input takes the cameras' raw frames, letterboxed to its size.
-    async with Engine(model, cores=[0, 1], preprocess={first.name: LETTERBOX}) as engine:
-        height, width = first.shape[2:]
-        scale, top, left = LETTERBOX.geometry(*frame_size, height, width)
-        print(
-            f"frames {frame_size[1]}x{frame_size[0]} -> input {width}x{height}: "
-            f"scale {scale:.4f}, top {top}, left {left} (to map boxes back)"
-        )
+    detector = Detect(head="yolov5", classes=80, conf=0.25, iou=0.45)
+    async with Engine(
+        model, preprocess={"images": LETTERBOX}, postprocess=detector
+    ) as engine:
         streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(cameras)]
-        await asyncio.gather(
-            *(camera(s, camera_frame(i, frame_size), fps, duration) for i, s in enumerate(streams))
+        shape = (*frame_size, 3)
+        rings = [engine.frame_buffers(BUFFERS_PER_CAMERA, shape) for _ in streams]
+        shown: dict[int, tuple[np.ndarray[Any, Any], Detections]] = {}
+        boxes = await asyncio.gather(
+            *(camera(i, s, rings[i], fps, duration, shown) for i, s in enumerate(streams))
         )
         stats = [stream.statistics() for stream in streams]
         runtime = engine.runtime.name if engine.runtime else "?"
     print(f"{cameras} cameras x {fps:g} fps on the {runtime} runtime for {duration:g} s")
-    print("camera     fps  offered  dropped   p50 ms   p99 ms   max ms")
-    for s in stats:
+    print("camera     fps  dropped   p50 ms   p99 ms  boxes/frame")
+    for s, count in zip(stats, boxes, strict=True):
         print(
-            f"{s.name:<6} {s.fps:7.1f} {s.offered_fps:8.1f} {s.dropped:8d} "
-            f"{s.latency.p50 * 1e3:8.1f} {s.latency.p99 * 1e3:8.1f} {s.latency.max * 1e3:8.1f}"
+            f"{s.name:<6} {s.fps:7.1f} {s.dropped:8d} {s.latency.p50 * 1e3:8.1f} "
+            f"{s.latency.p99 * 1e3:8.1f} {count / max(s.completed, 1):12.1f}"
         )
-    print(
-        f"total  {sum(s.fps for s in stats):7.1f} {sum(s.offered_fps for s in stats):8.1f} "
-        f"{sum(s.dropped for s in stats):8d}"
-    )
+    if shown:
+        frame, detections = shown[min(shown)]
+        for box, score, cls in list(detections)[:3]:
+            print(f"  class {cls:2d} score {score:.2f} at {np.round(box).astype(int).tolist()}")
+        if save:
+            draw(frame, detections, save)
     return stats
+
+
+def draw(frame: np.ndarray[Any, Any], detections: Detections, path: str) -> None:
+    import cv2  # opencv-python-headless
+
+    image = np.ascontiguousarray(frame)
+    for box, score, cls in detections:
+        x1, y1, x2, y2 = (int(round(float(v))) for v in box)
+        cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
+        cv2.putText(
+            image, f"{cls}:{score:.2f}", (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX,
+            0.5, (0, 255, 0), 1,
+        )  # fmt: skip
+    if not cv2.imwrite(path, image):
+        raise SystemExit(f"could not write {path}")
+    print(f"wrote {path}: {len(detections)} boxes")
 
 
 def main(argv: Sequence[str] | None = None) -> list[StreamStatistics]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a loadable; default: a built-in emulator loadable")
+    parser.add_argument("--model", help="a loadable; default: the YOLOv5s emulator loadable")
     parser.add_argument("--cameras", type=int, default=8)
     parser.add_argument("--fps", type=float, default=10.0, help="frames per second per camera")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds")
+    parser.add_argument("--save", metavar="FRAME.jpg", help="draw one frame's boxes into it")
     parser.add_argument(
         "--latency",
         type=float,
-        # 1080p frames pre-processed and packed with numpy (the emulated runtime, no GPU)
-        # cost the host about 20 ms each: keep the emulated DLA the slower part.
+        # 1080p frames pre-processed with numpy (the emulated runtime, no GPU) cost the
+        # host about 20 ms each: keep the emulated DLA the slower part.
         default=0.05,
         help="seconds per frame of the built-in model (2 cores: 40 fps at 0.05)",
     )
     args = parser.parse_args(argv)
     model = args.model or demo_model(args.latency)
-    if args.model is None:
-        print(
-            f"built-in model: {args.latency * 1e3:g} ms per frame on 2 cores = "
-            f"{2 / args.latency:.0f} frames/s; offered {args.cameras * args.fps:.0f} frames/s"
-        )
-    return asyncio.run(run(model, args.cameras, args.fps, args.duration))
+    return asyncio.run(run(model, args.cameras, args.fps, args.duration, save=args.save))
 
 
 if __name__ == "__main__":

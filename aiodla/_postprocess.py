@@ -1,0 +1,86 @@
+"""An engine's post-processing step: its :class:`~aiodla.Detect` matched to the model at
+open, then run on each request's outputs.
+
+``Engine(model, postprocess=Detect(...))`` makes ``infer`` return
+:class:`~aiodla.Detections`. At open :func:`open_postprocess` finds the input whose size
+the strides divide (the one ``preprocess`` feeds, else the model's only input) and
+matches the heads (:meth:`Detect.plan`); every mismatch is a ConfigurationError naming
+the tensor. Per request, :meth:`Postprocess.run` takes the outputs in the model's
+order and, when that input took a camera frame through an ``ImagePreprocess``, maps the
+boxes into that frame (its size read from the request's frame). This is the numpy path
+(:mod:`aiodla._detect_math`); it runs where the engine unpacks outputs, so off the
+event loop when the engine unpacks large outputs in a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._detect import Detect, Detections, DetectPlan
+from ._errors import ConfigurationError, PostprocessError
+
+if TYPE_CHECKING:
+    from ._preprocess import ImagePreprocess
+    from ._tensors import TensorSpec
+
+__all__ = ["Postprocess", "open_postprocess"]
+
+
+class Postprocess:
+    """A Detect matched to one model: which outputs are heads, which input is the frame."""
+
+    def __init__(
+        self,
+        plan: DetectPlan,
+        heads: tuple[int, ...],
+        frame_input: int,
+        preprocess: ImagePreprocess | None,
+    ) -> None:
+        self.plan = plan
+        self._heads = heads  # output index of each head, in the plan's order
+        self._frame_input = frame_input
+        self._preprocess = preprocess
+        self._size = plan.input_size
+
+    def run(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> Detections:
+        """Detections of one request: ``outputs`` (logical arrays, model order) and the
+        request's ``inputs`` (to find its frame's size). Any error is a PostprocessError."""
+        try:
+            heads = [outputs[index] for index in self._heads]
+            pre = self._preprocess
+            if pre is None or pre.resize is None:
+                return self.plan.run(heads)
+            frame = inputs[self._frame_input]
+            size = pre._frame_size("frame", tuple(frame.shape))
+            return self.plan.run(heads, pre.geometry(*size, *self._size), size)
+        except Exception as exc:
+            raise PostprocessError(f"post-processing failed: {exc}") from exc
+
+
+def open_postprocess(
+    detect: object,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    preprocess: Mapping[str, ImagePreprocess],
+) -> Postprocess:
+    """``detect`` matched to the model (at open): ConfigurationError for anything else
+    than a Detect, a model whose image input cannot be told, or heads that do not fit."""
+    if not isinstance(detect, Detect):
+        raise ConfigurationError(f"postprocess={detect!r} must be an aiodla.Detect")
+    if preprocess:
+        name = next(iter(preprocess))
+        index = next(i for i, spec in enumerate(inputs) if spec.name == name)
+    elif len(inputs) == 1:
+        index = 0
+    else:
+        names = ", ".join(spec.name for spec in inputs)
+        raise ConfigurationError(
+            f"postprocess=Detect(...) needs to know the image input of a model with "
+            f"{len(inputs)} inputs ({names}): give it preprocess={{name: ImagePreprocess}}"
+        )
+    image = inputs[index]
+    plan = detect.plan(tuple(image.shape[2:]), outputs)  # type: ignore[arg-type]
+    order = {spec.name: i for i, spec in enumerate(outputs)}
+    heads = tuple(order[spec.name] for spec in plan.specs)
+    return Postprocess(plan, heads, index, preprocess.get(image.name))
