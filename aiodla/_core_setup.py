@@ -19,6 +19,7 @@ from ._errors import (
     RuntimeUnavailableError,
     status_name,
 )
+from ._frame_buffers import FrameBuffers
 from ._graphs import Graphs
 from ._options import EngineOptions
 from ._preprocess import ImagePreprocess, frames_for
@@ -88,6 +89,7 @@ class CoreSetup:
         self.runtime: Runtime | None = None
         self._owns_runtime = False
         self._resources = ResourceStack()
+        self._frames: FrameBuffers | None = None  # made by the first frame_buffers()
         self.cores: list[CoreState] = []
         self.slots: list[Slot] = []
         self.stated_service_time: float | None = None  # what the loadable says, if anything

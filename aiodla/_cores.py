@@ -15,11 +15,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import numpy as np
 
 from ._core_setup import CoreSetup, device_error, is_sticky, read_model
 from ._data_path import DevicePath, TensorBinding
 from ._device_arrays import DeviceSource
 from ._errors import InputTypeError
+from ._frame_buffers import FrameBuffers
 from ._slots import (
     DEFAULT_SERVICE_TIME,
     CompletionProbe,
@@ -151,6 +153,18 @@ class Cores(CoreSetup):
         if len(results) == 1:
             return results[0]
         return {b.spec.name: r for b, r in zip(slot.outputs, results, strict=True)}
+
+    def frame_buffers(self, count: Any, shape: Any, dtype: Any) -> list[np.ndarray[Any, Any]]:
+        """Arrays in this layer's pinned memory (:mod:`aiodla._frame_buffers`), mapped
+        when kernels read staging in place; freed with everything else at release."""
+        assert self.runtime is not None
+        if self._frames is None:
+            zero_copy = isinstance(self.path, DevicePath) and self.path.zero_copy
+            self._frames = FrameBuffers(self.runtime, mapped=zero_copy)
+            self._resources.push("frame buffers", None, self._frames.close)
+            if isinstance(self.path, DevicePath):
+                self.path.frame_buffers = self._frames
+        return self._frames.create(count, shape, dtype)
 
     def import_device(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec`` (see :meth:`DevicePath.import_array`)."""

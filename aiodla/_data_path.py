@@ -34,6 +34,7 @@ from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
 from ._layout import BoundTensor
 
 if TYPE_CHECKING:
+    from ._frame_buffers import FrameBuffers
     from ._preprocess import ImagePreprocess
     from ._slots import Slot
     from ._tensors import TensorSpec
@@ -131,6 +132,9 @@ class FrameRead(NamedTuple):
     width: int
     pitch: int  # bytes from one row to the next
     nbytes: int
+    # The engine frame buffer (its address) to copy from instead of the slot's staging:
+    # 0 for the staging (see aiodla._frame_buffers)
+    source: int = 0
 
 
 #: What a slot's pack step reads: (pointer, dtype, element strides, stream to wait for or
@@ -275,6 +279,7 @@ class DevicePath:
         self.zero_copy = zero_copy
         self.ingest_stream = 0  # device arrays' exports are ordered before its work
         self.fused = False  # camera frames go to the GPU raw, pre-processed by one kernel
+        self.frame_buffers: FrameBuffers | None = None  # the engine's, once it makes some
 
     def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec``: checked, and its export ordered before the
@@ -369,6 +374,9 @@ class DevicePath:
     def _stage(self, binding: TensorBinding, array: _Array) -> Read:
         spec = binding.spec
         if binding.frames is not None and self.fused:
+            in_place = self._frame_buffer_read(binding, array)
+            if in_place is not None:  # no staging copy: the frame is already pinned
+                return in_place
             # The frame's own bytes: the fused kernel does the rest on the stream.
             staged = binding.host.array[: array.nbytes].reshape(array.shape)
             np.copyto(staged, array)
@@ -386,6 +394,35 @@ class DevicePath:
             pointer = self._staged_at(binding)
             return (pointer, array.dtype, _dense_strides(spec.shape), None)
         return self._stage_array(binding, array)
+
+    def _frame_buffer_read(self, binding: TensorBinding, array: _Array) -> FrameRead | None:
+        """The read of a frame lying in an engine frame buffer, in place (mapped) or by
+        one copy from that buffer; None for any other frame, or one whose rows the
+        kernel cannot follow (pixels not packed, rows not ascending) or whose bytes do
+        not fit the device staging (those are staged as always)."""
+        frames = self.frame_buffers
+        found = None if frames is None else frames.find(array)
+        if found is None:
+            return None
+        buffer, offset = found
+        pitch, row = (
+            array.strides[0],
+            array.shape[1] * array.itemsize * (array.shape[2] if array.ndim == 3 else 1),
+        )
+        packed = array.strides[-1] == array.itemsize and (
+            array.ndim == 2 or array.strides[1] == array.shape[2] * array.itemsize
+        )
+        if not packed or pitch < row:
+            return None
+        height, width = array.shape[:2]
+        if binding.frames is not None and binding.frames.source == "nv12":
+            height = height * 2 // 3
+        span = (array.shape[0] - 1) * pitch + row
+        if self.zero_copy and buffer.device_ptr:
+            return FrameRead(buffer.device_ptr + offset, height, width, pitch, span)
+        if offset + span > binding.host.nbytes:
+            return None
+        return FrameRead(binding.raw + offset, height, width, pitch, offset + span, buffer.ptr)
 
     def _stage_array(
         self, binding: TensorBinding, array: _Array
@@ -450,7 +487,11 @@ class DevicePath:
         stream = slot.stream
         for binding, read in zip(slot.inputs, slot.reads, strict=True):
             if isinstance(read, FrameRead):
-                if not self.zero_copy:
+                if read.source:  # an engine frame buffer, from its start
+                    assert self.frame_buffers is not None
+                    source = self.frame_buffers.buffer_at(read.source)
+                    runtime.copy_to_device(binding.raw, source, read.nbytes, stream)
+                elif not self.zero_copy:
                     runtime.copy_to_device(binding.raw, binding.host, read.nbytes, stream)
                 runtime.preprocess(
                     binding.spec,

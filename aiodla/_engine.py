@@ -47,6 +47,7 @@ from ._errors import (
 from ._flow import EngineState, Flow
 from ._isolation import RemoteCores
 from ._options import EngineKeywords, EngineOptions, check_timeout
+from ._postprocess import open_postprocess
 from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
 from ._statistics import CoreStatistics, EngineHealth, EngineStatistics, StageTimes
@@ -170,6 +171,7 @@ class Engine:
             # may hold its last job's callable until its next, and an engine dropped
             # unclosed must still be collected (and warn).
             await cores.start(self._model, self._runtime_choice, self._flow, self._die)
+            self._flow.postprocess = open_postprocess(self._options, cores.inputs, cores.outputs)
         except BaseException:
             # Release in a thread of its own that a second cancellation cannot stop.
             await asyncio.shield(asyncio.ensure_future(anyio.to_thread.run_sync(cores.release)))
@@ -360,7 +362,7 @@ class Engine:
         if timeout is not None:
             check_timeout(timeout)
         if output != "host":
-            self._check_device_output(output)
+            _check_device_output(output, self.runtime, self._cores.path, self._flow.postprocess)
         arrays = self._validated(inputs)
         sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler
@@ -377,6 +379,13 @@ class Engine:
         request.sources = sources
         return flow.admit(request, timeout)
 
+    def frame_buffers(self, count: int, shape: Any, dtype: Any = np.uint8) -> list[Any]:
+        """Pinned arrays the engine owns, to fill with frames in place: ``infer`` on one
+        skips the staging copy. :mod:`aiodla._frame_buffers` says until when they hold."""
+        if self._flow.state is not EngineState.OPEN:
+            raise EngineClosedError(f"the engine is {self._flow.state.value}: open it first")
+        return self._cores.frame_buffers(count, shape, dtype)
+
     def _validated(self, inputs: Any) -> tuple[Any, ...]:
         cores = self._cores
         return _validated(
@@ -387,15 +396,6 @@ class Engine:
             cores.import_device,
             cores.frames,
         )
-
-    def _check_device_output(self, output: object) -> None:
-        if output != "device":
-            raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
-        if self.runtime.has_device_memory and not isinstance(self._cores.path, DevicePath):
-            raise ConfigurationError(
-                "output='device' needs device conversion; this engine converts on the "
-                "host (Engine(convert='device') converts on the GPU)"
-            )
 
     # -- observation ---------------------------------------------------------------------------
 
@@ -546,3 +546,18 @@ def _core_statistics(core: CoreState, now: float) -> CoreStatistics:
         dla_time=None if core.dla_times is None else core.dla_times.summary(),
         dla_histogram=None if core.dla_histogram is None else core.dla_histogram.snapshot(),
     )
+
+
+def _check_device_output(output: object, runtime: Any, path: Any, postprocess: Any) -> None:
+    if output != "device":
+        raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
+    if postprocess is not None:
+        raise ConfigurationError(
+            "output='device' with postprocess=: Detections are computed on the host "
+            "in this version; leave output='host'"
+        )
+    if runtime.has_device_memory and not isinstance(path, DevicePath):
+        raise ConfigurationError(
+            "output='device' needs device conversion; this engine converts on the "
+            "host (Engine(convert='device') converts on the GPU)"
+        )

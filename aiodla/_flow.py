@@ -26,12 +26,14 @@ from ._errors import (
     AiodlaError,
     EngineClosedError,
     EngineDeadError,
+    PostprocessError,
     RequestTimeoutError,
     TaskError,
     status_name,
 )
 from ._options import EngineOptions
 from ._poller import Poller
+from ._postprocess import Postprocess, read_results
 from ._scheduler import Outcome, Request, RequestState, Scheduler
 from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
 from ._submit_failures import SubmitFailures
@@ -85,6 +87,7 @@ class Flow(SubmitFailures):
         self.dead_cause: BaseException | None = None
         self.drained: asyncio.Event | None = None
         self.offload_pack = self.offload_unpack = False
+        self.postprocess: Postprocess | None = None  # set at open (Engine(postprocess=))
         window = options.latency_window
         self.latency = LatencyWindow(window)
         self.queue_wait = LatencyWindow(window)
@@ -270,7 +273,12 @@ class Flow(SubmitFailures):
                 scheduler.advance(request, RequestState.UNPACKING)
                 request.future.set_result(None)  # its coroutine unpacks off the loop
                 continue
-            outputs = self.cores.read_outputs(slot)
+            try:
+                outputs = read_results(self.cores, self.postprocess, slot)
+            except PostprocessError as exc:  # this request's outputs only: it fails alone
+                self.release(slot)
+                self._finish(request, error=exc)
+                continue
             self.release(slot)
             self._finish(request, result=outputs, now=now)
         self.transition()
@@ -427,7 +435,17 @@ class Flow(SubmitFailures):
     async def _unpack_off_loop(self, request: Request) -> Any:
         slot = request.slot
         assert slot is not None
-        result = await anyio.to_thread.run_sync(self.cores.read_outputs, slot)
+        try:
+            result = await anyio.to_thread.run_sync(
+                read_results, self.cores, self.postprocess, slot
+            )
+        except PostprocessError as exc:
+            if request.state is RequestState.DONE:
+                return self._take_late(request)
+            self.release(slot)
+            self._finish(request, error=exc)
+            self.transition()
+            raise
         if request.state is RequestState.DONE:
             return self._take_late(request)
         self.release(slot)

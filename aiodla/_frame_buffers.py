@@ -41,6 +41,7 @@ class FrameBuffers:
         self._mapped = mapped
         self._starts: list[int] = []  # sorted buffer addresses, for lookup
         self._buffers: list[HostBuffer] = []  # in the same order
+        self._by_address: dict[int, HostBuffer] = {}
 
     def create(self, count: Any, shape: Any, dtype: Any = np.uint8) -> list[np.ndarray[Any, Any]]:
         """``count`` arrays of ``shape`` and ``dtype`` in the runtime's pinned memory.
@@ -69,6 +70,7 @@ class FrameBuffers:
             at = bisect.bisect(self._starts, buffer.ptr)
             self._starts.insert(at, buffer.ptr)
             self._buffers.insert(at, buffer)
+            self._by_address[buffer.ptr] = buffer
             arrays.append(buffer.array[:nbytes].view(kind).reshape(sizes))
         return arrays
 
@@ -86,12 +88,17 @@ class FrameBuffers:
             return None
         return buffer, int(array.__array_interface__["data"][0]) - buffer.ptr
 
+    def buffer_at(self, address: int) -> HostBuffer:
+        """The buffer that starts at ``address`` (one :meth:`find` returned)."""
+        return self._by_address[address]
+
     def __len__(self) -> int:
         return len(self._buffers)
 
     def close(self) -> None:
         """Free every buffer (the engine calls this once its requests have ended)."""
         buffers, self._buffers, self._starts = self._buffers, [], []
+        self._by_address.clear()
         for buffer in buffers:
             self._runtime.host_free(buffer)
 

@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
+    from ._detect import Detect
     from ._preprocess import ImagePreprocess
 
 from ._errors import ConfigurationError
@@ -70,6 +71,7 @@ class EngineKeywords(TypedDict, total=False):
     convert: Literal["auto", "device", "host"]
     zero_copy: bool | None
     preprocess: Mapping[str, ImagePreprocess]
+    postprocess: Detect | None
     isolation: Literal["thread", "process"] | ProcessIsolation
     graphs: bool
     trust_compute: bool
@@ -105,7 +107,9 @@ class EngineOptions:
     enqueued; None (the default) does so on an integrated GPU (a Jetson).
     ``preprocess``: input name -> :class:`~aiodla.ImagePreprocess`: that input takes
     camera frames (any size up to its ``max_frame``), resized, normalized and converted
-    as it says.
+    as it says. ``postprocess``: a :class:`~aiodla.Detect`: ``infer`` returns
+    :class:`~aiodla.Detections` decoded from the model's heads (in the frame's pixels
+    when ``preprocess`` feeds the image input).
     ``isolation``: where the runtime, the CUDA context and every cuDLA handle live:
     ``"thread"`` in this process (a sticky CUDA error kills the engine), ``"process"``
     in a supervised worker process (see :class:`ProcessIsolation`, whose settings
@@ -135,6 +139,7 @@ class EngineOptions:
     convert: str = "auto"
     zero_copy: bool | None = None
     preprocess: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    postprocess: Any = None
     isolation: str = "thread"
     max_restarts: int = 5
     restart_window: float = 60.0
@@ -232,6 +237,10 @@ class EngineOptions:
                     f"preprocess[{name!r}]={value!r} must be an ImagePreprocess for an input name"
                 )
         object.__setattr__(self, "preprocess", MappingProxyType(dict(preprocess)))
+        from ._detect import Detect
+
+        if self.postprocess is not None and not isinstance(self.postprocess, Detect):
+            raise ConfigurationError(f"postprocess={self.postprocess!r} must be an aiodla.Detect")
         scales = dict(self.scales)
         for name, scale in scales.items():
             if not isinstance(name, str) or not _finite(scale) or not scale > 0:

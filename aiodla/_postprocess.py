@@ -14,17 +14,18 @@ event loop when the engine unpacks large outputs in a worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._detect import Detect, Detections, DetectPlan
 from ._errors import ConfigurationError, PostprocessError
 
 if TYPE_CHECKING:
+    from ._options import EngineOptions
     from ._preprocess import ImagePreprocess
     from ._tensors import TensorSpec
 
-__all__ = ["Postprocess", "open_postprocess"]
+__all__ = ["Postprocess", "open_postprocess", "read_results"]
 
 
 class Postprocess:
@@ -59,13 +60,14 @@ class Postprocess:
 
 
 def open_postprocess(
-    detect: object,
-    inputs: Sequence[TensorSpec],
-    outputs: Sequence[TensorSpec],
-    preprocess: Mapping[str, ImagePreprocess],
-) -> Postprocess:
-    """``detect`` matched to the model (at open): ConfigurationError for anything else
-    than a Detect, a model whose image input cannot be told, or heads that do not fit."""
+    options: EngineOptions, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
+) -> Postprocess | None:
+    """``options.postprocess`` matched to the model (at open), None without one:
+    ConfigurationError for a model whose image input cannot be told, or heads that do
+    not fit."""
+    detect, preprocess = options.postprocess, options.preprocess
+    if detect is None:
+        return None
     if not isinstance(detect, Detect):
         raise ConfigurationError(f"postprocess={detect!r} must be an aiodla.Detect")
     if preprocess:
@@ -84,3 +86,15 @@ def open_postprocess(
     order = {spec.name: i for i, spec in enumerate(outputs)}
     heads = tuple(order[spec.name] for spec in plan.specs)
     return Postprocess(plan, heads, index, preprocess.get(image.name))
+
+
+def read_results(cores: Any, postprocess: Postprocess | None, slot: Any) -> Any:
+    """A slot's outputs as the engine returns them: post-processed when the engine has
+    a ``postprocess`` (whose errors come as PostprocessError)."""
+    outputs = cores.read_outputs(slot)
+    if postprocess is None:
+        return outputs
+    specs = cores.outputs
+    values = [outputs] if len(specs) == 1 else [outputs[spec.name] for spec in specs]
+    request = slot.request
+    return postprocess.run(values, request.arrays if request is not None else ())

@@ -106,9 +106,7 @@ async def run(
 ) -> list[StreamStatistics]:
     """Run the cameras for ``duration`` seconds; print and return each one's statistics."""
     detector = Detect(head="yolov5", classes=80, conf=0.25, iou=0.45)
-    async with Engine(
-        model, preprocess={"images": LETTERBOX}, postprocess=detector
-    ) as engine:
+    async with Engine(model, preprocess={"images": LETTERBOX}, postprocess=detector) as engine:
         streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(cameras)]
         shape = (*frame_size, 3)
         rings = [engine.frame_buffers(BUFFERS_PER_CAMERA, shape) for _ in streams]
@@ -139,7 +137,7 @@ def draw(frame: np.ndarray[Any, Any], detections: Detections, path: str) -> None
 
     image = np.ascontiguousarray(frame)
     for box, score, cls in detections:
-        x1, y1, x2, y2 = (int(round(float(v))) for v in box)
+        x1, y1, x2, y2 = (round(float(v)) for v in box)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
         cv2.putText(
             image, f"{cls}:{score:.2f}", (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX,

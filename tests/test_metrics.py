@@ -185,6 +185,7 @@ class TestCounts:
             "task": 3,
             "device": 0,
             "compute": 0,
+            "postprocess": 0,
             "closed": 0,
             "worker_lost": 0,
             "dead": 0,

@@ -100,6 +100,7 @@ def test_only_the_device_layer_and_the_runtimes_call_the_runtime() -> None:
         "aiodla._core_setup",
         "aiodla._cores",
         "aiodla._data_path",
+        "aiodla._frame_buffers",  # the device layer's pinned memory, lent to the caller
         "aiodla._graphs",
         "aiodla._inspection",
         "aiodla._isolation._staging",

@@ -233,6 +233,12 @@ class RemoteCores(Cores):
     def _take_failure(self, slot: Slot) -> BaseException | None:
         return self._failures.pop(id(slot), None) if self._failures else None
 
+    def frame_buffers(self, count: Any, shape: Any, dtype: Any) -> list[Any]:
+        raise ConfigurationError(
+            "frame_buffers need the runtime in this process (isolation='thread'); with "
+            "isolation='process' pass frames as numpy arrays"
+        )
+
     def release(self, keep: tuple[int, ...] = ()) -> None:
         """Stop the worker (it releases its handles itself) and let go of the staging."""
         if self.supervisor is not None:
