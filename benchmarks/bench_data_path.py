@@ -17,7 +17,13 @@ Configurations: ``convert="host"`` and ``convert="device"`` with host frames of 
 type, and with device frames (CuPy, else torch) when a GPU is there; and raw 1920x1080
 BGR camera frames, letterboxed to the model's input by the engine
 (``Engine(preprocess=...)``, on either path) or by OpenCV on the host before ``infer``
-(what users write today; in a worker thread, as they should). The kernels' own time
+(what users write today; in a worker thread, as they should). Camera to boxes
+(``--only boxes``): 1080p BGR frames into YOLOv5s-shaped heads (``aiodla emulate --preset
+yolov5s``), (a) all on the engine: the frame in an engine frame buffer,
+``postprocess=Detect(head="yolov5")``, Detections back; (b) the engine's raw heads, then
+a careful numpy decode (objectness first) and ``cv2.dnn.NMSBoxesBatched`` in a worker
+thread (today's way); against (c) the small 32x32 model. ``host us`` leaves out the
+emulated DLA's compute threads (the DLA's own time on a Jetson). The kernels' own time
 against a device-to-device copy is measured by ``benchmarks/bench_convert_kernels.py``
 and ``benchmarks/bench_preprocess_kernels.py``.
 
@@ -48,8 +54,10 @@ from typing import Any
 import numpy as np
 from _reports import report_path
 
-from aiodla import Engine, ImagePreprocess, TensorSpec
+from aiodla import Detect, Engine, ImagePreprocess, TensorSpec
+from aiodla._detect import YOLOV5_ANCHORS
 from aiodla.emulator import make_loadable
+from aiodla.emulator._detector import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = 0.0038
@@ -62,6 +70,62 @@ SMALL_OUT = TensorSpec("y", (1, 3, 32, 32), "float16", "chw16")
 
 def detector(service: float = SERVICE) -> bytes:
     return make_loadable([FRAME], [HEAD], "mix", service)
+
+
+def yolov5s(service: float = SERVICE) -> bytes:
+    """``aiodla emulate --preset yolov5s``: raw heads with a few dozen objects a frame."""
+    inputs, outputs, _ = PRESETS["yolov5s"]
+    return make_loadable(inputs, outputs, "detect", service)
+
+
+class HostDecode:
+    """What users write today after an engine returns YOLOv5s' raw heads: a careful
+    numpy decode that filters on objectness first, then OpenCV's batched NMS, then the
+    letterbox undone. Runs in a worker thread, as it should."""
+
+    def __init__(self, frame_size: tuple[int, int], conf: float = 0.25, iou: float = 0.45):
+        self.conf, self.iou = conf, iou
+        self.logit = float(np.log(conf / (1 - conf)))
+        self.geometry = ImagePreprocess(source="bgr", order="rgb", resize="letterbox").geometry(
+            *frame_size, *FRAME.shape[2:]
+        )
+
+    def __call__(self, heads: dict[str, Any]) -> tuple[Any, Any, Any]:
+        import cv2
+
+        found = []
+        outputs = PRESETS["yolov5s"][1]
+        for spec, stride, anchors in zip(outputs, (8, 16, 32), YOLOV5_ANCHORS, strict=True):
+            h, w = spec.shape[2:]
+            raw = heads[spec.name].reshape(3, 85, h * w)
+            a, cell = np.nonzero(raw[:, 4, :] > self.logit)  # objectness first
+            if not len(cell):
+                continue
+            t = 1 / (1 + np.exp(-raw[a, :, cell].astype(np.float32)))  # (n, 85)
+            cls = t[:, 5:].argmax(1)
+            score = t[:, 4] * t[np.arange(len(cls)), 5 + cls]
+            keep = score > self.conf
+            t, a, cell, cls, score = t[keep], a[keep], cell[keep], cls[keep], score[keep]
+            pairs = np.array(anchors, np.float32).reshape(3, 2)[a]
+            cx = (t[:, 0] * 2 - 0.5 + cell % w) * stride
+            cy = (t[:, 1] * 2 - 0.5 + cell // w) * stride
+            bw, bh = (t[:, 2] * 2) ** 2 * pairs[:, 0], (t[:, 3] * 2) ** 2 * pairs[:, 1]
+            found.append(np.stack([cx - bw / 2, cy - bh / 2, bw, bh, score, cls], 1))
+        if not found:
+            return np.empty((0, 4)), np.empty(0), np.empty(0)
+        rows = np.concatenate(found)
+        kept = cv2.dnn.NMSBoxesBatched(
+            rows[:, :4].tolist(), rows[:, 4].tolist(), rows[:, 5].astype(int).tolist(),
+            self.conf, self.iou,
+        )  # fmt: skip
+        rows = rows[np.asarray(kept, int).reshape(-1)][:300]
+        g = self.geometry
+        boxes = np.stack(
+            [(rows[:, 0] - g.left) / g.scale_x, (rows[:, 1] - g.top) / g.scale_y,
+             (rows[:, 0] + rows[:, 2] - g.left) / g.scale_x,
+             (rows[:, 1] + rows[:, 3] - g.top) / g.scale_y], 1,
+        )  # fmt: skip
+        return boxes, rows[:, 4], rows[:, 5]
 
 
 def small(service: float = SERVICE) -> bytes:
@@ -78,12 +142,14 @@ def thread_cpu(thread: threading.Thread) -> float:
 
 
 def cpu_by_thread() -> dict[str, float]:
-    groups = {"loop": time.thread_time(), "poller": 0.0, "other": 0.0}
+    groups = {"loop": time.thread_time(), "poller": 0.0, "other": 0.0, "dla": 0.0}
     current = threading.current_thread()
     for thread in threading.enumerate():
         if thread is current:
             continue
         key = "poller" if thread.name == "aiodla-poller" else "other"
+        if thread.name.startswith("aiodla-emulated-compute"):
+            key = "dla"  # the emulated DLA's own work: device time on a Jetson
         groups[key] += thread_cpu(thread)
     groups["process"] = time.process_time()
     return groups
@@ -128,8 +194,15 @@ async def measure(
     prepare: Any = None,
     service: float = SERVICE,
 ) -> dict[str, float]:
+    options = dict(options)
+    finish = options.pop("finish", None)  # the host's work on each result, in a thread
+    in_buffer = options.pop("frame_buffer", False)  # the frame in an engine frame buffer
     async with Engine(model, cores=range(CORES), streams_per_core=4, **options) as engine:
         x = make_input()
+        if in_buffer:
+            (buffer,) = engine.frame_buffers(1, x.shape, x.dtype)
+            buffer[:] = x
+            x = buffer
         for _ in range(8):
             await engine.infer(x if prepare is None else prepare(x))
         lags: list[float] = []
@@ -144,9 +217,11 @@ async def measure(
             nonlocal done
             while time.perf_counter() < deadline:
                 if prepare is None:
-                    await engine.infer(x)
+                    result = await engine.infer(x)
                 else:
-                    await engine.infer(await asyncio.to_thread(prepare, x))
+                    result = await engine.infer(await asyncio.to_thread(prepare, x))
+                if finish is not None:
+                    await asyncio.to_thread(finish, result)
                 done += 1
 
         await asyncio.gather(*(worker() for _ in range(16)))
@@ -161,6 +236,7 @@ async def measure(
         "rate": rate,
         "x_ideal": rate / (CORES / service),
         "process_us": per["process"],
+        "host_us": per["process"] - per["dla"],
         "loop_us": per["loop"],
         "poller_us": per["poller"],
         "other_us": per["other"],
@@ -262,13 +338,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             (f"{convert} / 1080p frames", detector(service), lambda: camera, options, None)
         )
     try:
-        import cv2  # noqa: F401
+        import cv2
 
         cases.append(
             ("OpenCV host / 1080p", detector(service), lambda: camera, {}, opencv_letterbox)
         )
     except ImportError:
         print("OpenCV is not installed: no host pre-processing baseline", flush=True)
+    # Camera to boxes: 1080p BGR frames -> YOLOv5s-shaped heads -> Detections.
+    boxes_options = {"convert": "device", "preprocess": {FRAME.name: letterbox}}
+    cases.append(
+        (
+            "boxes: engine + buffers",
+            yolov5s(service),
+            lambda: camera,
+            {**boxes_options, "postprocess": Detect(head="yolov5"), "frame_buffer": True},
+            None,
+        )
+    )
+    try:
+        import cv2  # noqa: F401
+
+        cases.append(
+            (
+                "boxes: heads + host NMS",
+                yolov5s(service),
+                lambda: camera,
+                {**boxes_options, "finish": HostDecode(camera.shape[:2])},
+                None,
+            )
+        )
+    except ImportError:
+        print("OpenCV is not installed: no host decode + NMS baseline", flush=True)
     if args.only:
         wanted = args.only.split(",")
         cases = [c for c in cases if c[0] == "small 32x32" or any(w in c[0] for w in wanted)]
@@ -297,10 +398,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cases": {},
     }
     floor = statistics.median(r["process_us"] for r in raw["small 32x32"])
+    host_floor = statistics.median(r["host_us"] for r in raw["small 32x32"])
     for name, results in raw.items():
         keys = results[0].keys()
         entry = {key: summarize([r[key] for r in results]) for key in keys}
         entry["cpu_vs_small"] = summarize([r["process_us"] / floor for r in results])
+        entry["host_vs_small"] = summarize([r["host_us"] / host_floor for r in results])
         report["cases"][name] = entry
     return report
 
@@ -312,7 +415,7 @@ def table(report: dict[str, Any]) -> str:
         f" ideal {CORES / report['service_s']:.0f}/s; the runtime alone sustains"
         f" {floor['median']:.0f}/s ({floor['min']:.0f}..{floor['max']:.0f}) for the 640x640 model",
         f"{'case':<26}{'x ideal':>9}{'x floor':>9}{'CPU us/req':>12}{'x small':>9}{'loop':>8}"
-        f"{'poller':>8}{'other':>8}{'lag p99 ms':>12}",
+        f"{'poller':>8}{'other':>8}{'lag p99 ms':>12}{'host us':>9}{'x small':>8}",
     ]
     for name, entry in report["cases"].items():
         lines.append(
@@ -321,6 +424,7 @@ def table(report: dict[str, Any]) -> str:
             f"{entry['cpu_vs_small']['median']:>9.2f}{entry['loop_us']['median']:>8.0f}"
             f"{entry['poller_us']['median']:>8.0f}{entry['other_us']['median']:>8.0f}"
             f"{entry['lag_p99_ms']['median']:>12.2f}"
+            f"{entry['host_us']['median']:>9.0f}{entry['host_vs_small']['median']:>8.2f}"
         )
     return "\n".join(lines)
 
