@@ -100,3 +100,15 @@ def test_no_benchmark_writes_into_results_by_default() -> None:
     assert len(scripts) > 10
     found = [line for script in scripts for line in _defaults_into_results(script)]
     assert found == []
+
+
+def test_the_readmes_instruction_counts_are_the_recorded_ones() -> None:
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    found = re.search(
+        r"the event loop ran ([\d,]+) instructions per request at (\w+) against ([\d,]+) at (\w+)",
+        readme,
+    )
+    assert found, "README states the host cost in instructions, with the commits measured"
+    for count, commit in ((found[1], found[2]), (found[3], found[4])):
+        report = json.loads((BENCHMARKS / "results" / f"instructions-{commit}.json").read_text())
+        assert int(count.replace(",", "")) == round(report["loop_instructions_per_request"])
