@@ -20,18 +20,17 @@ except pool memory for device outputs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._bindings import FrameRead, Read, Staging, TensorBinding
 from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
 from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
-from ._layout import BoundTensor
 
 if TYPE_CHECKING:
     from ._frame_buffers import FrameBuffers
@@ -68,47 +67,6 @@ SOURCE_DTYPES: tuple[np.dtype[Any], ...] = tuple(
 _WIDEST = max(dtype.itemsize for dtype in SOURCE_DTYPES)
 
 
-@dataclasses.dataclass(eq=False)
-class TensorBinding:
-    """One tensor of one slot: its spec, its registered DLA buffer and its staging.
-
-    Host conversion: ``host`` holds the DLA bytes and ``bound`` its layout views.
-    Device conversion: ``host`` holds the caller's bytes (inputs) or the logical
-    results (outputs); ``raw`` is their device copy, 0 when ``host`` is mapped and
-    the kernels reach it in place.
-    """
-
-    spec: TensorSpec
-    device_ptr: int
-    registered: int
-    host: HostBuffer
-    bound: BoundTensor | None = None
-    raw: int = 0
-    # An input that takes camera frames: their pre-processing, and (host conversion)
-    # where it writes the float32 model input before packing.
-    frames: ImagePreprocess | None = None
-    scratch: _Array | None = None
-    # Device conversion, per request: the staging as a dense array of each source dtype
-    # with the read the pack kernel makes from it (inputs), and the results' view
-    # (outputs); views of ``host``, made once (see :meth:`rehost`).
-    staged: dict[np.dtype[Any], Staging] = dataclasses.field(default_factory=dict)
-    results: _Array | None = None
-
-    def rehost(self, host: HostBuffer, bound: BoundTensor | None) -> None:
-        """Stage in ``host`` from now on (a new worker's shared staging)."""
-        self.host, self.bound = host, bound
-        self.staged.clear()
-        self.results = None
-
-
-class Staging(NamedTuple):
-    """A binding's staging as a dense array of one source dtype."""
-
-    array: _Array
-    read: Read  # what the pack kernel reads from it
-    raw: memoryview  # its bytes, for a copy that keeps the GIL (see copy_small)
-
-
 def copy_small(destination: memoryview, array: _Array) -> bool:
     """Copy a C-contiguous ``array`` of at most ``GIL_HELD_COPY`` bytes into
     ``destination`` (the bytes of a dense array of its dtype and shape) keeping the GIL;
@@ -122,24 +80,6 @@ def copy_small(destination: memoryview, array: _Array) -> bool:
         return False
     destination[:] = array.data.cast("B")
     return True
-
-
-class FrameRead(NamedTuple):
-    """A staged camera frame for the fused pre-processing kernel."""
-
-    pointer: int
-    height: int  # the image's (nv12: its Y plane's)
-    width: int
-    pitch: int  # bytes from one row to the next
-    nbytes: int
-    # The engine frame buffer (its address) to copy from instead of the slot's staging:
-    # 0 for the staging (see aiodla._frame_buffers)
-    source: int = 0
-
-
-#: What a slot's pack step reads: (pointer, dtype, element strides, stream to wait for or
-#: None), or a camera frame.
-Read = tuple[int, np.dtype[Any], tuple[int, int, int, int], int | None] | FrameRead
 
 
 def _dense_strides(shape: tuple[int, ...]) -> tuple[int, int, int, int]:

@@ -77,14 +77,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ._errors import ModelError
-
-if TYPE_CHECKING:
-    from ._tensors import TensorSpec
 
 __all__ = [
     "DataCategory",
@@ -408,7 +405,28 @@ def describe_fields(desc: TensorDescriptor) -> str:
     )
 
 
-def descriptor_of(spec: TensorSpec) -> TensorDescriptor:
+class Described(Protocol):
+    """What a descriptor is written from (a :class:`~aiodla.TensorSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, int, int, int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def strides(self) -> tuple[int, int, int, int] | None: ...
+    @property
+    def category(self) -> int | None: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]: ...
+
+
+def descriptor_of(spec: Described) -> TensorDescriptor:
     """The descriptor fields a loadable would carry for ``spec`` (no scale: the
     descriptor has no field for one)."""
     assert spec.strides is not None

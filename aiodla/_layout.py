@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,10 +24,33 @@ from . import _convert
 from ._convert import _SCRATCH, _Convert, _read_conversion, _write_conversion, refuse_nan
 from ._errors import InputTypeError, InputValueError
 
-if TYPE_CHECKING:
-    from ._tensors import TensorSpec
 
-__all__ = ["BoundTensor"]
+class Laid(Protocol):
+    """What a layout is planned from (a :class:`~aiodla.TensorSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, int, int, int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def strides(self) -> tuple[int, int, int, int] | None: ...
+    @property
+    def scale(self) -> float | None: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]: ...
+    @property
+    def lanes(self) -> int: ...
+    @property
+    def groups(self) -> int: ...
+    @property
+    def is_integer(self) -> bool: ...
+
+
+__all__ = ["BoundTensor", "Laid"]
 
 _Array = np.ndarray[Any, Any]
 
@@ -64,7 +87,7 @@ class _Block(NamedTuple):
     per_channel: bool  # copy channel by channel (few lanes per pixel)
 
 
-def _raw_bytes(buffer: Any, spec: TensorSpec) -> _Array:
+def _raw_bytes(buffer: Any, spec: Laid) -> _Array:
     if isinstance(buffer, np.ndarray):
         if not (buffer.flags.c_contiguous or buffer.flags.f_contiguous):
             raise InputValueError(
@@ -87,7 +110,7 @@ def _raw_bytes(buffer: Any, spec: TensorSpec) -> _Array:
     return raw[: spec.size]
 
 
-def _plan(spec: TensorSpec, raw: _Array) -> tuple[_Block, ...]:
+def _plan(spec: Laid, raw: _Array) -> tuple[_Block, ...]:
     """Cut the tensor into blocks of about _BLOCK elements, each with its buffer view.
 
     nchw tensors are cut into whole channel planes (or row bands of one plane); the
@@ -158,7 +181,10 @@ def _load(lanes: _Array, into: _Array, per_channel: bool) -> None:
         np.copyto(into, lanes)
 
 
-class BoundTensor:
+_S = TypeVar("_S", bound=Laid)
+
+
+class BoundTensor(Generic[_S]):
     """A TensorSpec fixed to one buffer, its element views computed once.
 
     The tensor is cut into blocks (see ``_plan``); each block knows its view of the
@@ -171,7 +197,7 @@ class BoundTensor:
 
     __slots__ = ("_blocks", "_reads", "_writes", "raw", "spec")
 
-    def __init__(self, spec: TensorSpec, buffer: Any, *, zero: bool = True) -> None:
+    def __init__(self, spec: _S, buffer: Any, *, zero: bool = True) -> None:
         self.spec = spec
         self.raw = _raw_bytes(buffer, spec)
         if zero:

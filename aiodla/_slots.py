@@ -14,7 +14,7 @@ from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
 from .runtime._protocol import Runtime, cudla_status
 
 if TYPE_CHECKING:
-    from ._data_path import Read, TensorBinding
+    from ._bindings import Read, TensorBinding
 
 __all__ = [
     "DEFAULT_SERVICE_TIME",

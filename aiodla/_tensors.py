@@ -220,7 +220,7 @@ class TensorSpec:
 
     # -- layout views ----------------------------------------------------------------
 
-    def bind(self, buffer: Any, *, zero: bool = True) -> BoundTensor:
+    def bind(self, buffer: Any, *, zero: bool = True) -> BoundTensor[TensorSpec]:
         """This tensor fixed to one buffer (a slot's pinned memory, say), with its views
         computed once. ``zero`` zeroes the whole buffer now; writes never touch padding
         afterwards."""

@@ -146,9 +146,10 @@ class FaultInjection(Timeline):
         """Hold every task submitted to ``core`` before it starts, until released."""
         target = self._core(core)
         with self._lock:
-            if target.gate is None:
-                target.gate = TaskGate(self, core)
-            return target.gate
+            gate = target.gate
+            if not isinstance(gate, TaskGate):  # (none yet: the timeline knows only Gate)
+                gate = target.gate = TaskGate(self, core)
+            return gate
 
     def _release_gate(self, gate: TaskGate) -> None:
         with self._lock:

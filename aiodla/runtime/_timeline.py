@@ -12,7 +12,7 @@ import collections
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from .._errors import ConfigurationError
 from ._protocol import CudaCallError
@@ -20,7 +20,21 @@ from ._protocol import CudaCallError
 if TYPE_CHECKING:
     import threading
 
-    from ._faults import TaskGate, _TaskEffect
+
+class Gate(Protocol):
+    """What holds a core's tasks before they start (the fault layer's ``TaskGate``)."""
+
+    @property
+    def released(self) -> bool: ...
+    def _arrived(self) -> None: ...
+
+
+class TaskTiming(Protocol):
+    """What the timeline reads of a task's effect (the fault layer's ``_TaskEffect``)."""
+
+    hung: bool
+    duration: float
+
 
 DEFAULT_TASK_TIMEOUT = 30.0  # seconds, cuDLA's default
 # cudaError_t values the emulator raises.
@@ -41,7 +55,7 @@ class _Core:
     failures: collections.deque[tuple[int, bool]] = dataclasses.field(
         default_factory=collections.deque
     )
-    gate: TaskGate | None = None
+    gate: Gate | None = None
     # Streams stopped at a task of this held core, in the order those tasks came.
     blocked: collections.deque[_Stream] = dataclasses.field(default_factory=collections.deque)
     handles: int = 0
@@ -188,8 +202,8 @@ class Timeline:
     ) -> None:
         core = device.core
         start = max(core.free_at, stream.clock, now)
-        # Only a task's operation has a device, and its effect is always a _TaskEffect.
-        effect = cast("_TaskEffect", operation.effect)
+        # Only a task's operation has a device, and its effect always has a timing.
+        effect = cast("TaskTiming", operation.effect)
         duration = device.timeout if effect.hung else effect.duration
         core.tasks_started += 1
         core.busy_time += duration
