@@ -1,59 +1,50 @@
 """Opening the device layer: the runtime, every core's device and module, and each
 slot's stream, events, registered buffers, staging and task, created in order and
-remembered for release; and how runtime failures become aiodla errors."""
+remembered for release. What it opened comes out whole (:class:`Opened`); on a failure
+everything created so far is released before the error propagates."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._data_path import DevicePath, HostPath
+from ._data_path import DataPath, DevicePath, HostPath
 from ._descriptors import TensorDescriptor
-from ._errors import (
-    AiodlaError,
-    ConfigurationError,
-    DeviceError,
-    ModelError,
-    RuntimeUnavailableError,
-    status_name,
-)
-from ._frame_buffers import FrameBuffers
+from ._device import device_error
+from ._errors import ConfigurationError, ModelError, RuntimeUnavailableError
 from ._graphs import Graphs
 from ._options import EngineOptions
 from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
 from ._slots import CoreState, Slot, new_core
-from ._statistics import LatencyWindow
 from ._tensors import TensorSpec, specs_by_name
-from .runtime._protocol import CudaCallError, Runtime, cudla_status
+from .runtime._protocol import Runtime
 from .runtime._select import select_runtime
 
-__all__ = ["CoreSetup", "device_error", "is_sticky", "read_model"]
+__all__ = ["Opened", "open_model", "read_model"]
 
 logger = logging.getLogger("aiodla")
 
 
-def device_error(doing: str, exc: BaseException) -> AiodlaError | None:
-    """The aiodla error for a runtime failure while ``doing`` (a phrase such as
-    ``"core 1: submitting the request"``), or None when ``exc`` is no device failure.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Opened:
+    """Everything one engine opened in this process, and how to release it."""
 
-    The one translation from runtime exceptions to aiodla errors: a CUDA error or a
-    cuDLA status becomes a :class:`DeviceError` carrying it.
-    """
-    if isinstance(exc, AiodlaError):
-        return exc
-    if isinstance(exc, CudaCallError):
-        return DeviceError(f"{doing} failed: {exc}", cuda_error=exc.code)
-    status = cudla_status(exc)
-    if status is None:
-        return None
-    detail = getattr(exc, "detail", None)  # the emulated runtime says what it caught
-    return DeviceError(
-        f"{doing} failed: {status_name(status)}" + (f" ({detail})" if detail else ""),
-        status=status,
-    )
+    runtime: Runtime
+    owns_runtime: bool  # chosen by name: the engine made it, and closes it
+    resources: ResourceStack  # every handle, in order of creation
+    cores: list[CoreState]
+    slots: list[Slot]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    frames: tuple[ImagePreprocess | None, ...]
+    path: DataPath
+    graphs: Graphs | None  # None when Engine(graphs=False)
+    take_compute_failure: Callable[[Slot], BaseException | None] | None
+    stated_service_time: float | None
 
 
 def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -> bytes:
@@ -74,59 +65,33 @@ def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -
     return data
 
 
-def is_sticky(exc: BaseException) -> bool:
-    """True for a CUDA error that leaves the process's CUDA context unusable."""
-    return isinstance(exc, CudaCallError) and exc.sticky
+def open_model(model: bytes, runtime_choice: str | Runtime, options: EngineOptions) -> Opened:
+    """Pick the runtime, then open every core, its module and its ring of slots
+    (blocking: the engine runs it in a worker thread)."""
+    runtime, owned = select_runtime(runtime_choice, model, trust_compute=options.trust_compute)
+    opening = _Opening(options, runtime)
+    try:
+        return opening.open(model, owned)
+    except BaseException:
+        opening.release()
+        if owned:
+            runtime.close()
+        raise
 
 
-class CoreSetup:
-    """The cores of one engine as opened: runtime, cores, slots, tensors and the data
-    path. ``open`` blocks (the engine runs it in a worker thread); what was created
-    is released by :class:`~aiodla._cores.Cores`."""
+class _Opening:
+    """One open in progress: what it made so far, in order, to release on a failure."""
 
-    def __init__(self, options: EngineOptions) -> None:
+    def __init__(self, options: EngineOptions, runtime: Runtime) -> None:
         self._options = options
-        self.runtime: Runtime | None = None
-        self._owns_runtime = False
-        self._resources = ResourceStack()
-        self._frames: FrameBuffers | None = None  # made by the first frame_buffers()
+        self.runtime = runtime
+        self.resources = ResourceStack()
         self.cores: list[CoreState] = []
         self.slots: list[Slot] = []
-        self.stated_service_time: float | None = None  # what the loadable says, if anything
-        self.inputs: tuple[TensorSpec, ...] = ()
-        self.outputs: tuple[TensorSpec, ...] = ()
-        self.path: HostPath | DevicePath | None = None
-        # Captures and launches the slots' graphs; None when Engine(graphs=False).
-        self.graphs: Graphs | None = None
-        # The pre-processing of each input that takes camera frames, else None.
-        self.frames: tuple[ImagePreprocess | None, ...] = ()
-        # The emulated runtime's failed compute= functions, by slot (None when no
-        # module of this engine has one: nothing to ask with each completion then).
-        self.take_compute_failure: Callable[[Slot], BaseException | None] | None = None
-        self.stage_windows = (
-            tuple(LatencyWindow(options.latency_window) for _ in range(3))
-            if options.stage_times
-            else None
-        )
 
-    # -- opening (worker thread) --------------------------------------------------------------
-
-    def open_model(
-        self,
-        model: str | os.PathLike[str] | bytes | bytearray | memoryview,
-        runtime_choice: str | Runtime,
-    ) -> None:
-        """Read the loadable (a path, or its bytes), then :meth:`open` it."""
-        self.open(read_model(model), runtime_choice)
-
-    def open(self, model: bytes, runtime_choice: str | Runtime) -> None:
-        """Pick the runtime, then open every core, its module and its ring of slots."""
-        trust = self._options.trust_compute
-        runtime, owned = select_runtime(runtime_choice, model, trust_compute=trust)
-        self.runtime, self._owns_runtime = runtime, owned
+    def open(self, model: bytes, owned: bool) -> Opened:
+        runtime = self.runtime
         options = self._options
-        if options.graphs:
-            self.graphs = Graphs(runtime, self._resources)
         self._call("make_current", runtime.make_current)
         available = self._call("device_count", runtime.device_count)
         for number in options.cores:
@@ -135,60 +100,64 @@ class CoreSetup:
                     f"DLA core {number} does not exist: the {runtime.name} runtime has "
                     f"{available} core(s)"
                 )
+        graphs = Graphs(runtime, self.resources) if options.graphs else None
         # An emulator loadable states its service time; a DLA loadable's is learned.
-        stated = self.stated_service_time = runtime.stated_service_time(model)
-        reference: tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]] | None = None
-        for number in options.cores:
-            core = new_core(number, stated, options)
-            self.cores.append(core)
-            found = self._open_core(core, model)
-            if reference is None:
-                reference = found
-                self._set_specs(found)
-            elif found != reference:
+        stated = runtime.stated_service_time(model)
+        first, *others = options.cores
+        found = self._open_core(first, stated, model)
+        inputs, outputs, frames = self._specs(found)
+        path = self._choose_path(inputs, outputs, frames)
+        self._open_slots(self.cores[0], path, inputs, outputs, frames)
+        for number in others:
+            if self._open_core(number, stated, model) != found:
                 raise ModelError(
                     f"core {number} reports other tensor descriptors than core "
-                    f"{options.cores[0]}; the same loadable must describe the same tensors"
+                    f"{first}; the same loadable must describe the same tensors"
                 )
-            if self.path is None:
-                self.path = self._choose_path(runtime)
-            for index in range(options.streams_per_core):
-                self._open_slot(core, index)
+            self._open_slots(self.cores[-1], path, inputs, outputs, frames)
+        take = None
         if any(runtime.module_computes(core.module) for core in self.cores):
-            take = runtime.take_compute_failure
-            self.take_compute_failure = lambda slot: take(slot.stream)
+            failure_of = runtime.take_compute_failure
 
-    def _choose_path(self, runtime: Runtime) -> HostPath | DevicePath:
-        """Host or device conversion (``Engine(convert=...)``); the device path's
-        conversions are made ready here, before any slot exists."""
-        options = self._options
-        convert = options.convert
-        if convert == "host" or (convert == "auto" and not runtime.has_device_memory):
-            return HostPath(runtime)
-        zero_copy = options.zero_copy
-        if zero_copy is None:
-            zero_copy = self._call("is_integrated", runtime.is_integrated)
-        path = DevicePath(runtime, zero_copy)
-        try:
-            path.prepare(self.inputs, self.outputs, self.frames)
-        except RuntimeUnavailableError as exc:
-            if convert == "device":
-                raise
-            logger.warning("aiodla: converting on the host: %s", exc)
-            return HostPath(runtime)
-        path.ingest_stream = self._create(
-            "device arrays", -1, runtime.create_stream, runtime.destroy_stream
+            def take(slot: Slot) -> BaseException | None:
+                return failure_of(slot.stream)
+
+        return Opened(
+            runtime,
+            owned,
+            self.resources,
+            self.cores,
+            self.slots,
+            inputs,
+            outputs,
+            frames,
+            path,
+            graphs,
+            take,
+            stated,
         )
-        return path
+
+    def release(self) -> None:
+        """After a failed open: release what was made, in reverse order."""
+        if len(self.resources):
+            try:
+                self.runtime.make_current()
+            except Exception as exc:  # a poisoned context: release what still can be
+                logger.warning("aiodla: making the device current to close failed: %s", exc)
+        failures = self.resources.release_all(())
+        if failures:
+            logger.warning("aiodla: %d release(s) failed while closing", len(failures))
 
     def _open_core(
-        self, core: CoreState, model: bytes
+        self, number: int, stated: float | None, model: bytes
     ) -> tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]]:
+        """Core ``number``'s device and module; the tensor descriptors it reports."""
         runtime = self.runtime
-        assert runtime is not None
-        where = f"core {core.core}"
+        core = new_core(number, stated, self._options)
+        self.cores.append(core)
+        where = f"core {number}"
         core.device = self._create(
-            where, core.core, runtime.create_device, runtime.destroy_device, core.core
+            where, number, runtime.create_device, runtime.destroy_device, number
         )
         task_timeout = self._options.task_timeout
         if task_timeout is not None:
@@ -199,14 +168,16 @@ class CoreSetup:
                 max(1, round(task_timeout * 1000)),
             )
         core.module = self._create(
-            where, core.core, runtime.load_module, runtime.unload_module, core.device, model
+            where, number, runtime.load_module, runtime.unload_module, core.device, model
         )
         descriptors = self._call(f"{where}: module_tensors", runtime.module_tensors, core.module)
         return tuple(descriptors[0]), tuple(descriptors[1])
 
-    def _set_specs(
+    def _specs(
         self, descriptors: tuple[Sequence[TensorDescriptor], Sequence[TensorDescriptor]]
-    ) -> None:
+    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], tuple[ImagePreprocess | None, ...]]:
+        """The model's inputs and outputs (with the scales asked for), and the
+        pre-processing of each input that takes camera frames."""
         inputs = tuple(TensorSpec.from_descriptor(d) for d in descriptors[0])
         outputs = tuple(TensorSpec.from_descriptor(d) for d in descriptors[1])
         by_name = specs_by_name([*inputs, *outputs])
@@ -223,13 +194,62 @@ class CoreSetup:
                     f"scales[{name!r}]: tensor {name!r} is {spec.dtype}; only integer "
                     "tensors take a quantization scale"
                 )
-        self.inputs = tuple(s.with_scale(scales.get(s.name)) for s in inputs)
-        self.outputs = tuple(s.with_scale(scales.get(s.name)) for s in outputs)
-        self.frames = frames_for(self.inputs, self._options.preprocess)
+        inputs = tuple(s.with_scale(scales.get(s.name)) for s in inputs)
+        outputs = tuple(s.with_scale(scales.get(s.name)) for s in outputs)
+        return inputs, outputs, frames_for(inputs, self._options.preprocess)
 
-    def _open_slot(self, core: CoreState, index: int) -> None:
+    def _choose_path(
+        self,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        frames: tuple[ImagePreprocess | None, ...],
+    ) -> DataPath:
+        """Host or device conversion (``Engine(convert=...)``); the device path's
+        conversions are made ready here, before any slot exists."""
         runtime = self.runtime
-        assert runtime is not None
+        convert = self._options.convert
+        if convert == "host" or (convert == "auto" and not runtime.has_device_memory):
+            return HostPath(runtime)
+        zero_copy = self._options.zero_copy
+        if zero_copy is None:
+            zero_copy = self._call("is_integrated", runtime.is_integrated)
+        path = DevicePath(runtime, zero_copy)
+        try:
+            path.prepare(inputs, outputs, frames)
+        except RuntimeUnavailableError as exc:
+            if convert == "device":
+                raise
+            logger.warning("aiodla: converting on the host: %s", exc)
+            return HostPath(runtime)
+        path.ingest_stream = self._create(
+            "device arrays", -1, runtime.create_stream, runtime.destroy_stream
+        )
+        return path
+
+    def _open_slots(
+        self,
+        core: CoreState,
+        path: DataPath,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        frames: tuple[ImagePreprocess | None, ...],
+    ) -> None:
+        for index in range(self._options.streams_per_core):
+            slot = self._open_slot(core, index, path, inputs, outputs, frames)
+            core.slots.append(slot)
+            core.idle.append(slot)
+            self.slots.append(slot)
+
+    def _open_slot(
+        self,
+        core: CoreState,
+        index: int,
+        path: DataPath,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        frames: tuple[ImagePreprocess | None, ...],
+    ) -> Slot:
+        runtime = self.runtime
         where = f"core {core.core} slot {index}"
         stream = self._create(where, core.core, runtime.create_stream, runtime.destroy_stream)
         timed = self._options.stage_times
@@ -241,41 +261,37 @@ class CoreSetup:
                 for _ in range(3)
             ]
             timing = (marks[0], marks[1], marks[2])
-        path = self.path
-        assert path is not None
         bindings = []
-        for number, spec in enumerate((*self.inputs, *self.outputs)):
+        for number, spec in enumerate((*inputs, *outputs)):
             what = f"{where} tensor {spec.name!r}"
             pointer = self._create(what, core.core, runtime.malloc, runtime.free, spec.size)
             registered = self._call(
                 f"{what}: mem_register", runtime.mem_register, core.device, pointer, spec.size
             )
-            self._resources.push(
+            self.resources.push(
                 f"{what}: registration", core.core, runtime.mem_unregister, core.device, registered
             )
 
             def allocate(name: str, create: Any, release: Any, nbytes: Any) -> Any:
                 return self._create(f"{where} tensor {name!r}", core.core, create, release, nbytes)
 
-            frames = None if number >= len(self.inputs) else self.frames[number]
-            output = number >= len(self.inputs)
-            bindings.append(path.bind(spec, pointer, registered, output, allocate, frames))
-        inputs, outputs = bindings[: len(self.inputs)], bindings[len(self.inputs) :]
+            output = number >= len(inputs)
+            pre = None if output else frames[number]
+            bindings.append(path.bind(spec, pointer, registered, output, allocate, pre))
+        ins, outs = bindings[: len(inputs)], bindings[len(inputs) :]
         task = self._call(
             f"{where}: make_task",
             runtime.make_task,
             core.module,
-            [b.registered for b in inputs],
-            [b.registered for b in outputs],
+            [b.registered for b in ins],
+            [b.registered for b in outs],
         )
-        slot = Slot(core, index, stream, event, task, inputs, outputs, timing=timing)
-        if isinstance(path, DevicePath):
+        slot = Slot(core, index, stream, event, task, ins, outs, timing=timing)
+        if path.converts_on_device:  # orders the stream after a device array's producer
             slot.ingest_event = self._create(
                 where, core.core, runtime.create_event, runtime.destroy_event
             )
-        core.slots.append(slot)
-        core.idle.append(slot)
-        self.slots.append(slot)
+        return slot
 
     def _call(self, what: str, call: Any, *args: Any) -> Any:
         """Run one device call while opening; failures name the call and where (and the
@@ -286,18 +302,13 @@ class CoreSetup:
             error = device_error(f"opening the engine: {what}", exc)
             if error is None or error is exc:
                 raise
-            if call in self._allocations():
+            if call in (self.runtime.malloc, self.runtime.host_alloc):
                 error.args = (f"{error} ({args[0]} bytes asked for)",)
             raise error from exc
-
-    def _allocations(self) -> tuple[Any, ...]:
-        runtime = self.runtime
-        assert runtime is not None
-        return (runtime.malloc, runtime.host_alloc)
 
     def _create(self, where: str, owner: int, create: Any, release: Any, *args: Any) -> Any:
         """Create one handle and remember how to release it."""
         what = f"{where}: {create.__name__}"
         handle = self._call(what, create, *args)
-        self._resources.push(what, owner, release, handle)
+        self.resources.push(what, owner, release, handle)
         return handle

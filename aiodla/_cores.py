@@ -1,94 +1,160 @@
-"""The device layer: DLA cores, their rings of slots, and every runtime call the engine makes.
+"""The device layer in this process: DLA cores, their rings of slots, and every runtime
+call the engine makes.
 
 A *slot* is one (core, CUDA stream) pair with its own registered buffers, prebuilt task
-and completion event. This module opens and releases cores and slots, writes inputs,
-enqueues a slot's work on its stream, reads outputs and stage times, keeps each core's
-busy time and service-time estimate, and turns runtime failures into aiodla errors.
-It is the only module of the engine that calls the :class:`~aiodla.runtime.Runtime`.
+and completion event. :class:`Cores` is what :func:`open_cores` opened (see
+``_core_setup``): it writes inputs, enqueues a slot's work on its stream, reads outputs
+and stage times, keeps each core's busy time and service-time estimate, and releases
+every handle at the end. It is the only module of the engine that calls the
+:class:`~aiodla.runtime.Runtime` on the request path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import numpy as np
 
-from ._core_setup import CoreSetup, device_error, is_sticky, read_model
-from ._data_path import DevicePath, TensorBinding
+from ._core_setup import Opened, open_model, read_model
+from ._device import CompletionSink, device_error, is_sticky
 from ._device_arrays import DeviceSource
-from ._errors import InputTypeError
+from ._errors import ConfigurationError
 from ._frame_buffers import FrameBuffers
+from ._options import EngineOptions
+from ._poller import Poller
 from ._slots import (
     DEFAULT_SERVICE_TIME,
     CompletionProbe,
     CoreState,
     Slot,
+    _follow_the_core,
+    account,
     completion_probe,
     new_core,
+    record_stages,
 )
-from ._statistics import EngineHealth, WorkerStatistics
+from ._statistics import EngineHealth, LatencyWindow, WorkerStatistics
 from ._tensors import TensorSpec
-
-if TYPE_CHECKING:
-    from ._flow import CompletionSource, Flow
-    from .runtime._protocol import Runtime
+from .runtime._protocol import Runtime
 
 __all__ = [
     "DEFAULT_SERVICE_TIME",
     "CompletionProbe",
-    "CoreSetup",
     "CoreState",
     "Cores",
     "Slot",
-    "TensorBinding",
+    "_follow_the_core",
     "completion_probe",
     "device_error",
     "is_sticky",
     "new_core",
+    "open_cores",
     "read_model",
 ]
 
 logger = logging.getLogger("aiodla")
 
+ModelSource = str | os.PathLike[str] | bytes | bytearray | memoryview
 
-class Cores(CoreSetup):
-    """The DLA cores of one engine, their slots, and the runtime that drives them.
+
+async def open_cores(
+    model: ModelSource, runtime_choice: str | Runtime, options: EngineOptions
+) -> Cores:
+    """Open the model in this process, in a worker thread; then the loop's thread is
+    made ready to enqueue device work too. Nothing is left open when it raises, even
+    when it is cancelled once the thread has opened everything."""
+    opened: list[Cores] = []
+
+    # The thread gets what it opens, not the engine: a worker thread may hold its last
+    # job's callable until its next, and an engine dropped unclosed must be collected.
+    def open_here() -> None:
+        opened.append(Cores.open(read_model(model), runtime_choice, options))
+
+    try:
+        await anyio.to_thread.run_sync(open_here)
+        cores = opened[0]
+        cores.make_current()
+    except BaseException:
+        for cores in opened:  # in a thread of its own that a cancellation cannot stop
+            await asyncio.shield(asyncio.ensure_future(anyio.to_thread.run_sync(cores.release)))
+        raise
+    return cores
+
+
+class Cores:
+    """The DLA cores of one engine in this process, their slots, and the runtime that
+    drives them (a :class:`~aiodla._device.DeviceLayer`).
 
     ``open`` and ``release`` block (the engine runs them in a worker thread); the rest
     runs on the event loop's thread, except :attr:`probe`'s calls, made by the poller.
     """
 
-    # -- what the engine asks of its device layer, which process mode answers too ---------
+    def __init__(self, options: EngineOptions, opened: Opened) -> None:
+        self._options = options
+        self._runtime = opened.runtime
+        self._owns_runtime = opened.owns_runtime
+        self._resources = opened.resources
+        self.cores = opened.cores
+        self.slots = opened.slots
+        self.inputs = opened.inputs
+        self.outputs = opened.outputs
+        self.frames = opened.frames
+        self.path = opened.path
+        # Captures and launches the slots' graphs; None when Engine(graphs=False).
+        self.graphs = opened.graphs
+        self.take_compute_failure = opened.take_compute_failure
+        self.stated_service_time = opened.stated_service_time
+        self.stage_windows: tuple[LatencyWindow, ...] | None = (
+            tuple(LatencyWindow(options.latency_window) for _ in range(3))
+            if options.stage_times
+            else None
+        )
+        self._pollers: list[Poller] = []  # the one :meth:`start` made, once started
+        self._frames: FrameBuffers | None = None  # made by the first frame_buffers()
 
-    async def start(
+    @classmethod
+    def open(cls, model: bytes, runtime_choice: str | Runtime, options: EngineOptions) -> Cores:
+        """Open ``model`` on the runtime chosen (blocking)."""
+        return cls(options, open_model(model, runtime_choice, options))
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    def start(
         self,
-        model: str | os.PathLike[str] | bytes | bytearray | memoryview,
-        runtime_choice: str | Runtime,
-        flow: Flow,
+        loop: asyncio.AbstractEventLoop,
+        sink: CompletionSink,
         die: Callable[[BaseException], None],
-    ) -> None:
-        """Open the model for an engine: here, in a worker thread; then the loop
-        thread is made ready to enqueue device work too. (``flow`` and ``die`` are
-        for a device layer whose completions come from elsewhere.)"""
-        await anyio.to_thread.run_sync(self.open_model, model, runtime_choice)
-        self.make_current()
+    ) -> Poller:
+        """The poller thread that reports this process's completions to ``sink``."""
+        poller = self.poller(loop, sink.on_completions, die)
+        self._pollers.append(poller)
+        poller.start()
+        return poller
 
-    @property
-    def completions(self) -> CompletionSource | None:
-        """Where completions come from, if not from a poller of this process's own."""
+    def poller(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[list[tuple[Slot, int]]], None],
+        fail: Callable[[BaseException], None],
+    ) -> Poller:
+        """A poller of these slots' events, not started (the worker process's delivers
+        on its own thread)."""
+        runtime = self._runtime
+        return Poller(completion_probe(runtime), loop, deliver, fail, pause=runtime.poll_pause)
+
+    def health(self) -> EngineHealth | None:
+        """Nothing beyond the cores' own: in-process, a broken device kills the engine."""
         return None
 
-    @property
-    def restarting(self) -> EngineHealth | None:
-        """The engine's health while its device is being replaced, else None."""
-        return None
-
-    def worker_statistics(self) -> WorkerStatistics | None:
-        """The worker process's figures (``isolation="process"``), else None."""
+    def statistics(self) -> WorkerStatistics | None:
+        """No worker process here."""
         return None
 
     # -- releasing (worker thread) ------------------------------------------------------------
@@ -97,8 +163,8 @@ class Cores(CoreSetup):
         """Release every handle in reverse order of creation, except those of the cores
         in ``keep`` (a hung task may still write their memory); then the runtime, if
         this engine made it and nothing is kept."""
-        runtime = self.runtime
-        if runtime is not None and len(self._resources):
+        runtime = self._runtime
+        if len(self._resources):
             try:
                 runtime.make_current()
             except Exception as exc:  # a poisoned context: release what still can be
@@ -112,41 +178,38 @@ class Cores(CoreSetup):
         failures = self._resources.release_all(keep)
         if failures:
             logger.warning("aiodla: %d release(s) failed while closing", len(failures))
-        if self._owns_runtime and runtime is not None and not keep:
+        if self._owns_runtime and not keep:
             runtime.close()
+
+    def abandon(self) -> None:
+        """The engine was collected unclosed: stop the poller, without waiting."""
+        for poller in self._pollers:
+            poller.stop()
 
     def make_current(self) -> None:
         """Make the device current on the calling thread (the loop's, after opening)."""
-        assert self.runtime is not None
-        self._call("make_current", self.runtime.make_current)
-
-    @property
-    def poll_pause(self) -> float:
-        assert self.runtime is not None
-        return self.runtime.poll_pause
-
-    @property
-    def probe(self) -> CompletionProbe:
-        assert self.runtime is not None
-        return completion_probe(self.runtime)
+        try:
+            self._runtime.make_current()
+        except Exception as exc:
+            error = device_error("opening the engine: make_current", exc)
+            if error is None or error is exc:
+                raise
+            raise error from exc
 
     # -- one slot's work (loop thread) -------------------------------------------------------
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         """Stage validated inputs for the slot: packed into its pinned buffers (host
         conversion), or their bytes copied (device conversion; device arrays stay)."""
-        assert self.path is not None
         self.path.write_inputs(slot, arrays)
 
     def write_zeros(self, slot: Slot) -> None:
         """Zeros into every input: the input of a probe task."""
-        assert self.path is not None
         self.path.write_zeros(slot)
 
     def read_outputs(self, slot: Slot) -> Any:
         """Fresh arrays of the slot's outputs (or :class:`DeviceTensor` for a request
         that asked for device outputs): one, or a dict name -> output."""
-        assert self.path is not None
         request = slot.request
         device = request is not None and request.device_output
         results = self.path.read_outputs(slot, device)
@@ -157,24 +220,24 @@ class Cores(CoreSetup):
     def frame_buffers(self, count: Any, shape: Any, dtype: Any) -> list[np.ndarray[Any, Any]]:
         """Arrays in this layer's pinned memory (:mod:`aiodla._frame_buffers`), mapped
         when kernels read staging in place; freed with everything else at release."""
-        assert self.runtime is not None
-        if self._frames is None:
-            zero_copy = isinstance(self.path, DevicePath) and self.path.zero_copy
-            self._frames = FrameBuffers(self.runtime, mapped=zero_copy)
-            self._resources.push("frame buffers", None, self._frames.close)
-            if isinstance(self.path, DevicePath):
-                self.path.frame_buffers = self._frames
-        return self._frames.create(count, shape, dtype)
+        frames = self._frames
+        if frames is None:  # made on the first call: most engines take no frames
+            frames = self._frames = FrameBuffers(self._runtime, mapped=self.path.zero_copy)
+            self._resources.push("frame buffers", None, frames.close)
+            self.path.use_frame_buffers(frames)
+        return frames.create(count, shape, dtype)
 
     def import_device(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec`` (see :meth:`DevicePath.import_array`)."""
-        if not isinstance(self.path, DevicePath):
-            raise InputTypeError(
-                f"input {spec.name!r}: a device array needs device conversion "
-                "(Engine(convert='device') on a runtime with GPU memory); this engine "
-                "converts on the host: pass a numpy array"
-            )
         return self.path.import_array(spec, value)
+
+    def check_device_output(self) -> None:
+        """Refuse ``output="device"`` where outputs would stay on the host."""
+        if self._runtime.has_device_memory and not self.path.converts_on_device:
+            raise ConfigurationError(
+                "output='device' needs device conversion; this engine converts on the "
+                "host (Engine(convert='device') converts on the GPU)"
+            )
 
     def recycle(self, slot: Slot) -> None:
         """The slot's work is over: give back what its request held on the device."""
@@ -183,8 +246,7 @@ class Cores(CoreSetup):
         keep, slot.keep = slot.keep, ()
         for source in keep:
             source.release()
-        if self.path is not None:
-            self.path.recycle(slot)
+        self.path.recycle(slot)
 
     def submit(self, slot: Slot, now: float) -> None:
         """Enqueue the slot's copies in, its task, copies out and its event on its
@@ -194,10 +256,8 @@ class Cores(CoreSetup):
         The work before and after the task goes as two graphs, captured by the slot's
         first request of each kind (see ``aiodla._graphs``), unless stage times are
         measured."""
-        runtime = self.runtime
-        assert runtime is not None
+        runtime = self._runtime
         path = self.path
-        assert path is not None
         request = slot.request
         device = request is not None and request.device_output
         graphs = self.graphs
@@ -230,22 +290,17 @@ class Cores(CoreSetup):
 
     def _enqueue_after(self, slot: Slot, device: bool) -> None:
         """The work after the task: outputs, then the event the poller waits for."""
-        assert self.path is not None
-        assert self.runtime is not None
         self.path.enqueue_outputs(slot, device)
-        self.runtime.record_event(slot.event, slot.stream)
+        self._runtime.record_event(slot.event, slot.stream)
 
     def _enqueue_each(self, slot: Slot, device: bool) -> None:
         """Every call on its own, with the stage-timing events when they are measured."""
-        runtime = self.runtime
-        path = self.path
-        assert runtime is not None
-        assert path is not None
+        runtime = self._runtime
         stream = slot.stream
         timing = slot.timing
         if timing is not None:
             runtime.record_event(timing[0], stream)
-        path.enqueue_inputs(slot)
+        self.path.enqueue_inputs(slot)
         if timing is not None:
             runtime.record_event(timing[1], stream)
         runtime.submit_task(slot.core.device, slot.task, stream)
@@ -257,9 +312,8 @@ class Cores(CoreSetup):
         """After a failed :meth:`submit`: mark the end of what reached the stream, so the
         slot returns to the pool only after it ran. False when even that fails (the slot
         is lost to the pool)."""
-        assert self.runtime is not None
         try:
-            self.runtime.record_event(slot.event, slot.stream)
+            self._runtime.record_event(slot.event, slot.stream)
         except Exception as exc:
             logger.error("aiodla: %r retired: %s", slot, exc)
             return False
@@ -267,82 +321,22 @@ class Cores(CoreSetup):
         return True
 
     def account(self, slot: Slot, status: int, now: float) -> None:
-        """Count one finished DLA task: the core's busy time, its service-time estimate
-        and the stage times (the fault policy is the scheduler's)."""
-        core = slot.core
-        # A task's span as observed: from its submission, or from the end of the core's
-        # task before it, to when it was seen done. A second task of the core seen done
-        # in the same batch has no span of its own (it ended somewhere before ``now``).
-        spanned = core.last_completion != now
-        elapsed = now - max(slot.submitted_at, core.last_completion)
-        core.last_completion = now
-        if slot.behind:
-            _follow_the_core(slot)
-        # Observed spans include how late the poller saw the task; a service time the
-        # loadable states is the truth for the busy figures.
-        if not spanned:
-            busy = core.service_time
-        elif core.learn_service_time:
-            busy = elapsed
-        else:
-            busy = min(elapsed, core.service_time)
-        core.busy_time += busy
-        core.busy_window.add(now, busy)
+        """Count one finished DLA task: the core's figures, and its stage times when
+        they are measured."""
+        account(slot, status, now)
         if slot.timing is not None:
-            self._record_stages(slot)
-        if status:
-            core.failed += 1
-            return
-        core.completed += 1
-        if core.learn_service_time and spanned:
-            core.observed.append(elapsed)
-            core.service_time = min(core.observed)
+            self._record_stages(slot, slot.timing)
 
-    def _record_stages(self, slot: Slot) -> None:
-        assert slot.timing is not None
-        assert self.stage_windows is not None
-        runtime = self.runtime
-        assert runtime is not None
-        before_copy, before_task, after_task = slot.timing
+    def _record_stages(self, slot: Slot, timing: tuple[int, int, int]) -> None:
+        elapsed = self._runtime.elapsed_time
+        before_copy, before_task, after_task = timing
         try:
             stages = (
-                runtime.elapsed_time(before_copy, before_task),
-                runtime.elapsed_time(before_task, after_task),
-                runtime.elapsed_time(after_task, slot.event),
+                elapsed(before_copy, before_task),
+                elapsed(before_task, after_task),
+                elapsed(after_task, slot.event),
             )
         except Exception as exc:  # a timing read is never worth failing a request
             logger.debug("aiodla: stage times unavailable: %s", exc)
             return
-        self.record_stages(slot, stages)
-
-    def record_stages(self, slot: Slot, stages: tuple[float, float, float]) -> None:
-        """Copy-in, DLA and copy-out seconds of ``slot``'s task, into the windows."""
-        if self.stage_windows is not None:
-            for window, seconds in zip(self.stage_windows, stages, strict=True):
-                window.add(seconds)
-        core = slot.core
-        if core.dla_times is not None and core.dla_histogram is not None:
-            core.dla_times.add(stages[1])
-            core.dla_histogram.add(stages[1])
-
-
-def _follow_the_core(slot: Slot) -> None:
-    """Move the estimates of the tasks queued behind ``slot`` on its core (and of the
-    core's end) to where the evidence puts the core's timeline.
-
-    Each submission's estimate is the core's previous one plus the service time, so a
-    service time a little off the real one (a loadable's stated time, a stand-in's
-    overhead) moves a saturated core's estimates ever further from its tasks. Too early,
-    the poller queries every task several times and wakes the loop for each one
-    (``benchmarks/bench_estimates.py``, stated 2 % short at 1 ms: 4.7 queries a request
-    instead of 1.0, and twice the CPU); too late, the ring runs dry before the poller
-    looks. Only the poller's evidence (``slot.behind``) moves them, and never past it: a
-    task found still running after its estimate moves those behind it later by that
-    much; one found done before its estimate, earlier by as much. The poller's lateness
-    in seeing a task done moves nothing, so no error feeds on itself.
-    """
-    estimate, offset = slot.expected_done, slot.behind
-    for other in slot.core.slots:
-        if other.expected_done > estimate:
-            other.expected_done += offset
-    slot.core.expected_free += offset
+        record_stages(slot, stages, self.stage_windows)

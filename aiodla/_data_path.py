@@ -39,7 +39,14 @@ if TYPE_CHECKING:
     from ._tensors import TensorSpec
     from .runtime import HostBuffer, Runtime
 
-__all__ = ["SOURCE_DTYPES", "DevicePath", "HostPath", "TensorBinding", "device_dtype_check"]
+__all__ = [
+    "SOURCE_DTYPES",
+    "DataPath",
+    "DevicePath",
+    "HostPath",
+    "TensorBinding",
+    "device_dtype_check",
+]
 
 _Array = np.ndarray[Any, Any]
 
@@ -134,8 +141,26 @@ Allocate = Callable[[str, Callable[..., Any], Callable[..., Any], Any], Any]
 class HostPath:
     """Host conversion: numpy packs and unpacks; the stream copies DLA bytes."""
 
+    converts_on_device = False
+    fused = False  # (camera frames are pre-processed on the host)
+    zero_copy = False
+
+    def use_frame_buffers(self, frames: FrameBuffers) -> None:
+        """Host conversion packs from any array: frame buffers need nothing here."""
+
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+
+    def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
+        raise InputTypeError(
+            f"input {spec.name!r}: a device array needs device conversion "
+            "(Engine(convert='device') on a runtime with GPU memory); this engine "
+            "converts on the host: pass a numpy array"
+        )
+
+    def staged_elsewhere(self, slot: Slot, reads: Sequence[Read]) -> None:
+        """Another process staged the slot's inputs (``isolation="process"``): in
+        place, as DLA bytes in the shared staging; nothing is left to take."""
 
     def bind(
         self,
@@ -214,12 +239,18 @@ def _elements(spec: TensorSpec) -> int:
 class DevicePath:
     """Device conversion: the runtime's kernels pack and unpack on the slot's stream."""
 
+    converts_on_device = True
+
     def __init__(self, runtime: Runtime, zero_copy: bool) -> None:
         self.runtime = runtime
         self.zero_copy = zero_copy
         self.ingest_stream = 0  # device arrays' exports are ordered before its work
         self.fused = False  # camera frames go to the GPU raw, pre-processed by one kernel
         self.frame_buffers: FrameBuffers | None = None  # the engine's, once it makes some
+
+    def use_frame_buffers(self, frames: FrameBuffers) -> None:
+        """Read frames lying in these engine frame buffers in place (or by one copy)."""
+        self.frame_buffers = frames
 
     def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec``: checked, and its export ordered before the
@@ -514,6 +545,10 @@ class DevicePath:
         pooled, slot.pooled = slot.pooled, []
         for pointer in pooled:
             self.runtime.free_async(pointer)
+
+
+#: The data path of an engine: chosen once, at open.
+DataPath = HostPath | DevicePath
 
 
 def release_sources(sources: Sequence[Any]) -> None:

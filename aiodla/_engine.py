@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
-from ._cores import Cores, CoreState
-from ._data_path import DevicePath, release_sources
+from ._cores import open_cores
+from ._data_path import release_sources
+from ._device import DeviceLayer, NotOpen
 from ._device_arrays import DeviceSource, is_device_array
 from ._errors import (
     AiodlaError,
@@ -44,13 +45,24 @@ from ._errors import (
     InputValueError,
     QueueFullError,
 )
-from ._flow import EngineState, Flow
-from ._isolation import RemoteCores
+from ._flow import Flow
+from ._isolation import open_remote
+from ._life import EngineState, Life
+from ._offload import drive
 from ._options import EngineKeywords, EngineOptions, check_timeout
 from ._postprocess import open_postprocess
 from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
-from ._statistics import CoreStatistics, EngineHealth, EngineStatistics, StageTimes
+from ._slots import CoreState
+from ._statistics import (
+    FAILURE_REASONS,
+    CoreStatistics,
+    EngineHealth,
+    EngineStatistics,
+    HistogramRecorder,
+    LatencyWindow,
+    StageTimes,
+)
 from ._tensors import TensorSpec
 from .runtime._protocol import Runtime
 
@@ -93,9 +105,11 @@ class Engine:
         self._options = EngineOptions.from_keywords(options)
         self._model = model
         self._runtime_choice = runtime
-        process = self._options.isolation == "process"  # the runtime in a worker process
-        self._cores = RemoteCores(self._options) if process else Cores(self._options)
-        self._flow = Flow(self._options, self._cores, self._die)
+        # The engine's one record of its life; the flow reads it, only the engine writes.
+        self._life = Life()
+        # The device layer once open (its cores, slots, tensors), and the flow over it.
+        self._cores: DeviceLayer = NotOpen()
+        self._flow: Flow | None = None
         self._input_names: frozenset[str] = frozenset()
         self._closed = asyncio.Event()
         self._open_done = asyncio.Event()
@@ -109,7 +123,7 @@ class Engine:
 
     @property
     def state(self) -> EngineState:
-        return self._flow.state
+        return self._life.state
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -125,10 +139,7 @@ class Engine:
     def runtime(self) -> Runtime:
         """The runtime in use, chosen when the engine opens (before that, an
         :class:`EngineClosedError` says so)."""
-        runtime = self._cores.runtime
-        if runtime is None:
-            raise EngineClosedError("the engine is not open: its runtime is not chosen yet")
-        return runtime
+        return self._cores.runtime
 
     @property
     def stated_service_time(self) -> float | None:
@@ -139,7 +150,7 @@ class Engine:
     @property
     def dead(self) -> bool:
         """True once the device broke the engine (see :class:`EngineDeadError`)."""
-        return self._flow.dead_cause is not None
+        return self._life.dead_cause is not None
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -160,27 +171,31 @@ class Engine:
         Cancellation: the opening thread finishes what it started, then everything is
         released and the cancellation propagates; the engine ends closed.
         """
-        if self._flow.state is EngineState.CLOSED:
+        life = self._life
+        if life.state is EngineState.CLOSED:
             raise EngineClosedError("Cannot reopen an engine once it has been closed.")
-        if self._flow.state is not EngineState.NEW:
-            raise AiodlaError(f"the engine is {self._flow.state.value}; open it once")
-        self._flow.state = EngineState.OPENING
-        cores = self._cores
-        try:
-            # The worker thread gets the device layer, not the engine: a worker thread
-            # may hold its last job's callable until its next, and an engine dropped
-            # unclosed must still be collected (and warn).
-            await cores.start(self._model, self._runtime_choice, self._flow, self._die)
-            self._flow.postprocess = open_postprocess(self._options, cores.inputs, cores.outputs)
+        if life.state is not EngineState.NEW:
+            raise AiodlaError(f"the engine is {life.state.value}; open it once")
+        life.state = EngineState.OPENING
+        options = self._options
+        opening = open_remote if options.isolation == "process" else open_cores
+        opened: list[DeviceLayer] = []
+        try:  # (an opening leaves nothing open when it raises)
+            cores = await opening(self._model, self._runtime_choice, options)
+            opened.append(cores)
+            postprocess = open_postprocess(options, cores.inputs, cores.outputs)
         except BaseException:
-            # Release in a thread of its own that a second cancellation cannot stop.
-            await asyncio.shield(asyncio.ensure_future(anyio.to_thread.run_sync(cores.release)))
-            self._flow.state = EngineState.CLOSED
+            for layer in opened:  # in a thread of its own that a cancellation cannot stop
+                release = anyio.to_thread.run_sync(layer.release)
+                await asyncio.shield(asyncio.ensure_future(release))
+            life.state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
             raise
+        self._cores = cores
         self._input_names = frozenset(s.name for s in cores.inputs)
-        self._flow.start_serving(asyncio.get_running_loop(), cores.completions)
+        life.state = EngineState.OPEN
+        self._flow = Flow(options, cores, life, asyncio.get_running_loop(), self._die, postprocess)
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
 
@@ -197,34 +212,34 @@ class Engine:
         Cancellation: closing runs in its own task; cancelling ``aclose`` stops the
         wait, not the close, and a later ``aclose`` waits for the same close.
         """
-        if self._flow.state is EngineState.NEW:
-            self._flow.state = EngineState.CLOSED
+        life = self._life
+        if life.state is EngineState.NEW:
+            life.state = EngineState.CLOSED
             self._closed.set()
             return
-        if self._flow.state is EngineState.OPENING:
+        if life.state is EngineState.OPENING:
             await asyncio.shield(self._open_done.wait())
         if self._closing is None:
-            if self._flow.state is EngineState.CLOSED:  # the open failed and cleaned up
+            if life.state is EngineState.CLOSED:  # the open failed and cleaned up
                 return
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
-        self._flow.state = EngineState.CLOSING
+        life = self._life
+        life.state = EngineState.CLOSING
         flow = self._flow
+        assert flow is not None  # (open: it was built when the engine opened)
         flow.cancel_probes()
         flow.fail_waiting(EngineClosedError("the engine was closed while the request waited"))
         slots = self._cores.slots
-        if not self.dead and flow.scheduler.idle_slots < len(slots):
-            flow.drained = asyncio.Event()
-            with anyio.move_on_after(self._options.close_timeout):
-                await flow.drained.wait()
+        if not self.dead:
+            await flow.drain(self._options.close_timeout)
         hung = tuple(sorted({s.core.core for s in slots if s not in s.core.idle}))
         flow.fail_running(EngineClosedError("the engine was closed before the DLA finished"))
         poller = flow.poller
-        if poller is not None:
-            poller.stop()
-            await anyio.to_thread.run_sync(poller.join)
+        poller.stop()
+        await anyio.to_thread.run_sync(poller.join)
         if hung and not self.dead:
             logger.warning(
                 "aiodla: core(s) %s still had tasks running at close; their memory "
@@ -232,7 +247,7 @@ class Engine:
                 hung,
             )
         await anyio.to_thread.run_sync(self._cores.release, () if self.dead else hung)
-        self._flow.state = EngineState.CLOSED  # a late poller wake-up is ignored from here
+        life.state = EngineState.CLOSED  # a late poller wake-up is ignored from here
         # The engine's count of busy slots ends with it; a hung core keeps its memory,
         # not its requests.
         for slot in slots:
@@ -242,12 +257,10 @@ class Engine:
         logger.debug("aiodla: closed %r", self)
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        flow = getattr(self, "_flow", None)
-        state = EngineState.CLOSED if flow is None else flow.state
-        if state in (EngineState.NEW, EngineState.CLOSED):
+        life = getattr(self, "_life", None)
+        if life is None or life.state in (EngineState.NEW, EngineState.CLOSED):
             return
-        if self._flow.poller is not None:  # a worker process is killed and reaped at once
-            self._flow.poller.abandon()
+        self._cores.abandon()  # a worker process is killed and reaped at once
         _warn(
             f"unclosed engine {self!r}; use 'async with' or 'await engine.aclose()'",
             ResourceWarning,
@@ -263,18 +276,15 @@ class Engine:
 
     def _die(self, cause: BaseException) -> None:
         """The device broke: fail every waiting and in-flight request, refuse new ones."""
-        flow = self._flow
-        if flow.dead_cause is not None or self._flow.state is EngineState.CLOSED:
+        life = self._life
+        if life.dead_cause is not None or life.state is EngineState.CLOSED:
             return
-        flow.dead_cause = cause
-        if self._flow.state is EngineState.OPEN:
-            self._flow.state = EngineState.DEAD
+        life.dead_cause = cause
+        if life.state is EngineState.OPEN:
+            life.state = EngineState.DEAD
         logger.error("aiodla: engine dead: %s; restart the process to use the DLA again", cause)
-        flow.cancel_probes()
-        flow.fail_waiting(flow.not_serving_error())
-        flow.fail_running(flow.not_serving_error())
-        if flow.drained is not None:
-            flow.drained.set()
+        if self._flow is not None:
+            self._flow.fail_all()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -316,7 +326,7 @@ class Engine:
         Once submitted, a task cannot be recalled: the result is dropped, and the slot
         returns to the pool only when the DLA has finished with it.
         """
-        return await self._flow.drive(self._admit(inputs, timeout, wait, output))
+        return await drive(*self._admit(inputs, timeout, wait, output))
 
     def infer_nowait(
         self, inputs: Any, *, timeout: float | None = None, output: str = "host"
@@ -330,24 +340,27 @@ class Engine:
         Cancellation: cancelling the returned future is cancelling the request, as for
         :meth:`infer`: removed if still queued, its result dropped once submitted.
         """
-        request = self._admit(inputs, timeout, False, output)
-        task = asyncio.get_running_loop().create_task(self._flow.drive(request))
+        flow, request = self._admit(inputs, timeout, False, output)
+        task = asyncio.get_running_loop().create_task(drive(flow, request))
 
         # Cancelled before its first step, the task never runs the coroutine that would
         # count the cancellation: count it here (a second count is a no-op).
         def count_a_cancel(done: asyncio.Task[Any]) -> None:
             if done.cancelled():
-                self._flow.abandon(request)
+                flow.abandon(request)
 
         task.add_done_callback(count_a_cancel)
         return task
 
-    def _admit(self, inputs: Any, timeout: float | None, wait: bool, output: str) -> Request:
+    def _admit(
+        self, inputs: Any, timeout: float | None, wait: bool, output: str
+    ) -> tuple[Flow, Request]:
+        life = self._life
         flow = self._flow
-        if flow.dead_cause is not None:
-            raise EngineDeadError(f"the engine is dead: {flow.dead_cause}") from flow.dead_cause
-        if self._flow.state is not EngineState.OPEN:
-            if self._flow.state in (EngineState.NEW, EngineState.OPENING):
+        if life.dead_cause is not None:
+            raise EngineDeadError(f"the engine is dead: {life.dead_cause}") from life.dead_cause
+        if life.state is not EngineState.OPEN or flow is None:
+            if life.state in (EngineState.NEW, EngineState.OPENING):
                 raise EngineClosedError(
                     "the engine is not open; use 'async with Engine(...)' or 'await engine.open()'"
                 )
@@ -362,28 +375,29 @@ class Engine:
         if timeout is not None:
             check_timeout(timeout)
         if output != "host":
-            _check_device_output(output, self.runtime, self._cores.path, self._flow.postprocess)
+            _check_device_output(output, self._cores, flow.postprocess)
         arrays = self._validated(inputs)
         sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler
         limit = self._options.max_queue
-        if not wait and scheduler.waiting >= limit and not scheduler.idle_slots:
+        if not wait and scheduler.queued >= limit and not scheduler.idle_slots:
             scheduler.reject()
             release_sources(sources)
             raise QueueFullError(
-                f"the admission queue is full ({scheduler.waiting} requests waiting, "
+                f"the admission queue is full ({scheduler.queued} requests waiting, "
                 f"max_queue={limit})"
             )
         request = Request(arrays, loop.create_future(), time.monotonic())
         request.device_output = output == "device"
         request.sources = sources
-        return flow.admit(request, timeout)
+        return flow, flow.admit(request, timeout)
 
     def frame_buffers(self, count: int, shape: Any, dtype: Any = np.uint8) -> list[Any]:
         """Pinned arrays the engine owns, to fill with frames in place: ``infer`` on one
         skips the staging copy. :mod:`aiodla._frame_buffers` says until when they hold."""
-        if self._flow.state is not EngineState.OPEN:
-            raise EngineClosedError(f"the engine is {self._flow.state.value}: open it first")
+        state = self._life.state
+        if state is not EngineState.OPEN:
+            raise EngineClosedError(f"the engine is {state.value}: open it first")
         return self._cores.frame_buffers(count, shape, dtype)
 
     def _validated(self, inputs: Any) -> tuple[Any, ...]:
@@ -402,12 +416,14 @@ class Engine:
     def statistics(self) -> EngineStatistics:
         """A snapshot of counts, per-core figures, latency percentiles and histograms."""
         flow = self._flow
+        life = self._life.state
+        state = "dead" if self.dead and life is not EngineState.CLOSED else life.value
+        if flow is None:
+            return _unopened_statistics(state, self._options.latency_window)
         scheduler = flow.scheduler
         ended = scheduler.ended
         windows = self._cores.stage_windows
         stages = None if windows is None else StageTimes(*(w.summary() for w in windows))
-        life = flow.state
-        state = "dead" if self.dead and life is not EngineState.CLOSED else life.value
         now = time.monotonic()
         return EngineStatistics(
             state=state,
@@ -426,18 +442,19 @@ class Engine:
             queue_wait_histogram=flow.queue_wait_histogram.snapshot(),
             failures=MappingProxyType(dict(scheduler.failures)),
             stages=stages,
-            worker=self._cores.worker_statistics(),
+            worker=self._cores.statistics(),
         )
 
     def health(self) -> EngineHealth:
         """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker
         process is replaced; ``dead`` once the device broke it; ``closed`` when not serving."""
-        cause = self._flow.dead_cause
+        life = self._life
+        cause = life.dead_cause
         if cause is not None:
             return EngineHealth("dead", f"the device broke the engine: {cause}")
-        if self._flow.state is not EngineState.OPEN:
-            return EngineHealth("closed", f"the engine is {self._flow.state.value}")
-        restarting = self._cores.restarting
+        if life.state is not EngineState.OPEN:
+            return EngineHealth("closed", f"the engine is {life.state.value}")
+        restarting = self._cores.health()
         if restarting is not None:
             return restarting
         cores = self._cores.cores
@@ -453,16 +470,17 @@ class Engine:
         return EngineHealth("ok", f"serving on core(s) {[core.core for core in cores]}")
 
     def __repr__(self) -> str:
-        state = "dead" if self.dead else self._flow.state.value
+        state = "dead" if self.dead else self._life.state.value
         cores = self._cores.cores
-        if not cores:
+        flow = self._flow
+        if not cores or flow is None:
             return f"<Engine {state}>"
         busy = sum(len(c.slots) - len(c.idle) for c in cores)
         idle = sum(len(c.idle) for c in cores)
-        scheduler = self._flow.scheduler
+        scheduler = flow.scheduler
         return (
             f"<Engine {state} [cores {len(cores)}: {busy} busy slots, {idle} idle | "
-            f"{scheduler.in_progress} in flight, {scheduler.waiting} queued]>"
+            f"{scheduler.in_progress} in flight, {scheduler.queued} queued]>"
         )
 
 
@@ -548,7 +566,7 @@ def _core_statistics(core: CoreState, now: float) -> CoreStatistics:
     )
 
 
-def _check_device_output(output: object, runtime: Any, path: Any, postprocess: Any) -> None:
+def _check_device_output(output: object, cores: DeviceLayer, postprocess: Any) -> None:
     if output != "device":
         raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
     if postprocess is not None:
@@ -556,8 +574,29 @@ def _check_device_output(output: object, runtime: Any, path: Any, postprocess: A
             "output='device' with postprocess=: Detections are computed on the host "
             "in this version; leave output='host'"
         )
-    if runtime.has_device_memory and not isinstance(path, DevicePath):
-        raise ConfigurationError(
-            "output='device' needs device conversion; this engine converts on the "
-            "host (Engine(convert='device') converts on the GPU)"
-        )
+    cores.check_device_output()
+
+
+def _unopened_statistics(state: str, window: int) -> EngineStatistics:
+    """The figures of an engine that never opened: no cores, nothing counted."""
+    latency = LatencyWindow(window).summary()
+    histogram = HistogramRecorder().snapshot()
+    return EngineStatistics(
+        state=state,
+        submitted=0,
+        completed=0,
+        failed=0,
+        cancelled=0,
+        timed_out=0,
+        rejected=0,
+        queued=0,
+        in_flight=0,
+        cores=(),
+        latency=latency,
+        queue_wait=latency,
+        latency_histogram=histogram,
+        queue_wait_histogram=histogram,
+        failures=MappingProxyType(dict.fromkeys(FAILURE_REASONS, 0)),
+        stages=None,
+        worker=None,
+    )

@@ -1,10 +1,10 @@
 """One request's path on the event loop's thread: from its slot to its future.
 
 The engine admits a request; from there the flow starts it on the slot the scheduler
-gives it (through the device layer), takes the poller's completions, applies the fault
-policy's probes, ends each request exactly once and hands the outcome to its future, or
-to its coroutine for the steps it does itself (packing or unpacking large tensors in a
-worker thread).
+gives it (through the device layer), takes the completions the device layer reports,
+applies the fault policy's probes, ends each request exactly once and hands the outcome
+to its future, or to its coroutine for the steps it does itself (``_offload``
+drives that coroutine).
 
 Only the event loop's thread runs this code.
 """
@@ -12,103 +12,68 @@ Only the event loop's thread runs this code.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
-from ._cores import Cores, CoreState, Slot
 from ._data_path import release_sources
-from ._errors import (
-    AiodlaError,
-    EngineClosedError,
-    EngineDeadError,
-    PostprocessError,
-    RequestTimeoutError,
-    TaskError,
-    status_name,
-)
+from ._device import DeviceLayer, device_error, is_sticky
+from ._errors import AiodlaError, PostprocessError, RequestTimeoutError, TaskError, status_name
+from ._life import EngineState, Life
 from ._options import EngineOptions
-from ._poller import Poller
 from ._postprocess import Postprocess, read_results
 from ._scheduler import Outcome, Request, RequestState, Scheduler
+from ._slots import CoreState, Slot
 from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
-from ._submit_failures import SubmitFailures
 
-__all__ = ["EngineState", "Flow"]
+__all__ = ["Flow"]
 
 logger = logging.getLogger("aiodla")
 
 
-class CompletionSource(Protocol):
-    """What tells the flow which slots finished: the poller in-process, the worker's
-    supervisor with ``isolation="process"``."""
-
-    def watch(self, slot: Slot) -> None: ...
-    def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]: ...
-    def consumed(self) -> None: ...
-    def stop(self) -> None: ...
-    def abandon(self) -> None: ...
-    def join(self, timeout: float | None = None) -> None: ...
-
-
-class EngineState(enum.Enum):
-    NEW = "new"
-    OPENING = "opening"
-    OPEN = "open"
-    DEAD = "dead"  # the device broke it while open; closing it is still up to you
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-class Flow(SubmitFailures):
+class Flow:
     """The loop-thread side of an open engine: starts, completions, outcomes.
 
-    State (loop thread only): ``state``, the engine's one record of its life (work is
-    started only while it is OPEN; after CLOSED a late poller wake-up is ignored);
-    ``dead_cause``
-    once the device broke it; ``drained`` is set when every slot is idle again, while
-    the engine waits for that at close.
+    Built when the engine opens, over its device layer (``device``) and its loop; it
+    reads the engine's :class:`~aiodla._life.Life` (work starts only while it is OPEN;
+    after CLOSED a late completion is ignored) and never writes it. ``poller`` is where
+    completions come from: the device layer's, started here.
     """
 
     def __init__(
-        self, options: EngineOptions, cores: Cores, die: Callable[[BaseException], None]
+        self,
+        options: EngineOptions,
+        device: DeviceLayer,
+        life: Life,
+        loop: asyncio.AbstractEventLoop,
+        die: Callable[[BaseException], None],
+        postprocess: Postprocess | None = None,
     ) -> None:
         self._options = options
-        self.cores = cores
-        self._die_callback = die
-        self.scheduler = Scheduler([])
-        self.poller: CompletionSource | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.state = EngineState.NEW
-        self.dead_cause: BaseException | None = None
-        self.drained: asyncio.Event | None = None
-        self.offload_pack = self.offload_unpack = False
-        self.postprocess: Postprocess | None = None  # set at open (Engine(postprocess=))
+        self.device = device
+        self.life = life
+        self.loop = loop
+        self._die = die
+        self.postprocess = postprocess  # Engine(postprocess=...), else None
+        self.scheduler = Scheduler(device.cores, options.max_consecutive_faults)
+        limit = options.offload_bytes
+        self.offload_pack = sum(s.size for s in device.inputs) > limit or any(device.frames)
+        self.offload_unpack = sum(s.size for s in device.outputs) > limit
         window = options.latency_window
         self.latency = LatencyWindow(window)
         self.queue_wait = LatencyWindow(window)
         self.latency_histogram = HistogramRecorder()
         self.queue_wait_histogram = HistogramRecorder()
-
-    def start_serving(
-        self, loop: asyncio.AbstractEventLoop, completions: CompletionSource | None = None
-    ) -> None:
-        """The cores are open: schedule over them; ``completions`` or a new poller report."""
-        cores = self.cores
-        self.loop = loop
-        self.scheduler = Scheduler(cores.cores, self._options.max_consecutive_faults)
-        limit = self._options.offload_bytes
-        self.offload_pack = sum(s.size for s in cores.inputs) > limit or any(cores.frames)
-        self.offload_unpack = sum(s.size for s in cores.outputs) > limit
-        self.poller = completions or _poller(cores, loop, self.on_completions, self._die_callback)
-        self.state = EngineState.OPEN
+        # Set once every slot is idle again while the engine closes (``drain``).
+        self._drained = asyncio.Event()
+        self._draining = False
+        self.poller = device.start(loop, self, die)  # last: it reports from now on
 
     def cancel_probes(self) -> None:
-        for core in self.cores.cores:
+        for core in self.device.cores:
             if core.probe is not None:
                 core.probe.cancel()
                 core.probe = None
@@ -120,50 +85,43 @@ class Flow(SubmitFailures):
                 request.future.set_exception(error)
 
     def fail_running(self, error: AiodlaError) -> None:
-        for slot in self.cores.slots:
+        for slot in self.device.slots:
             running = slot.request
             if running is not None and running.state is not RequestState.DONE:
-                self._finish(running, error=error)
+                self.finish(running, error=error)
+
+    def fail_all(self) -> None:
+        """The engine died: fail every waiting and running request with why."""
+        self.cancel_probes()
+        self.fail_waiting(self.life.not_serving_error())
+        self.fail_running(self.life.not_serving_error())
+        self._drained.set()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until every slot is idle again."""
+        self._draining = True
+        if self.scheduler.idle_slots < len(self.device.slots):
+            with anyio.move_on_after(timeout):
+                await self._drained.wait()
 
     def admit(self, request: Request, timeout: float | None) -> Request:
         """Put a validated request in line, with its deadline, and start it if a slot
         is idle."""
         if timeout is not None:
-            loop = self.loop
-            assert loop is not None
-            request.deadline = loop.time() + timeout
-            request.timer = loop.call_at(request.deadline, self._expire, request)
+            request.deadline = self.loop.time() + timeout
+            request.timer = self.loop.call_at(request.deadline, self._expire, request)
         scheduler = self.scheduler
         scheduler.admit(request)
         if scheduler.idle_slots:
             self.transition()
         return request
 
-    async def drive(self, request: Request) -> Any:
-        """Await the request's outcome, doing the steps the loop hands back to it."""
-        try:
-            value = await request.future
-            while request.state is not RequestState.DONE:
-                if request.state is RequestState.PACKING:
-                    value = await self._pack_off_loop(request)
-                else:
-                    value = await self._unpack_off_loop(request)
-            if request.late is not None:
-                return self._take_late(request)
-            return value
-        except asyncio.CancelledError:
-            self.abandon(request)
-            raise
-        finally:
-            if request.timer is not None:
-                request.timer.cancel()
-
     # -- the state transition -----------------------------------------------------------------
 
     def transition(self) -> None:
         """Give idle slots to waiting requests; called after every submit, completion,
         cancellation and release."""
-        if self.state is not EngineState.OPEN:
+        if self.life.state is not EngineState.OPEN:
             return
         next_assignment = self.scheduler.next_assignment
         while (assignment := next_assignment()) is not None:
@@ -174,9 +132,9 @@ class Flow(SubmitFailures):
         waited = now - request.started
         self.queue_wait.add(waited)
         self.queue_wait_histogram.add(waited)
-        if request.deadline is not None and self.loop.time() >= request.deadline:  # type: ignore[union-attr]
+        if request.deadline is not None and self.loop.time() >= request.deadline:
             self.release(slot)
-            self._finish(request, timed_out=True)
+            self.finish(request, timed_out=True)
             return
         # From now on the slot holds the request's device arrays: released with it,
         # once no kernel of it can read them.
@@ -185,46 +143,76 @@ class Flow(SubmitFailures):
             request.future.set_result(None)  # its coroutine packs (PACKING) off the loop
             return
         try:
-            self.cores.write_inputs(slot, request.arrays)
+            self.device.write_inputs(slot, request.arrays)
         except Exception as exc:  # validated already: a failure here is a bug, kept local
             self.release(slot)
-            self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
+            self.finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
             return
-        self._submit(slot, request, now)
+        self.submit(slot, request, now)
 
-    def _submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
+    def submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
+        """Enqueue the slot's work. A failed submission fails its request; the slot goes
+        back to the pool once what reached its stream ran (see :meth:`fail_submission`)."""
+        device = self.device
         try:
             now = time.monotonic() if now is None else now
-            self.cores.submit(slot, now)
+            device.submit(slot, now)
         except Exception as exc:
-            self._submit_failed(slot, request, exc)
+            # Some copies may be queued on the stream already: the slot is reusable only
+            # after they ran, so mark the stream's end and let the poller return the slot.
+            # A slot whose end could not be marked is lost to the pool.
+            if self.fail_submission(slot, exc) and device.retire(slot, time.monotonic()):
+                self.poller.watch(slot)
             return
         if request is not None:
             request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
-        self.poller.watch(slot)  # type: ignore[union-attr]
+        self.poller.watch(slot)
+
+    def fail_submission(self, slot: Slot, exc: BaseException) -> bool:
+        """The slot's submission failed: its request fails with a
+        :class:`~aiodla.DeviceError` naming the call, a probe is tried again later; a
+        sticky CUDA error kills the engine instead (False then)."""
+        if is_sticky(exc):
+            self._die(exc)
+            return False
+        doing = f"core {slot.core.core}: submitting the request"
+        error = device_error(doing, exc) or AiodlaError(f"{doing} failed: {exc!r}")
+        if error is not exc:
+            error.__cause__ = exc
+        request = slot.request
+        if request is not None:
+            request.slot = None
+            slot.request = None
+            self.finish(request, error=error)
+        else:
+            logger.warning("aiodla: %s", error)
+        if slot.probing:  # the probe never ran: try again later
+            slot.probing = False
+            self._schedule_probe(slot.core)
+        return True
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
 
     def on_completions(self, finished: list[tuple[Slot, int]]) -> None:
         """Slots the poller saw done, each with its core's cuDLA status read then."""
-        if self.state is EngineState.CLOSED:
+        if self.life.state is EngineState.CLOSED:
             return  # a late wake-up after close: nothing is left to touch
         try:
             self._handle_completions(finished)
         finally:
             # After the callers this batch woke took their step (see _after_batch).
-            self.loop.call_soon(self._after_batch)  # type: ignore[union-attr]
+            self.loop.call_soon(self._after_batch)
 
     def _after_batch(self) -> None:
         """The loop is free again: take what finished meanwhile at once if several
         tasks should have, else hand polling back (see the poller's module docstring)."""
-        poller = self.poller
-        if poller is None or self.state is EngineState.CLOSED:
+        if self.life.state is EngineState.CLOSED:
             return
+        poller = self.poller
         try:
             finished = poller.harvest()
         except Exception as exc:  # as from the poller's own sweep: the engine is dead
-            self._die_callback(exc)
+            self._die(exc)
             return
         if finished:
             self.on_completions(finished)  # which schedules _after_batch again
@@ -234,7 +222,7 @@ class Flow(SubmitFailures):
     def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
         now = time.monotonic()
         scheduler = self.scheduler
-        take_compute_failure = self.cores.take_compute_failure
+        take_compute_failure = self.device.take_compute_failure
         for slot, status in finished:
             core = slot.core
             request = slot.request
@@ -242,7 +230,7 @@ class Flow(SubmitFailures):
             # request fails, the core is not blamed (the DLA part of the task ran).
             failure = None if take_compute_failure is None else take_compute_failure(slot)
             if request is not None or slot.probing:  # a task ran (not a retired slot)
-                self.cores.account(slot, status, now)
+                self.device.account(slot, status, now)
                 if status:
                     self._task_failed(core, status)
                 else:
@@ -263,24 +251,24 @@ class Flow(SubmitFailures):
             if status:
                 self.release(slot)
                 message = f"the DLA task failed on core {core.core}: {status_name(status)}"
-                self._finish(request, error=TaskError(message, status=status, core=core.core))
+                self.finish(request, error=TaskError(message, status=status, core=core.core))
                 continue
             if failure is not None:
                 self.release(slot)
-                self._finish(request, error=failure)
+                self.finish(request, error=failure)
                 continue
             if self.offload_unpack and not slot.pooled:  # (pool memory: nothing to unpack)
                 scheduler.advance(request, RequestState.UNPACKING)
                 request.future.set_result(None)  # its coroutine unpacks off the loop
                 continue
             try:
-                outputs = read_results(self.cores, self.postprocess, slot)
+                outputs = read_results(self.device, self.postprocess, slot)
             except PostprocessError as exc:  # this request's outputs only: it fails alone
                 self.release(slot)
-                self._finish(request, error=exc)
+                self.finish(request, error=exc)
                 continue
             self.release(slot)
-            self._finish(request, result=outputs, now=now)
+            self.finish(request, result=outputs, now=now)
         self.transition()
 
     def _task_failed(self, core: CoreState, status: int) -> None:
@@ -304,33 +292,33 @@ class Flow(SubmitFailures):
     # -- the fault policy: probing a core out of rotation ------------------------------------
 
     def _schedule_probe(self, core: CoreState) -> None:
-        assert self.loop is not None
         core.probe = self.loop.call_later(self._options.probe_interval, self._probe, core)
 
     def _probe(self, core: CoreState) -> None:
         """Run one task on a core out of rotation; success brings it back."""
         core.probe = None
-        if self.state is not EngineState.OPEN or core.in_rotation:
+        if self.life.state is not EngineState.OPEN or core.in_rotation:
             return
         if not core.idle:  # its slots are still busy (a hung task): try again later
             self._schedule_probe(core)
             return
         slot = self.scheduler.take(core)
         slot.probing = True
-        self.cores.write_zeros(slot)
+        self.device.write_zeros(slot)
         logger.info("aiodla: probing core %d", core.core)
-        self._submit(slot, None)
+        self.submit(slot, None)
 
     # -- ending requests -----------------------------------------------------------------------
 
     def release(self, slot: Slot) -> None:
         """Return ``slot`` to the pool (the caller runs the transition afterwards)."""
-        self.cores.recycle(slot)
-        self.scheduler.release(slot)
-        if self.drained is not None and self.scheduler.idle_slots == len(self.cores.slots):
-            self.drained.set()
+        self.device.recycle(slot)
+        scheduler = self.scheduler
+        scheduler.release(slot)
+        if self._draining and scheduler.idle_slots == len(self.device.slots):
+            self._drained.set()
 
-    def _finish(
+    def finish(
         self,
         request: Request,
         *,
@@ -367,13 +355,13 @@ class Flow(SubmitFailures):
             request.late = (result, error)
         return error
 
-    def _take_late(self, request: Request) -> Any:
+    def take_late(self, request: Request) -> Any:
         """Deliver an outcome decided while the request's coroutine did a step, and give
         back the slot that step held."""
         if request.slot is not None:
             self.release(request.slot)
             self.transition()
-        assert request.late is not None
+        assert request.late is not None  # (the caller checked)
         result, error = request.late
         if error is not None:
             raise error
@@ -382,7 +370,7 @@ class Flow(SubmitFailures):
     def _expire(self, request: Request) -> None:
         request.timer = None
         if request.state in (RequestState.QUEUED, RequestState.IN_FLIGHT):
-            self._finish(request, timed_out=True)
+            self.finish(request, timed_out=True)
         # A request packing or unpacking in a worker thread checks its deadline itself.
 
     def abandon(self, request: Request) -> None:
@@ -400,77 +388,6 @@ class Flow(SubmitFailures):
             self.scheduler.finish(request, Outcome.CANCELLED)
         _let_go(request)
         self.transition()
-
-    # -- large tensors: pack and unpack in a worker thread ---------------------------------------
-
-    async def _pack_off_loop(self, request: Request) -> Any:
-        slot = request.slot
-        assert slot is not None
-        try:
-            await anyio.to_thread.run_sync(self.cores.write_inputs, slot, request.arrays)
-        except Exception as exc:
-            if request.state is RequestState.DONE:
-                return self._take_late(request)
-            self.release(slot)
-            error = self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
-            self.transition()
-            raise error from exc  # type: ignore[misc]
-        if request.state is RequestState.DONE:
-            return self._take_late(request)
-        loop = self.loop
-        assert loop is not None
-        serving = self.state is EngineState.OPEN
-        if not serving or (request.deadline is not None and loop.time() >= request.deadline):
-            self.release(slot)
-            if serving:
-                error = self._finish(request, timed_out=True)
-            else:
-                error = self._finish(request, error=self.not_serving_error())
-            self.transition()
-            raise error  # type: ignore[misc]
-        request.future = loop.create_future()
-        self._submit(slot, request)
-        return await request.future
-
-    async def _unpack_off_loop(self, request: Request) -> Any:
-        slot = request.slot
-        assert slot is not None
-        try:
-            result = await anyio.to_thread.run_sync(
-                read_results, self.cores, self.postprocess, slot
-            )
-        except PostprocessError as exc:
-            if request.state is RequestState.DONE:
-                return self._take_late(request)
-            self.release(slot)
-            self._finish(request, error=exc)
-            self.transition()
-            raise
-        if request.state is RequestState.DONE:
-            return self._take_late(request)
-        self.release(slot)
-        self._finish(request, result=result)
-        self.transition()
-        return result
-
-    def not_serving_error(self) -> AiodlaError:
-        if self.dead_cause is not None:
-            error: AiodlaError = EngineDeadError(f"the engine is dead: {self.dead_cause}")
-            error.__cause__ = self.dead_cause
-            return error
-        return EngineClosedError("the engine was closed")
-
-
-def _poller(
-    cores: Cores,
-    loop: asyncio.AbstractEventLoop,
-    deliver: Callable[[list[tuple[Slot, int]]], None],
-    fail: Callable[[BaseException], None],
-) -> Poller:
-    """The in-process completion source (``isolation="process"`` passes the worker's)."""
-    poller = Poller(cores.probe, loop, deliver, fail, pause=cores.poll_pause)
-    poller.start()
-    return poller
 
 
 def _let_go(request: Request) -> None:

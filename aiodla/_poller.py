@@ -159,10 +159,6 @@ class Poller:
         self._stopping = True
         self._ring()
 
-    def abandon(self) -> None:
-        """An engine dropped unclosed: stop, without waiting (the thread's own)."""
-        self.stop()
-
     def _ring(self) -> None:
         with contextlib.suppress(RuntimeError):  # rung already, not yet answered
             self._bell.release()

@@ -114,11 +114,6 @@ class Scheduler:
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
 
     @property
-    def waiting(self) -> int:
-        """Requests waiting for a slot."""
-        return self.queued
-
-    @property
     def idle_slots(self) -> int:
         return self._idle_total
 

@@ -21,8 +21,10 @@ __all__ = [
     "CompletionProbe",
     "CoreState",
     "Slot",
+    "account",
     "completion_probe",
     "new_core",
+    "record_stages",
 ]
 
 # Until a core has completed tasks, poll as if one task took this long.
@@ -135,3 +137,71 @@ def completion_probe(runtime: Runtime) -> CompletionProbe:
             return cudla_status(exc) or -1
 
     return CompletionProbe(runtime.make_current, runtime.query_event, core_status)
+
+
+def account(slot: Slot, status: int, now: float) -> None:
+    """Count one finished DLA task: the core's busy time and its service-time estimate
+    (the fault policy is the scheduler's)."""
+    core = slot.core
+    # A task's span as observed: from its submission, or from the end of the core's
+    # task before it, to when it was seen done. A second task of the core seen done
+    # in the same batch has no span of its own (it ended somewhere before ``now``).
+    spanned = core.last_completion != now
+    elapsed = now - max(slot.submitted_at, core.last_completion)
+    core.last_completion = now
+    if slot.behind:
+        _follow_the_core(slot)
+    # Observed spans include how late the poller saw the task; a service time the
+    # loadable states is the truth for the busy figures.
+    if not spanned:
+        busy = core.service_time
+    elif core.learn_service_time:
+        busy = elapsed
+    else:
+        busy = min(elapsed, core.service_time)
+    core.busy_time += busy
+    core.busy_window.add(now, busy)
+    if status:
+        core.failed += 1
+        return
+    core.completed += 1
+    if core.learn_service_time and spanned:
+        core.observed.append(elapsed)
+        core.service_time = min(core.observed)
+
+
+def record_stages(
+    slot: Slot,
+    stages: tuple[float, float, float],
+    windows: tuple[LatencyWindow, ...] | None,
+) -> None:
+    """Copy-in, DLA and copy-out seconds of ``slot``'s task, into the windows."""
+    if windows is not None:
+        for window, seconds in zip(windows, stages, strict=True):
+            window.add(seconds)
+    core = slot.core
+    if core.dla_times is not None and core.dla_histogram is not None:
+        core.dla_times.add(stages[1])
+        core.dla_histogram.add(stages[1])
+
+
+def _follow_the_core(slot: Slot) -> None:
+    """Move the estimates of the tasks queued behind ``slot`` on its core (and of the
+    core's end) to where the evidence puts the core's timeline.
+
+    Each submission's estimate is the core's previous one plus the service time, so a
+    service time a little off the real one (a loadable's stated time, a stand-in's
+    overhead) moves a saturated core's estimates ever further from its tasks. Too early,
+    the poller queries every task several times and wakes the loop for each one
+    (``benchmarks/bench_estimates.py``, stated 2 % short at 1 ms: 4.7 queries a request
+    instead of 1.0, and twice the CPU); too late, the ring runs dry before the poller
+    looks. Only the poller's evidence (``slot.behind``) moves them, and never past it: a
+    task found still running after its estimate moves those behind it later by that
+    much; one found done before its estimate, earlier by as much. The poller's lateness
+    in seeing a task done moves nothing, so no error feeds on itself.
+    """
+    estimate, offset = slot.expected_done, slot.behind
+    for other in slot.core.slots:
+        if other.expected_done > estimate:
+            other.expected_done += offset
+    slot.core.expected_free += offset

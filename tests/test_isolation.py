@@ -357,15 +357,23 @@ class TestNothingLeaks:
         assert open_fds() == fds
 
     @pytest.mark.asyncio
-    async def test_a_failed_open_leaves_no_process(self) -> None:
+    async def test_a_failed_open_leaves_no_process(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        spawned: list[int] = []
+        spawn = supervisor_module._spawn
+
+        def recording_spawn() -> Any:
+            process, sock = spawn()
+            spawned.append(process.pid)
+            return process, sock
+
+        monkeypatch.setattr(supervisor_module, "_spawn", recording_spawn)
         gc.collect()
         fds = open_fds()
         engine = process_engine(b"not a loadable")
         with pytest.raises(AiodlaError, match="emulator loadables only"):
             await engine.open()
         assert engine.state.value == "closed"
-        supervisor = engine._cores.supervisor  # type: ignore[attr-defined]
-        assert supervisor is not None and supervisor.pid is not None and not alive(supervisor.pid)
+        assert len(spawned) == 1 and not alive(spawned[0])
         gc.collect()
         assert open_fds() == fds
 

@@ -47,7 +47,7 @@ class TestPolicy:
             assigned.append((pair[0].arrays[0], pair[1].core.core))
         # Requests in arrival order; cores alternate as each gains outstanding work.
         assert assigned == [(0, 0), (1, 1), (2, 0), (3, 1)]
-        assert scheduler.waiting == 1 and scheduler.idle_slots == 0
+        assert scheduler.queued == 1 and scheduler.idle_slots == 0
 
     @pytest.mark.asyncio
     async def test_released_slot_goes_to_the_least_loaded_core(self) -> None:
@@ -72,10 +72,10 @@ class TestPolicy:
         for r in waiting:
             scheduler.admit(r)
         scheduler.finish(waiting[0], Outcome.CANCELLED)
-        assert scheduler.waiting == 2
+        assert scheduler.queued == 2
         pair = scheduler.next_assignment()
         assert pair is not None and pair[0] is waiting[1]
-        assert scheduler.waiting == 1
+        assert scheduler.queued == 1
 
     @pytest.mark.asyncio
     async def test_drain_returns_live_waiters(self) -> None:
@@ -86,7 +86,7 @@ class TestPolicy:
             scheduler.admit(r)
         scheduler.finish(waiting[1], Outcome.CANCELLED)
         assert scheduler.drain("closed") == [waiting[0], waiting[2]]
-        assert scheduler.waiting == 0
+        assert scheduler.queued == 0
 
 
 class TestEngineScheduling:

@@ -21,7 +21,6 @@ import pickle
 import select
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -101,24 +100,17 @@ class Channel:
         self._incoming = bytearray()
         self._outgoing = bytearray()
         self._writing = False
-        self._send_lock = threading.Lock()
         self.closed = False
         self.fds: list[int] = []  # descriptors received and not yet taken
         loop.add_reader(sock.fileno(), self._readable)
 
-    def send_now(self, message: Any) -> None:
-        """Send from any thread, at once, waiting while the socket is full (the worker
-        sends its completion batches so, from its poller's thread: no hop through its
-        loop). Every send on a channel that uses this must use it."""
-        data = memoryview(frame(message))
-        with self._send_lock:
-            while data and not self.closed:
-                try:
-                    data = data[self._sock.send(data) :]
-                except (BlockingIOError, InterruptedError):
-                    select.select([], [self._sock], [], 1.0)
-                except OSError:
-                    return  # the peer is gone: the reader sees it and ends the worker
+    def receive_with(
+        self, on_messages: Callable[[list[Any]], None], on_closed: Callable[[str], None]
+    ) -> None:
+        """Hand what arrives from now on to these (the supervisor takes a worker's
+        channel over from its opening handshake)."""
+        self._on_messages = on_messages
+        self._on_closed = on_closed
 
     def send(self, message: Any) -> None:
         if self.closed:

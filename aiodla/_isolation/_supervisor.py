@@ -26,31 +26,27 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
+from .._device import CompletionSink
 from .._errors import WorkerLostError
 from .._options import EngineOptions
 from .._scheduler import RequestState
+from .._slots import CoreState, Slot
 from ._channel import Channel
+from ._launch import EXIT_GRACE, Handshake, HungUp, Worker, open_lost, reap
 from ._process import _kill, _spawn, _wait
 from ._worker import CONTEXT_LOST_EXIT
 
-if TYPE_CHECKING:
-    from .._flow import Flow
-    from .._slots import Slot
-    from ._remote import RemoteCores
-
-__all__ = ["Supervisor", "WorkerState", "inject_fault"]
+__all__ = ["Served", "Supervisor", "WorkerState", "inject_fault", "launch_worker"]
 
 logger = logging.getLogger("aiodla")
 
 # Opening a model in a fresh interpreter (imports, the runtime, the module, the slots)
 # takes about a second here; a worker silent for this long while opening is hung.
 OPEN_TIMEOUT = 60.0
-# A lost worker that has not exited this long after its channel closed is killed.
-EXIT_GRACE = 2.0
 # Back-off before a replacement: none after a worker that served (completed a task),
 # then doubling with each worker in a row lost before it completed one (a crash loop).
 FIRST_BACKOFF = 0.1
@@ -58,6 +54,38 @@ FIRST_BACKOFF = 0.1
 # a millisecond; this long without an answer means it is not going to.
 CONTROL_TIMEOUT = 10.0
 MAX_BACKOFF = 2.0
+
+
+async def launch_worker(loop: asyncio.AbstractEventLoop, open_message: tuple[Any, ...]) -> Worker:
+    """Start a worker and have it open the model; its failure to is raised here (a
+    :class:`WorkerLostError` when it ended or did not answer within ``OPEN_TIMEOUT``)."""
+    process, sock = _spawn()
+    handshake = Handshake(loop)
+    channel = Channel(sock, loop, handshake.on_messages, handshake.on_hang_up)
+    channel.send(open_message)
+    try:
+        with anyio.fail_after(OPEN_TIMEOUT):
+            ready = await handshake.ready
+    except BaseException as exc:
+        channel.close()
+        status = await reap(process, kill=not isinstance(exc, HungUp))
+        lost = open_lost(process.pid, status, exc, handshake.said, OPEN_TIMEOUT)
+        if lost is None:
+            raise
+        raise lost from None
+    return Worker(process, channel, ready, channel.fds.pop(0))
+
+
+class Served(Protocol):
+    """What the supervisor serves: the application's side of the worker's cores."""
+
+    cores: list[CoreState]
+    slots: list[Slot]
+
+    def bind_worker(self, ready: dict[str, Any], fd: int) -> None: ...
+    def submission(self, slot: Slot) -> Any: ...
+    def record_failure(self, slot: Slot, failure: BaseException) -> None: ...
+    def record_stages(self, slot: Slot, stages: tuple[float, float, float]) -> None: ...
 
 
 class WorkerState(enum.Enum):
@@ -82,32 +110,27 @@ class Supervisor:
         self,
         options: EngineOptions,
         open_message: tuple[Any, ...],
-        cores: RemoteCores,
-        flow: Flow,
+        worker: Worker,
+        cores: Served,
+        sink: CompletionSink,
         die: Callable[[BaseException], None],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._options = options
         self._die = die
         self._open_message = open_message
         self._cores = cores
-        self._flow = flow
-        self.state = WorkerState.STARTING
-        self.pid: int | None = None
+        self._sink = sink
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self.state = WorkerState.SERVING
         self.last_loss: WorkerLostError | None = None
         self.restart_times: list[float] = []
         self.exit_status: int | None = None  # the last worker's, once it ended
         self._losses: collections.deque[float] = collections.deque()
         self._unproven = 0  # workers lost in a row before completing any task
-        self._proven = False  # the current worker has completed a task
-        self._process: subprocess.Popen[bytes] | None = None
-        self._channel: Channel | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self._pending: list[Any] = []  # RemoteCores.submission of each slot
-        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._pending: list[Any] = []  # Served.submission of each slot
         self._heartbeat: asyncio.TimerHandle | None = None
-        self._asked_at: float | None = None  # when the unanswered ping was sent
-        self._said: str | None = None  # the worker's own last words on why it goes
         self._recovery: asyncio.Task[None] | None = None
         self._failed_in_flight = False  # this loss's in-flight requests are failed
         self._injections: dict[int, asyncio.Future[None]] = {}
@@ -117,51 +140,20 @@ class Supervisor:
         self.submit_hook: Callable[[int], None] | None = None
         # ... and asked, before a serving worker is told to close, to read its counters.
         self.close_hook: Callable[[], None] | None = None
+        self._adopt(worker)
 
-    # -- starting a worker -------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Start the first worker; its open's failure is the engine's (raised here)."""
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        await self._launch()
-        self.state = WorkerState.SERVING
-
-    async def _launch(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        process, sock = _spawn()
-        self._process, self.pid, self._said = process, process.pid, None
-        self._proven = False
-        self._ready = loop.create_future()
+    def _adopt(self, worker: Worker) -> None:
+        """Serve through ``worker`` (ready: it opened the model, and the cores are
+        bound to its staging) from now on."""
+        self._process, self.pid = worker.process, worker.process.pid
+        self._channel = worker.channel
+        self._said: str | None = None  # the worker's own last words on why it goes
+        self._proven = False  # the current worker has completed a task
         # Weakly: the loop's reader must not keep an engine dropped unclosed alive (it
         # could never warn, and its worker would run as long as the loop).
-        self._channel = Channel(sock, loop, _weakly(self._on_messages), _weakly(self._on_hang_up))
-        self._channel.send(self._open_message)
-        try:
-            with anyio.fail_after(OPEN_TIMEOUT):
-                ready = await self._ready
-        except BaseException as exc:
-            self._channel.close()
-            status = await self._reap(process, kill=not isinstance(exc, _HungUp))
-            lost = _open_lost(process.pid, status, exc, self._said)
-            if lost is None:
-                raise
-            raise lost from None
-        channel = self._channel
-        self._cores.bind_worker(ready, channel.fds.pop(0))
-        self._asked_at = None
+        worker.channel.receive_with(_weakly(self._on_messages), _weakly(self._on_hang_up))
+        self._asked_at: float | None = None  # when the unanswered ping was sent
         self._schedule_heartbeat()
-
-    async def _reap(self, process: subprocess.Popen[bytes], kill: bool) -> int | None:
-        """The worker's exit status, killing it first if asked or if it lingers."""
-        if kill:
-            _kill(process)
-        try:
-            return await anyio.to_thread.run_sync(_wait, process, EXIT_GRACE)
-        except subprocess.TimeoutExpired:
-            _kill(process)
-            return await anyio.to_thread.run_sync(_wait, process)
 
     # -- the channel ---------------------------------------------------------------------------
 
@@ -175,19 +167,13 @@ class Supervisor:
                 for number, status, failure, stages, ran in message[1]:
                     slot = slots[number]
                     if not ran:  # as in-process: the request fails, nothing is counted
-                        _end_unsubmitted(self._flow, slot, failure)
+                        # (its slot is retired: the completion below only returns it)
+                        self._sink.fail_submission(slot, failure)
                     elif failure is not None:
                         self._cores.record_failure(slot, failure)
                     if stages is not None:
                         self._cores.record_stages(slot, stages)
                     done.append((slot, status))
-            elif kind == "ready" or kind == "open_failed":
-                ready = self._ready
-                if ready is not None and not ready.done():
-                    if kind == "ready":
-                        ready.set_result(message[1])
-                    else:
-                        ready.set_exception(message[1])
             elif kind == "lost":
                 self._said = message[1]  # the hang-up follows
             elif kind == "injected":
@@ -199,22 +185,20 @@ class Supervisor:
                         waiter.set_exception(message[2])
         if done:
             self._proven = True
-            self._flow.on_completions(done)
+            self._sink.on_completions(done)
 
     def _on_hang_up(self, why: str) -> None:
-        ready = self._ready
-        if ready is not None and not ready.done():
-            ready.set_exception(_HungUp(why))
-            return
         self._lose(self._said)
 
-    def submit(self, slot: Slot) -> None:
-        """Send ``slot`` to the worker with this loop iteration's batch."""
+    # -- what the flow calls on its completion source ------------------------------------------
+
+    def watch(self, slot: Slot) -> None:
+        """The slot was submitted: send it to the worker with this loop iteration's
+        batch (the worker's poller watches it there)."""
         if self.state is not WorkerState.SERVING:
             # The worker is lost: the slot is failed with the others in flight (now,
             # if that already happened).
             if self._failed_in_flight and self.last_loss is not None:
-                assert self._loop is not None
                 self._loop.call_soon(self._fail_in_flight, self.last_loss)
             return
         if self.submit_hook is not None:
@@ -226,17 +210,12 @@ class Supervisor:
         if slot.core.outstanding <= 1 and sum(c.outstanding for c in self._cores.cores) <= 1:
             self._send_pending()
         elif len(pending) == 1:
-            self._loop.call_soon(self._send_pending)  # type: ignore[union-attr]
+            self._loop.call_soon(self._send_pending)
 
     def _send_pending(self) -> None:
         pending, self._pending = self._pending, []
-        if pending and self._channel is not None and self.state is WorkerState.SERVING:
+        if pending and self.state is WorkerState.SERVING:
             self._channel.send(("submit", pending))
-
-    # -- what the flow calls on its poller ------------------------------------------------------
-
-    def watch(self, slot: Slot) -> None:
-        """The slot was submitted (the worker's poller watches it)."""
 
     def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]:
         """Nothing to sweep here: completions arrive on the channel."""
@@ -249,7 +228,7 @@ class Supervisor:
         """Tell the worker to close (the engine drained it already); from another
         thread (an engine collected unclosed), kill it instead."""
         loop = self._loop
-        if threading.get_ident() != self._loop_thread or loop is None or not loop.is_running():
+        if threading.get_ident() != self._loop_thread or not loop.is_running():
             self.abandon()  # an engine collected unclosed: no loop to talk through
             return
         if self.state is WorkerState.SERVING and self.close_hook is not None:
@@ -260,7 +239,7 @@ class Supervisor:
         if self._recovery is not None:
             self._recovery.cancel()
         channel = self._channel
-        if channel is not None and not channel.closed:
+        if not channel.closed:
             if previous is WorkerState.SERVING:
                 self._send_pending()
                 channel.send(("close",))
@@ -277,8 +256,6 @@ class Supervisor:
     def join(self, timeout: float | None = None) -> None:
         """Wait for the worker to exit (in a thread): it releases every handle first."""
         process = self._process
-        if process is None:
-            return
         limit = self._options.close_timeout + EXIT_GRACE if timeout is None else timeout
         try:
             self.exit_status = _wait(process, limit)
@@ -294,15 +271,13 @@ class Supervisor:
     def shut_down(self) -> None:
         """The engine's last step (in a thread): no worker is left behind."""
         process = self._process
-        if process is not None and process.poll() is None:
+        if process.poll() is None:
             _kill(process)
-        if process is not None:
-            self.exit_status = _wait(process)
+        self.exit_status = _wait(process)
 
     # -- losing a worker, and replacing it ------------------------------------------------
 
     def _schedule_heartbeat(self) -> None:
-        assert self._loop is not None
         interval = self._options.heartbeat_timeout / 4
         self._heartbeat = self._loop.call_later(interval, _weakly(self._beat))
 
@@ -311,7 +286,7 @@ class Supervisor:
         Timed from the ping, not from the last message: a loop of ours that was held
         up finds the answer waiting, and reads it before judging."""
         channel = self._channel
-        if self.state is not WorkerState.SERVING or channel is None:
+        if self.state is not WorkerState.SERVING:
             return
         timeout = self._options.heartbeat_timeout
         asked = self._asked_at
@@ -341,8 +316,7 @@ class Supervisor:
         lost_at = time.monotonic()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        if self._channel is not None:
-            self._channel.close()
+        self._channel.close()
         self._pending.clear()
         waiters, self._injections = self._injections, {}
         for waiter in waiters.values():  # a control the lost worker never confirmed
@@ -353,15 +327,12 @@ class Supervisor:
         # No request is started until a new worker serves; they wait in the queue.
         for core in self._cores.cores:
             core.in_rotation = False
-        self._flow.cancel_probes()
-        assert self._loop is not None
-        assert self._process is not None
+        self._sink.cancel_probes()
         self._recovery = self._loop.create_task(self._recover(cause, kill, lost_at))
 
     async def _recover(self, cause: str | None, kill: bool, lost_at: float) -> None:
-        assert self._process is not None
         pid = self._process.pid
-        status = await self._reap(self._process, kill)
+        status = await reap(self._process, kill)
         self.exit_status = status
         if cause is None:
             cause = _ended(status)
@@ -393,11 +364,13 @@ class Supervisor:
             if self._unproven:
                 await asyncio.sleep(min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** (self._unproven - 1)))
             try:
-                await self._launch()
+                worker = await launch_worker(self._loop, self._open_message)
             except Exception as exc:
                 logger.error("aiodla: a new worker failed to start: %s", exc)
                 self._unproven += 1
                 continue
+            self._cores.bind_worker(worker.ready, worker.staging_fd)
+            self._adopt(worker)
             break
         for core in self._cores.cores:
             core.in_rotation, core.consecutive_failures = True, 0
@@ -405,21 +378,21 @@ class Supervisor:
         self.state = WorkerState.SERVING
         self.restart_times.append(time.monotonic() - lost_at)
         logger.warning("aiodla: a new worker (pid %s) serves", self.pid)
-        self._flow.transition()
+        self._sink.transition()
 
     def _fail_in_flight(self, error: WorkerLostError) -> None:
         """Fail the requests the lost worker held and give their slots back."""
         self._failed_in_flight = True
-        flow = self._flow
+        sink = self._sink
         slots = self._cores.slots
         # A request packing or unpacking in a worker thread keeps its slot until that
         # thread is done with the staging; its coroutine then gives the slot back.
         held = {id(slot) for slot in slots if _in_a_thread(slot)}
-        flow.fail_running(error)
+        sink.fail_running(error)
         for slot in slots:
             slot.probing = False
             if slot not in slot.core.idle and id(slot) not in held:
-                flow.release(slot)
+                sink.release(slot)
 
     def control(
         self,
@@ -436,7 +409,7 @@ class Supervisor:
         and return its result (or raise its error): a blocking round trip, so that it
         has acted before the test's next line."""
         channel = self._channel
-        if self.state is not WorkerState.SERVING or channel is None:
+        if self.state is not WorkerState.SERVING:
             raise WorkerLostError(f"no worker serves now ({self.state.value})")
         if threading.get_ident() != self._loop_thread:
             raise RuntimeError("call the controls of a process-mode engine from its loop's thread")
@@ -461,9 +434,8 @@ class Supervisor:
     async def inject(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Call the test control ``name`` on the worker's runtime, and wait until it
         has been applied (see :func:`inject_fault`)."""
-        if self.state is not WorkerState.SERVING or self._channel is None:
+        if self.state is not WorkerState.SERVING:
             raise WorkerLostError(f"no worker serves now ({self.state.value})")
-        assert self._loop is not None
         token = next(self._tokens)
         waiter = self._injections[token] = self._loop.create_future()
         self._channel.send(("inject", token, name, args, kwargs))
@@ -486,10 +458,6 @@ def _ended(status: int | None) -> str:
     if status == CONTEXT_LOST_EXIT:
         return "its CUDA context was lost"
     return "it exited unexpectedly"
-
-
-class _HungUp(Exception):
-    """The worker's channel closed before it said it was ready."""
 
 
 async def inject_fault(engine: Any, name: str, *args: Any, **kwargs: Any) -> None:
@@ -531,41 +499,3 @@ def _weakly(method: Callable[..., None]) -> Callable[..., None]:
             target(*args)
 
     return call
-
-
-def _open_lost(
-    pid: int, status: int | None, exc: BaseException, said: str | None
-) -> WorkerLostError | None:
-    """Why a worker did not open the model: it ended, or it did not answer within
-    ``OPEN_TIMEOUT`` (anyio's timeout is bare); None for anything else (a cancellation),
-    which goes on as it is."""
-    if isinstance(exc, _HungUp):
-        return WorkerLostError(
-            f"the worker process (pid {pid}) ended while opening the model "
-            f"(exit status {status}): {said or exc}",
-            cause=said or str(exc),
-            exit_status=status,
-        )
-    if isinstance(exc, TimeoutError):
-        return WorkerLostError(
-            f"the worker process (pid {pid}) did not open the model within "
-            f"{OPEN_TIMEOUT:g} s (exit status {status})",
-            cause="open timed out",
-            exit_status=status,
-        )
-    return None
-
-
-def _end_unsubmitted(flow: Flow, slot: Slot, error: BaseException) -> None:
-    """The worker could not submit ``slot``'s task (and its stream has reached what was
-    queued): end its request with the error and leave the slot retired, so the
-    completion that follows only returns it (no task is counted, no probe succeeds).
-    In-process, ``Flow._submit_failed`` does the same at the failed call."""
-    request = slot.request
-    if request is not None:
-        slot.request = None
-        request.slot = None
-        flow._finish(request, error=error)
-    if slot.probing:  # the probe never ran: try again later
-        slot.probing = False
-        flow._schedule_probe(slot.core)

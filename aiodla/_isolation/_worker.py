@@ -30,14 +30,13 @@ import threading
 import time
 from typing import Any, cast
 
-from .._cores import Cores, device_error, is_sticky
-from .._data_path import DevicePath
+from .._cores import Cores
+from .._device import device_error, is_sticky
 from .._errors import AiodlaError
 from .._options import EngineOptions
 from .._poller import Poller
-from ..emulator._standin import load_standin, loaded_standins
 from ..runtime._protocol import Runtime
-from ..runtime._select import select_runtime
+from ..runtime._select import load_library, loaded_libraries, select_runtime
 from ._channel import frame, parse_frames, receive_blocking, send_blocking
 from ._staging import SharedStaging, StagingRuntime
 
@@ -104,7 +103,7 @@ def left_alive(runtime: Runtime) -> dict[str, int]:
     the GPU stand-in under the CUDA runtime, still counts alive. The exit status tells
     the application (its supervisor logs it, tests assert on it)."""
     counts: dict[str, int] = {}
-    for source in (runtime, *loaded_standins().values()):
+    for source in (runtime, *loaded_libraries().values()):
         for name in ("live_handles", "live_resources"):
             count = getattr(source, name, None)
             if count is not None:
@@ -124,13 +123,11 @@ def _die_with(parent: int) -> None:
 
 def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
     """Open the model the application sends; tell it the layout, or why not."""
-    model, runtime_choice, fields, standins, setup = receive_blocking(sock)
+    model, runtime_choice, fields, libraries, setup = receive_blocking(sock)
     runtime: Runtime | None = None
-    staging: SharedStaging | None = None
-    cores: Cores | None = None
     try:
-        for path in standins:  # before anything binds cuda.bindings.cudla to a library
-            load_standin(path)
+        for path in libraries:  # before anything binds cuda.bindings.cudla to a library
+            load_library(path)
         # The runtime is made here, so the trust goes to it (the cores then get it made).
         trust = bool(fields.pop("trust_compute", False))
         runtime, _ = select_runtime(runtime_choice, model, trust_compute=trust)
@@ -139,11 +136,8 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
                 raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")
             getattr(runtime, name)(*args, **kwargs)
         staging = SharedStaging(runtime)
-        cores = Cores(EngineOptions(**fields))
-        cores.open(model, StagingRuntime(runtime, staging))
-    except Exception as exc:
-        if cores is not None:
-            cores.release()
+        cores = Cores.open(model, StagingRuntime(runtime, staging), EngineOptions(**fields))
+    except Exception as exc:  # (what the open made is released already)
         if runtime is not None:
             runtime.close()
         send_blocking(sock, ("open_failed", transportable(exc)))
@@ -156,8 +150,8 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
     ready = {
         # The application stages what the worker's path reads: DLA bytes (host
         # conversion), or the caller's bytes for the conversion kernels (device).
-        "device_path": isinstance(path, DevicePath),
-        "fused": isinstance(path, DevicePath) and path.fused,
+        "device_path": path.converts_on_device,
+        "fused": path.fused,
         "pid": os.getpid(),
         "runtime": runtime.name,
         "inputs": cores.inputs,
@@ -200,6 +194,8 @@ class WorkerServer:
     Both send under ``_send_lock``, each message whole.
     """
 
+    _poller: Poller  # made as it starts serving
+
     def __init__(self, sock: socket.socket, cores: Cores, runtime: Runtime) -> None:
         self._sock = sock
         self._cores = cores
@@ -209,7 +205,6 @@ class WorkerServer:
         self._failed: dict[int, BaseException] = {}  # slots whose submission failed
         self._stopped = False
         self._send_lock = threading.Lock()
-        self._poller: Poller | None = None
         # Gates put up by the application's test controls, by the number it gave them.
         self._gates: dict[int, Any] = {}
         # Slots submitted and not yet delivered, and when the last batch went (for
@@ -219,12 +214,11 @@ class WorkerServer:
 
     def serve(self) -> None:
         """Serve until told to close or the application hangs up (main thread)."""
-        cores, sock = self._cores, self._sock
+        sock = self._sock
         sock.setblocking(True)
+        # (the worker has no event loop: its poller's batches go out on its own thread)
         direct = cast(asyncio.AbstractEventLoop, _Direct())
-        self._poller = Poller(
-            cores.probe, direct, self._deliver, self._context_lost, pause=cores.poll_pause
-        )
+        self._poller = self._cores.poller(direct, self._deliver, self._context_lost)
         self._poller.start()
         incoming = bytearray()
         try:
@@ -297,13 +291,11 @@ class WorkerServer:
         """Submit each slot: an entry is its number, or (device conversion) its number
         and the reads the application staged for its conversion kernels."""
         cores, poller = self._cores, self._poller
-        assert poller is not None
         now = time.monotonic()
         for entry in entries:
             if isinstance(entry, tuple):
                 number, reads = entry
                 slot = self._slots[number]
-                assert isinstance(cores.path, DevicePath)
                 cores.path.staged_elsewhere(slot, reads)
             else:
                 number, slot = entry, self._slots[entry]
@@ -351,7 +343,6 @@ class WorkerServer:
         """A poller batch: one message, whatever its size (on the poller's thread; what
         it touches of a core, the accounting, only completions touch)."""
         cores, poller = self._cores, self._poller
-        assert poller is not None
         now = time.monotonic()
         take = cores.take_compute_failure
         batch = []
@@ -375,7 +366,7 @@ class WorkerServer:
     def _inject(self, token: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         error: BaseException | None = None
         # The emulated runtime's controls, or the GPU stand-in's under the CUDA runtime.
-        targets = [self._runtime, *loaded_standins().values()]
+        targets = [self._runtime, *loaded_libraries().values()]
         control = next((getattr(t, name) for t in targets if hasattr(t, name)), None)
         if name not in FAULT_INJECTIONS or control is None:
             error = AiodlaError(

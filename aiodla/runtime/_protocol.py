@@ -20,7 +20,7 @@ Conventions every runtime follows:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -40,6 +40,7 @@ __all__ = [
     "HostBuffer",
     "Runtime",
     "TransferCounts",
+    "WorkerControls",
     "cudla_status",
 ]
 
@@ -339,4 +340,20 @@ class Runtime(Protocol):
 
     def close(self) -> None:
         """Release what the runtime itself holds (threads, libraries); idempotent."""
+        ...
+
+
+@runtime_checkable
+class WorkerControls(Protocol):
+    """A runtime whose test controls follow an engine into its worker process
+    (``isolation="process"``; ``aiodla.testing``'s): the worker runs an emulated runtime
+    of its own, armed with ``worker_setup``'s calls before it opens the model, and the
+    controls reach it through the supervisor they are attached to."""
+
+    def worker_setup(self, loadable: bytes) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        """The controls armed here that the worker applies before it opens."""
+        ...
+
+    def attach_worker(self, supervisor: Any, loadable: bytes) -> Callable[[], None]:
+        """Reach the worker of a process-mode engine; returns how to let it go."""
         ...

@@ -8,6 +8,9 @@ front with how to build a DLA loadable from them, whatever the runtime.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from .._errors import ConfigurationError, ModelError, RuntimeUnavailableError
 from ..emulator._format import is_emulator_loadable
 from ._emulated import EmulatedRuntime
@@ -17,6 +20,8 @@ __all__ = [
     "RUNTIME_CHOICES",
     "cuda_probe",
     "foreign_model",
+    "load_library",
+    "loaded_libraries",
     "not_an_emulator_loadable",
     "refuse_foreign_model",
     "select_runtime",
@@ -182,3 +187,22 @@ def _cuda_runtime() -> Runtime:
     from ._cuda import CudaRuntime
 
     return CudaRuntime()
+
+
+# -- a worker process's libraries (isolation="process") -----------------------------------
+
+
+def loaded_libraries() -> dict[Path, Any]:
+    """The cuDLA libraries this process loaded by path (GPU stand-ins), each with its
+    test controls: a worker process must load the same before it opens a runtime."""
+    from ..emulator._standin import loaded_standins
+
+    return dict(loaded_standins())
+
+
+def load_library(path: str) -> None:
+    """Load the cuDLA library at ``path`` (a GPU stand-in), before anything binds
+    ``cuda.bindings.cudla`` to a library."""
+    from ..emulator._standin import load_standin
+
+    load_standin(path)
