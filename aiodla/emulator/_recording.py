@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -80,26 +80,33 @@ def read_samples(directory: str, inputs: Sequence[TensorSpec]) -> list[dict[str,
     return samples
 
 
-async def record_samples(
-    model: bytes, directory: str, runtime: str = "auto"
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[TensorSpec, ...]]:
-    """Run the samples in ``directory`` through ``model`` on an engine, one at a
-    time: the samples, the outputs by name, and the model's input specs. A sample
-    the engine refuses or fails on raises, naming the sample."""
-    from .._engine import Engine  # (the engine imports the emulator: not at load time)
+class Recorded(Protocol):
+    """What a recording runs on: an open :class:`~aiodla.Engine`."""
 
-    async with Engine(model, runtime=runtime) as engine:
-        samples = read_samples(directory, engine.inputs)
-        results = []
-        for index, sample in enumerate(samples):
-            try:
-                result = await engine.infer(sample)
-            except AiodlaError as exc:
-                raise AiodlaError(f"sample {index + 1} of {len(samples)}: {exc}") from exc
-            if not isinstance(result, dict):
-                result = {engine.outputs[0].name: result}
-            results.append(result)
-        return samples, results, engine.inputs
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+    async def infer(self, inputs: Any) -> Any: ...
+
+
+async def record_samples(
+    engine: Recorded, directory: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[TensorSpec, ...]]:
+    """Run the samples in ``directory`` through an open engine, one at a time: the
+    samples, the outputs by name, and the model's input specs. A sample the engine
+    refuses or fails on raises, naming the sample."""
+    samples = read_samples(directory, engine.inputs)
+    results = []
+    for index, sample in enumerate(samples):
+        try:
+            result = await engine.infer(sample)
+        except AiodlaError as exc:
+            raise AiodlaError(f"sample {index + 1} of {len(samples)}: {exc}") from exc
+        if not isinstance(result, dict):
+            result = {engine.outputs[0].name: result}
+        results.append(result)
+    return samples, results, engine.inputs
 
 
 def write_recording(

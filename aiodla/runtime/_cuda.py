@@ -33,13 +33,13 @@ from cuda.bindings import runtime as _rt
 
 from .._descriptors import TensorDescriptor
 from .._errors import RuntimeUnavailableError
-from ..emulator._format import stated_latency
 from . import _gil_held
-from ._cuda_graphs import CudaGraphs
-from ._protocol import CUDA_ERROR_NAMES, CudaCallError, HostBuffer, TransferCounts
+from ._cuda_errors import check_cuda, cuda_error, error_name
+from ._cuda_graphs import CudaGraph, CudaGraphs
+from ._protocol import CudaCallError, HostBuffer, TransferCounts
 
 if TYPE_CHECKING:
-    from .._preprocess import ImagePreprocess
+    from .._frame_plan import Preprocessing
     from .._tensors import TensorSpec
     from ._conversion_kernels import ConversionKernels
     from ._preprocess_kernels import PreprocessKernels
@@ -121,30 +121,9 @@ def cudla_failure(call: str, status: int) -> cudla.CudlaError:
         return UnknownCudlaStatusError(status, call)
 
 
-def _error_name(error: Any) -> str:
-    name = getattr(error, "name", None)
-    if isinstance(name, str) and name:
-        return name
-    return CUDA_ERROR_NAMES.get(int(error), f"cudaError {int(error)}")
-
-
-def cuda_error(call: str, error: Any) -> CudaCallError:
-    """The :class:`CudaCallError` for ``error`` (a ``cudaError_t`` or its int) in ``call``."""
-    return CudaCallError(call, int(error), _error_name(error))
-
-
-def check_cuda(call: str, result: Any) -> Any:
-    """Unwrap a ``cuda.bindings.runtime`` result: ``(err,)`` gives None, ``(err, value)``
-    gives value, longer tuples the rest as a tuple; a failing ``err`` raises
-    :class:`CudaCallError` naming ``call`` and the error."""
-    error = result[0]
-    if error != _SUCCESS:
-        raise cuda_error(call, error)
-    if len(result) == 1:
-        return None
-    if len(result) == 2:
-        return result[1]
-    return tuple(result[1:])
+def _bindings() -> Any:
+    """The bindings this module calls (which the GPU tests' host fake replaces here)."""
+    return _rt
 
 
 def probe() -> tuple[bool, str]:
@@ -164,7 +143,7 @@ def probe() -> tuple[bool, str]:
             return False, "libcudla.so.1 reports no DLA cores"
         error, devices = _rt.cudaGetDeviceCount()[:2]
         if error != _SUCCESS:
-            return False, f"cuDLA hybrid mode needs a CUDA device: {_error_name(error)}"
+            return False, f"cuDLA hybrid mode needs a CUDA device: {error_name(error)}"
         if devices < 1:
             return False, "cuDLA hybrid mode needs a CUDA device, and none was found"
         return True, f"libcudla.so.1 reports {cores} DLA core{'s' if cores != 1 else ''}"
@@ -190,26 +169,43 @@ def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, DynamicLibNotFoundError)
 
 
-class CudaRuntime(CudaGraphs):
+class CudaRuntime:
     """cuDLA hybrid mode and the CUDA calls aiodla needs, on CUDA device ``device``.
 
     Creating it calls nothing; :meth:`make_current` (called by the engine on each of its
     threads) sets the device: cuDLA works in the calling thread's CUDA context. With
     ``hold_gil`` (the default) a request's short calls keep the GIL (see ``_gil_held``);
     ``hold_gil=False`` makes the loop's and the poller's calls through ``cuda.bindings``,
-    which release it."""
+    which release it. ``states`` reads the service time a loadable states (none for a
+    DLA loadable; runtime selection passes the emulator format's, for the GPU stand-in:
+    this module knows no emulator format)."""
 
     name = "cuda"
     # A CUDA event query costs a microsecond or two: the poller need not pause.
     poll_pause = 0.0
     has_device_memory = True
+    # Graph capture and launch: its collaborator's methods (see _cuda_graphs), bound
+    # here so that a launch costs no call of this class's on the request path.
+    begin_capture: Callable[[int], None]
+    end_capture: Callable[[int], CudaGraph]
+    launch_graph: Callable[[CudaGraph, int], None]
+    destroy_graph: Callable[[CudaGraph], None]
 
-    def __init__(self, device: int = 0, *, hold_gil: bool = True) -> None:
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        hold_gil: bool = True,
+        states: Callable[[bytes], float | None] = lambda loadable: None,
+    ) -> None:
         if not isinstance(device, int) or isinstance(device, bool) or device < 0:
             from .._errors import ConfigurationError
 
             raise ConfigurationError(f"{device=} must be a CUDA device index >= 0")
         self.device = device
+        # What service time a loadable states: a DLA loadable none (it is learned); over
+        # the GPU stand-in, runtime selection passes the emulator format's reader.
+        self._states = states
         # Whether the hot path's calls keep the GIL (_gil_held), found at create_device.
         self.hold_gil = hold_gil
         self._held = _gil_held.EntryPoints()
@@ -224,7 +220,10 @@ class CudaRuntime(CudaGraphs):
         self._kernels: dict[int, tuple[TensorSpec, ConversionKernels]] = {}
         self._preprocess: dict[int, tuple[TensorSpec, PreprocessKernels]] = {}
         self.counts = TransferCounts()
-        self._capturing = {}
+        graphs = self._graphs = CudaGraphs(self.counts, self._held, _bindings)
+        self.begin_capture, self.end_capture = graphs.begin_capture, graphs.end_capture
+        self.launch_graph, self.destroy_graph = graphs.launch_graph, graphs.destroy_graph
+        self._capturing = graphs.capturing
 
     def __repr__(self) -> str:
         return f"<CudaRuntime device={self.device}>"
@@ -244,8 +243,7 @@ class CudaRuntime(CudaGraphs):
         return None
 
     def stated_service_time(self, loadable: bytes) -> float | None:
-        # With the GPU stand-in this runtime loads emulator loadables, which state it.
-        return stated_latency(loadable)
+        return self._states(loadable)
 
     def make_current(self) -> None:
         check_cuda("cudaSetDevice", _rt.cudaSetDevice(self.device))
@@ -260,7 +258,7 @@ class CudaRuntime(CudaGraphs):
         )
         if self.hold_gil and not any(self._held):
             # The driver's only over the real bindings (a test fake's handles are not its).
-            self._held = _gil_held.entry_points(driver=_rt is _bindings_runtime)
+            self._held = self._graphs.held = _gil_held.entry_points(driver=_rt is _bindings_runtime)
         return handle
 
     def destroy_device(self, device: int) -> None:
@@ -355,7 +353,7 @@ class CudaRuntime(CudaGraphs):
         check_cuda("cudaEventDestroy", _rt.cudaEventDestroy(event))
 
     def record_event(self, event: int, stream: int) -> None:
-        if not self._capturing or not self._record_captured(event, stream):
+        if not self._capturing or not self._graphs.record_captured(event, stream):
             check_cuda("cudaEventRecord", _rt.cudaEventRecord(event, stream))
 
     def query_event(self, event: int) -> bool:
@@ -555,7 +553,7 @@ class CudaRuntime(CudaGraphs):
         self._conversion_kernels(spec).unpack(spec, result, src, dst, stream)
         self.counts.conversions += 1
 
-    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> None:
+    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, Preprocessing]]) -> None:
         from ._preprocess_kernels import PreprocessKernels  # NVRTC only when asked for
 
         kernels = PreprocessKernels.compile(targets, device=self.device)

@@ -4,9 +4,10 @@ A request's copies in, conversion kernels, copies out and completion event are t
 calls on the same buffers for every request of a kind on a slot; launching them as one
 captured graph costs the host one call instead of four to six (each a binding call, a
 driver entry and its Python around it). The engine decides what to capture
-(``aiodla._graphs``); this mixin is the capture itself: ``cudaStreamBeginCapture`` in
-thread-local mode (the poller's queries on other threads go on meanwhile), the stream's
-calls, ``cudaStreamEndCapture`` and ``cudaGraphInstantiate``.
+(``aiodla._graphs``); :class:`CudaGraphs`, the CUDA runtime's collaborator, is the
+capture itself: ``cudaStreamBeginCapture`` in thread-local mode (the poller's queries on
+other threads go on meanwhile), the stream's calls, ``cudaStreamEndCapture`` and
+``cudaGraphInstantiate``.
 
 An event recorded while capturing becomes an external record node
 (``cudaEventRecordWithFlags(..., cudaEventRecordExternal)``): the graph records it each
@@ -18,20 +19,16 @@ the device did.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-from . import _cuda
+from ._cuda_errors import check_cuda, cuda_error
 from ._gil_held import EntryPoints
 from ._protocol import TransferCounts
 
 __all__ = ["CudaGraph", "CudaGraphs"]
 
 _COUNTS = tuple(field.name for field in dataclasses.fields(TransferCounts))
-
-
-def _cudart() -> Any:
-    """The bindings ``_cuda`` calls (which the GPU tests' host fake replaces there)."""
-    return vars(_cuda)["_rt"]
 
 
 class CudaGraph:
@@ -48,22 +45,28 @@ class CudaGraph:
 
 
 class CudaGraphs:
-    """Mixed into :class:`~aiodla.runtime.CudaRuntime`."""
+    """The graphs of one :class:`~aiodla.runtime.CudaRuntime`: its transfer ``counts``,
+    its entry points that keep the GIL (``held``, set again when it finds them) and the
+    bindings it calls (``cudart``, looked up at each call: tests replace them)."""
 
-    counts: TransferCounts
-    _held: EntryPoints
-    # The streams this runtime captures now, each with the counts when capture began.
-    _capturing: dict[int, TransferCounts]
+    def __init__(
+        self, counts: TransferCounts, held: EntryPoints, cudart: Callable[[], Any]
+    ) -> None:
+        self.counts = counts
+        self.held = held
+        self._cudart = cudart
+        # The streams captured now, each with the counts when capture began.
+        self.capturing: dict[int, TransferCounts] = {}
 
     def begin_capture(self, stream: int) -> None:
-        rt = _cudart()
+        rt = self._cudart()
         mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        _cuda.check_cuda("cudaStreamBeginCapture", rt.cudaStreamBeginCapture(stream, mode))
-        self._capturing[stream] = dataclasses.replace(self.counts)
+        check_cuda("cudaStreamBeginCapture", rt.cudaStreamBeginCapture(stream, mode))
+        self.capturing[stream] = dataclasses.replace(self.counts)
 
     def end_capture(self, stream: int) -> CudaGraph:
-        rt = _cudart()
-        before = self._capturing.pop(stream, None)
+        rt = self._cudart()
+        before = self.capturing.pop(stream, None)
         # The counts go back first: whether the capture ends well or not, nothing ran.
         counts = self.counts
         made: tuple[tuple[str, int], ...] = ()
@@ -75,21 +78,21 @@ class CudaGraphs:
             )
             for name, _ in made:
                 setattr(counts, name, getattr(before, name))
-        graph = _cuda.check_cuda("cudaStreamEndCapture", rt.cudaStreamEndCapture(stream))
+        graph = check_cuda("cudaStreamEndCapture", rt.cudaStreamEndCapture(stream))
         try:
-            executable = _cuda.check_cuda("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
+            executable = check_cuda("cudaGraphInstantiate", rt.cudaGraphInstantiate(graph, 0))
         finally:
-            _cuda.check_cuda("cudaGraphDestroy", rt.cudaGraphDestroy(graph))
-        return CudaGraph(executable, made, int(executable) if self._held.graph_launch else 0)
+            check_cuda("cudaGraphDestroy", rt.cudaGraphDestroy(graph))
+        return CudaGraph(executable, made, int(executable) if self.held.graph_launch else 0)
 
     def launch_graph(self, graph: CudaGraph, stream: int) -> None:
-        held = self._held.graph_launch
+        held = self.held.graph_launch
         # A launch that fails through the driver is made again through the bindings,
         # which name the error (it enqueued nothing, so nothing runs twice).
         if held is None or held(graph.address, stream) != 0:
-            (error,) = _cudart().cudaGraphLaunch(graph.executable, stream)
+            (error,) = self._cudart().cudaGraphLaunch(graph.executable, stream)
             if error != 0:
-                raise _cuda.cuda_error("cudaGraphLaunch", error)
+                raise cuda_error("cudaGraphLaunch", error)
         self.count_launch(graph)
 
     def count_launch(self, graph: CudaGraph) -> None:
@@ -99,14 +102,14 @@ class CudaGraphs:
             setattr(counts, name, getattr(counts, name) + made)
 
     def destroy_graph(self, graph: CudaGraph) -> None:
-        _cuda.check_cuda("cudaGraphExecDestroy", _cudart().cudaGraphExecDestroy(graph.executable))
+        check_cuda("cudaGraphExecDestroy", self._cudart().cudaGraphExecDestroy(graph.executable))
 
-    def _record_captured(self, event: int, stream: int) -> bool:
+    def record_captured(self, event: int, stream: int) -> bool:
         """Record ``event`` as a node of the graph ``stream`` captures, if it captures."""
-        if stream not in self._capturing:
+        if stream not in self.capturing:
             return False
-        rt = _cudart()
-        _cuda.check_cuda(
+        rt = self._cudart()
+        check_cuda(
             "cudaEventRecordWithFlags",
             rt.cudaEventRecordWithFlags(event, stream, rt.cudaEventRecordExternal),
         )

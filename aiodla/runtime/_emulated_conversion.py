@@ -23,7 +23,7 @@ from ._protocol import TransferCounts
 from ._timeline import _Operation, _Stream
 
 if TYPE_CHECKING:
-    from .._preprocess import ImagePreprocess
+    from .._frame_plan import Preprocessing
     from .._tensors import TensorSpec
 
 __all__ = ["EmulatedConversion"]
@@ -48,7 +48,7 @@ class EmulatedConversion:
     device = 0
     has_device_memory = False  # "device" memory is host memory: outputs stay host-backed
     _conversions: set[tuple[str, TensorSpec, np.dtype[Any]]]
-    _frames: dict[TensorSpec, ImagePreprocess]
+    _frames: dict[TensorSpec, Preprocessing]
 
     _device_memory: dict[int, np.ndarray[Any, Any]]
     _device_starts: list[int]
@@ -146,7 +146,7 @@ class EmulatedConversion:
         self._device_range(ptr, 1, "pointer_device")  # raises for an unknown address
         return 0
 
-    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> None:
+    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, Preprocessing]]) -> None:
         self._cuda("prepare_preprocess")
         for spec, pre in targets:
             pre.check_target(spec)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._preprocess import _PACKED, _plan
+from .._frame_plan import _PACKED, _plan
 from ._conversion_kernels import (
     _Launch,
     _Launcher,
@@ -31,7 +31,7 @@ from ._conversion_kernels import (
 from ._preprocess_source import PARAMETERS, plan_preprocess
 
 if TYPE_CHECKING:
-    from .._preprocess import ImagePreprocess
+    from .._frame_plan import Preprocessing
     from .._tensors import TensorSpec
 
 __all__ = ["PreprocessKernels", "preprocess_source"]
@@ -45,7 +45,7 @@ assert _ARGUMENTS.size == 8 * len(PARAMETERS)
 _PLACEMENTS_KEPT = 64
 
 
-def preprocess_source(targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> str:
+def preprocess_source(targets: Sequence[tuple[TensorSpec, Preprocessing]]) -> str:
     """The CUDA C++ source of the program for these targets (no GPU needed)."""
     return plan_preprocess(targets).source
 
@@ -68,7 +68,7 @@ class _Placement(NamedTuple):
 class _Target(NamedTuple):
     vector: _Launch  # 16-byte stores: the buffer is 16-byte aligned
     element: _Launch
-    pre: ImagePreprocess
+    pre: Preprocessing
     placements: dict[tuple[int, int], _Placement]
 
 
@@ -95,7 +95,7 @@ class PreprocessKernels:
     @classmethod
     def compile(
         cls,
-        targets: Sequence[tuple[TensorSpec, ImagePreprocess]],
+        targets: Sequence[tuple[TensorSpec, Preprocessing]],
         *,
         device: int = 0,
         cache_dir: Path | None = None,
@@ -188,7 +188,7 @@ class PreprocessKernels:
 
 
 def _placement(
-    spec: TensorSpec, pre: ImagePreprocess, frame_height: Any, frame_width: Any
+    spec: TensorSpec, pre: Preprocessing, frame_height: Any, frame_width: Any
 ) -> _Placement:
     """The size arguments for a frame of this size, after the checks ``check_frame``
     makes of a frame's size: a kernel told a wrong size would read outside the frame."""

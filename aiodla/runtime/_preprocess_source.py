@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .._preprocess import _ORDERS, _PACKED, _RGB_AT
+from .._frame_plan import _ORDERS, _PACKED, _RGB_AT
 from ._conversion_source import BLOCK, CONVERSIONS, KERNELS, KernelPlan, _traits
 
 if TYPE_CHECKING:
-    from .._preprocess import ImagePreprocess
+    from .._frame_plan import Preprocessing
     from .._tensors import TensorSpec
 
 __all__ = ["PARAMETERS", "PreprocessProgram", "plan_preprocess"]
@@ -205,7 +205,7 @@ def _bits(value: float) -> str:
         return f"{int(np.float32(value).view(np.uint32)):#010x}u"
 
 
-def _constants(index: int, pre: ImagePreprocess) -> str:
+def _constants(index: int, pre: Preprocessing) -> str:
     """The struct P<index>: the frame format and normalization of one target."""
     lanes = _ORDERS[pre.order]
     nv12 = pre.source == "nv12"
@@ -231,10 +231,10 @@ class PreprocessProgram(NamedTuple):
     source: str
     # per tensor: 16-byte vector stores (a 16-byte aligned buffer), element stores
     kernels: dict[TensorSpec, tuple[KernelPlan, KernelPlan]]
-    preprocess: dict[TensorSpec, ImagePreprocess]
+    preprocess: dict[TensorSpec, Preprocessing]
 
 
-def plan_preprocess(targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> PreprocessProgram:
+def plan_preprocess(targets: Sequence[tuple[TensorSpec, Preprocessing]]) -> PreprocessProgram:
     """The source of one program with a kernel pair per target, and their plans.
 
     ConfigurationError for a tensor the frames cannot feed (``check_target``);
@@ -243,7 +243,7 @@ def plan_preprocess(targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> Pr
     """
     parts = [CONVERSIONS, f"#define BLOCK {BLOCK}\n", KERNELS, PREPROCESS]
     kernels: dict[TensorSpec, tuple[KernelPlan, KernelPlan]] = {}
-    chosen: dict[TensorSpec, ImagePreprocess] = {}
+    chosen: dict[TensorSpec, Preprocessing] = {}
     arguments = ", ".join(f"{_TYPES.get(name, 'i64')} {name}" for name in PARAMETERS)
     for spec, pre in targets:
         if spec in chosen:

@@ -29,7 +29,7 @@ from cuda.bindings import cudla
 from .._descriptors import TensorDescriptor
 
 if TYPE_CHECKING:
-    from .._preprocess import ImagePreprocess
+    from .._frame_plan import Preprocessing
     from .._tensors import TensorSpec
 
 __all__ = [
@@ -318,7 +318,7 @@ class Runtime(Protocol):
         of ``result`` at ``dst``, as ``spec.unpack(..., dtype=result)`` would."""
         ...
 
-    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, ImagePreprocess]]) -> None:
+    def prepare_preprocess(self, targets: Sequence[tuple[TensorSpec, Preprocessing]]) -> None:
         """Make ready the camera-frame pre-processing of these inputs (the CUDA runtime
         compiles one fused kernel each); raises ``RuntimeUnavailableError`` when it cannot."""
         ...

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError, ModelError, RuntimeUnavailableError
-from ..emulator._format import is_emulator_loadable
+from ..emulator._format import is_emulator_loadable, stated_latency
 from ._emulated import EmulatedRuntime
 from ._protocol import Runtime
 
@@ -186,7 +186,8 @@ def select_runtime(
 def _cuda_runtime() -> Runtime:
     from ._cuda import CudaRuntime
 
-    return CudaRuntime()
+    # With the GPU stand-in this runtime loads emulator loadables, which state it.
+    return CudaRuntime(states=stated_latency)
 
 
 # -- a worker process's libraries (isolation="process") -----------------------------------

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from aiodla.emulator._format import stated_latency
 from aiodla.runtime import EmulatedRuntime, Runtime
 from aiodla.runtime._cuda import CudaRuntime
 from aiodla.testing import DLAControls
@@ -19,7 +20,8 @@ DLA_LOADABLE = b"NVDA" + bytes(60)
 
 IMPLEMENTATIONS = [
     pytest.param(lambda: EmulatedRuntime(cores=2), id="emulated"),
-    pytest.param(lambda: CudaRuntime(), id="cuda"),  # construction calls no CUDA
+    # Construction calls no CUDA; selection tells it how emulator loadables state a time.
+    pytest.param(lambda: CudaRuntime(states=stated_latency), id="cuda"),
     pytest.param(lambda: DLAControls().runtime, id="testing-controls"),
 ]
 
