@@ -20,9 +20,7 @@ touch ``cuda.bindings.runtime``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import re
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,6 +34,7 @@ from .._errors import RuntimeUnavailableError
 from . import _gil_held
 from ._cuda_errors import check_cuda, cuda_error, error_name
 from ._cuda_graphs import CudaGraph, CudaGraphs
+from ._cuda_host import PinnedMemory
 from ._protocol import CudaCallError, HostBuffer, TransferCounts
 
 if TYPE_CHECKING:
@@ -151,16 +150,6 @@ def probe() -> tuple[bool, str]:
         return False, f"probing cuDLA failed: {type(exc).__name__}: {exc}"
 
 
-def _device_pointer(pointer: int, undo: Callable[[int], Any]) -> int:
-    """The device address of mapped host memory at ``pointer``; when there is none,
-    ``undo`` the allocation or registration and raise."""
-    try:
-        return int(check_cuda("cudaHostGetDevicePointer", _rt.cudaHostGetDevicePointer(pointer, 0)))
-    except CudaCallError:
-        undo(pointer)
-        raise
-
-
 def _is_not_found(exc: BaseException) -> bool:
     try:
         from cuda.pathfinder import DynamicLibNotFoundError
@@ -190,6 +179,10 @@ class CudaRuntime:
     end_capture: Callable[[int], CudaGraph]
     launch_graph: Callable[[CudaGraph, int], None]
     destroy_graph: Callable[[CudaGraph], None]
+    # Pinned host memory: allocated, or the caller's page-locked (see _cuda_host).
+    host_alloc: Callable[..., HostBuffer]
+    host_register: Callable[..., HostBuffer]
+    host_free: Callable[[HostBuffer], None]
 
     def __init__(
         self,
@@ -209,9 +202,6 @@ class CudaRuntime:
         # Whether the hot path's calls keep the GIL (_gil_held), found at create_device.
         self.hold_gil = hold_gil
         self._held = _gil_held.EntryPoints()
-        self._lock = threading.Lock()
-        self._host_buffers: dict[int, HostBuffer] = {}
-        self._registered_host: set[int] = set()  # host_register's, not cudaHostAlloc's
         self._closed = False
         self._integrated: bool | None = None
         # Compiled kernels by id of the tensor's spec, the spec kept alive beside them:
@@ -224,6 +214,9 @@ class CudaRuntime:
         self.begin_capture, self.end_capture = graphs.begin_capture, graphs.end_capture
         self.launch_graph, self.destroy_graph = graphs.launch_graph, graphs.destroy_graph
         self._capturing = graphs.capturing
+        pinned = PinnedMemory(self.counts, _bindings)
+        self.host_alloc, self.host_register = pinned.host_alloc, pinned.host_register
+        self.host_free = pinned.host_free
 
     def __repr__(self) -> str:
         return f"<CudaRuntime device={self.device}>"
@@ -377,55 +370,6 @@ class CudaRuntime:
 
     def free(self, ptr: int) -> None:
         check_cuda("cudaFree", _rt.cudaFree(ptr))
-
-    def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
-        if nbytes <= 0:
-            raise CudaCallError("cudaHostAlloc", _INVALID_VALUE)
-        flags = _rt.cudaHostAllocPortable
-        if mapped:
-            flags |= _rt.cudaHostAllocMapped
-        pointer = int(check_cuda("cudaHostAlloc", _rt.cudaHostAlloc(nbytes, flags)))
-        device_pointer = _device_pointer(pointer, _rt.cudaFreeHost) if mapped else 0
-        storage = (ctypes.c_ubyte * nbytes).from_address(pointer)
-        buffer = HostBuffer(pointer, np.ctypeslib.as_array(storage), device_pointer)
-        with self._lock:
-            self._host_buffers[pointer] = buffer
-        self.counts.allocations += 1
-        return buffer
-
-    def host_register(
-        self, array: np.ndarray[Any, np.dtype[np.uint8]], mapped: bool = False
-    ) -> HostBuffer:
-        """Page-lock memory the caller allocated (``cudaHostRegister``), so async
-        copies read and write it in place: the staging that ``isolation="process"``
-        shares between two processes. ``mapped``: kernels reach it in place too, at
-        the buffer's ``device_ptr``. Released with :meth:`host_free`."""
-        pointer, nbytes = int(array.ctypes.data), int(array.nbytes)
-        if nbytes <= 0:
-            raise CudaCallError("cudaHostRegister", _INVALID_VALUE)
-        flags = _rt.cudaHostRegisterPortable
-        if mapped:
-            flags |= _rt.cudaHostRegisterMapped
-        check_cuda("cudaHostRegister", _rt.cudaHostRegister(pointer, nbytes, flags))
-        device_pointer = _device_pointer(pointer, _rt.cudaHostUnregister) if mapped else 0
-        buffer = HostBuffer(pointer, array, device_pointer)
-        with self._lock:
-            self._host_buffers[pointer] = buffer
-            self._registered_host.add(pointer)
-        return buffer
-
-    def host_free(self, buffer: HostBuffer) -> None:
-        # Freeing pinned memory twice would corrupt the driver's tables; refuse instead.
-        with self._lock:
-            if self._host_buffers.get(buffer.ptr) is not buffer:
-                raise CudaCallError("cudaFreeHost", _INVALID_VALUE)
-            del self._host_buffers[buffer.ptr]
-            registered = buffer.ptr in self._registered_host
-            self._registered_host.discard(buffer.ptr)
-        if registered:  # the memory is its owner's: only the page-locking ends here
-            check_cuda("cudaHostUnregister", _rt.cudaHostUnregister(buffer.ptr))
-            return
-        check_cuda("cudaFreeHost", _rt.cudaFreeHost(buffer.ptr))
 
     def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None:
         if not 0 < nbytes <= src.nbytes:
