@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,6 +62,12 @@ __all__ = [
 logger = logging.getLogger("aiodla")
 
 ModelSource = str | os.PathLike[str] | bytes | bytearray | memoryview
+
+# Tasks still running at close are looked at after this long, then twice as long each
+# time up to the most: a task of milliseconds frees its core's handles at once, one
+# that never ends (a hung core) costs a query a second.
+LATE_RELEASE_FIRST = 0.001
+LATE_RELEASE_MOST = 1.0
 
 
 async def open_cores(
@@ -161,8 +169,10 @@ class Cores:
 
     def release(self, keep: tuple[int, ...] = ()) -> None:
         """Release every handle in reverse order of creation, except those of the cores
-        in ``keep`` (a hung task may still write their memory); then the runtime, if
-        this engine made it and nothing is kept."""
+        in ``keep``, whose tasks still run and may write their memory: a thread gives
+        each such core's handles back once its tasks ended (a hung core's never end,
+        and it keeps them). Then the runtime, if this engine made it, once nothing is
+        kept."""
         runtime = self._runtime
         if len(self._resources):
             try:
@@ -178,7 +188,45 @@ class Cores:
         failures = self._resources.release_all(keep)
         if failures:
             logger.warning("aiodla: %d release(s) failed while closing", len(failures))
-        if self._owns_runtime and not keep:
+        if keep:
+            running = {
+                core.core: [slot for slot in core.slots if slot not in core.idle]
+                for core in self.cores
+                if core.core in keep
+            }
+            threading.Thread(
+                target=self._release_when_done, args=(running,), name="aiodla-release", daemon=True
+            ).start()
+        elif self._owns_runtime:
+            runtime.close()
+
+    def _release_when_done(self, running: dict[int, list[Slot]]) -> None:
+        """Give each core's handles back once the tasks that ran on it at close ended
+        (their events read done), looking less often the longer they take."""
+        runtime = self._runtime
+        pause = LATE_RELEASE_FIRST
+        try:
+            runtime.make_current()
+            while running:
+                for core in [
+                    c
+                    for c, slots in running.items()
+                    if all(runtime.query_event(slot.event) for slot in slots)
+                ]:
+                    for slot in self.slots:
+                        if slot.core.core == core:
+                            self.recycle(slot)
+                    del running[core]
+                    failures = self._resources.release_all(tuple(running))
+                    if failures:
+                        logger.warning("aiodla: %d late release(s) failed", len(failures))
+                if running:
+                    time.sleep(pause)
+                    pause = min(2 * pause, LATE_RELEASE_MOST)
+        except Exception as exc:  # a broken device: what is left stays allocated
+            logger.warning("aiodla: core(s) %s keep their handles: %s", sorted(running), exc)
+            return
+        if self._owns_runtime:
             runtime.close()
 
     def abandon(self) -> None:

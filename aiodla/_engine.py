@@ -243,7 +243,7 @@ class Engine:
         if hung and not self.dead:
             logger.warning(
                 "aiodla: core(s) %s still had tasks running at close; their memory "
-                "and device handles are left allocated",
+                "and device handles are released when those tasks end",
                 hung,
             )
         await anyio.to_thread.run_sync(self._cores.release, () if self.dead else hung)

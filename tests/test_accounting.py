@@ -242,6 +242,27 @@ class TestHungCoreAtClose:
             "graphs": 4,
         }
 
+    @pytest.mark.in_process
+    @pytest.mark.asyncio
+    async def test_a_task_that_ends_after_close_gives_its_core_s_handles_back(
+        self, leaky_runtime: EmulatedRuntime
+    ) -> None:
+        # close_timeout=0: the close does not wait for the task in flight on core 0, so it
+        # keeps core 0's handles; the core is healthy, and once the task ends they go.
+        runtime = leaky_runtime
+        before = runtime.live_handles()
+        engine = Engine(affine_model(), runtime=runtime, cores=[0], close_timeout=0)
+        await engine.open()
+        gate = runtime.hold(0)
+        task = asyncio.create_task(engine.infer(ONES))
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait_for_held)
+        await engine.aclose()
+        with pytest.raises(EngineClosedError):
+            await task
+        assert runtime.live_handles()["devices"] == before["devices"] + 1  # kept meanwhile
+        gate.release()  # the task runs and ends
+        await wait_until(lambda: runtime.live_handles() == before)
+
 
 class TestAnotherLoop:
     @pytest.mark.asyncio
