@@ -455,7 +455,7 @@ def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
     if is_spec_document(data):
         raise CommandError(f"{model!r} is a model spec, not a loadable: record runs a loadable")
     emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
-    samples, results, inputs = asyncio.run(_record(data, inputs_dir, runtime))
+    samples, results, inputs = asyncio.run(record_samples(Engine, data, inputs_dir, runtime))
     # The spec as 'inspect --json' writes it, from the loadable's own descriptors.
     descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
     document = spec_document(model, descriptors, emulator)
@@ -464,13 +464,6 @@ def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
     except OSError as exc:
         raise CommandError(f"cannot write {out!r}: {exc.strerror or exc}") from exc
     click.echo(f"wrote {out}: {len(samples)} sample(s) of {model}")
-
-
-async def _record(
-    data: bytes, inputs_dir: str, runtime: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[TensorSpec, ...]]:
-    async with Engine(data, runtime=runtime) as engine:
-        return await record_samples(engine, inputs_dir)
 
 
 def _spec_from(path: str, desc: TensorDescriptor) -> TensorSpec:

@@ -7,6 +7,7 @@ keep it so. They read the source with ``ast``, so they hold for every code path.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def parse(name: str) -> ast.Module:
     path = next(p for p in MODULES if module_name(p) == name)
     return ast.parse(path.read_text(), str(path))
@@ -338,19 +340,26 @@ def class_definitions() -> dict[str, list[tuple[str, ast.ClassDef]]]:
     return found
 
 
+@functools.cache
+def names_by_module() -> dict[str, frozenset[str]]:
+    """Every name each module's code uses (names, attributes, imported names)."""
+    found = {}
+    for path in MODULES:
+        words = set()
+        for node in ast.walk(parse(module_name(path))):
+            if isinstance(node, ast.Name):
+                words.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                words.add(node.attr)
+            elif isinstance(node, ast.alias):
+                words.add(node.asname or node.name)
+        found[module_name(path)] = frozenset(words)
+    return found
+
+
 def named_in(word: str) -> set[str]:
     """The modules whose code names ``word``."""
-    found = set()
-    for path in MODULES:
-        for node in ast.walk(parse(module_name(path))):
-            if (
-                (isinstance(node, ast.Name) and node.id == word)
-                or (isinstance(node, ast.Attribute) and node.attr == word)
-                or (isinstance(node, ast.alias) and (node.asname or node.name) == word)
-            ):
-                found.add(module_name(path))
-                break
-    return found
+    return {module for module, words in names_by_module().items() if word in words}
 
 
 def base_names(node: ast.ClassDef) -> list[str]:

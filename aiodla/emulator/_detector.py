@@ -20,15 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ModelError
 from .._tensors import TensorSpec
-from ._ops import _OUTPUT_STEP, _finalize, _finalize_int, _stream
+from ._detect_heads import ANCHORS
+from ._detect_heads import check_detect_outputs as check_detect_outputs
+from ._draws import _OUTPUT_STEP, _finalize, _finalize_int, _stream
 
 __all__ = ["PRESETS", "PRESETS_HELP", "check_detect_outputs", "detect_heads", "preset_io"]
 
 _MASK = (1 << 64) - 1
 _OBJECTS = 16  # expected objects per output
-_ANCHORS = 3
+_ANCHORS = ANCHORS
 
 #: ``--preset`` name -> (inputs, outputs, seconds a task): the models' own I/O.
 PRESETS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], float]] = {
@@ -54,17 +55,6 @@ def preset_io(name: str) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, 
     takes them from a model spec."""
     inputs, outputs, latency = PRESETS[name]
     return list(inputs), list(outputs), {"op": "detect", "latency": latency}
-
-
-def check_detect_outputs(outputs: Sequence[TensorSpec]) -> None:
-    """ModelError unless every output is a batch-1 float head of 3 x (5 + k) channels."""
-    for spec in outputs:
-        n, c, _, _ = spec.shape
-        if spec.numpy_dtype.kind != "f" or n != 1 or c % _ANCHORS or c // _ANCHORS < 6:
-            raise ModelError(
-                f"op 'detect': output {spec.name!r} must be a float16/float32 head of shape "
-                f"(1, 3*(5+k), H, W) with k >= 1 classes, got {spec.dtype} {spec.shape}"
-            )
 
 
 def detect_heads(outputs: Sequence[TensorSpec], digest: int) -> list[np.ndarray[Any, Any]]:

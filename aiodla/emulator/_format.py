@@ -116,6 +116,7 @@ import numpy as np
 from .._descriptors import NAME_MAX_BYTES, TensorDescriptor
 from .._errors import LoadableFormatError, ModelError
 from .._tensors import TensorSpec, specs_by_name
+from ._detect_heads import check_detect_outputs
 
 __all__ = [
     "AUTO",
@@ -225,8 +226,6 @@ def _check_op(op: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpe
     if op == "mix":
         return  # any counts, any shapes
     if op == "detect":
-        from ._detector import check_detect_outputs  # (the op's own module)
-
         check_detect_outputs(outputs)
         return
     if len(inputs) != len(outputs):

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._tensors import TensorSpec
+from ._draws import _G, _MASK, _OUTPUT_STEP, _finalize, _finalize_int, _stream
 from ._format import EmulatorModel
 
 __all__ = [
@@ -25,9 +26,6 @@ __all__ = [
     "to_storage",
 ]
 
-_MASK = (1 << 64) - 1
-_G = 0x9E3779B97F4A7C15
-_OUTPUT_STEP = 0xD1B54A32D192ED03
 _INPUT_SEED = 0x41494F444C41  # "AIODLA"
 _FLOAT_MAX = {"float16": 65504.0, "float32": float(np.finfo(np.float32).max)}
 
@@ -82,30 +80,6 @@ def compute_outputs(
 
 
 # -- mix ----------------------------------------------------------------------------------
-
-
-def _finalize(z: np.ndarray[Any, Any], scratch: np.ndarray[Any, Any]) -> None:
-    """SplitMix64's finalizer on uint64 ``z``, in place (``scratch`` as large as ``z``)."""
-    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
-        np.right_shift(z, np.uint64(shift), out=scratch)
-        np.bitwise_xor(z, scratch, out=z)
-        np.multiply(z, np.uint64(factor), out=z)  # wraps mod 2**64, as uint64 arrays do
-    np.right_shift(z, np.uint64(31), out=scratch)
-    np.bitwise_xor(z, scratch, out=z)
-
-
-def _finalize_int(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
-
-
-def _stream(start: int, count: int) -> np.ndarray[Any, Any]:
-    """``(j + 1) * G + start`` for j in 0..count-1, mod 2**64."""
-    steps = np.arange(1, count + 1, dtype=np.uint64)
-    np.multiply(steps, np.uint64(_G), out=steps)
-    np.add(steps, np.uint64(start), out=steps)
-    return steps
 
 
 def _bits(stored: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

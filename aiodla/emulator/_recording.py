@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -81,32 +81,36 @@ def read_samples(directory: str, inputs: Sequence[TensorSpec]) -> list[dict[str,
 
 
 class Recorded(Protocol):
-    """What a recording runs on: an open :class:`~aiodla.Engine`."""
+    """What a recording runs on: an :class:`~aiodla.Engine`."""
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]: ...
     @property
     def outputs(self) -> tuple[TensorSpec, ...]: ...
     async def infer(self, inputs: Any) -> Any: ...
+    async def __aenter__(self) -> Any: ...
+    async def __aexit__(self, *exc_info: object) -> None: ...
 
 
 async def record_samples(
-    engine: Recorded, directory: str
+    engine: Callable[..., Recorded], model: bytes, directory: str, runtime: str = "auto"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[TensorSpec, ...]]:
-    """Run the samples in ``directory`` through an open engine, one at a time: the
-    samples, the outputs by name, and the model's input specs. A sample the engine
-    refuses or fails on raises, naming the sample."""
-    samples = read_samples(directory, engine.inputs)
-    results = []
-    for index, sample in enumerate(samples):
-        try:
-            result = await engine.infer(sample)
-        except AiodlaError as exc:
-            raise AiodlaError(f"sample {index + 1} of {len(samples)}: {exc}") from exc
-        if not isinstance(result, dict):
-            result = {engine.outputs[0].name: result}
-        results.append(result)
-    return samples, results, engine.inputs
+    """Run the samples in ``directory`` through ``model`` on an engine, one at a time:
+    the samples, the outputs by name, and the model's input specs. A sample the engine
+    refuses or fails on raises, naming the sample. ``engine`` is :class:`aiodla.Engine`
+    (the caller's: the emulator builds on the public API alone)."""
+    async with engine(model, runtime=runtime) as opened:
+        samples = read_samples(directory, opened.inputs)
+        results = []
+        for index, sample in enumerate(samples):
+            try:
+                result = await opened.infer(sample)
+            except AiodlaError as exc:
+                raise AiodlaError(f"sample {index + 1} of {len(samples)}: {exc}") from exc
+            if not isinstance(result, dict):
+                result = {opened.outputs[0].name: result}
+            results.append(result)
+        return samples, results, opened.inputs
 
 
 def write_recording(

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .._detect import Detections, DetectPlan
-    from .._preprocess import Geometry
+    from .._frame_plan import Geometry
 
 __all__ = ["DetectKernels", "OutputLayout", "detect_source", "read_output"]
 
