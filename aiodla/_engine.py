@@ -55,13 +55,11 @@ from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
 from ._slots import CoreState
 from ._statistics import (
-    FAILURE_REASONS,
     CoreStatistics,
     EngineHealth,
     EngineStatistics,
-    HistogramRecorder,
-    LatencyWindow,
     StageTimes,
+    unopened_statistics,
 )
 from ._tensors import TensorSpec
 from .runtime._protocol import Runtime
@@ -105,9 +103,7 @@ class Engine:
         self._options = EngineOptions.from_keywords(options)
         self._model = model
         self._runtime_choice = runtime
-        # The engine's one record of its life; the flow reads it, only the engine writes.
-        self._life = Life()
-        # The device layer once open (its cores, slots, tensors), and the flow over it.
+        self._life = Life()  # the one record of its life: the flow reads it, only this writes
         self._cores: DeviceLayer = NotOpen()
         self._flow: Flow | None = None
         self._input_names: frozenset[str] = frozenset()
@@ -185,9 +181,7 @@ class Engine:
             opened.append(cores)
             postprocess = open_postprocess(options, cores.inputs, cores.outputs)
         except BaseException:
-            for layer in opened:  # in a thread of its own that a cancellation cannot stop
-                release = anyio.to_thread.run_sync(layer.release)
-                await asyncio.shield(asyncio.ensure_future(release))
+            await _release(opened)
             life.state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
@@ -419,7 +413,7 @@ class Engine:
         life = self._life.state
         state = "dead" if self.dead and life is not EngineState.CLOSED else life.value
         if flow is None:
-            return _unopened_statistics(state, self._options.latency_window)
+            return unopened_statistics(state, self._options.latency_window)
         scheduler = flow.scheduler
         ended = scheduler.ended
         windows = self._cores.stage_windows
@@ -448,12 +442,11 @@ class Engine:
     def health(self) -> EngineHealth:
         """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker
         process is replaced; ``dead`` once the device broke it; ``closed`` when not serving."""
-        life = self._life
-        cause = life.dead_cause
+        cause, state = self._life.dead_cause, self._life.state
         if cause is not None:
             return EngineHealth("dead", f"the device broke the engine: {cause}")
-        if life.state is not EngineState.OPEN:
-            return EngineHealth("closed", f"the engine is {life.state.value}")
+        if state is not EngineState.OPEN:
+            return EngineHealth("closed", f"the engine is {state.value}")
         restarting = self._cores.health()
         if restarting is not None:
             return restarting
@@ -566,6 +559,13 @@ def _core_statistics(core: CoreState, now: float) -> CoreStatistics:
     )
 
 
+async def _release(layers: list[DeviceLayer]) -> None:
+    """Release what an open that failed made, in a thread of its own that a
+    cancellation cannot stop."""
+    for layer in layers:
+        await asyncio.shield(asyncio.ensure_future(anyio.to_thread.run_sync(layer.release)))
+
+
 def _check_device_output(output: object, cores: DeviceLayer, postprocess: Any) -> None:
     if output != "device":
         raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
@@ -575,28 +575,3 @@ def _check_device_output(output: object, cores: DeviceLayer, postprocess: Any) -
             "in this version; leave output='host'"
         )
     cores.check_device_output()
-
-
-def _unopened_statistics(state: str, window: int) -> EngineStatistics:
-    """The figures of an engine that never opened: no cores, nothing counted."""
-    latency = LatencyWindow(window).summary()
-    histogram = HistogramRecorder().snapshot()
-    return EngineStatistics(
-        state=state,
-        submitted=0,
-        completed=0,
-        failed=0,
-        cancelled=0,
-        timed_out=0,
-        rejected=0,
-        queued=0,
-        in_flight=0,
-        cores=(),
-        latency=latency,
-        queue_wait=latency,
-        latency_histogram=histogram,
-        queue_wait_histogram=histogram,
-        failures=MappingProxyType(dict.fromkeys(FAILURE_REASONS, 0)),
-        stages=None,
-        worker=None,
-    )

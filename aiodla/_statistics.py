@@ -10,6 +10,7 @@ import bisect
 import dataclasses
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -37,6 +38,7 @@ __all__ = [
     "StageTimes",
     "WorkerStatistics",
     "failure_reason",
+    "unopened_statistics",
 ]
 
 # The causes ``EngineStatistics.failures`` splits ``failed`` into, each a key of it:
@@ -308,3 +310,28 @@ class BusyWindow:
         if covered <= 0.0:
             return 0.0  # no task can have ended by the moment the core opened
         return min(1.0, busy / covered)
+
+
+def unopened_statistics(state: str, window: int) -> EngineStatistics:
+    """The figures of an engine that never opened: no cores, nothing counted."""
+    latency = LatencyWindow(window).summary()
+    histogram = HistogramRecorder().snapshot()
+    return EngineStatistics(
+        state=state,
+        submitted=0,
+        completed=0,
+        failed=0,
+        cancelled=0,
+        timed_out=0,
+        rejected=0,
+        queued=0,
+        in_flight=0,
+        cores=(),
+        latency=latency,
+        queue_wait=latency,
+        latency_histogram=histogram,
+        queue_wait_histogram=histogram,
+        failures=MappingProxyType(dict.fromkeys(FAILURE_REASONS, 0)),
+        stages=None,
+        worker=None,
+    )
