@@ -1,0 +1,452 @@
+"""A timeline of what an engine did, written as Chrome trace events.
+
+``engine.trace()`` installs a :class:`TraceRecorder` on the engine's flow and poller
+for the length of an ``async with`` block; :meth:`TraceRecorder.write` turns what it
+kept into the Trace Event Format JSON that Perfetto UI (ui.perfetto.dev) and
+``chrome://tracing`` open.
+
+What is recorded, per request: when it was queued (``infer``), given a slot, packed
+(host conversion or the device conversion's enqueue), submitted, seen done (by the
+poller's sweep, or the loop's own harvest), and returned to its caller; per poller
+sweep: when it ran, on which thread, and how many completions it found. Nothing about
+the device is queried for the trace: a DLA task is drawn from the host's view, from its
+submission (or the end of its core's previous task, if later) to the sweep that saw it
+done, which is an upper bound of the task's own time by the poller's lateness.
+
+Cost: while no trace is installed, each hook is one ``is None`` test in the engine;
+while one is, a request costs a few clock reads and one tuple in a ring. Memory is
+bounded: the last ``capacity`` requests and the last ``capacity`` sweeps are kept, older
+ones are dropped (and counted in the file's ``otherData``).
+
+Tracks of the file (one process per engine; tracks are its "threads"):
+
+==================  ===========================================================
+``event loop``      ``pack`` and ``submit`` slices, ``unpack`` until the result
+                    is handed back, ``returned`` instants
+``loop harvests``   sweeps made by the event loop between two batches
+``poller``          the poller thread's sweeps (``found``: completions)
+``core C``          the core's busy spans (its tasks back to back)
+``core C stream S`` each DLA task, with its request, model and outcome
+``off-loop steps``  packing or unpacking done in a worker thread
+==================  ===========================================================
+
+A request's queue wait is an async slice (``queued``, one per request) and its steps
+are joined by a flow (``s`` at submit, ``t`` at the DLA task, ``f`` at unpack).
+
+Threads: the hooks run on the event loop's thread, except :meth:`sweep`, which the
+poller thread calls too; a ``deque.append`` and a dict store are atomic under the GIL,
+and the loop reads a sweep's record only after the poller posted that batch to it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ._errors import ConfigurationError, EngineClosedError
+
+__all__ = ["TRACE_FORMAT", "TraceRecorder", "Tracing", "engine_trace"]
+
+TRACE_FORMAT = "aiodla-trace"
+DEFAULT_CAPACITY = 100_000
+PID = 1
+TID_LOOP = 1
+TID_HARVEST = 2
+TID_POLLER = 3
+TID_OFF_LOOP = 4
+
+
+def core_tid(core: int) -> int:
+    return 1000 + 100 * core
+
+
+def stream_tid(core: int, stream: int) -> int:
+    return core_tid(core) + 1 + stream
+
+
+class RequestRecord(NamedTuple):
+    """One request as recorded (``time.monotonic`` seconds; None: a step not taken)."""
+
+    number: int
+    queued: float
+    assigned: float | None
+    packed: float | None
+    submitted: float | None
+    seen: float | None  # by a sweep; None when no sweep was traced (worker process)
+    handled: float | None  # the loop took its completion
+    returned: float
+    core: int | None
+    stream: int | None
+    outcome: str
+
+
+class TraceRecorder:
+    """What one engine did, kept in bounded rings (see the module docstring).
+
+    ``name`` labels the engine (its model) in the file and in ``aiodla trace-plot``;
+    ``capacity`` bounds how many requests and how many sweeps are kept.
+    """
+
+    def __init__(
+        self,
+        name: str = "engine",
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigurationError(f"trace {capacity=} must be an int >= 1")
+        self.name = name
+        self.capacity = capacity
+        self._clock = clock
+        self.origin = clock()
+        # One plain tuple a request that ended, as RequestRecord's fields (a tuple is
+        # cheaper to make on the loop; the writer names its fields).
+        self.requests: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=capacity)
+        # One tuple a sweep: (started, ended, found, by the loop).
+        self.sweeps: collections.deque[tuple[float, float, int, bool]] = collections.deque(
+            maxlen=capacity
+        )
+        self.recorded = 0  # requests recorded in all; past capacity the oldest are gone
+        self.swept = 0
+        # Per request started on a slot and not ended yet: (core, stream, assigned,
+        # packed, submitted, seen, handled). Every started request ends through
+        # ``ended``; the limit only keeps a bug from growing it without bound.
+        self._open: dict[Any, list[Any]] = {}
+        self._open_limit = 4 * capacity + 1024
+        self._seen: dict[Any, float] = {}  # per slot: when a sweep last found it done
+        self._loop_thread = threading.get_ident()
+
+    # -- hooks: the engine's flow (loop thread) -----------------------------------------
+
+    def started(self, request: Any, slot: Any, assigned: float) -> None:
+        """``request`` got ``slot`` at ``assigned`` and its input is packed now."""
+        opened = self._open
+        opened[request] = [slot.core.core, slot.index, assigned, self._clock(), None, None, None]
+        if len(opened) > self._open_limit:  # a request that never ended (a bug): forget it
+            del opened[next(iter(opened))]
+
+    def submitted(self, request: Any, slot: Any) -> None:
+        """The request's work is enqueued on the slot's stream."""
+        entry = self._open.get(request)
+        if entry is None:  # packed off the loop: no pack step on the loop
+            entry = self._open[request] = [slot.core.core, slot.index, None, None, None, None, None]
+        entry[4] = self._clock()
+
+    def completed(self, request: Any, slot: Any) -> None:
+        """The loop takes the slot's completion (before unpacking it)."""
+        entry = self._open.get(request)
+        if entry is not None:
+            entry[5] = self._seen.get(slot)
+            entry[6] = self._clock()
+
+    def ended(self, request: Any, outcome: str) -> None:
+        """The request's outcome was decided and handed to its caller (or, cancelled,
+        dropped)."""
+        returned = self._clock()
+        number = self.recorded
+        self.recorded += 1
+        entry = self._open.pop(request, None)
+        if entry is None:  # never started on a slot: cancelled or timed out in line
+            self.requests.append(
+                (
+                    number,
+                    request.started,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    returned,
+                    None,
+                    None,
+                    outcome,
+                )
+            )
+            return
+        core, stream, assigned, packed, submitted, seen, handled = entry
+        if seen is not None and (submitted is None or seen < submitted):  # an earlier task's
+            seen = None
+        self.requests.append(
+            (
+                number,
+                request.started,
+                assigned,
+                packed,
+                submitted,
+                seen,
+                handled,
+                returned,
+                core,
+                stream,
+                outcome,
+            )
+        )
+
+    # -- hook: the poller (its thread, or the loop's harvest) ----------------------------
+
+    def sweep(self, started: float, done: Iterable[tuple[Any, int]]) -> None:
+        """A sweep that began at ``started`` found the slots in ``done`` finished."""
+        ended = self._clock()
+        found = 0
+        seen = self._seen
+        for slot, _status in done:
+            seen[slot] = ended
+            found += 1
+        self.swept += 1
+        self.sweeps.append((started, ended, found, threading.get_ident() == self._loop_thread))
+
+    # -- output ---------------------------------------------------------------------------
+
+    def trace_events(self) -> dict[str, Any]:
+        """The recording as a Trace Event Format document (a JSON-ready dict)."""
+        return _Writer(self).document()
+
+    def write(self, path: str | Path) -> Path:
+        """Write the trace to ``path`` (JSON); returns the path."""
+        path = Path(path)
+        path.write_text(json.dumps(self.trace_events(), separators=(",", ":")), encoding="utf-8")
+        return path
+
+
+class _Writer:
+    """Turns a recorder's rings into trace events, with well-formed tracks."""
+
+    def __init__(self, recorder: TraceRecorder) -> None:
+        self.recorder = recorder
+        self.events: list[dict[str, Any]] = []
+        self.tracks: dict[int, str] = {}
+
+    def us(self, t: float) -> float:
+        return round((t - self.recorder.origin) * 1e6, 3)
+
+    def slice(self, tid: int, name: str, start: float, end: float, **args: Any) -> None:
+        self.events.append(
+            {
+                "name": name,
+                "cat": "aiodla",
+                "ph": "X",
+                "pid": PID,
+                "tid": tid,
+                "ts": self.us(start),
+                # From the rounded ends, so that back-to-back slices stay back to back.
+                "dur": max(0.0, round(self.us(end) - self.us(start), 3)),
+                "args": args,
+            }
+        )
+
+    def document(self) -> dict[str, Any]:
+        rec = self.recorder
+        requests = [RequestRecord._make(r) for r in rec.requests]
+        self.tracks = {TID_LOOP: "event loop", TID_HARVEST: "loop harvests", TID_POLLER: "poller"}
+        self._requests(requests)
+        self._tasks(requests)
+        for started, ended, found, by_loop in rec.sweeps:
+            self.slice(TID_HARVEST if by_loop else TID_POLLER, "sweep", started, ended, found=found)
+        self._untangle(TID_LOOP, TID_OFF_LOOP, "off-loop steps")
+        # Every track in time order: each one's timestamps never go back.
+        body = sorted(self.events, key=lambda e: e["ts"])
+        meta = [
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": PID,
+                "tid": 0,
+                "args": {"name": f"aiodla: {rec.name}"},
+            }
+        ]
+        for tid, label in sorted(self.tracks.items()):
+            meta.append(
+                {"name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": {"name": label}}
+            )
+            meta.append(
+                {
+                    "name": "thread_sort_index",
+                    "ph": "M",
+                    "pid": PID,
+                    "tid": tid,
+                    "args": {"sort_index": tid},
+                }
+            )
+        return {
+            "traceEvents": meta + body,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "format": TRACE_FORMAT,
+                "version": 1,
+                "engine": rec.name,
+                "clock": "time.monotonic, microseconds from the recorder's start",
+                "capacity": rec.capacity,
+                "requests_recorded": rec.recorded,
+                "requests_dropped": rec.recorded - len(rec.requests),
+                "sweeps_dropped": rec.swept - len(rec.sweeps),
+            },
+        }
+
+    def _requests(self, requests: list[RequestRecord]) -> None:
+        model = self.recorder.name
+        for r in requests:
+            wait_end = r.assigned if r.assigned is not None else r.returned
+            args = {"request": r.number, "model": model, "outcome": r.outcome}
+            for phase, at in (("b", r.queued), ("e", wait_end)):
+                self.events.append(
+                    {
+                        "name": "queued",
+                        "cat": "queue",
+                        "ph": phase,
+                        "id": r.number,
+                        "pid": PID,
+                        "tid": TID_LOOP,
+                        "ts": self.us(at),
+                        "args": args if phase == "b" else {},
+                    }
+                )
+            if r.assigned is None:  # ended while queued: cancelled or timed out
+                continue
+            if r.packed is not None:
+                self.slice(TID_LOOP, "pack", r.assigned, r.packed, request=r.number)
+            if r.submitted is not None:
+                start = r.packed if r.packed is not None else r.submitted
+                self.slice(TID_LOOP, "submit", start, r.submitted, request=r.number)
+            if r.handled is not None:
+                self.slice(TID_LOOP, "unpack", r.handled, r.returned, **args)
+            if r.submitted is not None and r.handled is not None:
+                # A flow from the submit slice through the DLA task to the unpack.
+                self.flow(
+                    "s", r.number, TID_LOOP, r.packed if r.packed is not None else r.submitted
+                )
+                self.flow("f", r.number, TID_LOOP, r.handled)
+            self.events.append(
+                {
+                    "name": "returned",
+                    "cat": "aiodla",
+                    "ph": "i",
+                    "s": "t",
+                    "pid": PID,
+                    "tid": TID_LOOP,
+                    "ts": self.us(r.returned),
+                    "args": args,
+                }
+            )
+
+    def _tasks(self, requests: list[RequestRecord]) -> None:
+        """DLA tasks on their core's and stream's tracks, and each core's busy spans."""
+        # (end, submitted, stream, request, outcome) of each task, by core.
+        by_core: dict[int, list[tuple[float, float, int, int, str]]] = collections.defaultdict(list)
+        for r in requests:
+            if r.submitted is None or r.handled is None or r.core is None or r.stream is None:
+                continue
+            end = r.seen if r.seen is not None else r.handled
+            by_core[r.core].append((end, r.submitted, r.stream, r.number, r.outcome))
+        model = self.recorder.name
+        for core, tasks in sorted(by_core.items()):
+            self.tracks[core_tid(core)] = f"core {core}"
+            # A core runs its tasks in order: each starts when it was submitted or when
+            # the one before it was seen done, whichever is later.
+            tasks.sort()
+            previous = float("-inf")
+            busy: list[list[float]] = []
+            for end, submitted, stream, number, outcome in tasks:
+                start = min(max(submitted, previous), end)
+                previous = end
+                tid = stream_tid(core, stream)
+                self.tracks[tid] = f"core {core} stream {stream}"
+                self.slice(
+                    tid, "DLA task", start, end, request=number, model=model, outcome=outcome
+                )
+                self.flow("t", number, tid, start)
+                if busy and start <= busy[-1][1]:
+                    busy[-1][1] = end
+                else:
+                    busy.append([start, end])
+            for start, end in busy:
+                self.slice(core_tid(core), "busy", start, end)
+
+    def flow(self, phase: str, number: int, tid: int, at: float) -> None:
+        event = {
+            "name": "request",
+            "cat": "request",
+            "ph": phase,
+            "id": number,
+            "pid": PID,
+            "tid": tid,
+            "ts": self.us(at),
+        }
+        if phase == "f":
+            event["bp"] = "e"
+        self.events.append(event)
+
+    def _untangle(self, tid: int, spill: int, label: str) -> None:
+        """Move the slices of ``tid`` that overlap an earlier one (steps done in a worker
+        thread while the loop went on) to ``spill``, so each track nests properly."""
+        slices = sorted(
+            (e for e in self.events if e["ph"] == "X" and e["tid"] == tid), key=lambda e: e["ts"]
+        )
+        end = float("-inf")
+        moved = False
+        for event in slices:
+            if event["ts"] < end - 0.01:  # (well past rounding's 0.001 us)
+                event["tid"] = spill
+                moved = True
+            else:
+                end = event["ts"] + event["dur"]
+        if moved:
+            self.tracks[spill] = label
+
+
+class Tracing:
+    """``async with engine.trace(path) as recorder:``: record while in the block."""
+
+    def __init__(self, engine: Any, path: str | Path | None, recorder: TraceRecorder) -> None:
+        self._engine = engine
+        self._path = path
+        self.recorder = recorder
+
+    async def __aenter__(self) -> TraceRecorder:
+        flow = self._engine._flow
+        if flow.trace is not None:
+            raise ConfigurationError("the engine is already being traced (one trace at a time)")
+        flow.trace = self.recorder
+        poller = flow.poller
+        if poller is not None and hasattr(poller, "trace"):
+            poller.trace = self.recorder
+        return self.recorder
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        flow = self._engine._flow
+        if flow.trace is self.recorder:
+            flow.trace = None
+        poller = flow.poller
+        if poller is not None and getattr(poller, "trace", None) is self.recorder:
+            poller.trace = None
+        if self._path is not None:
+            self.recorder.write(self._path)
+
+
+def engine_trace(
+    self: Any,
+    path: str | Path | None = None,
+    *,
+    name: str | None = None,
+    capacity: int = DEFAULT_CAPACITY,
+) -> Tracing:
+    """Record a timeline of this engine while in an ``async with`` block.
+
+    ``async with engine.trace("run.json"):`` records every request that ends in the
+    block (queued, given a slot, packed, submitted, its DLA task on its core and
+    stream, seen done, unpacked, returned) and the poller's sweeps, and writes them on
+    leaving the block as Chrome trace-event JSON, which Perfetto UI and
+    ``chrome://tracing`` open; ``aiodla trace-plot run.json out.png`` draws it. Without
+    ``path`` nothing is written: the block's value, a :class:`TraceRecorder`, has
+    ``write(path)`` and ``trace_events()``. ``capacity`` bounds memory: the last
+    ``capacity`` requests and sweeps are kept. ``name`` labels the engine (default:
+    ``"engine"``). The engine must be open; one trace at a time.
+    """
+    if self.state.value != "open":
+        raise EngineClosedError(f"trace() needs an open engine; it is {self.state.value}")
+    return Tracing(self, path, TraceRecorder(name or "engine", capacity=capacity))
