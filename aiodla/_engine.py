@@ -52,6 +52,7 @@ from ._preprocess import ImagePreprocess
 from ._scheduler import Outcome, Request
 from ._statistics import CoreStatistics, EngineHealth, EngineStatistics, StageTimes
 from ._tensors import TensorSpec
+from ._trace import engine_trace
 from .runtime._protocol import Runtime
 
 if TYPE_CHECKING:
@@ -398,6 +399,8 @@ class Engine:
         )
 
     # -- observation ---------------------------------------------------------------------------
+
+    trace = engine_trace  # async with engine.trace("run.json"): a timeline (see _trace)
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of counts, per-core figures, latency percentiles and histograms."""

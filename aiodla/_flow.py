@@ -37,6 +37,7 @@ from ._postprocess import Postprocess, read_results
 from ._scheduler import Outcome, Request, RequestState, Scheduler
 from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
 from ._submit_failures import SubmitFailures
+from ._trace import TraceRecorder
 
 __all__ = ["EngineState", "Flow"]
 
@@ -93,6 +94,7 @@ class Flow(SubmitFailures):
         self.queue_wait = LatencyWindow(window)
         self.latency_histogram = HistogramRecorder()
         self.queue_wait_histogram = HistogramRecorder()
+        self.trace: TraceRecorder | None = None  # engine.trace() installs one
 
     def start_serving(
         self, loop: asyncio.AbstractEventLoop, completions: CompletionSource | None = None
@@ -190,6 +192,8 @@ class Flow(SubmitFailures):
             self.release(slot)
             self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
             return
+        if self.trace is not None:
+            self.trace.started(request, slot, now)
         self._submit(slot, request, now)
 
     def _submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
@@ -201,6 +205,8 @@ class Flow(SubmitFailures):
             return
         if request is not None:
             request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
+            if self.trace is not None:
+                self.trace.submitted(request, slot)
         self.poller.watch(slot)  # type: ignore[union-attr]
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
@@ -260,6 +266,8 @@ class Flow(SubmitFailures):
             if request is None or request.future.done():  # none, or ended meanwhile
                 self.release(slot)
                 continue
+            if self.trace is not None:
+                self.trace.completed(request, slot)
             if status:
                 self.release(slot)
                 message = f"the DLA task failed on core {core.core}: {status_name(status)}"
@@ -350,6 +358,8 @@ class Flow(SubmitFailures):
             outcome, reason = Outcome.COMPLETED, None
         if not self.scheduler.finish(request, outcome, reason):
             return None
+        if self.trace is not None:
+            self.trace.ended(request, outcome.value)
         if request.sources:
             _let_go(request)
         if outcome is Outcome.COMPLETED:
@@ -398,6 +408,8 @@ class Flow(SubmitFailures):
             self.scheduler.recount_as_cancelled(request)
         else:
             self.scheduler.finish(request, Outcome.CANCELLED)
+            if self.trace is not None:
+                self.trace.ended(request, Outcome.CANCELLED.value)
         _let_go(request)
         self.transition()
 
