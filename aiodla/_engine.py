@@ -400,7 +400,8 @@ class Engine:
 
     # -- observation ---------------------------------------------------------------------------
 
-    trace = engine_trace  # async with engine.trace("run.json"): a timeline (see _trace)
+    trace = engine_trace
+    """A timeline of the requests ending in an ``async with`` block: see ``TraceRecorder``."""
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of counts, per-core figures, latency percentiles and histograms."""

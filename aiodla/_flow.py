@@ -180,6 +180,8 @@ class Flow(SubmitFailures):
             self.release(slot)
             self._finish(request, timed_out=True)
             return
+        if self.trace is not None:
+            self.trace.assigned(request, slot, now)
         # From now on the slot holds the request's device arrays: released with it,
         # once no kernel of it can read them.
         slot.keep, request.sources = request.sources, ()
@@ -193,7 +195,7 @@ class Flow(SubmitFailures):
             self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
             return
         if self.trace is not None:
-            self.trace.started(request, slot, now)
+            self.trace.packed(request)
         self._submit(slot, request, now)
 
     def _submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
@@ -206,7 +208,7 @@ class Flow(SubmitFailures):
         if request is not None:
             request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
             if self.trace is not None:
-                self.trace.submitted(request, slot)
+                self.trace.submitted(request)
         self.poller.watch(slot)  # type: ignore[union-attr]
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
@@ -429,6 +431,8 @@ class Flow(SubmitFailures):
             raise error from exc  # type: ignore[misc]
         if request.state is RequestState.DONE:
             return self._take_late(request)
+        if self.trace is not None:
+            self.trace.packed(request, off_loop=True)
         loop = self.loop
         assert loop is not None
         serving = self.state is EngineState.OPEN

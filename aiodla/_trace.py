@@ -74,22 +74,36 @@ class RequestRecord(NamedTuple):
 
     number: int
     queued: float
-    assigned: float | None
-    packed: float | None
-    submitted: float | None
-    seen: float | None  # by a sweep; None when no sweep was traced (worker process)
-    handled: float | None  # the loop took its completion
     returned: float
-    core: int | None
-    stream: int | None
     outcome: str
+    assigned: float | None = None
+    packed: float | None = None
+    submitted: float | None = None
+    seen: float | None = None  # by a sweep; None when no sweep was traced (worker process)
+    handled: float | None = None  # the loop took its completion
+    core: int | None = None
+    stream: int | None = None
+    packed_off_loop: bool = False
 
 
 class TraceRecorder:
-    """What one engine did, kept in bounded rings (see the module docstring).
+    """What one engine did, kept in bounded rings; made by ``engine.trace()``::
 
-    ``name`` labels the engine (its model) in the file and in ``aiodla trace-plot``;
-    ``capacity`` bounds how many requests and how many sweeps are kept.
+        async with engine.trace("run.json", name="detector", capacity=100_000):
+            ...  # every request that ends in the block is recorded
+
+    On leaving the block the trace is written to the path as Chrome trace-event JSON,
+    which Perfetto UI (ui.perfetto.dev) and ``chrome://tracing`` open, and which
+    ``aiodla trace-plot run.json out.png`` draws. Without a path nothing is written:
+    the block's value is this recorder, with :meth:`write` and :meth:`trace_events`.
+
+    ``name`` labels the engine (its model) in the file; ``capacity`` bounds memory: the
+    last ``capacity`` requests and the last ``capacity`` poller sweeps are kept, older
+    ones dropped (counted in the file's ``otherData``). One trace at a time per engine;
+    ``engine.trace()`` on an engine that is not open raises ``EngineClosedError``, a
+    second one while the first records ``ConfigurationError``.
+
+    The methods ``assigned`` to ``sweep`` are the engine's hooks, not for applications.
     """
 
     def __init__(
@@ -115,7 +129,8 @@ class TraceRecorder:
         self.recorded = 0  # requests recorded in all; past capacity the oldest are gone
         self.swept = 0
         # Per request started on a slot and not ended yet: (core, stream, assigned,
-        # packed, submitted, seen, handled). Every started request ends through
+        # packed, submitted, seen, handled, packed off the loop). Every started request
+        # ends through
         # ``ended``; the limit only keeps a bug from growing it without bound.
         self._open: dict[Any, list[Any]] = {}
         self._open_limit = 4 * capacity + 1024
@@ -124,19 +139,26 @@ class TraceRecorder:
 
     # -- hooks: the engine's flow (loop thread) -----------------------------------------
 
-    def started(self, request: Any, slot: Any, assigned: float) -> None:
-        """``request`` got ``slot`` at ``assigned`` and its input is packed now."""
+    def assigned(self, request: Any, slot: Any, at: float) -> None:
+        """``request`` got ``slot`` at ``at`` (the time its queue wait ended)."""
         opened = self._open
-        opened[request] = [slot.core.core, slot.index, assigned, self._clock(), None, None, None]
+        opened[request] = [slot.core.core, slot.index, at, None, None, None, None, False]
         if len(opened) > self._open_limit:  # a request that never ended (a bug): forget it
             del opened[next(iter(opened))]
 
-    def submitted(self, request: Any, slot: Any) -> None:
-        """The request's work is enqueued on the slot's stream."""
+    def packed(self, request: Any, off_loop: bool = False) -> None:
+        """The request's input is packed, on the loop or (``off_loop``) in a worker
+        thread."""
         entry = self._open.get(request)
-        if entry is None:  # packed off the loop: no pack step on the loop
-            entry = self._open[request] = [slot.core.core, slot.index, None, None, None, None, None]
-        entry[4] = self._clock()
+        if entry is not None:
+            entry[3] = self._clock()
+            entry[7] = off_loop
+
+    def submitted(self, request: Any) -> None:
+        """The request's work is enqueued on its slot's stream."""
+        entry = self._open.get(request)
+        if entry is not None:
+            entry[4] = self._clock()
 
     def completed(self, request: Any, slot: Any) -> None:
         """The loop takes the slot's completion (before unpacking it)."""
@@ -153,40 +175,15 @@ class TraceRecorder:
         self.recorded += 1
         entry = self._open.pop(request, None)
         if entry is None:  # never started on a slot: cancelled or timed out in line
-            self.requests.append(
-                (
-                    number,
-                    request.started,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    returned,
-                    None,
-                    None,
-                    outcome,
-                )
-            )
+            self.requests.append((number, request.started, returned, outcome))
             return
-        core, stream, assigned, packed, submitted, seen, handled = entry
+        core, stream, assigned, packed, submitted, seen, handled, off_loop = entry
         if seen is not None and (submitted is None or seen < submitted):  # an earlier task's
             seen = None
         self.requests.append(
-            (
-                number,
-                request.started,
-                assigned,
-                packed,
-                submitted,
-                seen,
-                handled,
-                returned,
-                core,
-                stream,
-                outcome,
-            )
-        )
+            (number, request.started, returned, outcome, assigned, packed, submitted, seen,
+             handled, core, stream, off_loop)
+        )  # fmt: skip
 
     # -- hook: the poller (its thread, or the loop's harvest) ----------------------------
 
@@ -221,58 +218,73 @@ class _Writer:
         self.recorder = recorder
         self.events: list[dict[str, Any]] = []
         self.tracks: dict[int, str] = {}
+        # Per request: its loop slices by step, and where its DLA task starts.
+        self.steps: dict[int, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+        self.tasks: dict[int, tuple[int, float]] = {}
 
     def us(self, t: float) -> float:
         return round((t - self.recorder.origin) * 1e6, 3)
 
-    def slice(self, tid: int, name: str, start: float, end: float, **args: Any) -> None:
-        self.events.append(
-            {
-                "name": name,
-                "cat": "aiodla",
-                "ph": "X",
-                "pid": PID,
-                "tid": tid,
-                "ts": self.us(start),
-                # From the rounded ends, so that back-to-back slices stay back to back.
-                "dur": max(0.0, round(self.us(end) - self.us(start), 3)),
-                "args": args,
-            }
-        )
+    def slice(self, tid: int, name: str, start: float, end: float, **args: Any) -> dict[str, Any]:
+        event = {
+            "name": name,
+            "cat": "aiodla",
+            "ph": "X",
+            "pid": PID,
+            "tid": tid,
+            "ts": self.us(start),
+            # From the rounded ends, so that back-to-back slices stay back to back.
+            "dur": max(0.0, round(self.us(end) - self.us(start), 3)),
+            "args": args,
+        }
+        self.events.append(event)
+        return event
+
+    def async_slice(
+        self, cat: str, name: str, number: int, start: float, end: float, **args: Any
+    ) -> None:
+        for phase, at in (("b", start), ("e", end)):
+            self.events.append(
+                {
+                    "name": name,
+                    "cat": cat,
+                    "ph": phase,
+                    "id": number,
+                    "pid": PID,
+                    "tid": TID_OFF_LOOP,
+                    "ts": self.us(at),
+                    "args": args if phase == "b" else {},
+                }
+            )
+
+    def flow(self, phase: str, number: int, tid: int, at: float) -> None:
+        event = {"name": "request", "cat": "request", "ph": phase, "id": number, "pid": PID,
+                 "tid": tid, "ts": at}  # fmt: skip
+        if phase == "f":
+            event["bp"] = "e"  # bind to the slice that encloses it
+        self.events.append(event)
 
     def document(self) -> dict[str, Any]:
         rec = self.recorder
-        requests = [RequestRecord._make(r) for r in rec.requests]
+        requests = [RequestRecord(*r) for r in rec.requests]
         self.tracks = {TID_LOOP: "event loop", TID_HARVEST: "loop harvests", TID_POLLER: "poller"}
         self._requests(requests)
         self._tasks(requests)
         for started, ended, found, by_loop in rec.sweeps:
             self.slice(TID_HARVEST if by_loop else TID_POLLER, "sweep", started, ended, found=found)
-        self._untangle(TID_LOOP, TID_OFF_LOOP, "off-loop steps")
+        self._untangle()
+        self._flows()
         # Every track in time order: each one's timestamps never go back.
         body = sorted(self.events, key=lambda e: e["ts"])
-        meta = [
-            {
-                "name": "process_name",
-                "ph": "M",
-                "pid": PID,
-                "tid": 0,
-                "args": {"name": f"aiodla: {rec.name}"},
-            }
-        ]
+        name = {"name": "process_name", "ph": "M", "pid": PID, "tid": 0,
+                "args": {"name": f"aiodla: {rec.name}"}}  # fmt: skip
+        meta = [name]
         for tid, label in sorted(self.tracks.items()):
-            meta.append(
-                {"name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": {"name": label}}
-            )
-            meta.append(
-                {
-                    "name": "thread_sort_index",
-                    "ph": "M",
-                    "pid": PID,
-                    "tid": tid,
-                    "args": {"sort_index": tid},
-                }
-            )
+            for key, value in (
+                ("thread_name", {"name": label}),
+                ("thread_sort_index", {"sort_index": tid}),
+            ):
+                meta.append({"name": key, "ph": "M", "pid": PID, "tid": tid, "args": value})
         return {
             "traceEvents": meta + body,
             "displayTimeUnit": "ms",
@@ -291,48 +303,30 @@ class _Writer:
     def _requests(self, requests: list[RequestRecord]) -> None:
         model = self.recorder.name
         for r in requests:
-            wait_end = r.assigned if r.assigned is not None else r.returned
             args = {"request": r.number, "model": model, "outcome": r.outcome}
+            wait_end = r.assigned if r.assigned is not None else r.returned
             for phase, at in (("b", r.queued), ("e", wait_end)):
                 self.events.append(
-                    {
-                        "name": "queued",
-                        "cat": "queue",
-                        "ph": phase,
-                        "id": r.number,
-                        "pid": PID,
-                        "tid": TID_LOOP,
-                        "ts": self.us(at),
-                        "args": args if phase == "b" else {},
-                    }
-                )
+                    {"name": "queued", "cat": "queue", "ph": phase, "id": r.number, "pid": PID,
+                     "tid": TID_LOOP, "ts": self.us(at), "args": args if phase == "b" else {}}
+                )  # fmt: skip
             if r.assigned is None:  # ended while queued: cancelled or timed out
                 continue
+            steps = self.steps[r.number]
             if r.packed is not None:
-                self.slice(TID_LOOP, "pack", r.assigned, r.packed, request=r.number)
+                if r.packed_off_loop:
+                    self.async_slice("off-loop", "pack", r.number, r.assigned, r.packed, **args)
+                else:
+                    steps["pack"] = self.slice(TID_LOOP, "pack", r.assigned, r.packed, **args)
             if r.submitted is not None:
-                start = r.packed if r.packed is not None else r.submitted
-                self.slice(TID_LOOP, "submit", start, r.submitted, request=r.number)
+                start = r.packed if r.packed is not None else r.assigned
+                steps["submit"] = self.slice(TID_LOOP, "submit", start, r.submitted, **args)
             if r.handled is not None:
-                self.slice(TID_LOOP, "unpack", r.handled, r.returned, **args)
-            if r.submitted is not None and r.handled is not None:
-                # A flow from the submit slice through the DLA task to the unpack.
-                self.flow(
-                    "s", r.number, TID_LOOP, r.packed if r.packed is not None else r.submitted
-                )
-                self.flow("f", r.number, TID_LOOP, r.handled)
+                steps["unpack"] = self.slice(TID_LOOP, "unpack", r.handled, r.returned, **args)
             self.events.append(
-                {
-                    "name": "returned",
-                    "cat": "aiodla",
-                    "ph": "i",
-                    "s": "t",
-                    "pid": PID,
-                    "tid": TID_LOOP,
-                    "ts": self.us(r.returned),
-                    "args": args,
-                }
-            )
+                {"name": "returned", "cat": "aiodla", "ph": "i", "s": "t", "pid": PID,
+                 "tid": TID_LOOP, "ts": self.us(r.returned), "args": args}
+            )  # fmt: skip
 
     def _tasks(self, requests: list[RequestRecord]) -> None:
         """DLA tasks on their core's and stream's tracks, and each core's busy spans."""
@@ -356,10 +350,10 @@ class _Writer:
                 previous = end
                 tid = stream_tid(core, stream)
                 self.tracks[tid] = f"core {core} stream {stream}"
-                self.slice(
+                task = self.slice(
                     tid, "DLA task", start, end, request=number, model=model, outcome=outcome
                 )
-                self.flow("t", number, tid, start)
+                self.tasks[number] = (tid, task["ts"])
                 if busy and start <= busy[-1][1]:
                     busy[-1][1] = end
                 else:
@@ -367,36 +361,39 @@ class _Writer:
             for start, end in busy:
                 self.slice(core_tid(core), "busy", start, end)
 
-    def flow(self, phase: str, number: int, tid: int, at: float) -> None:
-        event = {
-            "name": "request",
-            "cat": "request",
-            "ph": phase,
-            "id": number,
-            "pid": PID,
-            "tid": tid,
-            "ts": self.us(at),
-        }
-        if phase == "f":
-            event["bp"] = "e"
-        self.events.append(event)
-
-    def _untangle(self, tid: int, spill: int, label: str) -> None:
-        """Move the slices of ``tid`` that overlap an earlier one (steps done in a worker
-        thread while the loop went on) to ``spill``, so each track nests properly."""
+    def _untangle(self) -> None:
+        """Turn the loop's slices that overlap an earlier one (a step its coroutine did
+        in a worker thread while the loop went on) into async slices, so that the
+        loop's track nests properly."""
         slices = sorted(
-            (e for e in self.events if e["ph"] == "X" and e["tid"] == tid), key=lambda e: e["ts"]
+            (e for e in self.events if e["ph"] == "X" and e["tid"] == TID_LOOP),
+            key=lambda e: e["ts"],
         )
         end = float("-inf")
-        moved = False
         for event in slices:
             if event["ts"] < end - 0.01:  # (well past rounding's 0.001 us)
-                event["tid"] = spill
-                moved = True
+                finish = round(event["ts"] + event.pop("dur"), 3)
+                event.update(ph="b", cat="off-loop", id=event["args"]["request"], tid=TID_OFF_LOOP)
+                self.events.append({**event, "ph": "e", "ts": finish, "args": {}})
             else:
                 end = event["ts"] + event["dur"]
-        if moved:
-            self.tracks[spill] = label
+        if any(e["tid"] == TID_OFF_LOOP for e in self.events):
+            self.tracks[TID_OFF_LOOP] = "off-loop steps"
+
+    def _flows(self) -> None:
+        """A flow per request from its submit slice through its DLA task to its unpack
+        (or ending at the DLA task when the unpack ran off the loop)."""
+        for number, (tid, start) in self.tasks.items():
+            steps = self.steps[number]
+            submit, unpack = steps.get("submit"), steps.get("unpack")
+            if submit is None or submit["ph"] != "X":
+                continue
+            self.flow("s", number, TID_LOOP, submit["ts"])
+            if unpack is not None and unpack["ph"] == "X":
+                self.flow("t", number, tid, start)
+                self.flow("f", number, TID_LOOP, unpack["ts"])
+            else:
+                self.flow("f", number, tid, start)
 
 
 class Tracing:

@@ -28,7 +28,7 @@ __all__ = ["COLORINGS", "STATE_COLORS", "plot_trace", "read_trace"]
 COLORINGS = ("model", "state")
 STATE_COLORS = {
     "queued": "#d9d9d9",
-    "submit": "#9ecae1",
+    "packed and submitted": "#9ecae1",
     "waiting for the core": "#fdd0a2",
     "DLA task": "#31a354",
     "waiting for the loop": "#fc9272",
@@ -51,7 +51,7 @@ class _Trace:
         self.loop: list[dict[str, Any]] = []
         self.sweeps: list[dict[str, Any]] = []
         self.steps: dict[int, dict[str, tuple[float, float]]] = collections.defaultdict(dict)
-        queued: dict[int, float] = {}
+        begun: dict[tuple[int, str], float] = {}
         for e in events:
             phase, track = e.get("ph"), self.names.get(e.get("tid", -1), "")
             if phase == "X" and e["name"] == "DLA task":
@@ -64,10 +64,11 @@ class _Trace:
                     self.steps[request][e["name"]] = (e["ts"], e["ts"] + e["dur"])
             elif phase == "X" and track in ("poller", "loop harvests"):
                 self.sweeps.append(e)
-            elif phase == "b" and e.get("cat") == "queue":
-                queued[e["id"]] = e["ts"]
-            elif phase == "e" and e.get("cat") == "queue" and e["id"] in queued:
-                self.steps[e["id"]]["queued"] = (queued.pop(e["id"]), e["ts"])
+            elif phase == "b" and e.get("cat") in ("queue", "off-loop"):
+                begun[(e["id"], e["name"])] = e["ts"]
+            elif phase == "e" and (e.get("id"), e["name"]) in begun:
+                # A queue wait, or a step done in a worker thread.
+                self.steps[e["id"]][e["name"]] = (begun.pop((e["id"], e["name"])), e["ts"])
         if not self.tasks and not self.loop:
             raise ConfigurationError("the trace holds no DLA task and no step of a request")
 
@@ -200,7 +201,7 @@ def _by_state(ax: Any, trace: _Trace, cores: list[int], y: dict[str, int], ms: f
                 spans.append(("queued", *steps["queued"]))
             if "submit" in steps:
                 began = steps.get("pack", steps["submit"])[0]
-                spans.append(("submit", began, steps["submit"][1]))
+                spans.append(("packed and submitted", began, steps["submit"][1]))
                 spans.append(("waiting for the core", steps["submit"][1], start))
             spans.append(("DLA task", start, stop))
             if "unpack" in steps:

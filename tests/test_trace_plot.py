@@ -3,9 +3,11 @@ line, drawn one row per core, and the errors of each."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 from click.testing import CliRunner, Result
@@ -17,6 +19,7 @@ from support import X, affine_model
 from trace_format import check_trace_format
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CAMERA_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "camera_fanout.py"
 
 
 def run(*args: str) -> Result:
@@ -132,3 +135,25 @@ class TestTracePlotErrors:
     def test_a_bad_coloring(self, bench_trace: Path, tmp_path: Path) -> None:
         result = run("trace-plot", str(bench_trace), str(tmp_path / "o.png"), "--color", "x")
         one_line_error(result, 2, "--color")
+
+
+class TestCameraExample:
+    @pytest.mark.in_process  # the example prints engine.runtime.name, the worker's in process mode
+    @pytest.mark.asyncio
+    async def test_the_camera_fanout_writes_its_timeline(self, tmp_path: Path) -> None:
+        spec = importlib.util.spec_from_file_location("camera_fanout_traced", CAMERA_EXAMPLE)
+        assert spec is not None
+        assert spec.loader is not None
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+        trace = tmp_path / "cameras.json"
+        stats = await example.run(
+            example.demo_model(0.02), cameras=2, fps=20, duration=2.0, trace=str(trace)
+        )
+        document = json.loads(await anyio.Path(trace).read_text())
+        check_trace_format(document)
+        tasks = [e for e in document["traceEvents"] if e.get("name") == "DLA task"]
+        completed = [t for t in tasks if t["args"]["outcome"] == "completed"]
+        # One DLA task for every frame that got its answer to its camera.
+        assert len(completed) == sum(s.completed for s in stats) > 0
+        assert {t["args"]["model"] for t in tasks} == {"detector"}
