@@ -130,8 +130,7 @@ class TraceRecorder:
         self.swept = 0
         # Per request started on a slot and not ended yet: (core, stream, assigned,
         # packed, submitted, seen, handled, packed off the loop). Every started request
-        # ends through
-        # ``ended``; the limit only keeps a bug from growing it without bound.
+        # ends through ``ended``; the limit only keeps a bug from growing it unbounded.
         self._open: dict[Any, list[Any]] = {}
         self._open_limit = 4 * capacity + 1024
         self._seen: dict[Any, float] = {}  # per slot: when a sweep last found it done
