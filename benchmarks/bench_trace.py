@@ -15,6 +15,13 @@ sweeps) and the whole process's.
 Modes: ``base`` (the tree at --base, no hooks), ``off`` (this tree, no trace), ``on``
 (this tree, ``engine.trace()`` recording every request). Without --base, ``off`` and
 ``on`` alone.
+
+CPU times on a shared machine move by tens of percent from one run to the next, more
+than the few percent in question. ``--instructions`` counts instead, with callgrind, the
+event loop thread's instructions per request (runs of N and N + DELTA requests, their
+difference over DELTA, so start-up cancels out), which the load does not move::
+
+    python benchmarks/bench_trace.py --base /tmp/base --instructions [--delta 1000]
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,6 +109,58 @@ def _one(mode: str, tree: Path, args: argparse.Namespace) -> dict[str, float]:
     return result
 
 
+def _instructions(mode: str, tree: Path, requests: int, args: argparse.Namespace) -> int:
+    """The event loop thread's instructions in one run of ``requests`` under callgrind."""
+    with tempfile.TemporaryDirectory() as scratch:
+        prefix = Path(scratch) / "cg"
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--separate-threads=yes",
+            f"--callgrind-out-file={prefix}",
+            sys.executable,
+            __file__,
+            "--worker",
+            mode,
+            "--requests",
+            str(requests),
+            "--concurrency",
+            str(args.concurrency),
+            "--out",
+            str(Path(scratch) / "r.json"),
+        ]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        subprocess.run(command, env=env, check=True, capture_output=True)
+        loop = Path(f"{prefix}-01").read_text(errors="replace")  # thread 1: the loop's
+        found = re.search(r"^summary:\s+(\d+)", loop, re.MULTILINE)
+        assert found is not None, "callgrind wrote no summary"
+        return int(found[1])
+
+
+def count_instructions(modes: dict[str, Path], args: argparse.Namespace) -> None:
+    if shutil.which("valgrind") is None:
+        sys.exit("--instructions needs valgrind (apt-get install valgrind)")
+    low, high = args.concurrency * 4, args.concurrency * 4 + args.delta
+    per_request = {}
+    for mode, tree in modes.items():
+        a = _instructions(mode, tree, low, args)
+        b = _instructions(mode, tree, high, args)
+        per_request[mode] = (b - a) / (high // args.concurrency * args.concurrency - low)
+        print(f"  {mode:>4}: {per_request[mode]:10,.0f} loop instructions a request")
+    report: dict[str, Any] = {
+        "parameters": {"low": low, "high": high, "concurrency": args.concurrency},
+        "loop_instructions_per_request": per_request,
+        "ratios": {},
+    }
+    pairs = [("on", "off")] + ([("off", "base")] if "base" in modes else [])
+    for a, b in pairs:
+        report["ratios"][f"{a} / {b}"] = per_request[a] / per_request[b]
+        print(f"  {a} / {b}: {per_request[a] / per_request[b]:.4f}")
+    path = args.json or tempfile.mkstemp(prefix="bench-trace-instructions-", suffix=".json")[1]
+    Path(path).write_text(json.dumps(report, indent=2))
+    print(f"report: {path}")
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -111,6 +172,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--json", help="report path (default: a temporary file)")
+    parser.add_argument("--instructions", action="store_true", help="count, with callgrind")
+    parser.add_argument("--delta", type=int, default=1000, help="with --instructions")
     parser.add_argument("--worker", choices=("base", "off", "on"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -121,6 +184,9 @@ def main() -> None:
     modes = {"off": TREE, "on": TREE}
     if args.base is not None:
         modes = {"base": args.base.resolve(), **modes}
+    if args.instructions:
+        count_instructions(modes, args)
+        return
     rounds: list[dict[str, dict[str, float]]] = []
     names = list(modes)
     for i in range(args.rounds):
