@@ -32,6 +32,7 @@ from ._slots import (
 )
 from ._statistics import EngineHealth, WorkerStatistics
 from ._tensors import TensorSpec
+from ._trace import TraceRecorder
 
 if TYPE_CHECKING:
     from ._flow import CompletionSource, Flow
@@ -61,6 +62,8 @@ class Cores(CoreSetup):
     ``open`` and ``release`` block (the engine runs them in a worker thread); the rest
     runs on the event loop's thread, except :attr:`probe`'s calls, made by the poller.
     """
+
+    trace: TraceRecorder | None = None  # engine.trace() installs one
 
     # -- what the engine asks of its device layer, which process mode answers too ---------
 
@@ -137,6 +140,8 @@ class Cores(CoreSetup):
         conversion), or their bytes copied (device conversion; device arrays stay)."""
         assert self.path is not None
         self.path.write_inputs(slot, arrays)
+        if self.trace is not None:
+            self.trace.packed(slot.request)
 
     def write_zeros(self, slot: Slot) -> None:
         """Zeros into every input: the input of a probe task."""
@@ -227,6 +232,8 @@ class Cores(CoreSetup):
         slot.behind = 0.0
         core.expected_free = max(now, core.expected_free) + core.service_time
         slot.expected_done = core.expected_free
+        if self.trace is not None:
+            self.trace.submitted(request)
 
     def _enqueue_after(self, slot: Slot, device: bool) -> None:
         """The work after the task: outputs, then the event the poller waits for."""

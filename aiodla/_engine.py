@@ -124,8 +124,7 @@ class Engine:
 
     @property
     def runtime(self) -> Runtime:
-        """The runtime in use, chosen when the engine opens (before that, an
-        :class:`EngineClosedError` says so)."""
+        """The runtime in use, chosen at open (before that, EngineClosedError says so)."""
         runtime = self._cores.runtime
         if runtime is None:
             raise EngineClosedError("the engine is not open: its runtime is not chosen yet")
@@ -133,8 +132,7 @@ class Engine:
 
     @property
     def stated_service_time(self) -> float | None:
-        """Seconds per task the loadable states (an emulator loadable), known once the
-        engine is open; None for a DLA loadable, whose service time is learned."""
+        """Seconds a task as an emulator loadable states it (once open); None: learned."""
         return self._cores.stated_service_time
 
     @property

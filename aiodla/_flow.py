@@ -194,8 +194,6 @@ class Flow(SubmitFailures):
             self.release(slot)
             self._finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
             return
-        if self.trace is not None:
-            self.trace.packed(request)
         self._submit(slot, request, now)
 
     def _submit(self, slot: Slot, request: Request | None, now: float | None = None) -> None:
@@ -207,8 +205,6 @@ class Flow(SubmitFailures):
             return
         if request is not None:
             request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
-            if self.trace is not None:
-                self.trace.submitted(request)
         self.poller.watch(slot)  # type: ignore[union-attr]
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
@@ -360,8 +356,6 @@ class Flow(SubmitFailures):
             outcome, reason = Outcome.COMPLETED, None
         if not self.scheduler.finish(request, outcome, reason):
             return None
-        if self.trace is not None:
-            self.trace.ended(request, outcome.value)
         if request.sources:
             _let_go(request)
         if outcome is Outcome.COMPLETED:
@@ -410,8 +404,6 @@ class Flow(SubmitFailures):
             self.scheduler.recount_as_cancelled(request)
         else:
             self.scheduler.finish(request, Outcome.CANCELLED)
-            if self.trace is not None:
-                self.trace.ended(request, Outcome.CANCELLED.value)
         _let_go(request)
         self.transition()
 
@@ -431,8 +423,6 @@ class Flow(SubmitFailures):
             raise error from exc  # type: ignore[misc]
         if request.state is RequestState.DONE:
             return self._take_late(request)
-        if self.trace is not None:
-            self.trace.packed(request, off_loop=True)
         loop = self.loop
         assert loop is not None
         serving = self.state is EngineState.OPEN

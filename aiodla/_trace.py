@@ -145,13 +145,12 @@ class TraceRecorder:
         if len(opened) > self._open_limit:  # a request that never ended (a bug): forget it
             del opened[next(iter(opened))]
 
-    def packed(self, request: Any, off_loop: bool = False) -> None:
-        """The request's input is packed, on the loop or (``off_loop``) in a worker
-        thread."""
+    def packed(self, request: Any) -> None:
+        """The request's input is packed (on the loop, or in a worker thread)."""
         entry = self._open.get(request)
         if entry is not None:
             entry[3] = self._clock()
-            entry[7] = off_loop
+            entry[7] = threading.get_ident() != self._loop_thread
 
     def submitted(self, request: Any) -> None:
         """The request's work is enqueued on its slot's stream."""
@@ -407,19 +406,18 @@ class Tracing:
         flow = self._engine._flow
         if flow.trace is not None:
             raise ConfigurationError("the engine is already being traced (one trace at a time)")
-        flow.trace = self.recorder
-        poller = flow.poller
-        if poller is not None and hasattr(poller, "trace"):
-            poller.trace = self.recorder
+        # The flow, the scheduler, the device layer and the poller each record their
+        # part (a device layer in a worker process, and its poller, have no hook).
+        for part in (flow, flow.scheduler, flow.cores, flow.poller):
+            if hasattr(part, "trace"):
+                part.trace = self.recorder
         return self.recorder
 
     async def __aexit__(self, *exc_info: object) -> None:
         flow = self._engine._flow
-        if flow.trace is self.recorder:
-            flow.trace = None
-        poller = flow.poller
-        if poller is not None and getattr(poller, "trace", None) is self.recorder:
-            poller.trace = None
+        for part in (flow, flow.scheduler, flow.cores, flow.poller):
+            if getattr(part, "trace", None) is self.recorder:
+                part.trace = None
         if self._path is not None:
             self.recorder.write(self._path)
 

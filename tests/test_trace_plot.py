@@ -147,8 +147,14 @@ class TestCameraExample:
         example = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(example)
         trace = tmp_path / "cameras.json"
+        # Small frames and model, as tests/test_session.py runs the example.
         stats = await example.run(
-            example.demo_model(0.02), cameras=2, fps=20, duration=2.0, trace=str(trace)
+            example.demo_model(0.05, size=160),
+            cameras=2,
+            fps=20,
+            duration=1.5,
+            frame_size=(270, 480),
+            trace=str(trace),
         )
         document = json.loads(await anyio.Path(trace).read_text())
         check_trace_format(document)
@@ -156,4 +162,4 @@ class TestCameraExample:
         completed = [t for t in tasks if t["args"]["outcome"] == "completed"]
         # One DLA task for every frame that got its answer to its camera.
         assert len(completed) == sum(s.completed for s in stats) > 0
-        assert {t["args"]["model"] for t in tasks} == {"detector"}
+        assert {t["args"]["model"] for t in tasks} == {"yolov5s"}
