@@ -41,6 +41,7 @@ from ._statistics import LatencySummary as LatencySummary
 from ._statistics import StageTimes as StageTimes
 from ._statistics import WorkerStatistics as WorkerStatistics
 from ._tensors import TensorSpec as TensorSpec
+from ._trace import TraceRecorder as TraceRecorder
 from .runtime import EmulatedRuntime as EmulatedRuntime
 
 __version__ = "0.1.0.dev0"
@@ -86,6 +87,7 @@ __all__ = (
     "StreamStatistics",
     "TaskError",
     "TensorSpec",
+    "TraceRecorder",
     "WorkerLostError",
     "WorkerStatistics",
 )

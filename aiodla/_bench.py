@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from ._tensors import TensorSpec
 __all__ = [
     "BENCH_FORMAT",
     "BENCH_VERSION",
+    "failure_message",
     "limited_by",
     "progress_bar",
     "run_bench",
@@ -35,6 +38,23 @@ BENCH_VERSION = 1
 PROGRESS_PERIOD = 0.1
 # Cores busy this much of the run were the bound: the rest is ramp-up and wind-down.
 CORES_SATURATED = 0.9
+
+
+def failure_message(result: dict[str, Any]) -> str:
+    """The line ``aiodla bench`` ends with when requests failed."""
+    errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
+    cause = f"; {result['fatal']}" if result["fatal"] else ""
+    return (
+        f"aiodla: error: {result['failed']} of {result['requests']} "
+        f"requests failed ({errors}){cause}"
+    )
+
+
+def _tracing(engine: Engine, path: str | None, model: str) -> Any:
+    """The run's trace, written when the engine's block ends; or no trace."""
+    if path is None:
+        return contextlib.nullcontext()
+    return engine.trace(path, name=Path(model).stem)
 
 
 def _random_inputs(specs: Sequence[TensorSpec]) -> Any:
@@ -93,12 +113,14 @@ async def run_bench(
     duration: float | None,
     runtime: str,
     progress: Any,
+    trace: str | None = None,
 ) -> dict[str, Any]:
     """Send the requests (``concurrency`` at a time) through the engine ``open_engine``
-    makes; the report ``aiodla bench --json`` prints."""
+    makes; the report ``aiodla bench --json`` prints. ``trace``: write the run's
+    timeline there (``engine.trace``)."""
     import anyio
 
-    async with open_engine() as engine:
+    async with open_engine() as engine, _tracing(engine, trace, model):
         inputs = _random_inputs(engine.inputs)
         started = time.perf_counter()
         run = _BenchRun(requests, None if duration is None else started + duration)

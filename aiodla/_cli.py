@@ -9,7 +9,7 @@
                    [--compute MODULE:FUNCTION]
     aiodla record MODEL --inputs DIR -o RECORDING.npz [--runtime ...]
     aiodla bench MODEL [--cores 0,1] [--streams N] [--concurrency N]
-                       [--requests N | --duration S] [--json] [--runtime ...]
+                       [--requests N | --duration S] [--json] [--runtime ...] [--trace T.json]
     aiodla serve MODEL [NAME=MODEL ...] [--http HOST:PORT] [--grpc HOST:PORT]   (aiodla[serve])
 
 Errors are one line on stderr naming the cause, with exit status 1 (2 for a bad
@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 import click
 
 from . import __version__
-from ._bench import progress_bar, run_bench, summary_lines
+from ._bench import failure_message, progress_bar, run_bench, summary_lines
 from ._cli_doctor import doctor_command
 from ._cli_frame import (
     EXIT_FAILURE,
@@ -44,6 +44,7 @@ from ._cli_frame import (
     streams_option,
     trust_compute_option,
 )
+from ._cli_trace import trace_option, trace_plot
 from ._cli_verify import verify_command
 from ._cores import read_model
 from ._descriptors import TensorDescriptor
@@ -516,6 +517,7 @@ def _setting(given: float | None, settings: dict[str, Any], key: str, default: f
 @runtime_option
 @trust_compute_option
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON, no bar.")
+@trace_option
 @debug_option
 def bench(
     model: str,
@@ -527,6 +529,7 @@ def bench(
     runtime: str,
     trust_compute: bool,
     as_json: bool,
+    trace: str | None,
 ) -> int:
     """Measure throughput and latency of MODEL on the DLA cores.
 
@@ -572,6 +575,7 @@ def bench(
                 duration=duration,
                 runtime=runtime,
                 progress=progress,
+                trace=trace,
             )
         )
     if as_json:
@@ -583,18 +587,10 @@ def bench(
         click.echo("aiodla: interrupted", err=True)
         return EXIT_INTERRUPTED
     if result["failed"]:
-        errors = ", ".join(f"{name} x{count}" for name, count in sorted(result["errors"].items()))
-        cause = f"; {result['fatal']}" if result["fatal"] else ""
-        click.echo(
-            one_line(
-                f"aiodla: error: {result['failed']} of {result['requests']} "
-                f"requests failed ({errors}){cause}"
-            ),
-            err=True,
-        )
+        click.echo(one_line(failure_message(result)), err=True)
         return EXIT_FAILURE
     return 0
 
 
-for _command in (serve_command, doctor_command, verify_command):  # serve imports its extra on use
-    cli.add_command(_command)
+for _command in (serve_command, doctor_command, verify_command, trace_plot):
+    cli.add_command(_command)  # (serve imports its extra on use)

@@ -42,6 +42,7 @@ from ._slots import (
 )
 from ._statistics import EngineHealth, LatencyWindow, WorkerStatistics
 from ._tensors import TensorSpec
+from ._trace import TraceRecorder
 from .runtime._protocol import Runtime
 
 __all__ = [
@@ -101,6 +102,8 @@ class Cores:
     ``open`` and ``release`` block (the engine runs them in a worker thread); the rest
     runs on the event loop's thread, except :attr:`probe`'s calls, made by the poller.
     """
+
+    trace: TraceRecorder | None = None  # engine.trace() installs one
 
     def __init__(self, options: EngineOptions, opened: Opened) -> None:
         self._options = options
@@ -250,6 +253,8 @@ class Cores:
         """Stage validated inputs for the slot: packed into its pinned buffers (host
         conversion), or their bytes copied (device conversion; device arrays stay)."""
         self.path.write_inputs(slot, arrays)
+        if self.trace is not None:
+            self.trace.packed(slot.request)
 
     def write_zeros(self, slot: Slot) -> None:
         """Zeros into every input: the input of a probe task."""
@@ -335,6 +340,8 @@ class Cores:
         slot.behind = 0.0
         core.expected_free = max(now, core.expected_free) + core.service_time
         slot.expected_done = core.expected_free
+        if self.trace is not None:
+            self.trace.submitted(request)
 
     def _enqueue_after(self, slot: Slot, device: bool) -> None:
         """The work after the task: outputs, then the event the poller waits for."""

@@ -182,6 +182,26 @@ class Cells(NamedTuple):
     ids: _Array  # (n,) int64 candidate index
 
 
+def above(values: _Array, bound: Any) -> _Array:
+    """``values > bound`` (bound a float32), exactly; float16 values compared as integers,
+    numpy's float16 comparison being several times slower: the bits of a float16, with
+    the magnitude bits flipped for negatives, order as the values do, and ``t > bound``
+    is ``t >= h`` for h the least float16 above bound. (A NaN may pass; every later
+    test drops it.)"""
+    if values.dtype != np.float16:
+        return np.asarray(values > bound)
+    with np.errstate(over="ignore"):
+        least = np.float16(bound)
+        if not float(least) > float(bound):
+            least = np.nextafter(least, np.float16(np.inf))
+    if not float(least) > float(bound):  # bound >= inf: nothing is above it
+        return np.zeros(values.shape, bool)
+    bits = values.view(np.int16)
+    key = bits ^ ((bits >> 15) & np.int16(0x7FFF))
+    edge = np.array([least], np.float16).view(np.int16)
+    return np.asarray(key >= (edge ^ ((edge >> 15) & np.int16(0x7FFF)))[0])
+
+
 def gather(layout: HeadLayout, head: _Array, conf: float) -> Cells | None:
     """Step 2 for one head's logical array ``(1, channels, H, W)`` (any float dtype):
     the cells a cheap necessary condition on one channel lets through (see
@@ -192,9 +212,8 @@ def gather(layout: HeadLayout, head: _Array, conf: float) -> Cells | None:
     per = values.shape[0] // anchors
     f_conf = F32(conf)
     if kind in ("yolov5", "yolox"):
-        objectness = values[4::per]  # (anchors, H*W); float16 compares exactly
         bound = F32(_prefilter(conf)) if kind == "yolov5" else f_conf
-        a_idx, cell = np.nonzero(objectness > bound)
+        a_idx, cell = np.nonzero(above(values[4::per], bound))  # (anchors, H*W)
     else:
         first = 4 * layout.reg_max if kind == "yolov8" else 4
         classes = values[first : first + layout.classes]

@@ -62,6 +62,7 @@ from ._statistics import (
     unopened_statistics,
 )
 from ._tensors import TensorSpec
+from ._trace import engine_trace
 from .runtime._protocol import Runtime
 
 if TYPE_CHECKING:
@@ -133,14 +134,12 @@ class Engine:
 
     @property
     def runtime(self) -> Runtime:
-        """The runtime in use, chosen when the engine opens (before that, an
-        :class:`EngineClosedError` says so)."""
+        """The runtime in use, chosen at open (before that, EngineClosedError says so)."""
         return self._cores.runtime
 
     @property
     def stated_service_time(self) -> float | None:
-        """Seconds per task the loadable states (an emulator loadable), known once the
-        engine is open; None for a DLA loadable, whose service time is learned."""
+        """Seconds a task as an emulator loadable states it (once open); None: learned."""
         return self._cores.stated_service_time
 
     @property
@@ -220,8 +219,7 @@ class Engine:
         await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
-        life = self._life
-        life.state = EngineState.CLOSING
+        self._life.state = EngineState.CLOSING
         flow = self._flow
         assert flow is not None  # (open: it was built when the engine opened)
         flow.cancel_probes()
@@ -241,7 +239,7 @@ class Engine:
                 hung,
             )
         await anyio.to_thread.run_sync(self._cores.release, () if self.dead else hung)
-        life.state = EngineState.CLOSED  # a late poller wake-up is ignored from here
+        self._life.state = EngineState.CLOSED  # a late poller wake-up is ignored from here
         # The engine's count of busy slots ends with it; a hung core keeps its memory,
         # not its requests.
         for slot in slots:
@@ -406,6 +404,9 @@ class Engine:
         )
 
     # -- observation ---------------------------------------------------------------------------
+
+    trace = engine_trace
+    """A timeline of the requests ending in an ``async with`` block: see ``TraceRecorder``."""
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of counts, per-core figures, latency percentiles and histograms."""

@@ -28,6 +28,7 @@ from ._postprocess import Postprocess, read_results
 from ._scheduler import Outcome, Request, RequestState, Scheduler
 from ._slots import CoreState, Slot
 from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
+from ._trace import TraceRecorder
 
 __all__ = ["Flow"]
 
@@ -67,6 +68,7 @@ class Flow:
         self.queue_wait = LatencyWindow(window)
         self.latency_histogram = HistogramRecorder()
         self.queue_wait_histogram = HistogramRecorder()
+        self.trace: TraceRecorder | None = None  # engine.trace() installs one
         # Set once every slot is idle again while the engine closes (``drain``).
         self._drained = asyncio.Event()
         self._draining = False
@@ -136,6 +138,8 @@ class Flow:
             self.release(slot)
             self.finish(request, timed_out=True)
             return
+        if self.trace is not None:
+            self.trace.assigned(request, slot, now)
         # From now on the slot holds the request's device arrays: released with it,
         # once no kernel of it can read them.
         slot.keep, request.sources = request.sources, ()
@@ -248,6 +252,8 @@ class Flow:
             if request is None or request.future.done():  # none, or ended meanwhile
                 self.release(slot)
                 continue
+            if self.trace is not None:
+                self.trace.completed(request, slot)
             if status:
                 self.release(slot)
                 message = f"the DLA task failed on core {core.core}: {status_name(status)}"

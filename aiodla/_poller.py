@@ -57,6 +57,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ._slots import CompletionProbe, Slot
+from ._trace import TraceRecorder
 
 __all__ = ["Poller"]
 
@@ -136,6 +137,7 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.sweeps = 0
         self.wakeups = 0
+        self.trace: TraceRecorder | None = None  # engine.trace() installs one
 
     def start(self) -> None:
         self._thread.start()
@@ -317,6 +319,8 @@ class Poller:
                 done.append((slot, status(slot.core.device)))
         if done:
             self._changes += 1
+        if self.trace is not None:
+            self.trace.sweep(now, done)
         return done
 
     def _await_consumed(self) -> None:

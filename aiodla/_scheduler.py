@@ -18,6 +18,7 @@ from typing import Any
 
 from ._slots import CoreState, Slot
 from ._statistics import FAILURE_REASONS
+from ._trace import TraceRecorder
 
 __all__ = ["Outcome", "Request", "RequestState", "Scheduler"]
 
@@ -101,6 +102,8 @@ class Scheduler:
       :meth:`release`; its ``in_rotation`` and ``consecutive_failures`` (the policy).
     """
 
+    trace: TraceRecorder | None = None  # engine.trace() installs one
+
     def __init__(self, cores: list[CoreState], max_consecutive_faults: int | None = None) -> None:
         self.cores = cores
         self._max_faults = max_consecutive_faults
@@ -169,6 +172,8 @@ class Scheduler:
         self.ended[outcome] += 1
         if reason is not None:
             self.failures[reason] += 1
+        if self.trace is not None:
+            self.trace.ended(request, outcome.value)
         return True
 
     def recount_as_cancelled(self, request: Request) -> None:

@@ -136,7 +136,10 @@ class LatestFrameStream:
     All methods must be called on the engine's event-loop thread; a capture thread
     hands frames over with ``loop.call_soon_threadsafe(stream.submit, frame)``. Close
     streams before their engine. A frame array is read when its inference starts, not
-    when it is submitted: do not reuse its buffer until it is answered or dropped.
+    when it is submitted: do not reuse its buffer until it is answered or dropped. Frames
+    in the engine's frame buffers (:meth:`Engine.frame_buffers`) skip the staging copy;
+    a ring of three buffers per stream (one in flight, one waiting, one being filled)
+    never overwrites a frame still to be read.
     """
 
     def __init__(

@@ -366,6 +366,34 @@ def serve_section(r: Results) -> str:
     )
 
 
+def trace_section(r: Results) -> str:
+    d = r("trace-emulated.json")
+    p = d["parameters"]
+    modes, ratios = d["modes"], d["ratios"]
+    labels = {"base": "no hooks (the tree before them)", "off": "hooks, no trace", "on": "tracing"}
+    rows = [
+        [labels[mode], spread(m["loop_us"], "{:.1f}"), spread(m["process_us"], "{:.1f}")]
+        for mode, m in modes.items()
+    ]
+    cost = [
+        [name, spread(ratio["loop_us"]), spread(ratio["process_us"])]
+        for name, ratio in ratios.items()
+    ]
+    return "\n\n".join(
+        [
+            f"`python benchmarks/bench_trace.py --base TREE --rounds {p['rounds']} --requests "
+            f"{p['requests']}` ({DEV}; zero service time, {p['concurrency']} requests in flight "
+            f"over 2 cores x 4 streams; `trace-emulated.json`): host CPU a request, medians of "
+            f"{p['rounds']} interleaved rounds [min..max], each mode in a fresh process.",
+            table(["", "event loop us", "process us"], rows),
+            "Ratios within each round, median [min..max]:",
+            table(["", "event loop", "process"], cost),
+            "At zero service time the host's cost is all there is; at a real DLA task's "
+            "millisecond the same microseconds are a smaller share.",
+        ]
+    )
+
+
 def small_section(r: Results) -> str:
     lay = r("layouts.json")["target"]["verdict"]
     soak = r("soak.json")
@@ -500,6 +528,8 @@ def build(directory: Path = RESULTS, *, draw: bool = True) -> Page:
         isolation_section(r),
         "## Serving over the network",
         serve_section(r),
+        "## Tracing",
+        trace_section(r),
         "## Smaller measurements",
         small_section(r),
         "## Run-by-run history",

@@ -63,6 +63,7 @@ GROUPS = {
         ("The engine", ["Engine", "BlockingEngine", "EngineOptions", "EngineState"]),
         ("Tensors and inputs", ["TensorSpec", "ImagePreprocess", "Geometry", "DeviceTensor"]),
         ("Camera streams", ["LatestFrameStream", "FrameResult", "StreamState", "StreamStatistics"]),
+        ("The timeline", ["TraceRecorder"]),
         (
             "Statistics and health",
             [

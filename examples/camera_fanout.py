@@ -3,6 +3,7 @@
     python examples/camera_fanout.py                        # emulated DLA, no GPU needed
     python examples/camera_fanout.py --model yolov5s.bin    # your loadable, on a Jetson
     python examples/camera_fanout.py --save frame.jpg       # draw one frame's boxes
+    python examples/camera_fanout.py --trace run.json       # and the engine's timeline
 
 Each simulated camera writes 1920x1080 BGR frames into frame buffers the engine owns
 (``engine.frame_buffers``: pinned memory, so ``infer`` skips the staging copy) and
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,17 +110,21 @@ async def run(
     duration: float,
     frame_size: tuple[int, int] = FRAME_SIZE,
     save: str | None = None,
+    trace: str | None = None,
 ) -> list[StreamStatistics]:
-    """Run the cameras for ``duration`` seconds; print and return each one's statistics."""
+    """Run the cameras for ``duration`` seconds; print and return each one's statistics.
+    With ``trace``, write the engine's timeline there (``aiodla trace-plot`` draws it)."""
     detector = Detect(head="yolov5", classes=80, conf=0.25, iou=0.45)
     async with Engine(model, preprocess={"images": LETTERBOX}, postprocess=detector) as engine:
         streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(cameras)]
         shape = (*frame_size, 3)
         rings = [engine.frame_buffers(BUFFERS_PER_CAMERA, shape) for _ in streams]
         shown: dict[int, tuple[np.ndarray[Any, Any], Detections]] = {}
-        boxes = await asyncio.gather(
-            *(camera(i, s, rings[i], fps, duration, shown) for i, s in enumerate(streams))
-        )
+        timeline = engine.trace(trace, name="yolov5s") if trace else contextlib.nullcontext()
+        async with timeline:
+            boxes = await asyncio.gather(
+                *(camera(i, s, rings[i], fps, duration, shown) for i, s in enumerate(streams))
+            )
         stats = [stream.statistics() for stream in streams]
         runtime = engine.runtime.name if engine.runtime else "?"
     print(f"{cameras} cameras x {fps:g} fps on the {runtime} runtime for {duration:g} s")
@@ -160,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> list[StreamStatistics]:
     parser.add_argument("--fps", type=float, default=10.0, help="frames per second per camera")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds")
     parser.add_argument("--save", metavar="FRAME.jpg", help="draw one frame's boxes into it")
+    parser.add_argument("--trace", metavar="RUN.json", help="write the engine's timeline")
     parser.add_argument(
         "--latency",
         type=float,
@@ -170,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> list[StreamStatistics]:
     )
     args = parser.parse_args(argv)
     model = args.model or demo_model(args.latency)
-    return asyncio.run(run(model, args.cameras, args.fps, args.duration, save=args.save))
+    run_it = run(model, args.cameras, args.fps, args.duration, save=args.save, trace=args.trace)
+    return asyncio.run(run_it)
 
 
 if __name__ == "__main__":

@@ -169,6 +169,19 @@ class TestArithmetic:
         assert sigmoid32(F([-np.inf, 0.0, np.inf])).tolist() == [sigmoid32(F([-86]))[0], 0.5, 1.0]
 
 
+def test_float16_comparison_as_integers() -> None:
+    """Every float16 value against bounds around, at and between float16 values."""
+    from aiodla._detect_math import above
+
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    values = values[~np.isnan(values)]
+    bounds = [0.0, -0.0, 1e-9, -1e-9, 0.25, -1.0986123, 65504.0, -65504.0, 7e4, -7e4,
+              float(np.float16(0.3)), np.inf, -np.inf, 5.96e-8, -5.96e-8]  # fmt: skip
+    for bound in bounds:
+        b = F(bound)
+        assert (above(values, b) == (values.astype(F) > b)).all(), bound
+
+
 def assert_same(plan: Any, heads: list[Any], result: Detections) -> None:
     expected = reference_run(plan, heads)
     assert len(result) == len(expected)

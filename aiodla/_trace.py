@@ -1,0 +1,446 @@
+"""A timeline of what an engine did, written as Chrome trace events.
+
+``engine.trace()`` installs a :class:`TraceRecorder` on the engine's flow and poller
+for the length of an ``async with`` block; :meth:`TraceRecorder.write` turns what it
+kept into the Trace Event Format JSON that Perfetto UI (ui.perfetto.dev) and
+``chrome://tracing`` open.
+
+What is recorded, per request: when it was queued (``infer``), given a slot, packed
+(host conversion or the device conversion's enqueue), submitted, seen done (by the
+poller's sweep, or the loop's own harvest), and returned to its caller; per poller
+sweep: when it ran, on which thread, and how many completions it found. Nothing about
+the device is queried for the trace: a DLA task is drawn from the host's view, from its
+submission (or the end of its core's previous task, if later) to the sweep that saw it
+done, which is an upper bound of the task's own time by the poller's lateness.
+
+Cost: while no trace is installed, each hook is one ``is None`` test in the engine;
+while one is, a request costs a few clock reads and one tuple in a ring. Memory is
+bounded: the last ``capacity`` requests and the last ``capacity`` sweeps are kept, older
+ones are dropped (and counted in the file's ``otherData``).
+
+Tracks of the file (one process per engine; tracks are its "threads"):
+
+==================  ===========================================================
+``event loop``      ``pack`` and ``submit`` slices, ``unpack`` until the result
+                    is handed back, ``returned`` instants
+``loop harvests``   sweeps made by the event loop between two batches
+``poller``          the poller thread's sweeps (``found``: completions)
+``core C``          the core's busy spans (its tasks back to back)
+``core C stream S`` each DLA task, with its request, model and outcome
+``off-loop steps``  packing or unpacking done in a worker thread
+==================  ===========================================================
+
+A request's queue wait is an async slice (``queued``, one per request) and its steps
+are joined by a flow (``s`` at submit, ``t`` at the DLA task, ``f`` at unpack).
+
+Threads: the hooks run on the event loop's thread, except :meth:`sweep`, which the
+poller thread calls too; a ``deque.append`` and a dict store are atomic under the GIL,
+and the loop reads a sweep's record only after the poller posted that batch to it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ._errors import ConfigurationError, EngineClosedError
+
+__all__ = ["TRACE_FORMAT", "TraceRecorder", "Tracing", "engine_trace"]
+
+TRACE_FORMAT = "aiodla-trace"
+DEFAULT_CAPACITY = 100_000
+PID = 1
+TID_LOOP = 1
+TID_HARVEST = 2
+TID_POLLER = 3
+TID_OFF_LOOP = 4
+
+
+def core_tid(core: int) -> int:
+    return 1000 + 100 * core
+
+
+def stream_tid(core: int, stream: int) -> int:
+    return core_tid(core) + 1 + stream
+
+
+class RequestRecord(NamedTuple):
+    """One request as recorded (``time.monotonic`` seconds; None: a step not taken)."""
+
+    number: int
+    queued: float
+    returned: float
+    outcome: str
+    assigned: float | None = None
+    packed: float | None = None
+    submitted: float | None = None
+    seen: float | None = None  # by a sweep; None when no sweep was traced (worker process)
+    handled: float | None = None  # the loop took its completion
+    core: int | None = None
+    stream: int | None = None
+    packed_off_loop: bool = False
+
+
+class TraceRecorder:
+    """What one engine did, kept in bounded rings; made by ``engine.trace()``::
+
+        async with engine.trace("run.json", name="detector", capacity=100_000):
+            ...  # every request that ends in the block is recorded
+
+    On leaving the block the trace is written to the path as Chrome trace-event JSON,
+    which Perfetto UI (ui.perfetto.dev) and ``chrome://tracing`` open, and which
+    ``aiodla trace-plot run.json out.png`` draws. Without a path nothing is written:
+    the block's value is this recorder, with :meth:`write` and :meth:`trace_events`.
+
+    ``name`` labels the engine (its model) in the file; ``capacity`` bounds memory: the
+    last ``capacity`` requests and the last ``capacity`` poller sweeps are kept, older
+    ones dropped (counted in the file's ``otherData``). One trace at a time per engine;
+    ``engine.trace()`` on an engine that is not open raises ``EngineClosedError``, a
+    second one while the first records ``ConfigurationError``.
+
+    The methods ``assigned`` to ``sweep`` are the engine's hooks, not for applications.
+    """
+
+    def __init__(
+        self,
+        name: str = "engine",
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigurationError(f"trace {capacity=} must be an int >= 1")
+        self.name = name
+        self.capacity = capacity
+        self._clock = clock
+        self.origin = clock()
+        # One plain tuple a request that ended, as RequestRecord's fields (a tuple is
+        # cheaper to make on the loop; the writer names its fields).
+        self.requests: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=capacity)
+        # One tuple a sweep: (started, ended, found, by the loop).
+        self.sweeps: collections.deque[tuple[float, float, int, bool]] = collections.deque(
+            maxlen=capacity
+        )
+        self.recorded = 0  # requests recorded in all; past capacity the oldest are gone
+        self.swept = 0
+        # Per request started on a slot and not ended yet: (core, stream, assigned,
+        # packed, submitted, seen, handled, packed off the loop). Every started request
+        # ends through ``ended``; the limit only keeps a bug from growing it unbounded.
+        self._open: dict[Any, list[Any]] = {}
+        self._open_limit = 4 * capacity + 1024
+        self._seen: dict[Any, float] = {}  # per slot: when a sweep last found it done
+        self._loop_thread = threading.get_ident()
+
+    # -- hooks: the engine's flow (loop thread) -----------------------------------------
+
+    def assigned(self, request: Any, slot: Any, at: float) -> None:
+        """``request`` got ``slot`` at ``at`` (the time its queue wait ended)."""
+        opened = self._open
+        opened[request] = [slot.core.core, slot.index, at, None, None, None, None, False]
+        if len(opened) > self._open_limit:  # a request that never ended (a bug): forget it
+            del opened[next(iter(opened))]
+
+    def packed(self, request: Any) -> None:
+        """The request's input is packed (on the loop, or in a worker thread)."""
+        entry = self._open.get(request)
+        if entry is not None:
+            entry[3] = self._clock()
+            entry[7] = threading.get_ident() != self._loop_thread
+
+    def submitted(self, request: Any) -> None:
+        """The request's work is enqueued on its slot's stream."""
+        entry = self._open.get(request)
+        if entry is not None:
+            entry[4] = self._clock()
+
+    def completed(self, request: Any, slot: Any) -> None:
+        """The loop takes the slot's completion (before unpacking it)."""
+        entry = self._open.get(request)
+        if entry is not None:
+            entry[5] = self._seen.get(slot)
+            entry[6] = self._clock()
+
+    def ended(self, request: Any, outcome: str) -> None:
+        """The request's outcome was decided and handed to its caller (or, cancelled,
+        dropped)."""
+        returned = self._clock()
+        number = self.recorded
+        self.recorded += 1
+        entry = self._open.pop(request, None)
+        if entry is None:  # never started on a slot: cancelled or timed out in line
+            self.requests.append((number, request.started, returned, outcome))
+            return
+        core, stream, assigned, packed, submitted, seen, handled, off_loop = entry
+        if seen is not None and (submitted is None or seen < submitted):  # an earlier task's
+            seen = None
+        self.requests.append(
+            (number, request.started, returned, outcome, assigned, packed, submitted, seen,
+             handled, core, stream, off_loop)
+        )  # fmt: skip
+
+    # -- hook: the poller (its thread, or the loop's harvest) ----------------------------
+
+    def sweep(self, started: float, done: Iterable[tuple[Any, int]]) -> None:
+        """A sweep that began at ``started`` found the slots in ``done`` finished."""
+        ended = self._clock()
+        found = 0
+        seen = self._seen
+        for slot, _status in done:
+            seen[slot] = ended
+            found += 1
+        self.swept += 1
+        self.sweeps.append((started, ended, found, threading.get_ident() == self._loop_thread))
+
+    # -- output ---------------------------------------------------------------------------
+
+    def trace_events(self) -> dict[str, Any]:
+        """The recording as a Trace Event Format document (a JSON-ready dict)."""
+        return _Writer(self).document()
+
+    def write(self, path: str | Path) -> Path:
+        """Write the trace to ``path`` (JSON); returns the path."""
+        path = Path(path)
+        path.write_text(json.dumps(self.trace_events(), separators=(",", ":")), encoding="utf-8")
+        return path
+
+
+class _Writer:
+    """Turns a recorder's rings into trace events, with well-formed tracks."""
+
+    def __init__(self, recorder: TraceRecorder) -> None:
+        self.recorder = recorder
+        self.events: list[dict[str, Any]] = []
+        self.tracks: dict[int, str] = {}
+        # Per request: its loop slices by step, and where its DLA task starts.
+        self.steps: dict[int, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+        self.tasks: dict[int, tuple[int, float]] = {}
+
+    def us(self, t: float) -> float:
+        return round((t - self.recorder.origin) * 1e6, 3)
+
+    def slice(self, tid: int, name: str, start: float, end: float, **args: Any) -> dict[str, Any]:
+        event = {
+            "name": name,
+            "cat": "aiodla",
+            "ph": "X",
+            "pid": PID,
+            "tid": tid,
+            "ts": self.us(start),
+            # From the rounded ends, so that back-to-back slices stay back to back.
+            "dur": max(0.0, round(self.us(end) - self.us(start), 3)),
+            "args": args,
+        }
+        self.events.append(event)
+        return event
+
+    def async_slice(
+        self, cat: str, name: str, number: int, start: float, end: float, **args: Any
+    ) -> None:
+        for phase, at in (("b", start), ("e", end)):
+            self.events.append(
+                {
+                    "name": name,
+                    "cat": cat,
+                    "ph": phase,
+                    "id": number,
+                    "pid": PID,
+                    "tid": TID_OFF_LOOP,
+                    "ts": self.us(at),
+                    "args": args if phase == "b" else {},
+                }
+            )
+
+    def flow(self, phase: str, number: int, tid: int, at: float) -> None:
+        event = {"name": "request", "cat": "request", "ph": phase, "id": number, "pid": PID,
+                 "tid": tid, "ts": at}  # fmt: skip
+        if phase == "f":
+            event["bp"] = "e"  # bind to the slice that encloses it
+        self.events.append(event)
+
+    def document(self) -> dict[str, Any]:
+        rec = self.recorder
+        requests = [RequestRecord(*r) for r in rec.requests]
+        self.tracks = {TID_LOOP: "event loop", TID_HARVEST: "loop harvests", TID_POLLER: "poller"}
+        self._requests(requests)
+        self._tasks(requests)
+        for started, ended, found, by_loop in rec.sweeps:
+            self.slice(TID_HARVEST if by_loop else TID_POLLER, "sweep", started, ended, found=found)
+        self._untangle()
+        self._flows()
+        # Every track in time order: each one's timestamps never go back.
+        body = sorted(self.events, key=lambda e: e["ts"])
+        name = {"name": "process_name", "ph": "M", "pid": PID, "tid": 0,
+                "args": {"name": f"aiodla: {rec.name}"}}  # fmt: skip
+        meta = [name]
+        for tid, label in sorted(self.tracks.items()):
+            for key, value in (
+                ("thread_name", {"name": label}),
+                ("thread_sort_index", {"sort_index": tid}),
+            ):
+                meta.append({"name": key, "ph": "M", "pid": PID, "tid": tid, "args": value})
+        return {
+            "traceEvents": meta + body,
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "format": TRACE_FORMAT,
+                "version": 1,
+                "engine": rec.name,
+                "clock": "time.monotonic, microseconds from the recorder's start",
+                "capacity": rec.capacity,
+                "requests_recorded": rec.recorded,
+                "requests_dropped": rec.recorded - len(rec.requests),
+                "sweeps_dropped": rec.swept - len(rec.sweeps),
+            },
+        }
+
+    def _requests(self, requests: list[RequestRecord]) -> None:
+        model = self.recorder.name
+        for r in requests:
+            args = {"request": r.number, "model": model, "outcome": r.outcome}
+            wait_end = r.assigned if r.assigned is not None else r.returned
+            for phase, at in (("b", r.queued), ("e", wait_end)):
+                self.events.append(
+                    {"name": "queued", "cat": "queue", "ph": phase, "id": r.number, "pid": PID,
+                     "tid": TID_LOOP, "ts": self.us(at), "args": args if phase == "b" else {}}
+                )  # fmt: skip
+            if r.assigned is None:  # ended while queued: cancelled or timed out
+                continue
+            steps = self.steps[r.number]
+            if r.packed is not None:
+                if r.packed_off_loop:
+                    self.async_slice("off-loop", "pack", r.number, r.assigned, r.packed, **args)
+                else:
+                    steps["pack"] = self.slice(TID_LOOP, "pack", r.assigned, r.packed, **args)
+            if r.submitted is not None:
+                start = r.packed if r.packed is not None else r.assigned
+                steps["submit"] = self.slice(TID_LOOP, "submit", start, r.submitted, **args)
+            if r.handled is not None:
+                steps["unpack"] = self.slice(TID_LOOP, "unpack", r.handled, r.returned, **args)
+            self.events.append(
+                {"name": "returned", "cat": "aiodla", "ph": "i", "s": "t", "pid": PID,
+                 "tid": TID_LOOP, "ts": self.us(r.returned), "args": args}
+            )  # fmt: skip
+
+    def _tasks(self, requests: list[RequestRecord]) -> None:
+        """DLA tasks on their core's and stream's tracks, and each core's busy spans."""
+        # (end, submitted, stream, request, outcome) of each task, by core.
+        by_core: dict[int, list[tuple[float, float, int, int, str]]] = collections.defaultdict(list)
+        for r in requests:
+            if r.submitted is None or r.handled is None or r.core is None or r.stream is None:
+                continue
+            end = r.seen if r.seen is not None else r.handled
+            by_core[r.core].append((end, r.submitted, r.stream, r.number, r.outcome))
+        model = self.recorder.name
+        for core, tasks in sorted(by_core.items()):
+            self.tracks[core_tid(core)] = f"core {core}"
+            # A core runs its tasks in order: each starts when it was submitted or when
+            # the one before it was seen done, whichever is later.
+            tasks.sort()
+            previous = float("-inf")
+            busy: list[list[float]] = []
+            for end, submitted, stream, number, outcome in tasks:
+                start = min(max(submitted, previous), end)
+                previous = end
+                tid = stream_tid(core, stream)
+                self.tracks[tid] = f"core {core} stream {stream}"
+                task = self.slice(
+                    tid, "DLA task", start, end, request=number, model=model, outcome=outcome
+                )
+                self.tasks[number] = (tid, task["ts"])
+                if busy and start <= busy[-1][1]:
+                    busy[-1][1] = end
+                else:
+                    busy.append([start, end])
+            for start, end in busy:
+                self.slice(core_tid(core), "busy", start, end)
+
+    def _untangle(self) -> None:
+        """Turn the loop's slices that overlap an earlier one (a step its coroutine did
+        in a worker thread while the loop went on) into async slices, so that the
+        loop's track nests properly."""
+        slices = sorted(
+            (e for e in self.events if e["ph"] == "X" and e["tid"] == TID_LOOP),
+            key=lambda e: e["ts"],
+        )
+        end = float("-inf")
+        for event in slices:
+            if event["ts"] < end - 0.01:  # (well past rounding's 0.001 us)
+                finish = round(event["ts"] + event.pop("dur"), 3)
+                event.update(ph="b", cat="off-loop", id=event["args"]["request"], tid=TID_OFF_LOOP)
+                self.events.append({**event, "ph": "e", "ts": finish, "args": {}})
+            else:
+                end = event["ts"] + event["dur"]
+        if any(e["tid"] == TID_OFF_LOOP for e in self.events):
+            self.tracks[TID_OFF_LOOP] = "off-loop steps"
+
+    def _flows(self) -> None:
+        """A flow per request from its submit slice through its DLA task to its unpack
+        (or ending at the DLA task when the unpack ran off the loop)."""
+        for number, (tid, start) in self.tasks.items():
+            steps = self.steps[number]
+            submit, unpack = steps.get("submit"), steps.get("unpack")
+            if submit is None or submit["ph"] != "X":
+                continue
+            self.flow("s", number, TID_LOOP, submit["ts"])
+            if unpack is not None and unpack["ph"] == "X":
+                self.flow("t", number, tid, start)
+                self.flow("f", number, TID_LOOP, unpack["ts"])
+            else:
+                self.flow("f", number, tid, start)
+
+
+class Tracing:
+    """``async with engine.trace(path) as recorder:``: record while in the block."""
+
+    def __init__(self, engine: Any, path: str | Path | None, recorder: TraceRecorder) -> None:
+        self._engine = engine
+        self._path = path
+        self.recorder = recorder
+
+    async def __aenter__(self) -> TraceRecorder:
+        flow = self._engine._flow
+        if flow.trace is not None:
+            raise ConfigurationError("the engine is already being traced (one trace at a time)")
+        # The flow, the scheduler, the device layer and the poller each record their
+        # part (a device layer in a worker process, and its poller, have no hook).
+        for part in (flow, flow.scheduler, flow.device, flow.poller):
+            if hasattr(part, "trace"):
+                part.trace = self.recorder
+        return self.recorder
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        flow = self._engine._flow
+        for part in (flow, flow.scheduler, flow.device, flow.poller):
+            if getattr(part, "trace", None) is self.recorder:
+                part.trace = None
+        if self._path is not None:
+            self.recorder.write(self._path)
+
+
+def engine_trace(
+    self: Any,
+    path: str | Path | None = None,
+    *,
+    name: str | None = None,
+    capacity: int = DEFAULT_CAPACITY,
+) -> Tracing:
+    """Record a timeline of this engine while in an ``async with`` block.
+
+    ``async with engine.trace("run.json"):`` records every request that ends in the
+    block (queued, given a slot, packed, submitted, its DLA task on its core and
+    stream, seen done, unpacked, returned) and the poller's sweeps, and writes them on
+    leaving the block as Chrome trace-event JSON, which Perfetto UI and
+    ``chrome://tracing`` open; ``aiodla trace-plot run.json out.png`` draws it. Without
+    ``path`` nothing is written: the block's value, a :class:`TraceRecorder`, has
+    ``write(path)`` and ``trace_events()``. ``capacity`` bounds memory: the last
+    ``capacity`` requests and sweeps are kept. ``name`` labels the engine (default:
+    ``"engine"``). The engine must be open; one trace at a time.
+    """
+    if self.state.value != "open":
+        raise EngineClosedError(f"trace() needs an open engine; it is {self.state.value}")
+    return Tracing(self, path, TraceRecorder(name or "engine", capacity=capacity))

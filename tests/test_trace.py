@@ -1,0 +1,241 @@
+"""engine.trace(): the timeline's events, their format, and what they must agree with
+(the runtime's own task counts, statistics()), its bounded memory and its errors."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodla import (
+    ConfigurationError,
+    EmulatedRuntime,
+    Engine,
+    EngineClosedError,
+    RequestTimeoutError,
+)
+from aiodla._trace import TraceRecorder, core_tid, stream_tid
+from aiodla.testing import EngineFactory
+
+from support import X, affine_model, wait_until
+from trace_format import check_trace_format
+
+ONES = np.ones(X.shape, np.float32)
+
+
+def slices(document: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [e for e in document["traceEvents"] if e["ph"] == "X" and e["name"] == name]
+
+
+def track_names(document: dict[str, Any]) -> dict[int, str]:
+    return {
+        e["tid"]: e["args"]["name"]
+        for e in document["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+
+
+class TestTimeline:
+    @pytest.mark.asyncio
+    async def test_one_dla_slice_per_request_on_its_core(
+        self, engine: Engine, runtime: EmulatedRuntime, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "run.json"
+        async with engine.trace(path, name="affine"):
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(60)))
+        document = json.loads(path.read_text())
+        check_trace_format(document)
+        tasks = slices(document, "DLA task")
+        assert sorted(t["args"]["request"] for t in tasks) == list(range(60))
+        assert {t["args"]["model"] for t in tasks} == {"affine"}
+        names = track_names(document)
+        for core in (0, 1):
+            on_core = [t for t in tasks if names[t["tid"]].startswith(f"core {core} stream ")]
+            # The runtime's own count of the tasks each core ran.
+            assert len(on_core) == runtime.core_tasks(core) > 0
+            assert {t["tid"] for t in on_core} <= {stream_tid(core, s) for s in (0, 1)}
+            assert slices(document, "busy")  # and the core's busy spans
+            busy = [b for b in slices(document, "busy") if b["tid"] == core_tid(core)]
+            assert busy and sum(b["dur"] for b in busy) >= sum(t["dur"] for t in on_core) - 1
+
+    @pytest.mark.asyncio
+    async def test_a_single_core_engine_puts_every_task_on_that_core(
+        self, aiodla_engine: EngineFactory
+    ) -> None:
+        engine = await aiodla_engine(affine_model(), cores=[1])
+        async with engine.trace() as recorder:
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(10)))
+        document = recorder.trace_events()
+        check_trace_format(document)
+        tasks = slices(document, "DLA task")
+        assert len(tasks) == 10
+        assert {t["tid"] for t in tasks} <= {stream_tid(1, 0), stream_tid(1, 1)}
+
+    @pytest.mark.asyncio
+    async def test_queue_waits_match_statistics(self, aiodla_engine: EngineFactory) -> None:
+        engine = await aiodla_engine(affine_model(0.002))
+        async with engine.trace() as recorder:
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(40)))
+        document = recorder.trace_events()
+        begins = {e["id"]: e["ts"] for e in document["traceEvents"] if e["ph"] == "b"}
+        ends = {e["id"]: e["ts"] for e in document["traceEvents"] if e["ph"] == "e"}
+        waits = sorted((ends[i] - begins[i]) * 1e-6 for i in begins)
+        stats = engine.statistics().queue_wait
+        resolution = 1e-6  # microsecond timestamps; both come from time.monotonic
+        assert stats.count == len(waits) == 40
+        assert max(waits) == pytest.approx(stats.max, abs=resolution)
+        assert float(np.mean(waits)) == pytest.approx(stats.mean, abs=resolution)
+        assert float(np.percentile(waits, 50)) == pytest.approx(stats.p50, abs=resolution)
+        assert max(waits) > 0.002  # most of them waited for a slot: a real comparison
+
+    @pytest.mark.asyncio
+    async def test_every_step_of_a_request_in_order(self, engine: Engine) -> None:
+        async with engine.trace() as recorder:
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(8)))
+        (record, *_) = [r for r in map(_record, recorder.requests) if r.number == 0]
+        steps = [
+            record.queued,
+            record.assigned,
+            record.packed,
+            record.submitted,
+            record.seen,
+            record.handled,
+            record.returned,
+        ]
+        assert None not in steps and steps == sorted(steps)
+        assert record.outcome == "completed"
+        sweeps = list(recorder.sweeps)
+        assert sweeps and sum(found for _, _, found, _ in sweeps) >= 8
+        document = recorder.trace_events()
+        flows = collections.Counter(
+            e["ph"] for e in document["traceEvents"] if e.get("cat") == "request"
+        )
+        assert flows == {"s": 8, "t": 8, "f": 8}
+
+    @pytest.mark.asyncio
+    async def test_requests_that_never_ran_show_their_wait(
+        self, engine: Engine, runtime: EmulatedRuntime
+    ) -> None:
+        gates = [runtime.hold(0), runtime.hold(1)]
+        async with engine.trace() as recorder:
+            running = [asyncio.create_task(engine.infer(ONES)) for _ in range(4)]
+            await wait_until(lambda: engine.statistics().in_flight == 4)
+            waiting = asyncio.create_task(engine.infer(ONES))
+            await wait_until(lambda: engine.statistics().queued == 1)
+            with pytest.raises(RequestTimeoutError):
+                await engine.infer(ONES, timeout=0.05)  # times out in line
+            waiting.cancel()
+            for gate in gates:
+                gate.release()
+            await asyncio.gather(*running)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        outcomes = collections.Counter(_record(r).outcome for r in recorder.requests)
+        assert outcomes == {"completed": 4, "cancelled": 1, "timed_out": 1}
+        never = [_record(r) for r in recorder.requests if _record(r).assigned is None]
+        assert len(never) == 2
+        document = recorder.trace_events()
+        check_trace_format(document)
+        assert len(slices(document, "DLA task")) == 4
+
+    @pytest.mark.asyncio
+    async def test_steps_in_worker_threads_stay_off_the_loop_track(
+        self, aiodla_engine: EngineFactory
+    ) -> None:
+        # Every input and output larger than offload_bytes: packed and unpacked in
+        # worker threads while the loop goes on.
+        engine = await aiodla_engine(affine_model(), offload_bytes=1)
+        async with engine.trace() as recorder:
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(12)))
+        document = recorder.trace_events()
+        check_trace_format(document)
+        off_loop = [e for e in document["traceEvents"] if e.get("cat") == "off-loop"]
+        assert {e["name"] for e in off_loop} >= {"pack"}
+        assert sum(e["ph"] == "b" and e["name"] == "pack" for e in off_loop) == 12
+        assert track_names(document)[off_loop[0]["tid"]] == "off-loop steps"
+        assert len(slices(document, "DLA task")) == 12
+
+    @pytest.mark.asyncio
+    async def test_off_after_the_block(self, engine: Engine) -> None:
+        async with engine.trace() as recorder:
+            await engine.infer(ONES)
+        flow = engine._flow  # type: ignore[attr-defined]
+        assert flow.trace is None and flow.poller.trace is None
+        await engine.infer(ONES)
+        assert recorder.recorded == 1
+
+
+class TestBounds:
+    @pytest.mark.asyncio
+    async def test_memory_is_a_ring_of_capacity(self, engine: Engine) -> None:
+        async with engine.trace(capacity=10) as recorder:
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(50)))
+        assert len(recorder.requests) == 10 and recorder.recorded == 50
+        assert len(recorder.sweeps) <= 10
+        assert len(recorder._open) == 0  # nothing kept for ended requests
+        document = recorder.trace_events()
+        check_trace_format(document)
+        assert document["otherData"]["requests_dropped"] == 40
+        assert len(slices(document, "DLA task")) == 10
+        # The newest are kept.
+        kept = sorted(e["args"]["request"] for e in slices(document, "DLA task"))
+        assert kept == list(range(40, 50))
+
+    def test_a_recorder_holds_capacity_records_whatever_it_is_fed(self) -> None:
+        recorder = TraceRecorder(capacity=3)
+
+        class Req:
+            started = 0.0
+
+        for _ in range(100):
+            recorder.ended(Req(), "cancelled")
+            recorder.sweep(0.0, [])
+        assert len(recorder.requests) == 3 and len(recorder.sweeps) == 3
+        assert recorder.trace_events()["otherData"]["sweeps_dropped"] == 97
+
+
+class TestErrors:
+    @pytest.mark.parametrize("capacity", [0, -1, 1.5, True])
+    def test_a_bad_capacity_is_refused(self, capacity: Any) -> None:
+        with pytest.raises(ConfigurationError, match="capacity"):
+            TraceRecorder(capacity=capacity)
+
+    @pytest.mark.asyncio
+    async def test_one_trace_at_a_time(self, engine: Engine) -> None:
+        async with engine.trace():
+            with pytest.raises(ConfigurationError, match="already being traced"):
+                async with engine.trace():
+                    pass
+            await engine.infer(ONES)  # the first one still records
+
+    @pytest.mark.asyncio
+    async def test_a_closed_engine_cannot_be_traced(self, engine: Engine) -> None:
+        await engine.aclose()
+        with pytest.raises(EngineClosedError, match="open engine"):
+            engine.trace()
+
+    @pytest.mark.asyncio
+    async def test_the_file_is_written_when_the_block_fails(
+        self, engine: Engine, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "failed.json"
+
+        async def fail_in_the_block() -> None:
+            async with engine.trace(path):
+                await engine.infer(ONES)
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            await fail_in_the_block()
+        check_trace_format(json.loads(path.read_text()))
+
+
+def _record(raw: tuple[Any, ...]) -> Any:
+    from aiodla._trace import RequestRecord
+
+    return RequestRecord(*raw)
