@@ -499,6 +499,43 @@ def history_section(r: Results) -> str:
     )
 
 
+def instructions_section(r: Results) -> str:
+    rows = []
+    for name in r.names("instructions-*.json"):
+        d = r(name)
+        rows.append(
+            [
+                f"`{name}`",
+                f"{d['loop_instructions_per_request']:,.0f}",
+                f"{d['other_threads_instructions_per_request']:,.0f}",
+            ]
+        )
+    return "\n\n".join(
+        [
+            "CPU times on the shared 2-CPU machine move by tens of percent with its load, so "
+            "trees are compared by instructions counted with callgrind (`python "
+            "benchmarks/count_instructions.py --requests 100 --delta 500 --tree PATH`: the "
+            "emulated runtime, zero-latency cores, 64 requests in flight):",
+            table(["result (the tree's commit)", "event loop a request", "other threads"], rows),
+        ]
+    )
+
+
+def every_result(r: Results) -> str:
+    """Each file under benchmarks/results, so nothing recorded is out of sight."""
+    rows = []
+    for name in r.names("*.json"):
+        d = r(name)
+        keys = ", ".join(f"`{k}`" for k in list(d)[:4]) if isinstance(d, dict) else ""
+        rows.append([f"`{name}`", keys])
+    return "\n\n".join(
+        [
+            "Every result file this page was built from (the first keys of each):",
+            table(["file", "holds"], rows),
+        ]
+    )
+
+
 def build(directory: Path = RESULTS, *, draw: bool = True) -> Page:
     """The page from the results in ``directory``; ``draw=False`` leaves the figures out
     (matplotlib takes most of the time)."""
@@ -532,8 +569,12 @@ def build(directory: Path = RESULTS, *, draw: bool = True) -> Page:
         trace_section(r),
         "## Smaller measurements",
         small_section(r),
+        "## Instructions per request",
+        instructions_section(r),
         "## Run-by-run history",
         history_section(r),
+        "## Every result",
+        every_result(r),
     ]
     return Page("\n\n".join(sections) + "\n", figures or {})
 

@@ -246,9 +246,9 @@ class TestInspect:
             )
             assert "this is a DLA loadable" not in result.stderr
 
-    def test_the_readme_quotes_the_message(self) -> None:
-        readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-        quoted = " ".join(readme.split())
+    def test_the_runtimes_guide_quotes_the_message(self) -> None:
+        guide = Path(__file__).parents[1] / "docs" / "guides" / "runtimes.md"
+        quoted = " ".join(guide.read_text(encoding="utf-8").split())
         assert _select.not_an_emulator_loadable("the model", NO_CUDLA) in quoted
 
     def test_a_model_spec_is_shown_like_a_loadable(self, model: Path, tmp_path: Path) -> None:

@@ -476,13 +476,13 @@ class TestClose:
 
 
 class TestReadmeExample:
-    """README's camera fan-out example, run as written on the emulated DLA, with a
+    """The camera guide's fan-out example, run as written on the emulated DLA, with a
     capture task that offers three frames of which the DLA fails the second."""
 
     @staticmethod
     def example() -> str:
-        readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
-        section = readme.split("## Camera fan-out", 1)[1]
+        guide = EXAMPLES.parent / "docs" / "guides" / "camera.md"
+        section = guide.read_text(encoding="utf-8").split("## Camera fan-out", 1)[1]
         code = section.split("```python\n", 1)[1].split("```", 1)[0]
         body = [line for line in code.splitlines() if not line.startswith("from aiodla")]
         return "async def example():\n" + textwrap.indent("\n".join(body), "    ")
