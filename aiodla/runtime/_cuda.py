@@ -251,8 +251,14 @@ class CudaRuntime:
         )
         if self.hold_gil and not any(self._held):
             # The driver's only over the real bindings (a test fake's handles are not its).
-            self._held = self._graphs.held = _gil_held.entry_points(driver=_rt is _bindings_runtime)
+            self.use_entry_points(_gil_held.entry_points(driver=_rt is _bindings_runtime))
         return handle
+
+    def use_entry_points(self, held: _gil_held.EntryPoints) -> None:
+        """Make the hot path's calls through ``held`` (the runtime's and its graphs')."""
+        # The graphs keep their own reference: a launch reads it without a hop through
+        # the runtime, so both must change together.
+        self._held = self._graphs.held = held
 
     def destroy_device(self, device: int) -> None:
         _cudla_call("cudlaDestroyDevice", cudla.destroy_device, device)

@@ -131,7 +131,7 @@ class TestLaunch:
     def test_a_held_launch_counts_once_and_skips_the_bindings(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
         entry = _Entry(0)
-        runtime._held = EntryPoints(graph_launch=entry)
+        runtime.use_entry_points(EntryPoints(graph_launch=entry))
         runtime.launch_graph(self._graph(), 7)
         assert entry.calls == [(77, 7)]
         assert bindings.calls == []
@@ -140,14 +140,14 @@ class TestLaunch:
     def test_a_failed_launch_is_made_once_through_the_bindings(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
         # e.g. out of memory for the launch, then not
-        runtime._held = EntryPoints(graph_launch=_Entry(2))
+        runtime.use_entry_points(EntryPoints(graph_launch=_Entry(2)))
         runtime.launch_graph(self._graph(), 7)
         assert bindings.calls == ["launch executable 7"]
         assert runtime.counts.copies_to_device == 1
 
     def test_a_launch_failing_both_ways_names_the_runtime_error(self, bindings: _Bindings) -> None:
         runtime = CudaRuntime()
-        runtime._held = EntryPoints(graph_launch=_Entry(_LAUNCH_FAILURE))
+        runtime.use_entry_points(EntryPoints(graph_launch=_Entry(_LAUNCH_FAILURE)))
         bindings.launch_error = rt.cudaError_t.cudaErrorLaunchFailure
         with pytest.raises(CudaCallError, match="cudaGraphLaunch") as caught:
             runtime.launch_graph(self._graph(), 7)
