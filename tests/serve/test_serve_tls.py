@@ -133,6 +133,9 @@ async def test_grpc_with_tls_serves_tritonclient(
     assert result.as_numpy("y").tobytes() == expected_affine(X).tobytes()
 
 
+# CPython 3.10's asyncio leaves the transport of a refused TLS handshake unclosed (its
+# SSL protocol was rewritten in 3.11); the refusal itself is what this test holds.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.asyncio
 async def test_client_certificates_required(
     engines: dict[str, Engine], certs: dict[str, tuple[Path, Path]]
