@@ -62,7 +62,7 @@ from ._statistics import (
     unopened_statistics,
 )
 from ._tensors import TensorSpec
-from ._trace import engine_trace
+from ._trace import TraceFile, engine_trace
 from .runtime._protocol import Runtime
 
 if TYPE_CHECKING:
@@ -111,6 +111,7 @@ class Engine:
         self._closed = asyncio.Event()
         self._open_done = asyncio.Event()
         self._closing: asyncio.Future[None] | None = None
+        self._trace: TraceFile | None = None  # Engine(trace=path): from open to close
 
     # -- public facts ---------------------------------------------------------------------
 
@@ -176,6 +177,7 @@ class Engine:
         opening = open_remote if options.isolation == "process" else open_cores
         opened: list[DeviceLayer] = []
         try:  # (an opening leaves nothing open when it raises)
+            trace = TraceFile.of(options, self._model)  # (a bad path fails here, first)
             cores = await opening(self._model, self._runtime_choice, options)
             opened.append(cores)
             postprocess = open_postprocess(options, cores.inputs, cores.outputs)
@@ -189,6 +191,7 @@ class Engine:
         self._input_names = frozenset(s.name for s in cores.inputs)
         life.state = EngineState.OPEN
         self._flow = Flow(options, cores, life, asyncio.get_running_loop(), self._die, postprocess)
+        self._trace = trace and trace.start(self._flow)
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
 
@@ -245,7 +248,7 @@ class Engine:
         for slot in slots:
             if slot not in slot.core.idle:
                 flow.scheduler.release(slot)
-        self._closed.set()
+        await _closed_with(self._trace, flow, self._closed)
         logger.debug("aiodla: closed %r", self)
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
@@ -443,25 +446,7 @@ class Engine:
     def health(self) -> EngineHealth:
         """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker
         process is replaced; ``dead`` once the device broke it; ``closed`` when not serving."""
-        cause, state = self._life.dead_cause, self._life.state
-        if cause is not None:
-            return EngineHealth("dead", f"the device broke the engine: {cause}")
-        if state is not EngineState.OPEN:
-            return EngineHealth("closed", f"the engine is {state.value}")
-        restarting = self._cores.health()
-        if restarting is not None:
-            return restarting
-        cores = self._cores.cores
-        out = tuple(core.core for core in cores if not core.in_rotation)
-        if out:
-            serving = [core.core for core in cores if core.in_rotation]
-            return EngineHealth(
-                "degraded",
-                f"core(s) {list(out)} out of rotation after repeated task faults; "
-                f"core(s) {serving} serve every request",
-                out,
-            )
-        return EngineHealth("ok", f"serving on core(s) {[core.core for core in cores]}")
+        return self._life.health(self._cores)
 
     def __repr__(self) -> str:
         state = "dead" if self.dead else self._life.state.value
@@ -558,6 +543,16 @@ def _core_statistics(core: CoreState, now: float) -> CoreStatistics:
         dla_time=None if core.dla_times is None else core.dla_times.summary(),
         dla_histogram=None if core.dla_histogram is None else core.dla_histogram.snapshot(),
     )
+
+
+async def _closed_with(trace: TraceFile | None, flow: Flow, closed: asyncio.Event) -> None:
+    """Write the engine's own trace, if it keeps one (every request has ended: the
+    trace is whole), then mark the engine closed, whatever the write did."""
+    try:
+        if trace is not None:
+            await trace.finish(flow)
+    finally:
+        closed.set()
 
 
 async def _release(layers: list[DeviceLayer]) -> None:

@@ -1,4 +1,4 @@
-"""The engine's life: its states, and the one record of them.
+"""The engine's life: its states, the one record of them, and the health they give.
 
 :class:`~aiodla.Engine` alone writes a :class:`Life`; the flow reads it to know whether
 work may start and why it may not.
@@ -7,8 +7,13 @@ work may start and why it may not.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from ._errors import AiodlaError, EngineClosedError, EngineDeadError
+from ._statistics import EngineHealth
+
+if TYPE_CHECKING:
+    from ._device import DeviceLayer
 
 __all__ = ["EngineState", "Life"]
 
@@ -39,3 +44,24 @@ class Life:
             error.__cause__ = self.dead_cause
             return error
         return EngineClosedError("the engine was closed")
+
+    def health(self, device: DeviceLayer) -> EngineHealth:
+        """The engine's health (``Engine.health``) from its life and its device layer."""
+        if self.dead_cause is not None:
+            return EngineHealth("dead", f"the device broke the engine: {self.dead_cause}")
+        if self.state is not EngineState.OPEN:
+            return EngineHealth("closed", f"the engine is {self.state.value}")
+        restarting = device.health()
+        if restarting is not None:
+            return restarting
+        cores = device.cores
+        out = tuple(core.core for core in cores if not core.in_rotation)
+        if out:
+            serving = [core.core for core in cores if core.in_rotation]
+            return EngineHealth(
+                "degraded",
+                f"core(s) {list(out)} out of rotation after repeated task faults; "
+                f"core(s) {serving} serve every request",
+                out,
+            )
+        return EngineHealth("ok", f"serving on core(s) {[core.core for core in cores]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
@@ -18,6 +19,7 @@ from ._errors import ConfigurationError
 __all__ = ["EngineKeywords", "EngineOptions", "ProcessIsolation", "check_timeout"]
 
 DEFAULT_OFFLOAD_BYTES = 256 * 1024
+DEFAULT_TRACE_CAPACITY = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,8 @@ class EngineKeywords(TypedDict, total=False):
     isolation: Literal["thread", "process"] | ProcessIsolation
     graphs: bool
     trust_compute: bool
+    trace: str | os.PathLike[str] | None
+    trace_capacity: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +125,11 @@ class EngineOptions:
     enqueues each call every time. ``trust_compute``: let the emulated runtime the
     engine makes import and run the compute function an emulator loadable names
     (``module:function``); a model file is data, so without it such a model is refused.
+    ``trace``: a path: the engine records its timeline from open to close (as
+    ``engine.trace()`` does for a block) and writes it there as Chrome trace-event JSON
+    when it closes; the path is written at open (a valid, empty trace), so one that
+    cannot be written fails the open. ``trace_capacity``: how many requests and poller
+    sweeps that trace keeps (the newest; memory stays bounded however long it runs).
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -145,6 +154,8 @@ class EngineOptions:
     restart_window: float = 60.0
     heartbeat_timeout: float = 5.0
     graphs: bool = True
+    trace: str | os.PathLike[str] | None = None
+    trace_capacity: int = DEFAULT_TRACE_CAPACITY
 
     @property
     def process_isolation(self) -> ProcessIsolation | None:
@@ -215,6 +226,11 @@ class EngineOptions:
             raise ConfigurationError(f"graphs={self.graphs!r} must be True or False")
         if not isinstance(self.trust_compute, bool):
             raise ConfigurationError(f"trust_compute={self.trust_compute!r} must be a bool")
+        if self.trace is not None and (
+            not isinstance(self.trace, (str, os.PathLike)) or not os.fspath(self.trace)
+        ):
+            raise ConfigurationError(f"trace={self.trace!r} must be a file path, or None")
+        _whole(self.trace_capacity, "trace_capacity", 1, None)
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
         if self.isolation not in ("thread", "process"):

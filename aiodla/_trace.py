@@ -1,8 +1,9 @@
 """A timeline of what an engine did, written as Chrome trace events.
 
 ``engine.trace()`` installs a :class:`TraceRecorder` on the engine's flow and poller
-for the length of an ``async with`` block; :meth:`TraceRecorder.write` turns what it
-kept into the Trace Event Format JSON that Perfetto UI (ui.perfetto.dev) and
+for the length of an ``async with`` block, ``Engine(..., trace=path)`` (a
+:class:`TraceFile`) for the engine's whole life; :meth:`TraceRecorder.write` turns what
+it kept into the Trace Event Format JSON that Perfetto UI (ui.perfetto.dev) and
 ``chrome://tracing`` open.
 
 What is recorded, per request: when it was queued (``infer``), given a slot, packed
@@ -42,18 +43,21 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._errors import ConfigurationError, EngineClosedError
+import anyio
 
-__all__ = ["TRACE_FORMAT", "TraceRecorder", "Tracing", "engine_trace"]
+from ._errors import ConfigurationError, EngineClosedError
+from ._options import DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY
+
+__all__ = ["TRACE_FORMAT", "TraceFile", "TraceRecorder", "Tracing", "engine_trace"]
 
 TRACE_FORMAT = "aiodla-trace"
-DEFAULT_CAPACITY = 100_000
 PID = 1
 TID_LOOP = 1
 TID_HARVEST = 2
@@ -394,6 +398,27 @@ class _Writer:
                 self.flow("f", number, tid, start)
 
 
+def _parts(flow: Any) -> tuple[Any, ...]:
+    # The flow, the scheduler, the device layer and the poller each record their part
+    # (a device layer in a worker process, and its poller, have no hook).
+    return (flow, flow.scheduler, flow.device, flow.poller)
+
+
+def install(flow: Any, recorder: TraceRecorder) -> None:
+    """Put ``recorder`` on every hook of the engine's ``flow``; one trace at a time."""
+    if flow.trace is not None:
+        raise ConfigurationError("the engine is already being traced (one trace at a time)")
+    for part in _parts(flow):
+        if hasattr(part, "trace"):
+            part.trace = recorder
+
+
+def uninstall(flow: Any, recorder: TraceRecorder) -> None:
+    for part in _parts(flow):
+        if getattr(part, "trace", None) is recorder:
+            part.trace = None
+
+
 class Tracing:
     """``async with engine.trace(path) as recorder:``: record while in the block."""
 
@@ -403,23 +428,58 @@ class Tracing:
         self.recorder = recorder
 
     async def __aenter__(self) -> TraceRecorder:
-        flow = self._engine._flow
-        if flow.trace is not None:
-            raise ConfigurationError("the engine is already being traced (one trace at a time)")
-        # The flow, the scheduler, the device layer and the poller each record their
-        # part (a device layer in a worker process, and its poller, have no hook).
-        for part in (flow, flow.scheduler, flow.device, flow.poller):
-            if hasattr(part, "trace"):
-                part.trace = self.recorder
+        install(self._engine._flow, self.recorder)
         return self.recorder
 
     async def __aexit__(self, *exc_info: object) -> None:
-        flow = self._engine._flow
-        for part in (flow, flow.scheduler, flow.device, flow.poller):
-            if getattr(part, "trace", None) is self.recorder:
-                part.trace = None
+        uninstall(self._engine._flow, self.recorder)
         if self._path is not None:
             self.recorder.write(self._path)
+
+
+class TraceFile:
+    """``Engine(..., trace=path)``: one recorder for the engine's whole life, written to
+    ``path`` when the engine closes.
+
+    Made when the engine opens, before any device: the path is written then (an empty,
+    valid trace), so a path that cannot be written (no such folder, a folder, no
+    permission) fails the open with a :class:`ConfigurationError` naming it, rather
+    than losing the run's trace at close.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], name: str, capacity: int) -> None:
+        self.path = Path(path)
+        self.recorder = TraceRecorder(name, capacity=capacity)
+        try:
+            self.recorder.write(self.path)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"trace={str(path)!r} cannot be written: {exc.strerror or exc}"
+            ) from exc
+
+    @classmethod
+    def of(cls, options: Any, model: object) -> TraceFile | None:
+        """The trace ``Engine(model, trace=..., trace_capacity=...)`` asks for, or None."""
+        if options.trace is None:
+            return None
+        return cls(options.trace, trace_name(model), options.trace_capacity)
+
+    def start(self, flow: Any) -> TraceFile:
+        install(flow, self.recorder)
+        return self
+
+    async def finish(self, flow: Any) -> None:
+        """Stop recording and write the file (in a worker thread: a full ring of the
+        default capacity is about a hundred megabytes of JSON)."""
+        uninstall(flow, self.recorder)
+        await anyio.to_thread.run_sync(self.recorder.write, self.path)
+
+
+def trace_name(model: object) -> str:
+    """How a trace names an engine's model: its file's stem, or ``engine`` for bytes."""
+    if isinstance(model, (str, os.PathLike)):
+        return Path(model).stem or "engine"
+    return "engine"
 
 
 def engine_trace(
@@ -439,7 +499,8 @@ def engine_trace(
     ``path`` nothing is written: the block's value, a :class:`TraceRecorder`, has
     ``write(path)`` and ``trace_events()``. ``capacity`` bounds memory: the last
     ``capacity`` requests and sweeps are kept. ``name`` labels the engine (default:
-    ``"engine"``). The engine must be open; one trace at a time.
+    ``"engine"``). The engine must be open; one trace at a time. For the engine's
+    whole life, from open to close: ``Engine(model, trace="run.json")``.
     """
     if self.state.value != "open":
         raise EngineClosedError(f"trace() needs an open engine; it is {self.state.value}")

@@ -235,6 +235,136 @@ class TestErrors:
         check_trace_format(json.loads(path.read_text()))
 
 
+def dla_tasks_in(path: Path) -> list[dict[str, Any]]:
+    document = json.loads(path.read_text())
+    check_trace_format(document)
+    return slices(document, "DLA task")
+
+
+class TestEngineTraceOption:
+    """``Engine(..., trace=path)``: the engine's whole life, written at close."""
+
+    @pytest.mark.asyncio
+    async def test_the_whole_life_is_written_at_close(
+        self, runtime: EmulatedRuntime, tmp_path: Path
+    ) -> None:
+        model = tmp_path / "detector.bin"
+        model.write_bytes(affine_model())
+        path = tmp_path / "run.json"
+        engine = Engine(model, runtime=runtime, trace=path)
+        assert not path.exists()  # nothing before open
+        async with engine:
+            assert dla_tasks_in(path) == []  # at open: a valid, empty trace
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(20)))
+            assert dla_tasks_in(path) == []  # written at close, not before
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(5)))
+        document = json.loads(path.read_text())
+        check_trace_format(document)
+        tasks = slices(document, "DLA task")
+        assert sorted(t["args"]["request"] for t in tasks) == list(range(25))
+        assert {t["args"]["model"] for t in tasks} == {"detector"}  # the model file's name
+        assert document["otherData"]["requests_dropped"] == 0
+        assert sum(runtime.core_tasks(core) for core in (0, 1)) == 25
+        assert engine._flow.trace is None  # type: ignore[union-attr]  # off once written
+
+    @pytest.mark.asyncio
+    async def test_memory_is_a_ring_of_trace_capacity(
+        self, aiodla_engine: EngineFactory, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "run.json"
+        engine = await aiodla_engine(affine_model(), trace=path, trace_capacity=5)
+        for _ in range(6):
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(5)))
+        recorder = engine._trace.recorder  # type: ignore[attr-defined]
+        assert len(recorder.requests) == 5 and recorder.recorded == 30
+        assert len(recorder.sweeps) <= 5
+        await engine.aclose()
+        document = json.loads(path.read_text())
+        check_trace_format(document)
+        assert document["otherData"]["capacity"] == 5
+        assert document["otherData"]["requests_dropped"] == 25
+        kept = sorted(t["args"]["request"] for t in slices(document, "DLA task"))
+        assert kept == list(range(25, 30))  # the newest
+
+    @pytest.mark.asyncio
+    async def test_requests_failed_by_close_are_in_the_file(
+        self, aiodla_engine: EngineFactory, aiodla_controls: Any, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "run.json"
+        engine = await aiodla_engine(affine_model(), trace=path, cores=[0], streams_per_core=1)
+        gate = aiodla_controls.hold(0)
+        running = asyncio.ensure_future(engine.infer(ONES))
+        waiting = asyncio.ensure_future(engine.infer(ONES))
+        await wait_until(lambda: engine.statistics().queued == 1)
+        closing = asyncio.ensure_future(engine.aclose())
+        with pytest.raises(EngineClosedError):
+            await waiting  # failed by the close while it waited
+        gate.release()
+        await closing
+        await running  # in flight: finished within close_timeout
+        document = json.loads(path.read_text())
+        check_trace_format(document)
+        assert document["otherData"]["requests_recorded"] == 2
+
+    @pytest.mark.asyncio
+    async def test_engine_trace_is_refused_while_the_engine_traces_itself(
+        self, aiodla_engine: EngineFactory, tmp_path: Path
+    ) -> None:
+        engine = await aiodla_engine(affine_model(), trace=tmp_path / "run.json")
+        with pytest.raises(ConfigurationError, match="already being traced"):
+            async with engine.trace():
+                pass
+        await engine.infer(ONES)
+        await engine.aclose()
+        assert len(dla_tasks_in(tmp_path / "run.json")) == 1
+
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize("where", ["no such folder", "a folder"])
+    async def test_a_path_that_cannot_be_written_fails_the_open(
+        self, runtime: EmulatedRuntime, tmp_path: Path, where: str
+    ) -> None:
+        path = tmp_path / "missing" / "run.json" if where == "no such folder" else tmp_path
+        engine = Engine(affine_model(), runtime=runtime, trace=path)
+        with pytest.raises(ConfigurationError, match=rf"trace='{path}' cannot be written"):
+            await engine.open()
+        assert engine.state.value == "closed"
+        # It failed before any device opened: nothing to release.
+        assert not any(runtime.live_handles().values())
+        assert not runtime.core_tasks(0)
+
+    @pytest.mark.parametrize(
+        ("options", "match"),
+        [
+            ({"trace": 3}, "trace=3 must be a file path"),
+            ({"trace": ""}, "trace='' must be a file path"),
+            ({"trace": "run.json", "trace_capacity": 0}, "trace_capacity=0 must be an int >= 1"),
+            ({"trace": "run.json", "trace_capacity": 2.5}, "trace_capacity=2.5 must be an int"),
+        ],
+    )
+    def test_bad_trace_options_are_refused_at_construction(
+        self, options: dict[str, Any], match: str
+    ) -> None:
+        with pytest.raises(ConfigurationError, match=match):
+            Engine(affine_model(), **options)
+
+    @pytest.mark.asyncio
+    async def test_a_write_that_fails_at_close_still_closes_the_engine(
+        self, runtime: EmulatedRuntime, tmp_path: Path
+    ) -> None:
+        folder = tmp_path / "gone"
+        folder.mkdir()
+        engine = Engine(affine_model(), runtime=runtime, trace=folder / "run.json")
+        await engine.open()
+        await engine.infer(ONES)
+        (folder / "run.json").unlink()
+        folder.rmdir()  # removed while the engine ran
+        with pytest.raises(FileNotFoundError):
+            await engine.aclose()
+        assert engine.state.value == "closed"
+        await asyncio.wait_for(engine.wait_closed(), 5)
+        assert not any(runtime.live_handles().values())
+
+
 def _record(raw: tuple[Any, ...]) -> Any:
     from aiodla._trace import RequestRecord
 
