@@ -444,8 +444,9 @@ def emulate(
     help="Where to write the recording (for compute=aiodla.emulator.replay(...)).",
 )
 @runtime_option
+@trust_compute_option
 @debug_option
-def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
+def record(model: str, inputs_dir: str, out: str, runtime: str, trust_compute: bool) -> None:
     """Run the samples in DIR through MODEL and write them, with the outputs it gave
     and the model spec, to RECORDING.npz.
 
@@ -456,7 +457,8 @@ def record(model: str, inputs_dir: str, out: str, runtime: str) -> None:
     if is_spec_document(data):
         raise CommandError(f"{model!r} is a model spec, not a loadable: record runs a loadable")
     emulator = _emulator_model(model, data) if is_emulator_loadable(data) else None
-    samples, results, inputs = asyncio.run(record_samples(Engine, data, inputs_dir, runtime))
+    recording = record_samples(Engine, data, inputs_dir, runtime, trust_compute=trust_compute)
+    samples, results, inputs = asyncio.run(recording)
     # The spec as 'inspect --json' writes it, from the loadable's own descriptors.
     descriptors = _dla_descriptors(model, data) if emulator is None else emulator.descriptors
     document = spec_document(model, descriptors, emulator)

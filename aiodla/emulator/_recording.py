@@ -93,13 +93,19 @@ class Recorded(Protocol):
 
 
 async def record_samples(
-    engine: Callable[..., Recorded], model: bytes, directory: str, runtime: str = "auto"
+    engine: Callable[..., Recorded],
+    model: bytes,
+    directory: str,
+    runtime: str = "auto",
+    *,
+    trust_compute: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[TensorSpec, ...]]:
     """Run the samples in ``directory`` through ``model`` on an engine, one at a time:
     the samples, the outputs by name, and the model's input specs. A sample the engine
     refuses or fails on raises, naming the sample. ``engine`` is :class:`aiodla.Engine`
-    (the caller's: the emulator builds on the public API alone)."""
-    async with engine(model, runtime=runtime) as opened:
+    (the caller's: the emulator builds on the public API alone); ``trust_compute`` is
+    its option of that name (an emulator loadable's compute function runs only with it)."""
+    async with engine(model, runtime=runtime, trust_compute=trust_compute) as opened:
         samples = read_samples(directory, opened.inputs)
         results = []
         for index, sample in enumerate(samples):

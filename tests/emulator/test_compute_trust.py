@@ -156,6 +156,32 @@ class TestCommandLine:
         assert result.exit_code == 0, result.output
         assert ran(planted)
 
+    @staticmethod
+    def record(tmp_path: Path, *options: str) -> Any:
+        path, samples = tmp_path / "m.bin", tmp_path / "samples"
+        planted_model(path)
+        samples.mkdir()
+        np.save(samples / "0.npy", sample())
+        arguments = ["record", str(path), "--inputs", str(samples), "-o", str(tmp_path / "r.npz")]
+        return CliRunner().invoke(_cli.cli, [*arguments, "--runtime", "emulated", *options])
+
+    def test_record_refuses_without_trust(self, planted: Path, tmp_path: Path) -> None:
+        result = self.record(tmp_path)
+        assert result.exit_code == 1
+        assert REFUSAL in " ".join(result.output.split())
+        assert "--trust-compute" in result.output
+        assert not ran(planted)
+        assert not (tmp_path / "r.npz").exists()
+
+    def test_record_runs_it_with_trust_compute(self, planted: Path, tmp_path: Path) -> None:
+        result = self.record(tmp_path, "--trust-compute")
+        assert result.exit_code == 0, result.output
+        assert ran(planted)
+        with np.load(tmp_path / "r.npz") as recording:  # the planted function's outputs
+            np.testing.assert_array_equal(
+                recording["output/y"][0], sample().astype(np.float16).astype(np.float32) * 2
+            )
+
     def test_serve_takes_trust_compute(self) -> None:
         result = CliRunner().invoke(_cli.cli, ["serve", "--help"])
         assert "--trust-compute" in result.output
