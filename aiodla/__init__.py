@@ -33,6 +33,8 @@ from ._session import FrameResult as FrameResult
 from ._session import LatestFrameStream as LatestFrameStream
 from ._session import StreamState as StreamState
 from ._session import StreamStatistics as StreamStatistics
+from ._shared_cores import Cores as Cores
+from ._shared_cores import CoreSet as CoreSet
 from ._statistics import CoreStatistics as CoreStatistics
 from ._statistics import EngineHealth as EngineHealth
 from ._statistics import EngineStatistics as EngineStatistics
@@ -51,7 +53,9 @@ __all__ = (
     "BlockingEngine",
     "ComputeError",
     "ConfigurationError",
+    "CoreSet",
     "CoreStatistics",
+    "Cores",
     "Detect",
     "Detections",
     "DeviceError",

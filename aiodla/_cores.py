@@ -2,7 +2,7 @@
 call the engine makes.
 
 A *slot* is one (core, CUDA stream) pair with its own registered buffers, prebuilt task
-and completion event. :class:`Cores` is what :func:`open_cores` opened (see
+and completion event. :class:`LocalCores` is what :func:`open_cores` opened (see
 ``_core_setup``): it writes inputs, enqueues a slot's work on its stream, reads outputs
 and stage times, keeps each core's busy time and service-time estimate, and releases
 every handle at the end. It is the only module of the engine that calls the
@@ -49,7 +49,7 @@ __all__ = [
     "DEFAULT_SERVICE_TIME",
     "CompletionProbe",
     "CoreState",
-    "Cores",
+    "LocalCores",
     "Slot",
     "_follow_the_core",
     "completion_probe",
@@ -58,6 +58,7 @@ __all__ = [
     "new_core",
     "open_cores",
     "read_model",
+    "release_runtime",
 ]
 
 logger = logging.getLogger("aiodla")
@@ -73,16 +74,16 @@ LATE_RELEASE_MOST = 1.0
 
 async def open_cores(
     model: ModelSource, runtime_choice: str | Runtime, options: EngineOptions
-) -> Cores:
+) -> LocalCores:
     """Open the model in this process, in a worker thread; then the loop's thread is
     made ready to enqueue device work too. Nothing is left open when it raises, even
     when it is cancelled once the thread has opened everything."""
-    opened: list[Cores] = []
+    opened: list[LocalCores] = []
 
     # The thread gets what it opens, not the engine: a worker thread may hold its last
     # job's callable until its next, and an engine dropped unclosed must be collected.
     def open_here() -> None:
-        opened.append(Cores.open(read_model(model), runtime_choice, options))
+        opened.append(LocalCores.open(read_model(model), runtime_choice, options))
 
     try:
         await anyio.to_thread.run_sync(open_here)
@@ -95,7 +96,12 @@ async def open_cores(
     return cores
 
 
-class Cores:
+def release_runtime(runtime: Runtime) -> None:
+    """Close a runtime that shared cores made, once no engine uses it (blocking)."""
+    runtime.close()
+
+
+class LocalCores:
     """The DLA cores of one engine in this process, their slots, and the runtime that
     drives them (a :class:`~aiodla._device.DeviceLayer`).
 
@@ -129,7 +135,9 @@ class Cores:
         self._frames: FrameBuffers | None = None  # made by the first frame_buffers()
 
     @classmethod
-    def open(cls, model: bytes, runtime_choice: str | Runtime, options: EngineOptions) -> Cores:
+    def open(
+        cls, model: bytes, runtime_choice: str | Runtime, options: EngineOptions
+    ) -> LocalCores:
         """Open ``model`` on the runtime chosen (blocking)."""
         return cls(options, open_model(model, runtime_choice, options))
 

@@ -1,7 +1,7 @@
 """The device layer as the engine and the flow see it: one opened object.
 
 Opening gives a :class:`DeviceLayer` whose cores, slots, tensors and data path are set:
-:class:`~aiodla._cores.Cores` drives the runtime in this process,
+:class:`~aiodla._cores.LocalCores` drives the runtime in this process,
 :class:`~aiodla._isolation.RemoteCores` hands slots to a worker process that does.
 :meth:`DeviceLayer.start` binds it to the flow (a :class:`CompletionSink`) and returns
 where the flow's completions come from (a :class:`CompletionSource`). Runtime failures

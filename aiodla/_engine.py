@@ -26,7 +26,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -48,18 +47,16 @@ from ._errors import (
 from ._flow import Flow
 from ._isolation import open_remote
 from ._life import EngineState, Life
+from ._observation import engine_statistics
 from ._offload import drive
 from ._options import EngineKeywords, EngineOptions, check_timeout
 from ._postprocess import open_postprocess
 from ._preprocess import ImagePreprocess
-from ._scheduler import Outcome, Request
-from ._slots import CoreState
+from ._scheduler import Request
+from ._shared_cores import shared_cores
 from ._statistics import (
-    CoreStatistics,
     EngineHealth,
     EngineStatistics,
-    StageTimes,
-    unopened_statistics,
 )
 from ._tensors import TensorSpec
 from ._trace import TraceFile, engine_trace
@@ -101,7 +98,8 @@ class Engine:
             raise ConfigurationError(
                 f"model must be a path or the loadable's bytes, got {type(model).__name__}"
             )
-        self._options = EngineOptions.from_keywords(options)
+        keywords, self._shared = shared_cores(dict(options), runtime)
+        self._options = EngineOptions.from_keywords(keywords)
         self._model = model
         self._runtime_choice = runtime
         self._life = Life()  # the one record of its life: the flow reads it, only this writes
@@ -176,13 +174,20 @@ class Engine:
         options = self._options
         opening = open_remote if options.isolation == "process" else open_cores
         opened: list[DeviceLayer] = []
+        shared = self._shared
         try:  # (an opening leaves nothing open when it raises)
             trace = TraceFile.of(options, self._model)  # (a bad path fails here, first)
-            cores = await opening(self._model, self._runtime_choice, options)
+            choice = self._runtime_choice
+            if shared is not None:  # (closing the shared cores waits for this open)
+                shared.attach(self)
+                choice = await shared.runtime_for(self._model, options)
+            cores = await opening(self._model, choice, options)
             opened.append(cores)
             postprocess = open_postprocess(options, cores.inputs, cores.outputs)
         except BaseException:
             await _release(opened)
+            if shared is not None:
+                shared.detach(self)
             life.state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
@@ -190,7 +195,9 @@ class Engine:
         self._cores = cores
         self._input_names = frozenset(s.name for s in cores.inputs)
         life.state = EngineState.OPEN
-        self._flow = Flow(options, cores, life, asyncio.get_running_loop(), self._die, postprocess)
+        loop = asyncio.get_running_loop()
+        feeds = None if shared is None else shared.feeds
+        self._flow = Flow(options, cores, life, loop, self._die, postprocess, feeds)
         self._trace = trace and trace.start(self._flow)
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
@@ -248,6 +255,9 @@ class Engine:
         for slot in slots:
             if slot not in slot.core.idle:
                 flow.scheduler.release(slot)
+        flow.leave()
+        if self._shared is not None:
+            self._shared.detach(self)
         await _closed_with(self._trace, flow, self._closed)
         logger.debug("aiodla: closed %r", self)
 
@@ -413,35 +423,9 @@ class Engine:
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of counts, per-core figures, latency percentiles and histograms."""
-        flow = self._flow
         life = self._life.state
         state = "dead" if self.dead and life is not EngineState.CLOSED else life.value
-        if flow is None:
-            return unopened_statistics(state, self._options.latency_window)
-        scheduler = flow.scheduler
-        ended = scheduler.ended
-        windows = self._cores.stage_windows
-        stages = None if windows is None else StageTimes(*(w.summary() for w in windows))
-        now = time.monotonic()
-        return EngineStatistics(
-            state=state,
-            submitted=scheduler.submitted,
-            completed=ended[Outcome.COMPLETED],
-            failed=ended[Outcome.FAILED],
-            cancelled=ended[Outcome.CANCELLED],
-            timed_out=ended[Outcome.TIMED_OUT],
-            rejected=scheduler.rejected,
-            queued=scheduler.queued,
-            in_flight=scheduler.in_progress,
-            cores=tuple(_core_statistics(core, now) for core in self._cores.cores),
-            latency=flow.latency.summary(),
-            queue_wait=flow.queue_wait.summary(),
-            latency_histogram=flow.latency_histogram.snapshot(),
-            queue_wait_histogram=flow.queue_wait_histogram.snapshot(),
-            failures=MappingProxyType(dict(scheduler.failures)),
-            stages=stages,
-            worker=self._cores.statistics(),
-        )
+        return engine_statistics(state, self._flow, self._cores, self._options)
 
     def health(self) -> EngineHealth:
         """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker
@@ -526,23 +510,6 @@ def _in_order(specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any)
             "mapping of name to array"
         )
     return [inputs]
-
-
-def _core_statistics(core: CoreState, now: float) -> CoreStatistics:
-    return CoreStatistics(
-        core=core.core,
-        completed=core.completed,
-        failed=core.failed,
-        in_flight=core.outstanding,
-        busy_slots=len(core.slots) - len(core.idle),
-        idle_slots=len(core.idle),
-        busy_time=core.busy_time,
-        busy_fraction=core.busy_window.fraction(now),
-        in_rotation=core.in_rotation,
-        consecutive_failures=core.consecutive_failures,
-        dla_time=None if core.dla_times is None else core.dla_times.summary(),
-        dla_histogram=None if core.dla_histogram is None else core.dla_histogram.snapshot(),
-    )
 
 
 async def _closed_with(trace: TraceFile | None, flow: Flow, closed: asyncio.Event) -> None:

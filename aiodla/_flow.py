@@ -22,6 +22,7 @@ import anyio
 from ._data_path import release_sources
 from ._device import DeviceLayer, device_error, is_sticky
 from ._errors import AiodlaError, PostprocessError, RequestTimeoutError, TaskError, status_name
+from ._feeds import Feeds
 from ._life import EngineState, Life
 from ._options import EngineOptions
 from ._postprocess import Postprocess, read_results
@@ -52,6 +53,7 @@ class Flow:
         loop: asyncio.AbstractEventLoop,
         die: Callable[[BaseException], None],
         postprocess: Postprocess | None = None,
+        feeds: Feeds | None = None,
     ) -> None:
         self._options = options
         self.device = device
@@ -72,7 +74,16 @@ class Flow:
         # Set once every slot is idle again while the engine closes (``drain``).
         self._drained = asyncio.Event()
         self._draining = False
-        self.poller = device.start(loop, self, die)  # last: it reports from now on
+        self.poller = device.start(loop, self, die)  # it reports from now on
+        # On shared cores (aiodla.Cores) their feeds decide who starts next, across
+        # engines; else this engine's own scheduler does.
+        self.feeds = feeds
+        self.client = None if feeds is None else feeds.join(self, options.priority, options.weight)
+
+    def leave(self) -> None:
+        """The engine is closed: its share of the cores goes to the others."""
+        if self.feeds is not None and self.client is not None:
+            self.feeds.leave(self.client)
 
     def cancel_probes(self) -> None:
         for core in self.device.cores:
@@ -123,13 +134,17 @@ class Flow:
     def transition(self) -> None:
         """Give idle slots to waiting requests; called after every submit, completion,
         cancellation and release."""
+        if self.feeds is not None:  # (a closing engine's release gives others room)
+            self.feeds.dispatch()
+            return
         if self.life.state is not EngineState.OPEN:
             return
         next_assignment = self.scheduler.next_assignment
         while (assignment := next_assignment()) is not None:
-            self._start(*assignment)
+            self.start(*assignment)
 
-    def _start(self, request: Request, slot: Slot) -> None:
+    def start(self, request: Request, slot: Slot) -> None:
+        """Start ``request`` on the slot it was given (or end it, past its deadline)."""
         now = time.monotonic()
         waited = now - request.started
         self.queue_wait.add(waited)

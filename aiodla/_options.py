@@ -58,7 +58,7 @@ class EngineKeywords(TypedDict, total=False):
     default: :class:`EngineOptions`). Type a wrapper's own ``**options`` with it:
     ``def open_engine(path: str, **options: Unpack[EngineKeywords]) -> Engine``."""
 
-    cores: Iterable[int]
+    cores: Iterable[int]  # or an aiodla.Cores (or its subset), which iterates its numbers
     streams_per_core: int
     max_queue: int
     task_timeout: float | None
@@ -79,6 +79,8 @@ class EngineKeywords(TypedDict, total=False):
     trust_compute: bool
     trace: str | os.PathLike[str] | None
     trace_capacity: int
+    priority: int
+    weight: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +132,11 @@ class EngineOptions:
     when it closes; the path is written at open (a valid, empty trace), so one that
     cannot be written fails the open. ``trace_capacity``: how many requests and poller
     sweeps that trace keeps (the newest; memory stays bounded however long it runs).
+    ``priority`` and ``weight``: on cores shared with other engines
+    (``Engine(model, cores=aiodla.Cores(...))``), a request of a higher priority starts
+    before any waiting request of a lower one, and engines of one priority share core
+    time in proportion to their weights (see ``aiodla._feeds`` for the rule and its
+    bound); on cores of its own an engine has nobody to share with.
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -156,6 +163,8 @@ class EngineOptions:
     graphs: bool = True
     trace: str | os.PathLike[str] | None = None
     trace_capacity: int = DEFAULT_TRACE_CAPACITY
+    priority: int = 0
+    weight: float = 1.0
 
     @property
     def process_isolation(self) -> ProcessIsolation | None:
@@ -237,6 +246,15 @@ class EngineOptions:
             raise ConfigurationError(
                 f"isolation={self.isolation!r} must be 'thread', 'process' or a ProcessIsolation"
             )
+        if type(self.priority) is not int:
+            raise ConfigurationError(
+                f"priority={self.priority!r} must be an int (a higher priority runs first)"
+            )
+        if not _finite(self.weight) or not self.weight > 0:
+            raise ConfigurationError(
+                f"weight={self.weight!r} must be a number > 0 (a share of core time)"
+            )
+        object.__setattr__(self, "weight", float(self.weight))
         ProcessIsolation(self.max_restarts, self.restart_window, self.heartbeat_timeout)
         if not _finite(self.close_timeout) or self.close_timeout < 0:
             raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")

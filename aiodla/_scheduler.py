@@ -142,14 +142,27 @@ class Scheduler:
             request = line.popleft()
             if request.state is not RequestState.QUEUED:
                 continue  # it ended while it waited
-            slot = self.take(core)
-            self.queued -= 1
-            self.in_progress += 1
-            request.state = RequestState.PACKING
-            request.slot = slot
-            slot.request = request
-            return request, slot
+            return request, self._assign(request, core)
         return None
+
+    def next_on(self, core: CoreState) -> tuple[Request, Slot] | None:
+        """Pop the first waiting request and give it an idle slot of ``core`` (which
+        must have one): the choice of the cores' shared feeds (``_feeds``)."""
+        line = self._line
+        while line:
+            request = line.popleft()
+            if request.state is RequestState.QUEUED:
+                return request, self._assign(request, core)
+        return None
+
+    def _assign(self, request: Request, core: CoreState) -> Slot:
+        slot = self.take(core)
+        self.queued -= 1
+        self.in_progress += 1
+        request.state = RequestState.PACKING
+        request.slot = slot
+        slot.request = request
+        return slot
 
     def advance(self, request: Request, state: RequestState) -> None:
         """Move a request on between the in-progress states (packing, in flight,

@@ -1,6 +1,6 @@
 """The device layer as the application's process sees it with ``isolation="process"``.
 
-:class:`RemoteCores` is a sibling of :class:`~aiodla._cores.Cores` (both are a
+:class:`RemoteCores` is a sibling of :class:`~aiodla._cores.LocalCores` (both are a
 :class:`~aiodla._device.DeviceLayer`): the same cores, slots, service-time estimates and
 accounting, read by the same scheduler and flow, but no runtime in this process. Every
 slot's staging buffers are views of the worker's shared staging, and a submitted slot

@@ -3,7 +3,7 @@ cuDLA handle and the poller live here, never in the application's process.
 
 It is started as a fresh interpreter (never forked from a process holding CUDA state)
 with one end of the control channel. It opens the model with the ordinary device
-layer (:class:`~aiodla._cores.Cores`, its staging in shared memory), says it is ready,
+layer (:class:`~aiodla._cores.LocalCores`, its staging in shared memory), says it is ready,
 then submits what the application sends as it arrives (a thread blocked on the
 channel, awake around its one task's end at light load: ``AWAKE_BEFORE``) and sends
 back what the ordinary poller finds done, one message per batch.
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, cast
 
-from .._cores import Cores
+from .._cores import LocalCores
 from .._device import device_error, is_sticky
 from .._errors import AiodlaError
 from .._options import EngineOptions
@@ -121,7 +121,7 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
+def _open(sock: socket.socket) -> tuple[LocalCores, Runtime, SharedStaging] | None:
     """Open the model the application sends; tell it the layout, or why not."""
     model, runtime_choice, fields, libraries, setup = receive_blocking(sock)
     runtime: Runtime | None = None
@@ -136,7 +136,7 @@ def _open(sock: socket.socket) -> tuple[Cores, Runtime, SharedStaging] | None:
                 raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")
             getattr(runtime, name)(*args, **kwargs)
         staging = SharedStaging(runtime)
-        cores = Cores.open(model, StagingRuntime(runtime, staging), EngineOptions(**fields))
+        cores = LocalCores.open(model, StagingRuntime(runtime, staging), EngineOptions(**fields))
     except Exception as exc:  # (what the open made is released already)
         if runtime is not None:
             runtime.close()
@@ -196,7 +196,7 @@ class WorkerServer:
 
     _poller: Poller  # made as it starts serving
 
-    def __init__(self, sock: socket.socket, cores: Cores, runtime: Runtime) -> None:
+    def __init__(self, sock: socket.socket, cores: LocalCores, runtime: Runtime) -> None:
         self._sock = sock
         self._cores = cores
         self._runtime = runtime

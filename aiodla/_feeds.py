@@ -1,0 +1,172 @@
+"""One feed per DLA core, shared by every engine on an :class:`aiodla.Cores`: which
+engine's request goes next on which core.
+
+Each engine keeps its own waiting line, slots, statistics and health (its
+:class:`~aiodla._scheduler.Scheduler`); the feeds decide, across all of them, who may
+start a task on a core and when. The rule, applied after every admission, completion,
+cancellation and release of any engine on the cores:
+
+- **Depth.** A core holds at most :data:`DEPTH` tasks of all engines together (assigned
+  to a slot and not yet ended): the one running and one queued behind it. A DLA task
+  cannot be pre-empted, so this is what bounds the wait of urgent work: a request
+  admitted while no core has room waits for at most the rest of the running task and
+  the one queued task, then runs. Its latency is at most its own task time plus two
+  task times of the longest model on the core (plus the loop's round trip). One task
+  queued is enough to keep a core busy while the loop hears of the running one's end.
+- **Priority.** Among engines with a request waiting, a higher ``priority`` goes first,
+  always; a lower one gets a core only when no engine above it can start there.
+- **Weight.** Within one priority, core time is shared in proportion to ``weight``
+  among the engines that have work (start-time fair queuing: each grant costs the
+  engine its own service-time estimate on that core divided by its weight; an engine
+  that had no work does not bank credit for its idle time).
+- **Which core.** The one whose queued work, in time from each model's own estimate on
+  that core, is least, so the request ends soonest.
+
+Only the event loop's thread touches this state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import TYPE_CHECKING, Protocol
+
+from ._life import EngineState, Life
+
+if TYPE_CHECKING:
+    from ._scheduler import Request, Scheduler
+    from ._slots import CoreState, Slot
+
+__all__ = ["DEPTH", "Client", "Feeds", "Starter"]
+
+# Tasks a core holds at once across engines: one running, one queued behind it.
+DEPTH = 2
+
+
+class Starter(Protocol):
+    """What the feeds ask of an engine's flow."""
+
+    life: Life
+    scheduler: Scheduler
+
+    def start(self, request: Request, slot: Slot) -> None: ...
+
+
+@dataclasses.dataclass(eq=False)
+class Client:
+    """One engine on the feeds: its place in the order, and what it was granted."""
+
+    flow: Starter
+    priority: int
+    weight: float
+    order: int  # ties go to the engine that joined first
+    cores: dict[int, CoreState]  # its own state of each core it uses, by number
+    finish_tag: float = 0.0  # start-time fair queuing: where its last grant ended
+    granted_time: float = 0.0  # seconds of core time granted, by its own estimates
+    grants: int = 0
+
+    def waiting(self) -> bool:
+        flow = self.flow
+        return flow.life.state is EngineState.OPEN and flow.scheduler.queued > 0
+
+
+class Feeds:
+    """The feeds of the cores ``numbers``: the engines on them and the decision.
+
+    State (loop thread only): ``clients`` in the order they joined; ``_virtual``, per
+    priority, the start tag of the last grant (the fair-queuing clock); ``_running`` /
+    ``_again``: a dispatch started from within a grant (a request that ended at its
+    start released its slot) is folded into the one running.
+    """
+
+    def __init__(self, numbers: tuple[int, ...]) -> None:
+        self.numbers = numbers
+        self.clients: list[Client] = []
+        self._virtual: dict[int, float] = {}
+        self._orders = itertools.count()
+        self._running = False
+        self._again = False
+
+    def join(self, flow: Starter, priority: int, weight: float) -> Client:
+        cores = {core.core: core for core in flow.scheduler.cores}
+        client = Client(flow, priority, weight, next(self._orders), cores)
+        client.finish_tag = self._virtual.get(priority, 0.0)
+        self.clients.append(client)
+        return client
+
+    def leave(self, client: Client) -> None:
+        """The engine is closed: its tasks no longer count, others take its room."""
+        if client in self.clients:
+            self.clients.remove(client)
+            self.dispatch()
+
+    def held(self, number: int) -> int:
+        """Tasks core ``number`` holds, of every engine (assigned slots)."""
+        return sum(c.cores[number].outstanding for c in self.clients if number in c.cores)
+
+    def queued_work(self, number: int) -> float:
+        """Seconds of work core ``number`` holds, from each model's own estimate."""
+        total = 0.0
+        for client in self.clients:
+            core = client.cores.get(number)
+            if core is not None:
+                total += core.outstanding * core.service_time
+        return total
+
+    def dispatch(self) -> None:
+        """Start waiting requests while some core has room (see the module's rule)."""
+        if self._running:
+            self._again = True
+            return
+        self._running = True
+        try:
+            while True:
+                self._again = False
+                while self._grant():
+                    pass
+                if not self._again:
+                    return
+        finally:
+            self._running = False
+
+    def _grant(self) -> bool:
+        """Start one request on the best core for it; False when none can start."""
+        room = [n for n in self.numbers if self.held(n) < DEPTH]
+        if not room:
+            return False
+        waiting = [client for client in self.clients if client.waiting()]
+        if not waiting:
+            return False
+        virtual = self._virtual
+        waiting.sort(
+            key=lambda c: (-c.priority, max(virtual.get(c.priority, 0.0), c.finish_tag), c.order)
+        )
+        for client in waiting:
+            core = self._best_core(client, room)
+            if core is None:
+                continue
+            assignment = client.flow.scheduler.next_on(core)
+            if assignment is None:  # (it has a request queued: cannot happen)
+                continue
+            start = max(virtual.get(client.priority, 0.0), client.finish_tag)
+            virtual[client.priority] = start
+            cost = core.service_time
+            client.finish_tag = start + cost / client.weight
+            client.granted_time += cost
+            client.grants += 1
+            client.flow.start(*assignment)
+            return True
+        return False
+
+    def _best_core(self, client: Client, room: list[int]) -> CoreState | None:
+        """The core with room where ``client``'s next task would end soonest."""
+        best: CoreState | None = None
+        best_key: tuple[float, int] | None = None
+        for number in room:
+            core = client.cores.get(number)
+            if core is None or not core.idle or not core.in_rotation:
+                continue
+            key = (self.queued_work(number) + core.service_time, core.assigned_total)
+            if best_key is None or key < best_key:
+                best, best_key = core, key
+        return best

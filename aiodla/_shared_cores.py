@@ -1,0 +1,232 @@
+"""DLA cores shared by several engines: :class:`Cores`, opened once.
+
+``async with aiodla.Cores([0, 1]) as dla:`` owns the cores' runtime; every
+``Engine(model, cores=dla)`` opened on it loads its model there and asks the cores'
+shared feeds (``_feeds``) for its turn, so that one decision per core, across every
+model, says which request goes next: by priority, by weight, by each model's own
+service-time estimate. An engine keeps its own requests, slots, statistics and health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+
+from ._cores import read_model, release_runtime
+from ._errors import AiodlaError, ConfigurationError, EngineClosedError
+from ._feeds import Feeds
+from ._options import EngineOptions
+from .runtime._protocol import Runtime
+from .runtime._select import select_runtime
+
+if TYPE_CHECKING:
+    import os
+
+__all__ = ["CoreSet", "Cores", "CoresState", "shared_cores"]
+
+
+class CoresState(enum.Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Closeable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+class Cores:
+    """DLA cores shared by several engines, opened once as an async context manager.
+
+    ``cores``: the DLA core numbers (Orin has 0 and 1). ``runtime``: as for
+    :class:`~aiodla.Engine` (``"auto"`` picks it for the first model opened here), and
+    ``trust_compute`` for the emulated runtime made here. Engines take it as their
+    cores, with a priority and a weight::
+
+        async with aiodla.Cores([0, 1]) as dla:
+            async with (
+                aiodla.Engine("det.bin", cores=dla, priority=1) as detector,
+                aiodla.Engine("cls.bin", cores=dla, weight=2) as classifier,
+            ):
+                ...
+
+    ``dla.subset([1])`` puts an engine on some of the cores only. Closing the cores
+    closes the engines still open on them first.
+    """
+
+    def __init__(
+        self,
+        cores: Iterable[int] = (0, 1),
+        *,
+        runtime: str | Runtime = "auto",
+        trust_compute: bool = False,
+    ) -> None:
+        self._numbers = EngineOptions.from_keywords(
+            {"cores": cores}
+        ).cores  # (checked as an engine's are)
+        if not isinstance(trust_compute, bool):
+            raise ConfigurationError(f"trust_compute={trust_compute!r} must be a bool")
+        self._choice = runtime
+        self._trust_compute = trust_compute
+        self._runtime: Runtime | None = None  # chosen with the first model opened here
+        self._owns_runtime = False
+        self._choosing: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._engines: dict[int, Closeable] = {}  # open engines, by id (closed with us)
+        self.state = CoresState.NEW
+        self.feeds = Feeds(self._numbers)
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        return self._numbers
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime the engines here share (chosen when the first one opens)."""
+        if self._runtime is None:
+            raise EngineClosedError("no engine has opened on these cores: no runtime yet")
+        return self._runtime
+
+    def __iter__(self) -> Iterator[int]:
+        """The core numbers (so ``Engine(cores=dla)`` reads as ``cores=[0, 1]`` does)."""
+        return iter(self._numbers)
+
+    def subset(self, cores: Iterable[int]) -> CoreSet:
+        """Some of these cores, for an engine that should use only them."""
+        numbers = EngineOptions.from_keywords({"cores": cores}).cores
+        outside = sorted(set(numbers) - set(self._numbers))
+        if outside:
+            raise ConfigurationError(
+                f"core(s) {outside} are not among these shared cores {list(self._numbers)}"
+            )
+        return CoreSet(self, numbers)
+
+    async def __aenter__(self) -> Cores:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        if self.state is not CoresState.NEW:
+            raise AiodlaError(f"the cores are {self.state.value}; open them once")
+        self._loop = asyncio.get_running_loop()
+        self._choosing = asyncio.Lock()
+        self.state = CoresState.OPEN
+
+    async def aclose(self) -> None:
+        """Close every engine still open here, then the runtime if it was made here.
+        Idempotent."""
+        if self.state in (CoresState.CLOSING, CoresState.CLOSED):
+            return
+        self.state = CoresState.CLOSING
+        try:
+            await asyncio.gather(*(engine.aclose() for engine in list(self._engines.values())))
+        finally:
+            runtime, self._runtime = self._runtime, None
+            if runtime is not None and self._owns_runtime:
+                await anyio.to_thread.run_sync(release_runtime, runtime)
+            self.state = CoresState.CLOSED
+
+    # -- engines ----------------------------------------------------------------------------
+
+    async def runtime_for(
+        self, model: str | os.PathLike[str] | bytes | bytearray | memoryview, options: EngineOptions
+    ) -> str | Runtime:
+        """What an engine opening here passes as its runtime: the shared one (chosen
+        now for the first model), or its name for an engine whose runtime lives in a
+        worker process. Raises before anything opens when the cores cannot take it."""
+        self.check_open()
+        if asyncio.get_running_loop() is not self._loop:
+            raise AiodlaError("an engine opens on shared cores from the cores' own event loop")
+        if options.trust_compute:
+            raise ConfigurationError(
+                "trust_compute applies to the runtime of the shared cores: "
+                "aiodla.Cores(..., trust_compute=True)"
+            )
+        if options.isolation == "process":
+            if not isinstance(self._choice, str):
+                raise ConfigurationError(
+                    "isolation='process' on shared cores needs the runtime by name "
+                    "(aiodla.Cores(runtime='auto' | 'cuda' | 'emulated'))"
+                )
+            return self._choice
+        assert self._choosing is not None  # (set when opened)
+        async with self._choosing:  # engines opening at once share the first choice
+            if self._runtime is None:
+                data = await anyio.to_thread.run_sync(read_model, model)
+                runtime, owned = select_runtime(
+                    self._choice, data, trust_compute=self._trust_compute
+                )
+                self.check_open()  # (closed meanwhile: nothing may stay open)
+                self._runtime, self._owns_runtime = runtime, owned
+            return self._runtime
+
+    def check_open(self) -> None:
+        if self.state is not CoresState.OPEN:
+            raise EngineClosedError(
+                f"the shared cores are {self.state.value}: "
+                "open them first ('async with aiodla.Cores(...) as dla')"
+            )
+
+    def attach(self, engine: Closeable) -> None:
+        self.check_open()
+        self._engines[id(engine)] = engine
+
+    def detach(self, engine: Closeable) -> None:
+        self._engines.pop(id(engine), None)
+
+    @property
+    def engines(self) -> int:
+        """How many engines are open here."""
+        return len(self._engines)
+
+    def shares(self) -> dict[int, tuple[int, float]]:
+        """Per engine (by its order of opening): tasks granted and the core time they
+        cost, by the engine's own estimates."""
+        return {c.order: (c.grants, c.granted_time) for c in self.feeds.clients}
+
+    def __repr__(self) -> str:
+        held = ", ".join(f"{n}: {self.feeds.held(n)} held" for n in self._numbers)
+        return f"<aiodla.Cores {self.state.value} [{held}] engines={len(self._engines)}>"
+
+
+class CoreSet:
+    """Some of a :class:`Cores`' cores, for ``Engine(model, cores=dla.subset([1]))``."""
+
+    def __init__(self, shared: Cores, numbers: tuple[int, ...]) -> None:
+        self.shared = shared
+        self.numbers = numbers
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.numbers)
+
+    def __repr__(self) -> str:
+        return f"<aiodla.CoreSet {list(self.numbers)} of {self.shared!r}>"
+
+
+def shared_cores(options: dict[str, Any], runtime: object) -> tuple[dict[str, Any], Cores | None]:
+    """``Engine``'s keywords with ``cores=`` a shared :class:`Cores` (or a subset)
+    turned into its core numbers, and that :class:`Cores`; else as they came, and None.
+    ``runtime``: the engine's own choice, which shared cores make for it."""
+    cores = options.get("cores")
+    if isinstance(cores, Cores):
+        shared, numbers = cores, cores.cores
+    elif isinstance(cores, CoreSet):
+        shared, numbers = cores.shared, cores.numbers
+    else:
+        return options, None
+    if runtime != "auto":
+        raise ConfigurationError(
+            f"runtime={runtime!r}: an engine on shared cores uses theirs; "
+            "pass it to aiodla.Cores(..., runtime=...)"
+        )
+    if shared.state in (CoresState.CLOSING, CoresState.CLOSED):
+        shared.check_open()
+    return {**options, "cores": numbers}, shared

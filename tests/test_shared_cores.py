@@ -1,0 +1,350 @@
+"""Several engines on one aiodla.Cores: one feed per core, priorities, weights, and
+every request of every engine ending exactly once while the others keep serving.
+
+States are reached through the emulated DLA's controls (held cores, injected faults);
+orders are read from what completes, never from the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+import aiodla
+from aiodla import (
+    ConfigurationError,
+    Cores,
+    EmulatedRuntime,
+    Engine,
+    EngineClosedError,
+    RequestTimeoutError,
+    TaskError,
+)
+from aiodla._feeds import DEPTH
+from aiodla.testing import DLAControls
+
+from support import X, affine_model, all_idle, counts_add_up, expected_affine, wait_until
+
+# A shared Cores hands its runtime instance to its engines: in-process only.
+pytestmark = [pytest.mark.in_process, pytest.mark.usefixtures("engines_add_up")]
+
+ONES = np.ones(X.shape, np.float32)
+
+
+@pytest_asyncio.fixture
+async def dla(runtime: EmulatedRuntime) -> AsyncIterator[Cores]:
+    async with Cores([0, 1], runtime=runtime) as shared:
+        yield shared
+    assert shared.engines == 0
+
+
+def held_tasks(dla: Cores) -> list[int]:
+    return [dla.feeds.held(n) for n in dla.cores]
+
+
+async def settle(*engines: Engine) -> None:
+    await wait_until(lambda: all(all_idle(e) for e in engines))
+
+
+class TestServing:
+    @pytest.mark.asyncio
+    async def test_two_models_share_the_cores_and_the_runtime(self, dla: Cores) -> None:
+        async with (
+            Engine(affine_model(0.001), cores=dla) as a,
+            Engine(affine_model(0.002, scale=3.0), cores=dla) as b,
+        ):
+            assert a.runtime is b.runtime is dla.runtime
+            xs = [ONES * i for i in range(20)]
+            ya, yb = await asyncio.gather(
+                asyncio.gather(*(a.infer(x) for x in xs)),
+                asyncio.gather(*(b.infer(x) for x in xs)),
+            )
+            for x, y, z in zip(xs, ya, yb, strict=True):
+                np.testing.assert_array_equal(y, expected_affine(x))
+                np.testing.assert_array_equal(z, expected_affine(x, scale=3.0))
+            assert a.statistics().completed == b.statistics().completed == 20
+            assert dla.engines == 2
+        assert dla.engines == 0
+
+    @pytest.mark.asyncio
+    async def test_a_core_holds_at_most_depth_tasks_of_all_engines(
+        self, dla: Cores, aiodla_controls: DLAControls
+    ) -> None:
+        async with (
+            Engine(affine_model(), cores=dla, streams_per_core=4) as a,
+            Engine(affine_model(), cores=dla, streams_per_core=4) as b,
+        ):
+            with aiodla_controls.hold() as gate:
+                calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(10)]
+                await gate.reached(2 * DEPTH)
+                assert held_tasks(dla) == [DEPTH, DEPTH]
+                assert a.statistics().queued + b.statistics().queued == 20 - 2 * DEPTH
+                await asyncio.sleep(0.01)  # (nothing more may start while held)
+                assert gate.count == 2 * DEPTH
+            await asyncio.gather(*calls)
+            assert held_tasks(dla) == [0, 0]
+
+    @pytest.mark.asyncio
+    async def test_subset_puts_an_engine_on_some_cores(
+        self, dla: Cores, runtime: EmulatedRuntime
+    ) -> None:
+        async with Engine(affine_model(), cores=dla.subset([1])) as one:
+            assert [c.core for c in one.statistics().cores] == [1]
+            await asyncio.gather(*(one.infer(ONES) for _ in range(4)))
+        assert runtime.core_tasks(0) == 0 and runtime.core_tasks(1) == 4
+
+
+class TestPriority:
+    @pytest.mark.asyncio
+    async def test_waiting_high_priority_work_goes_before_any_lower(
+        self,
+        runtime: EmulatedRuntime,
+        aiodla_controls: DLAControls,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        # One core: its tasks run in the order they were submitted, so the order of
+        # the submissions (by device handle: one per engine) is the order of the runs.
+        submitted: list[int] = []
+        submit = runtime.submit_task
+
+        def recording(device: int, task: Any, stream: int) -> None:
+            submitted.append(device)
+            submit(device, task, stream)
+
+        monkeypatch.setattr(runtime, "submit_task", recording)
+        async with (
+            Cores([0], runtime=runtime) as dla,
+            Engine(affine_model(), cores=dla, priority=0) as low,
+            Engine(affine_model(), cores=dla, priority=1) as high,
+        ):
+            with aiodla_controls.hold(0) as gate:
+                lows = [asyncio.ensure_future(low.infer(ONES)) for _ in range(6)]
+                await gate.reached(DEPTH)
+                highs = [asyncio.ensure_future(high.infer(ONES)) for _ in range(4)]
+                await wait_until(lambda: high.statistics().queued == 4)
+            await asyncio.gather(*lows, *highs)
+        by = {submitted[0]: "low", next(d for d in submitted if d != submitted[0]): "high"}
+        # The two lows already on the core run; then every high before any other low.
+        order = [by[d] for d in submitted]
+        assert order == ["low"] * DEPTH + ["high"] * 4 + ["low"] * (6 - DEPTH)
+
+    @pytest.mark.asyncio
+    async def test_lower_priority_takes_a_core_the_higher_cannot_use(self, dla: Cores) -> None:
+        async with (
+            Engine(affine_model(), cores=dla.subset([0]), priority=5) as high,
+            Engine(affine_model(), cores=dla, priority=0) as low,
+        ):
+            await asyncio.gather(
+                *(high.infer(ONES) for _ in range(20)), *(low.infer(ONES) for _ in range(20))
+            )
+            assert low.statistics().cores[1].completed > 0  # core 1 never idled for it
+
+
+def busy_time(engine: Engine) -> float:
+    """Seconds of DLA time the engine's completed tasks took."""
+    return sum(core.busy_time for core in engine.statistics().cores)
+
+
+class TestWeights:
+    async def shares(self, runtime: EmulatedRuntime, engines: list[dict[str, Any]]) -> list[float]:
+        """Each engine's share of the grants made while all of them had work."""
+        async with Cores([0, 1], runtime=runtime) as dla:
+            opened = [Engine(model, cores=dla, **options) for model, options in engines]
+            for engine in opened:
+                await engine.open()
+            calls = [asyncio.ensure_future(e.infer(ONES)) for e in opened for _ in range(60)]
+            await wait_until(lambda: sum(e.statistics().submitted for e in opened) == len(calls))
+            first = [busy_time(e) for e in opened]
+            # Until the first engine has no request left waiting, all of them have work.
+            await wait_until(lambda: min(e.statistics().queued for e in opened) == 0)
+            time = [busy_time(e) - t for e, t in zip(opened, first, strict=True)]
+            await asyncio.gather(*calls)
+            for engine in opened:
+                await engine.aclose()
+        return [t / sum(time) for t in time]
+
+    @pytest.mark.asyncio
+    async def test_core_time_follows_the_weights(self, runtime: EmulatedRuntime) -> None:
+        model = affine_model()
+        even = await self.shares(runtime, [(model, {}), (model, {})])
+        assert even == pytest.approx([0.5, 0.5], abs=0.05)
+        twice = await self.shares(runtime, [(model, {"weight": 2}), (model, {"weight": 1})])
+        assert twice == pytest.approx([2 / 3, 1 / 3], abs=0.05)
+
+    @pytest.mark.asyncio
+    async def test_shares_are_of_core_time_not_of_tasks(self, runtime: EmulatedRuntime) -> None:
+        # 1 ms and 3 ms tasks at equal weights: three short tasks for each long one.
+        share = await self.shares(runtime, [(affine_model(0.001), {}), (affine_model(0.003), {})])
+        assert share == pytest.approx([0.5, 0.5], abs=0.05)
+
+
+class TestExactlyOnce:
+    @pytest.mark.asyncio
+    async def test_cancel_timeout_and_fault_of_one_engine_leave_the_other_serving(
+        self, dla: Cores, aiodla_controls: DLAControls
+    ) -> None:
+        async with (
+            Engine(affine_model(), cores=dla) as a,
+            Engine(affine_model(), cores=dla) as b,
+        ):
+            with aiodla_controls.hold() as gate:
+                running = [asyncio.ensure_future(a.infer(ONES * i)) for i in range(4)]
+                await gate.reached(4)
+                queued = asyncio.ensure_future(a.infer(ONES))
+                expiring = asyncio.ensure_future(a.infer(ONES, timeout=0))
+                others = [asyncio.ensure_future(b.infer(ONES * i)) for i in range(6)]
+                await wait_until(lambda: b.statistics().queued == 6)
+                queued.cancel()
+                running[0].cancel()
+                with pytest.raises(RequestTimeoutError):
+                    await expiring
+                aiodla_controls.fail_next()
+            outcomes = await asyncio.gather(*running, queued, *others, return_exceptions=True)
+            assert isinstance(outcomes[0], asyncio.CancelledError)
+            assert isinstance(outcomes[4], asyncio.CancelledError)
+            failed = [o for o in outcomes if isinstance(o, TaskError)]
+            assert len(failed) == 1
+            await settle(a, b)
+            sa, sb = a.statistics(), b.statistics()
+            assert sa.cancelled == 2 and sa.timed_out == 1
+            assert sa.failed + sb.failed == 1
+            assert sa.completed + sb.completed == 3 + 6 - 1
+            assert counts_add_up(sa) and counts_add_up(sb)
+            # Both engines serve on afterwards.
+            y = await asyncio.gather(a.infer(ONES), b.infer(ONES))
+            np.testing.assert_array_equal(y[0], expected_affine(ONES))
+
+    @pytest.mark.asyncio
+    async def test_closing_one_engine_leaves_the_others_slots_and_handles(
+        self, dla: Cores, runtime: EmulatedRuntime, aiodla_controls: DLAControls
+    ) -> None:
+        async with Engine(affine_model(), cores=dla) as stays:
+            alone = dict(runtime.live_handles())
+            goes = Engine(affine_model(), cores=dla)
+            await goes.open()
+            with aiodla_controls.hold() as gate:
+                mine = [asyncio.ensure_future(stays.infer(ONES * i)) for i in range(3)]
+                theirs = [asyncio.ensure_future(goes.infer(ONES)) for _ in range(8)]
+                await gate.reached(4)
+                closing = asyncio.ensure_future(goes.aclose())
+                await wait_until(lambda: goes.statistics().queued == 0)
+            await closing
+            outcomes = await asyncio.gather(*theirs, return_exceptions=True)
+            ended = [o for o in outcomes if isinstance(o, BaseException)]
+            assert all(isinstance(o, EngineClosedError) for o in ended)
+            for i, y in enumerate(await asyncio.gather(*mine)):
+                np.testing.assert_array_equal(y, expected_affine(ONES * i))
+            # (its slots captured graphs of their first requests meanwhile: its own)
+            assert {**runtime.live_handles(), "graphs": 0} == {**alone, "graphs": 0}
+            assert len(dla.feeds.clients) == 1
+            stats = stays.statistics()
+            assert stats.completed == 3 and all(c.idle_slots == 2 for c in stats.cores)
+            assert counts_add_up(goes.statistics())
+            await stays.infer(ONES)
+
+    @pytest.mark.asyncio
+    async def test_closing_the_cores_closes_their_engines(
+        self, runtime: EmulatedRuntime, aiodla_controls: DLAControls
+    ) -> None:
+        async with Cores([0, 1], runtime=runtime) as dla:
+            a = Engine(affine_model(), cores=dla)
+            b = Engine(affine_model(), cores=dla)
+            await a.open()
+            await b.open()
+            with aiodla_controls.hold() as gate:
+                calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(6)]
+                await gate.reached(4)
+                waiting = asyncio.ensure_future(dla.aclose())
+                await wait_until(lambda: a.statistics().queued + b.statistics().queued == 0)
+            await waiting
+        assert a.state is b.state is aiodla.EngineState.CLOSED
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert sum(not isinstance(o, BaseException) for o in outcomes) == 4
+        assert all(n == 0 for n in runtime.live_handles().values())
+
+    @pytest.mark.asyncio
+    async def test_no_leak_after_100_engines_opened_and_closed(
+        self, dla: Cores, runtime: EmulatedRuntime
+    ) -> None:
+        # (graphs=False: its slots capture nothing as they go, so its handles stay put)
+        async with Engine(affine_model(), cores=dla, graphs=False) as stays:
+            before = dict(runtime.live_handles())
+            for i in range(100):
+                async with Engine(affine_model(), cores=dla, priority=i % 3) as engine:
+                    await asyncio.gather(engine.infer(ONES), stays.infer(ONES))
+            assert runtime.live_handles() == before
+            assert len(dla.feeds.clients) == 1 and dla.engines == 1
+            assert held_tasks(dla) == [0, 0]
+            assert stays.statistics().completed == 100
+
+
+class TestConfiguration:
+    @pytest.mark.asyncio
+    async def test_closed_cores_are_refused_before_anything_opens(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        dla = Cores([0, 1], runtime=runtime)
+        unopened = Engine(affine_model(), cores=dla)
+        with pytest.raises(EngineClosedError, match="open them first"):
+            await unopened.open()
+        async with dla:
+            pass
+        with pytest.raises(EngineClosedError, match="shared cores are closed"):
+            Engine(affine_model(), cores=dla)
+        assert all(n == 0 for n in runtime.live_handles().values())
+
+    @pytest.mark.asyncio
+    async def test_cores_outside_the_set_are_refused(self, dla: Cores) -> None:
+        with pytest.raises(ConfigurationError, match=r"core\(s\) \[2\] are not among"):
+            dla.subset([1, 2])
+
+    @pytest.mark.parametrize("priority", [1.0, "1", None, True])
+    def test_priority_must_be_an_int(self, priority: Any) -> None:
+        with pytest.raises(ConfigurationError, match=r"priority=.* must be an int"):
+            Engine(affine_model(), priority=priority)
+
+    @pytest.mark.parametrize("weight", [0, -1, float("nan"), "2", True])
+    def test_weight_must_be_a_positive_number(self, weight: Any) -> None:
+        with pytest.raises(ConfigurationError, match=r"weight=.* must be a number > 0"):
+            Engine(affine_model(), weight=weight)
+
+    @pytest.mark.asyncio
+    async def test_the_runtime_is_the_cores_choice(self, dla: Cores) -> None:
+        with pytest.raises(ConfigurationError, match=r"aiodla\.Cores"):
+            Engine(affine_model(), cores=dla, runtime="emulated")
+        engine = Engine(affine_model(), cores=dla, trust_compute=True)
+        with pytest.raises(ConfigurationError, match="trust_compute"):
+            await engine.open()
+        assert engine.state is aiodla.EngineState.CLOSED and dla.engines == 0
+
+    def test_cores_checks_its_numbers(self) -> None:
+        with pytest.raises(ConfigurationError, match="names a core twice"):
+            Cores([0, 0])
+
+
+class TestProcessIsolation:
+    @pytest.mark.asyncio
+    async def test_an_isolated_engine_takes_its_turn_on_the_shared_cores(self) -> None:
+        async with (
+            Cores([0, 1], runtime="emulated") as dla,
+            Engine(affine_model(), cores=dla, isolation="process") as isolated,
+            Engine(affine_model(), cores=dla) as local,
+        ):
+            xs = [ONES * i for i in range(8)]
+            results = await asyncio.gather(
+                *(isolated.infer(x) for x in xs), *(local.infer(x) for x in xs)
+            )
+            for x, y in zip(xs + xs, results, strict=True):
+                np.testing.assert_array_equal(y, expected_affine(x))
+            assert len(dla.feeds.clients) == 2
+
+    @pytest.mark.asyncio
+    async def test_a_runtime_instance_cannot_reach_a_worker(self, dla: Cores) -> None:
+        engine = Engine(affine_model(), cores=dla, isolation="process")
+        with pytest.raises(ConfigurationError, match="runtime by name"):
+            await engine.open()
