@@ -41,6 +41,7 @@ from ._cli_frame import (
     cores_option,
     debug_option,
     one_line,
+    runtime_option,
     streams_option,
     trust_compute_option,
 )
@@ -99,16 +100,6 @@ def cli(ctx: click.Context) -> None:
     """Share NVIDIA's Deep Learning Accelerator between asyncio coroutines."""
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
-
-
-# The --runtime option of every command that runs a model.
-runtime_option = click.option(
-    "--runtime",
-    type=click.Choice(_select.RUNTIME_CHOICES),
-    default="auto",
-    show_default=True,
-    help="Which runtime runs MODEL.",
-)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -443,7 +434,7 @@ def emulate(
     type=click.Path(dir_okay=False),
     help="Where to write the recording (for compute=aiodla.emulator.replay(...)).",
 )
-@runtime_option
+@runtime_option()
 @trust_compute_option
 @debug_option
 def record(model: str, inputs_dir: str, out: str, runtime: str, trust_compute: bool) -> None:
@@ -516,7 +507,7 @@ def _setting(given: float | None, settings: dict[str, Any], key: str, default: f
     metavar="S",
     help="Send requests for S seconds instead.",
 )
-@runtime_option
+@runtime_option()
 @trust_compute_option
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON, no bar.")
 @trace_option

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ._cli_frame import EXIT_FAILURE, debug_option
+from ._cli_frame import EXIT_FAILURE, debug_option, seconds_option
 from ._doctor import Host, diagnose
 
 __all__ = ["doctor_command"]
@@ -23,13 +23,11 @@ __all__ = ["doctor_command"]
     show_default=True,
     help="Read proc/device-tree and etc/nv_tegra_release under this directory.",
 )
-@click.option(
+@seconds_option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    metavar="S",
-    help="Seconds each probe (the CUDA stack, nvpmodel, jetson_clocks) may take.",
+    30.0,
+    "Seconds each probe (the CUDA stack, nvpmodel, jetson_clocks) may take.",
+    above_zero=True,
 )
 @debug_option
 def doctor_command(as_json: bool, root: Path, timeout: float) -> int:

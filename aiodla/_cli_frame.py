@@ -18,6 +18,7 @@ import click
 
 from ._errors import AiodlaError, status_name
 from .runtime._protocol import CudaCallError, cudla_status
+from .runtime._select import RUNTIME_CHOICES
 
 __all__ = [
     "EXIT_FAILURE",
@@ -149,10 +150,37 @@ trust_compute_option = click.option(
     "loadable names; only for files you trust.",
 )
 
-streams_option = click.option(
-    "--streams",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="CUDA streams (slots) per core.",
-)
+
+def count_option(name: str, default: int, help: str) -> Callable[[_F], _F]:
+    """An option that counts something (an int >= 1), its default shown."""
+    return click.option(
+        name, type=click.IntRange(min=1), default=default, show_default=True, help=help
+    )
+
+
+def seconds_option(
+    name: str, default: float, help: str, *, above_zero: bool = False
+) -> Callable[[_F], _F]:
+    """An option of seconds (>= 0, or > 0 with ``above_zero``), its default shown."""
+    return click.option(
+        name,
+        type=click.FloatRange(min=0, min_open=above_zero),
+        default=default,
+        show_default=True,
+        metavar="S",
+        help=help,
+    )
+
+
+def runtime_option(help: str = "Which runtime runs MODEL.") -> Callable[[_F], _F]:
+    """``--runtime``: of every command that runs a model."""
+    return click.option(
+        "--runtime",
+        type=click.Choice(RUNTIME_CHOICES),
+        default="auto",
+        show_default=True,
+        help=help,
+    )
+
+
+streams_option = count_option("--streams", 2, "CUDA streams (slots) per core.")

@@ -13,14 +13,15 @@ from ._cli_frame import (
     EXIT_FAILURE,
     CommandError,
     cores_option,
+    count_option,
     debug_option,
+    runtime_option,
     trust_compute_option,
 )
 from ._cores import read_model
 from ._errors import AiodlaError, ModelError
 from ._verify import VerifyError, VerifySettings, verify
 from ._verify_report import report_markdown, summary_lines
-from .runtime import _select
 
 __all__ = ["verify_command"]
 
@@ -69,27 +70,13 @@ def _scales(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -
     help="The quantization scale of an INT8 tensor (real = S * stored).",
 )
 @cores_option("DLA cores to open the model on, joined by commas.")
-@click.option(
-    "--samples",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="Generated samples (without --input).",
-)
-@click.option(
+@count_option("--samples", 8, "Generated samples (without --input).")
+@count_option(
     "--requests",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Requests one at a time per core for the latency (four times as many for the throughput).",
+    100,
+    "Requests one at a time per core for the latency (four times as many for the throughput).",
 )
-@click.option(
-    "--runtime",
-    type=click.Choice(_select.RUNTIME_CHOICES),
-    default="auto",
-    show_default=True,
-    help="Which runtime runs MODEL.",
-)
+@runtime_option()
 @trust_compute_option
 @click.option("--report", metavar="REPORT.md", help="Write the report as Markdown here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -854,3 +854,54 @@ def test_emulator_loadables_from_python_and_the_cli_agree(tmp_path: Path) -> Non
     )
     assert result.exit_code == 0
     assert out.read_bytes() == make_loadable([x], [y], "affine", 0.001, scale=2.0, bias=0.5)
+
+
+class TestSharedOptions:
+    """The options several commands share are made once (``_cli_frame``): the same
+    name takes the same values, and refuses the same way, in every command."""
+
+    @staticmethod
+    def option(command: str, name: str) -> Any:
+        group = _cli.cli
+        found = group.commands[command]  # type: ignore[attr-defined]
+        (param,) = [p for p in found.params if name in p.opts]
+        return param
+
+    @pytest.mark.parametrize("command", ["bench", "record", "verify", "serve"])
+    def test_runtime_is_one_choice_everywhere(self, command: str) -> None:
+        runtime = self.option(command, "--runtime")
+        assert list(runtime.type.choices) == list(_select.RUNTIME_CHOICES)
+        assert runtime.default == "auto" and runtime.show_default
+
+    @pytest.mark.parametrize(
+        ("args", "words"),
+        [
+            (["verify", "m.bin", "--samples", "0"], "'--samples': 0 is not in the range x>=1"),
+            (["verify", "m.bin", "--requests", "0"], "'--requests': 0 is not in the range x>=1"),
+            (["serve", "m.bin", "--max-queue", "0"], "'--max-queue': 0 is not in the range x>=1"),
+            (["bench", "m.bin", "--streams", "0"], "'--streams': 0 is not in the range x>=1"),
+            (["serve", "m.bin", "--drain-timeout", "-1"], "'--drain-timeout': -1.0 is not in"),
+            (["serve", "m.bin", "--body-timeout", "0"], "'--body-timeout': 0.0 is not in"),
+            (["doctor", "--timeout", "0"], "'--timeout': 0.0 is not in the range x>0"),
+        ],
+    )
+    def test_counts_and_seconds_are_refused_alike(self, args: list[str], words: str) -> None:
+        result = run(*args)
+        assert result.exit_code == 2
+        assert words in " ".join(result.output.split())
+
+    @pytest.mark.parametrize(
+        ("command", "name", "default"),
+        [
+            ("verify", "--samples", 8),
+            ("verify", "--requests", 100),
+            ("serve", "--max-queue", 1024),
+            ("serve", "--drain-timeout", 30.0),
+            ("serve", "--body-timeout", 5.0),
+            ("doctor", "--timeout", 30.0),
+            ("bench", "--streams", 2),
+        ],
+    )
+    def test_defaults_are_shown(self, command: str, name: str, default: float) -> None:
+        param = self.option(command, name)
+        assert param.default == default and param.show_default

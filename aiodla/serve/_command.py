@@ -16,11 +16,13 @@ import click
 from .._cli_frame import (
     CommandError,
     cores_option,
+    count_option,
     debug_option,
+    runtime_option,
+    seconds_option,
     streams_option,
     trust_compute_option,
 )
-from ..runtime import _select
 
 if TYPE_CHECKING:
     from ._app import Server
@@ -63,29 +65,20 @@ def _announce(server: Server) -> None:
 )
 @cores_option("DLA cores every model's engine uses, joined by commas.")
 @streams_option
-@click.option(
+@count_option(
     "--max-queue",
-    type=click.IntRange(min=1),
-    default=1024,
-    show_default=True,
-    help="Requests waiting per model; beyond, requests are answered UNAVAILABLE (503).",
+    1024,
+    "Requests waiting per model; beyond, requests are answered UNAVAILABLE (503).",
 )
-@click.option(
-    "--drain-timeout",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    metavar="S",
-    help="On SIGTERM, seconds that accepted requests get to finish.",
+@seconds_option(
+    "--drain-timeout", 30.0, "On SIGTERM, seconds that accepted requests get to finish."
 )
-@click.option(
+@seconds_option(
     "--body-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
-    show_default=True,
-    metavar="S",
-    help="Seconds a MiB an HTTP request body may take to arrive (at least a MiB's "
-    "worth); a slower one is answered 408.",
+    5.0,
+    "Seconds a MiB an HTTP request body may take to arrive (at least a MiB's worth); a "
+    "slower one is answered 408.",
+    above_zero=True,
 )
 @click.option(
     "--tls-cert",
@@ -100,13 +93,7 @@ def _announce(server: Server) -> None:
     metavar="PEM",
     help="Require client certificates signed by this CA (mutual TLS), on both fronts.",
 )
-@click.option(
-    "--runtime",
-    type=click.Choice(_select.RUNTIME_CHOICES),
-    default="auto",
-    show_default=True,
-    help="Which runtime runs the models.",
-)
+@runtime_option("Which runtime runs the models.")
 @trust_compute_option
 @debug_option
 def serve_command(
