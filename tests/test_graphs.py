@@ -164,7 +164,7 @@ async def test_a_slot_keeps_at_most_max_graphs() -> None:
         assert runtime.live_handles()["graphs"] == MAX_GRAPHS
         assert graphs.enabled
         # Each enqueue recorded the event once: by its graph's launch, or directly.
-        assert runtime._events[event].recorded == MAX_GRAPHS + 3
+        assert runtime._timeline.events[event].recorded == MAX_GRAPHS + 3
         runtime.synchronize_stream(slot.stream)
         runtime.destroy_event(event)
 
@@ -293,7 +293,7 @@ class TestEmulatedCapture:
         runtime.record_event(event, first)
         graph = runtime.end_capture(first)
         runtime.launch_graph(graph, second)
-        assert runtime._events[event].stream is runtime._streams[second]
+        assert runtime._timeline.events[event].stream is runtime._timeline.streams[second]
         runtime.destroy_graph(graph)
 
     async def test_another_threads_calls_are_not_recorded(self) -> None:
@@ -304,8 +304,8 @@ class TestEmulatedCapture:
         thread.start()
         thread.join()
         graph = runtime.end_capture(stream)
-        assert runtime._graphs[graph] == ()
-        assert runtime._events[event].recorded == 1
+        assert runtime._graphs.graphs[graph] == ()
+        assert runtime._timeline.events[event].recorded == 1
         runtime.destroy_graph(graph)
 
     async def test_misuse_is_refused(self) -> None:

@@ -106,7 +106,7 @@ class TestFaultOnTheStream:
             assert engine.health().status == "dead"
             assert engine.dead
             # cudaErrorExternalDevice says "a DLA broke"; cuDLA says how.
-            core_handle = next(iter(runtime._devices))
+            core_handle = next(iter(runtime._timeline.devices))
             assert runtime.get_last_error(core_handle) == ENGINE_TIMEOUT
 
     # Process mode survives a lost context by replacing its worker (tests/test_isolation.py).
@@ -168,7 +168,7 @@ class TestRotation:
                 np.testing.assert_array_equal(y, expected_affine(ONES * i))
             assert engine.statistics().cores[1].completed - served_before == 30
             # Probes keep failing while faults are queued; then one succeeds.
-            runtime._cores[0].failures.clear()
+            runtime._timeline.cores[0].failures.clear()
             await wait_until(lambda: engine.health().status == "ok", timeout=5)
             assert engine.statistics().cores[0].in_rotation
             await asyncio.gather(*(engine.infer(ONES) for _ in range(20)))

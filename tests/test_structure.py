@@ -403,14 +403,6 @@ def honest_lengths(
 
 
 CLASSES = class_definitions()
-# The emulated runtime is still one tower of bases that exist only for it (timeline,
-# faults, compute threads, graphs, conversion): splitting it into collaborating objects
-# is the next step there. Listed here so that no other class joins it, and checked to
-# be over still, so the list cannot outlive the tower.
-TOWERS = {
-    "aiodla.runtime._emulated.EmulatedRuntime",
-    "aiodla.runtime._compute_threads.ComputeThreads",
-}
 
 
 def test_classes_stay_small_counted_with_the_bases_that_exist_only_for_them() -> None:
@@ -420,7 +412,7 @@ def test_classes_stay_small_counted_with_the_bases_that_exist_only_for_them() ->
     named = {base: named_in(base) for base in bases if base in CLASSES}
     lengths = honest_lengths(CLASSES, named)
     over = {name: length for name, length in lengths.items() if length > 400}
-    assert set(over) == TOWERS, over
+    assert over == {}
 
 
 def test_a_base_made_for_the_line_count_is_counted_with_its_class() -> None:

@@ -4,8 +4,8 @@ One thread per DLA core that has a module with a compute function: it takes the
 core's tasks in submission order, applies the stream operations ahead of each (the
 copies of its inputs) as their time comes, runs the function and writes the outputs,
 then lets the stream go on (see ``_emulated`` for the whole model and
-``aiodla.emulator._compute`` for the function's contract). A layer of the runtime
-between its fault injection and the cuDLA calls.
+``aiodla.emulator._compute`` for the function's contract). The runtime holds a
+:class:`ComputeThreads`; it works on the runtime's timeline.
 
 Every task ends: whatever the function raises fails that task alone, and a function
 still running when the task's timeout passes (``set_task_timeout``, cuDLA's 30 s by
@@ -29,11 +29,11 @@ from ..emulator._compute import (
     describe,
     import_compute,
 )
-from ._faults import _STATUS_VALUES, FaultInjection
+from ._faults import _STATUS_VALUES
 
 if TYPE_CHECKING:
     from ..emulator._format import EmulatorModel
-    from ._timeline import _Operation, _Stream
+    from ._timeline import Timeline, _Operation, _Stream
 
 __all__ = ["ComputeThreads", "compute_function", "untrusted_reference"]
 
@@ -61,36 +61,38 @@ def compute_function(compute: ComputeFunction | str | None) -> ComputeFunction |
     return compute
 
 
-class ComputeThreads(FaultInjection):
+class ComputeThreads:
     """Compute functions for the emulated runtime's modules, and the threads that
-    run them. The state is created by the runtime's ``__init__``."""
+    run them: one per core that has a module with a compute function loaded.
 
-    _compute: ComputeFunction | None
-    trust_compute: bool
-    _bound_computes: dict[bytes, ComputeFunction]
-    _workers: dict[int, _ComputeWorker]
-    _closing: bool
+    ``compute``: the function for every module (the runtime's ``compute=``);
+    ``trust_compute``: whether a loadable's own compute reference may be imported.
+    """
 
-    def _module(self, module: int) -> Any:
-        raise NotImplementedError
+    def __init__(
+        self, timeline: Timeline, compute: ComputeFunction | str | None, trust_compute: bool
+    ) -> None:
+        self._timeline = timeline
+        self._compute = compute_function(compute)
+        self.trust_compute = trust_compute
+        self._bound: dict[bytes, ComputeFunction] = {}
+        self._workers: dict[int, _ComputeWorker] = {}  # by core index
+        self._closing = False
 
     def bind_compute(self, loadable: bytes, compute: ComputeFunction | str | None) -> None:
-        """Let ``compute`` compute the outputs of every module loaded from
-        ``loadable`` from now on (None: undo), in place of the runtime's ``compute=``
-        and of the loadable's own compute reference. Modules loaded already keep
-        theirs."""
+        """See :meth:`EmulatedRuntime.bind_compute`."""
         function = compute_function(compute)
-        with self._lock:
+        with self._timeline.lock:
             if function is None:
-                self._bound_computes.pop(bytes(loadable), None)
+                self._bound.pop(bytes(loadable), None)
             else:
-                self._bound_computes[bytes(loadable)] = function
+                self._bound[bytes(loadable)] = function
 
-    def _module_compute(self, loadable: bytes, model: EmulatorModel) -> ComputeFunction | None:
+    def module_compute(self, loadable: bytes, model: EmulatorModel) -> ComputeFunction | None:
         """The compute function of a module being loaded, checked against its model:
         bound to the loadable, else the runtime's, else the loadable's reference (only
         when trusted: importing it runs code that a file chose)."""
-        compute = self._bound_computes.get(bytes(loadable), self._compute)
+        compute = self._bound.get(bytes(loadable), self._compute)
         if compute is None and model.compute is not None:
             if not self.trust_compute:
                 raise ModelError(untrusted_reference(model.compute))
@@ -99,14 +101,14 @@ class ComputeThreads(FaultInjection):
             check_compute(compute, model.inputs, model.outputs)
         return compute
 
-    def _compute_loaded(self, core: int) -> None:
+    def loaded(self, core: int) -> None:
         """A module with a compute function was loaded on ``core`` (lock held)."""
         worker = self._workers.get(core)
         if worker is None:
             worker = self._workers[core] = _ComputeWorker(self, core)
         worker.modules += 1
 
-    def _compute_unloaded(self, core: int) -> None:
+    def unloaded(self, core: int) -> None:
         """One was unloaded (lock held): no thread outlives the engines that need it."""
         worker = self._workers[core]
         worker.modules -= 1
@@ -114,55 +116,56 @@ class ComputeThreads(FaultInjection):
             del self._workers[core]
             worker.stop()
 
-    def _stop_compute_threads(self) -> None:
-        with self._lock:
+    def put(self, core: int, stream: _Stream, operation: _Operation, task: ComputeTask) -> None:
+        """Queue a submitted task's computation on its core's thread."""
+        with self._timeline.lock:  # the core's worker may be replaced meanwhile (a timeout)
+            self._workers[core].put(stream, operation, task)
+
+    def stop(self) -> None:
+        timeline = self._timeline
+        with timeline.lock:
             self._closing = True
             workers, self._workers = list(self._workers.values()), {}
-            self._placed.notify_all()
+            timeline.placed.notify_all()
         for worker in workers:
             worker.stop()
 
-    def module_computes(self, module: int) -> bool:
-        """Whether a compute function computes this module's outputs (then the
-        engine asks :meth:`take_compute_failure` with each completion)."""
-        return self._module(module).compute is not None
-
     def take_compute_failure(self, stream: int) -> BaseException | None:
-        """The :class:`aiodla.ComputeError` of the last task completed on ``stream``,
-        if its compute function failed; None otherwise. Reading it clears it."""
-        return self._compute_failures.pop(stream, None)
+        """See :meth:`EmulatedRuntime.take_compute_failure`."""
+        return self._timeline.compute_failures.pop(stream, None)
 
-    def _reach(self, stream: _Stream, operation: _Operation) -> bool:
+    def reach(self, stream: _Stream, operation: _Operation) -> bool:
         """Compute thread: apply the stream's operations ahead of ``operation`` as
         their time comes, until it is next and placed; False when it never will be
         (the context was poisoned, the runtime closed)."""
+        timeline = self._timeline
         while True:
-            with self._lock:
+            with timeline.lock:
                 operations = stream.operations
-                if self._closing or self._poisoned is not None or not operations:
+                if self._closing or timeline.poisoned is not None or not operations:
                     return False
                 if operation.effect.status:  # type: ignore[attr-defined]
                     return False  # ended by its timeout before its turn came
                 head = operations[0]
                 if head is operation and head.at is not None:
                     return True
-                if head.at is None or head.computing:  # held at a gate, or computing
-                    self._placed.wait(0.05)
+                if head.at is None or head.computing is not None:  # held, or computing
+                    timeline.placed.wait(0.05)
                     continue
-                delay = head.at - self._clock()
+                delay = head.at - timeline.clock()
             if delay > 0:
                 time.sleep(min(delay, 0.01))
-            self._advance(stream, self._clock())
+            timeline.advance(stream, timeline.clock())
 
-    def _computed(self, operation: _Operation, failure: BaseException | None) -> None:
+    def computed(self, operation: _Operation, failure: BaseException | None) -> None:
         """Compute thread: the outputs are written (or ``failure`` says why not)."""
-        with self._lock:
+        with self._timeline.lock:
             effect = operation.effect
             effect.failure = failure  # type: ignore[attr-defined]
-            operation.computing = False
-            self._placed.notify_all()
+            operation.computing = None
+            self._timeline.placed.notify_all()
 
-    def _compute_expired(self, operation: _Operation, now: float) -> bool:
+    def expired(self, operation: _Operation, now: float) -> bool:
         """(Lock held) End a computing task whose timeout has passed since it started:
         no outputs, the DLA's timeout status; a thread stuck in its function is
         replaced. Not while its outputs are being stored: it ends in a moment anyway."""
@@ -179,8 +182,8 @@ class ComputeThreads(FaultInjection):
                 return False
             self._workers[core] = worker.replaced()
         effect.status = _STATUS_VALUES["engine_timeout"]
-        operation.computing = False
-        self._placed.notify_all()
+        operation.computing = None
+        self._timeline.placed.notify_all()
         return True
 
 
@@ -188,7 +191,7 @@ class _ComputeWorker:
     """One DLA core's compute thread: runs the compute functions of the core's tasks
     in the order they were submitted (the order the core runs them)."""
 
-    def __init__(self, runtime: ComputeThreads, core: int) -> None:
+    def __init__(self, threads: ComputeThreads, core: int) -> None:
         self.modules = 0  # modules with a compute function loaded on this core
         # Under the runtime's lock: the task whose function runs now, whether its
         # outputs are being stored, and whether a fresh worker took this one's place.
@@ -196,7 +199,8 @@ class _ComputeWorker:
         self.writing = False
         self.abandoned = False
         self._core = core
-        self._runtime = runtime
+        self._threads = threads
+        self._lock = threads._timeline.lock
         self._jobs: queue.SimpleQueue[tuple[_Stream, _Operation, ComputeTask] | None] = (
             queue.SimpleQueue()
         )
@@ -216,7 +220,7 @@ class _ComputeWorker:
     def replaced(self) -> _ComputeWorker:
         """(Lock held) A fresh worker for this core, with the jobs queued here; this
         one's thread, stuck in a function, ends when the function returns."""
-        fresh = _ComputeWorker(self._runtime, self._core)
+        fresh = _ComputeWorker(self._threads, self._core)
         fresh.modules, self.abandoned = self.modules, True
         while True:
             try:
@@ -225,12 +229,12 @@ class _ComputeWorker:
                 return fresh
 
     def _run(self) -> None:
-        runtime = self._runtime
+        threads, lock = self._threads, self._lock
         while not self.abandoned and (job := self._jobs.get()) is not None:
             stream, operation, task = job
-            if not runtime._reach(stream, operation):
+            if not threads.reach(stream, operation):
                 continue
-            with runtime._lock:
+            with lock:
                 if operation.effect.status:  # type: ignore[attr-defined]
                     continue  # ended by its timeout in the meantime
                 self.running = operation
@@ -239,15 +243,15 @@ class _ComputeWorker:
             except BaseException as exc:  # reading its inputs failed: that task's alone
                 outcome = ComputeError(f"compute function {describe(task.function)}: {exc!r}")
                 outcome.__cause__ = exc
-            with runtime._lock:
+            with lock:
                 self.running = None
                 if operation.effect.status:  # type: ignore[attr-defined]
                     continue  # ended by its timeout: the outputs go nowhere
                 self.writing = True
             failure = outcome if isinstance(outcome, ComputeError) else self._write(task, outcome)
-            with runtime._lock:
+            with lock:
                 self.writing = False
-                runtime._computed(operation, failure)
+                threads.computed(operation, failure)
 
     @staticmethod
     def _write(task: ComputeTask, outputs: Any) -> ComputeError | None:

@@ -13,24 +13,22 @@ recorded: an injected failure of ``copy_to_device`` fails the launch.
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ._protocol import CudaCallError
 
 if TYPE_CHECKING:
-    from ._timeline import _Stream
+    from ._timeline import Timeline
 
-__all__ = ["EmulatedGraphs", "records_stream_work"]
+__all__ = ["EmulatedGraphs"]
 
 _INVALID_VALUE = 1
 _INVALID_HANDLE = 400
 _CAPTURE_ILLEGAL = 900  # cudaErrorStreamCaptureUnsupported: already capturing
 
 _Call = tuple[Callable[..., None], int, tuple[Any, ...]]
-_Class = TypeVar("_Class", bound=type)
 
 
 class _Recording:
@@ -41,81 +39,72 @@ class _Recording:
         self.calls: list[_Call] = []
 
 
-def records_stream_work(**stream_at: int) -> Callable[[_Class], _Class]:
-    """Class decorator: each named method enqueues work on the stream passed at that
-    position, and is recorded instead while that stream captures."""
-
-    def decorate(cls: _Class) -> _Class:
-        for name, position in stream_at.items():
-            setattr(cls, name, _recorded(getattr(cls, name), position))
-        return cls
-
-    return decorate
-
-
-def _recorded(method: Callable[..., None], position: int) -> Callable[..., None]:
-    @functools.wraps(method)
-    def call(self: EmulatedGraphs, *args: Any) -> None:
-        recordings = self._recordings
-        if recordings:
-            recording = recordings.get(args[position])
-            if recording is not None and recording.thread == threading.get_ident():
-                recording.calls.append((method, position, args))
-                return
-        method(self, *args)
-
-    return call
-
-
 class EmulatedGraphs:
-    """Mixed into :class:`~aiodla.runtime.EmulatedRuntime` (whose state it uses)."""
+    """The emulated runtime's graphs: the recordings of capturing streams, and the
+    graphs made of them. The runtime takes each call that enqueues stream work
+    through :meth:`recorded`."""
 
-    _recordings: dict[int, _Recording]
-    _graphs: dict[int, tuple[_Call, ...]]
-    _ids: Iterator[int]
-    _lock: threading.RLock
+    def __init__(self, timeline: Timeline) -> None:
+        self._timeline = timeline
+        # Replaced, not changed in place: the recording check reads it unlocked.
+        self._recordings: dict[int, _Recording] = {}
+        self.graphs: dict[int, tuple[_Call, ...]] = {}
 
-    if TYPE_CHECKING:  # provided by the runtime's other layers (declared for mypy only)
+    def recorded(self, method: Callable[..., None], position: int) -> Callable[..., None]:
+        """``method``, which enqueues work on the stream passed at ``position``, made
+        to be recorded instead while that stream captures (on the capturing thread)."""
+        graphs = self
 
-        def _cuda(self, call: str) -> None: ...
-        def _stream(self, stream: int, call: str) -> _Stream: ...
-        def _bad_release(self, call: str) -> None: ...
-        def _released(self, call: str) -> None: ...
+        def call(*args: Any) -> None:
+            recordings = graphs._recordings
+            if recordings:
+                recording = recordings.get(args[position])
+                if recording is not None and recording.thread == threading.get_ident():
+                    recording.calls.append((method, position, args))
+                    return
+            method(*args)
+
+        call.__name__ = call.__qualname__ = method.__name__
+        call.__doc__ = method.__doc__
+        return call
 
     def begin_capture(self, stream: int) -> None:
-        self._cuda("begin_capture")
-        self._stream(stream, "begin_capture")
-        with self._lock:
+        timeline = self._timeline
+        timeline.cuda("begin_capture")
+        timeline.stream(stream, "begin_capture")
+        with timeline.lock:
             if stream in self._recordings:
                 raise CudaCallError("begin_capture", _CAPTURE_ILLEGAL)
-            # Copied, not changed in place: the recording check reads it unlocked.
             self._recordings = {**self._recordings, stream: _Recording()}
 
     def end_capture(self, stream: int) -> int:
-        with self._lock:
+        timeline = self._timeline
+        with timeline.lock:
             recording = self._recordings.get(stream)
             if recording is None or recording.thread != threading.get_ident():
                 raise CudaCallError("end_capture", _INVALID_VALUE)
             self._recordings = {s: r for s, r in self._recordings.items() if s != stream}
-        self._cuda("end_capture")  # failing, it ends the capture all the same, as CUDA's
-        with self._lock:
-            handle = next(self._ids)
-            self._graphs[handle] = tuple(recording.calls)
+        timeline.cuda("end_capture")  # failing, it ends the capture all the same, as CUDA's
+        with timeline.lock:
+            handle = next(timeline.ids)
+            self.graphs[handle] = tuple(recording.calls)
         return handle
 
     def launch_graph(self, graph: int, stream: int) -> None:
-        self._cuda("launch_graph")
-        calls = self._graphs.get(graph)
+        timeline = self._timeline
+        timeline.cuda("launch_graph")
+        calls = self.graphs.get(graph)
         if calls is None:
             raise CudaCallError("launch_graph", _INVALID_HANDLE)
-        self._stream(stream, "launch_graph")
+        timeline.stream(stream, "launch_graph")
         for method, position, args in calls:
             if args[position] != stream:
                 args = (*args[:position], stream, *args[position + 1 :])
-            method(self, *args)
+            method(*args)
 
     def destroy_graph(self, graph: int) -> None:
-        with self._lock:
-            if self._graphs.pop(graph, None) is None:
-                self._bad_release("destroy_graph")
-        self._released("destroy_graph")
+        timeline = self._timeline
+        with timeline.lock:
+            if self.graphs.pop(graph, None) is None:
+                timeline.bad_release("destroy_graph")
+        timeline.released("destroy_graph")

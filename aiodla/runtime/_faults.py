@@ -1,9 +1,10 @@
-"""Fault injection for the emulated runtime, a layer over its timeline.
+"""Fault injection for the emulated runtime, working on its timeline.
 
 Tests reach failure states through it without hardware: a task that fails with a
 status, a core that hangs, tasks held at a gate, a poisoned CUDA context, a call that
-fails. :class:`FaultInjection` is what :class:`EmulatedRuntime` and the controls of
-``aiodla.testing`` build on; also the cuDLA errors the emulator raises.
+fails. :class:`EmulatedRuntime` holds a :class:`FaultInjection` and passes its test
+controls to it (the controls of ``aiodla.testing`` build on those); also the cuDLA
+errors the emulator raises.
 """
 
 from __future__ import annotations
@@ -14,17 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import cudla
 
-from .._errors import ConfigurationError
 from ._protocol import CudaCallError
-from ._timeline import Timeline
 
 if TYPE_CHECKING:
     from ..emulator._compute import ComputeTask
     from ..emulator._format import EmulatorModel
     from ..emulator._ops import ModelRunner
-    from ._timeline import _Device
+    from ._timeline import Timeline, _Device
 
-__all__ = ["EmulatedCudlaError", "FaultInjection", "TaskGate"]
+__all__ = ["CallFailures", "EmulatedCudlaError", "FaultInjection", "TaskGate"]
 
 _EXTERNAL_DEVICE = 911  # cudaErrorExternalDevice
 
@@ -69,8 +68,8 @@ class TaskGate:
     to reach "a task is in flight on the DLA" without sleeping.
     """
 
-    def __init__(self, runtime: FaultInjection, core: int) -> None:
-        self._runtime = runtime
+    def __init__(self, faults: FaultInjection, core: int) -> None:
+        self._faults = faults
         self.core = core
         self._released = False
         self._condition = threading.Condition()
@@ -94,7 +93,7 @@ class TaskGate:
         """Let the held tasks (and later ones) start now; the gate is then gone."""
         if not self._released:
             self._released = True
-            self._runtime._release_gate(self)
+            self._faults.release_gate(self)
 
     def _arrived(self) -> None:
         with self._condition:
@@ -116,108 +115,111 @@ class _CallFailure:
     core: int | None
 
 
-class FaultInjection(Timeline):
+class CallFailures:
+    """Runtime calls armed to fail (:meth:`FaultInjection.fail_call`), and the check
+    each call makes; ``armed`` spares the calls the check while none is."""
+
+    def __init__(self) -> None:
+        self.pending: list[_CallFailure] = []
+        self.armed = False
+        self._lock = threading.Lock()
+
+    def arm(self, failure: _CallFailure) -> None:
+        with self._lock:
+            self.pending.append(failure)
+            self.armed = True
+
+    def remove(self, failure: _CallFailure) -> None:
+        with self._lock:
+            self.pending.remove(failure)
+            self.armed = bool(self.pending)
+
+    def check(self, call: str, core: int | None = None) -> None:
+        """Raise the failure armed for ``call`` (about ``core``) once its turn came."""
+        if not self.armed:
+            return
+        with self._lock:
+            for failure in self.pending:
+                if failure.call != call or (failure.core is not None and failure.core != core):
+                    continue
+                if failure.after > 0:
+                    failure.after -= 1
+                    return
+                self.pending.remove(failure)
+                self.armed = bool(self.pending)
+                raise failure.error
+
+
+class FaultInjection:
     """The emulated runtime's test controls: inject task failures, hangs, gates,
-    poison and failing calls. ``_call_failures`` is created by the runtime."""
+    poison and failing calls, into the state its ``timeline`` holds."""
 
-    _call_failures: list[_CallFailure]
-    _devices: dict[int, _Device]
+    def __init__(self, timeline: Timeline, failures: CallFailures) -> None:
+        self._timeline = timeline
+        self.failures = failures
 
-    def fail_next_task(
-        self, core: int, status: int = 0x40000001, *, on_stream: bool = False
-    ) -> None:
-        """The next task submitted to ``core`` fails with ``status`` (a cudlaStatus);
-        its outputs are not written.
+    def fail_next_task(self, core: int, status: int, *, on_stream: bool) -> None:
+        """See :meth:`EmulatedRuntime.fail_next_task`."""
+        self._timeline.core(core).failures.append((int(cudla.Status(int(status))), on_stream))
 
-        By default the failure shows only through ``get_last_error``. ``on_stream=True``
-        makes it surface as a DLA hardware fault does in hybrid mode (NVIDIA's
-        cuDLAErrorReporting sample): a sticky ``cudaErrorExternalDevice`` on the task's
-        stream, which poisons the context, while ``get_last_error`` still reports the
-        status.
-        """
-        self._core(core).failures.append((int(cudla.Status(int(status))), on_stream))
-
-    def hang_core(self, core: int, hung: bool = True) -> None:
-        """Tasks submitted to ``core`` from now hang until the device's task timeout,
-        then fail with ``ERROR_DLA_ERR_ENGINE_TIMEOUT``; ``hung=False`` ends that."""
-        self._core(core).hung = hung
+    def hang_core(self, core: int, hung: bool) -> None:
+        """See :meth:`EmulatedRuntime.hang_core`."""
+        self._timeline.core(core).hung = hung
 
     def hold(self, core: int) -> TaskGate:
-        """Hold every task submitted to ``core`` before it starts, until released."""
-        target = self._core(core)
-        with self._lock:
+        """See :meth:`EmulatedRuntime.hold`."""
+        timeline = self._timeline
+        target = timeline.core(core)
+        with timeline.lock:
             gate = target.gate
             if not isinstance(gate, TaskGate):  # (none yet: the timeline knows only Gate)
                 gate = target.gate = TaskGate(self, core)
             return gate
 
-    def _release_gate(self, gate: TaskGate) -> None:
-        with self._lock:
-            core = self._cores[gate.core]
+    def release_gate(self, gate: TaskGate) -> None:
+        timeline = self._timeline
+        with timeline.lock:
+            core = timeline.cores[gate.core]
             if core.gate is gate:
                 core.gate = None
-            now = self._clock()
+            now = timeline.clock()
             while core.blocked:
-                self._place(core.blocked.popleft(), now)
-            self._placed.notify_all()
+                timeline.place(core.blocked.popleft(), now)
+            timeline.placed.notify_all()
 
-    def poison(self, code: int = _EXTERNAL_DEVICE) -> None:
-        """Poison the CUDA context: from now every CUDA call raises a sticky error, and
-        the work queued on the device is lost. Releasing a CUDA handle then raises too,
-        but the handle counts as released (the process's end reclaims it)."""
-        with self._lock:
-            self._poisoned = CudaCallError("(context)", code)
-            for stream in (*self._streams.values(), *self._retired):
+    def poison(self, code: int) -> None:
+        """See :meth:`EmulatedRuntime.poison`."""
+        timeline = self._timeline
+        with timeline.lock:
+            timeline.poisoned = CudaCallError("(context)", code)
+            for stream in (*timeline.streams.values(), *timeline.retired):
                 stream.operations.clear()
                 stream.unplaced.clear()
-            for device in self._devices.values():
+            for device in timeline.devices.values():
                 device.tasks_in_flight = 0
-            for core in self._cores:
+            for core in timeline.cores:
                 core.blocked.clear()
-            self._placed.notify_all()
+            timeline.placed.notify_all()
 
     def fail_call(
-        self,
-        call: str,
-        error: BaseException | int,
-        *,
-        after: int = 0,
-        core: int | None = None,
+        self, call: str, error: BaseException | int, *, after: int, core: int | None
     ) -> None:
-        """Make the runtime method ``call`` fail once, after ``after`` successful calls.
-
-        ``error`` is an exception, or a number: a cudlaStatus for cuDLA calls, a
-        cudaError_t for CUDA calls. ``core`` limits it to calls about that DLA core.
-        """
-        if not callable(getattr(self, call, None)) or call.startswith("_"):
-            raise ConfigurationError(f"{call=} is not a runtime method")
+        """See :meth:`EmulatedRuntime.fail_call` (which checks ``call`` names one of
+        its methods)."""
         if isinstance(error, int):
             error = (
                 EmulatedCudlaError(cudla.Status(error), f"injected failure of {call}")
                 if call in _CUDLA_CALLS
                 else CudaCallError(call, error)
             )
-        self._call_failures.append(_CallFailure(call, after, error, core))
+        self.failures.arm(_CallFailure(call, after, error, core))
 
-    def _check_injected(self, call: str, core: int | None = None) -> None:
-        if not self._call_failures:
-            return
-        with self._lock:
-            for failure in self._call_failures:
-                if failure.call != call or (failure.core is not None and failure.core != core):
-                    continue
-                if failure.after > 0:
-                    failure.after -= 1
-                    return
-                self._call_failures.remove(failure)
-                raise failure.error
-
-    def _task_effect(
+    def task_effect(
         self, device: _Device, model: EmulatorModel, runner: ModelRunner
     ) -> _TaskEffect:
         """A task's effect, armed with the faults its core holds as it is submitted
         (they belong to the task then, whenever it starts)."""
-        effect = _TaskEffect(self, device, model, runner)
+        effect = _TaskEffect(self._timeline, device, model, runner)
         core = device.core
         if core.hung:
             effect.hung, effect.status = True, _STATUS_VALUES["engine_timeout"]
@@ -242,15 +244,15 @@ class _TaskEffect:
         "hung",
         "on_stream",
         "runner",
-        "runtime",
         "status",
         "stream",
+        "timeline",
     )
 
     def __init__(
-        self, runtime: Timeline, device: _Device, model: EmulatorModel, runner: ModelRunner
+        self, timeline: Timeline, device: _Device, model: EmulatorModel, runner: ModelRunner
     ) -> None:
-        self.runtime = runtime
+        self.timeline = timeline
         self.device = device
         self.runner = runner
         self.duration = model.latency
@@ -263,18 +265,19 @@ class _TaskEffect:
 
     def __call__(self) -> None:
         device = self.device
-        if not self.status and self.runtime._poisoned is None:
+        timeline = self.timeline
+        if not self.status and timeline.poisoned is None:
             if self.compute is None:
                 self.runner()
             elif self.failure is not None:
-                self.runtime._compute_failures[self.stream] = self.failure
+                timeline.compute_failures[self.stream] = self.failure
         if self.status:
             device.last_error = self.status
-            if self.on_stream and self.runtime._poisoned is None:
+            if self.on_stream and timeline.poisoned is None:
                 # The stream's later work never completes: every CUDA call from now on,
                 # the poller's event query first, raises the sticky error. (The stream
                 # being advanced is left as it is; poison() would clear it under us.)
-                self.runtime._poisoned = CudaCallError("(context)", _EXTERNAL_DEVICE)
+                timeline.poisoned = CudaCallError("(context)", _EXTERNAL_DEVICE)
         device.tasks_in_flight -= 1
         device.core.tasks_completed += 1
 

@@ -2,23 +2,24 @@
 
 Each DLA core is a serial resource with its own exact timeline; a stream is a FIFO of
 operations, each stamped with the virtual time it completes; effects apply when
-somebody looks (see ``_emulated`` for the whole model). :class:`Timeline` holds the
-placement and the stream and event calls; the fault layer and the runtime build on it.
+somebody looks (see ``_emulated`` for the whole model). :class:`Timeline` owns that
+state (cores, device handles, streams, events, a poisoned context), places operations
+and serves the stream and event calls; the runtime's other parts (memory, faults,
+compute threads, conversion, graphs) are objects that hold it and work on it.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
+import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, cast
+from collections.abc import Callable
+from typing import Protocol, cast
 
 from .._errors import ConfigurationError
 from ._protocol import CudaCallError
-
-if TYPE_CHECKING:
-    import threading
 
 
 class Gate(Protocol):
@@ -34,6 +35,22 @@ class TaskTiming(Protocol):
 
     hung: bool
     duration: float
+
+
+class CallChecks(Protocol):
+    """Where a call fails by injection (the fault layer's ``CallFailures``): ``armed``
+    is False while none is, so the calls pay one attribute read then."""
+
+    armed: bool
+
+    def check(self, call: str, core: int | None = None) -> None: ...
+
+
+class Computing(Protocol):
+    """What decides when a task whose outputs a compute function still works out has
+    outlasted its timeout (the runtime's ``ComputeThreads``)."""
+
+    def expired(self, operation: _Operation, now: float) -> bool: ...
 
 
 DEFAULT_TASK_TIMEOUT = 30.0  # seconds, cuDLA's default
@@ -86,9 +103,11 @@ class _Operation:
     """One stream operation: the virtual time it completes at, and its effect.
 
     ``at`` is None while the operation waits behind a task of a held core. A task's
-    operation also carries ``device`` (its core). ``computing`` is True while a
-    compute function works out the task's outputs on the runtime's compute thread:
-    the stream stops there, whatever the time, until they are written.
+    operation also carries ``device`` (its core). ``computing`` is set while a compute
+    function works out the task's outputs on the runtime's compute thread: the stream
+    stops there, whatever the time, until they are written or it says the task's time
+    is up. It is carried here, not held by the timeline, because only such a task needs
+    it.
     """
 
     __slots__ = ("at", "computing", "device", "effect")
@@ -97,7 +116,7 @@ class _Operation:
         self.at: float | None = None
         self.effect = effect
         self.device = device
-        self.computing = False
+        self.computing: Computing | None = None
 
 
 class _Stream:
@@ -115,72 +134,78 @@ class _Stream:
 
 
 class Timeline:
-    """Places stream operations on the cores' timelines and applies their effects;
-    the CUDA stream and event calls. The state is created by the runtime's
-    ``__init__``; the fault layer overrides :meth:`_check_injected`."""
+    """The emulated device's shared state; places stream operations on the cores'
+    timelines and applies their effects; the CUDA stream and event calls.
 
-    _clock: Callable[[], float]
-    _cores: list[_Core]
-    _lock: threading.RLock
-    _placed: threading.Condition
-    _ids: Iterator[int]
-    _streams: dict[int, _Stream]
-    _retired: list[_Stream]
-    _events: dict[int, _Event]
-    _poisoned: CudaCallError | None
-    _compute_failures: dict[int, BaseException]
-    device_time: float
-    invalid_releases: int
+    ``lock`` guards every part of the state; ``placed`` is notified when a held
+    operation is placed or a computing one ends, for whoever waits on a stream.
+    """
 
-    def _released(self, call: str) -> None:
+    def __init__(self, cores: int, clock: Callable[[], float], failures: CallChecks) -> None:
+        self.clock = clock
+        self.failures = failures
+        self.cores = [_Core(index) for index in range(cores)]
+        self.lock = threading.RLock()
+        self.placed = threading.Condition(self.lock)
+        self.ids = itertools.count(0x1000)  # every handle of the runtime, never reused
+        self.devices: dict[int, _Device] = {}
+        self.streams: dict[int, _Stream] = {}
+        self.retired: list[_Stream] = []  # destroyed streams whose work still runs
+        self.events: dict[int, _Event] = {}
+        self.poisoned: CudaCallError | None = None
+        self.compute_failures: dict[int, BaseException] = {}  # by stream handle
+        self.device_time = 0.0
+        """CPU seconds spent doing the emulated device's work (copies, tasks)."""
+        self.invalid_releases = 0
+        """Releases of handles that were not live (a double release, say): tests check 0."""
+
+    def released(self, call: str) -> None:
         """After a successful release: in a poisoned context, say it failed anyway."""
-        if self._poisoned is not None:
-            raise CudaCallError(call, self._poisoned.code)
+        if self.poisoned is not None:
+            raise CudaCallError(call, self.poisoned.code)
 
-    def _bad_release(self, call: str) -> None:
+    def bad_release(self, call: str) -> None:
         """A release of a handle that is not live: a double release, or a stray one."""
         self.invalid_releases += 1
         raise CudaCallError(call, _INVALID_HANDLE if call.startswith("destroy") else _INVALID_VALUE)
 
-    def _core(self, core: int) -> _Core:
-        if not isinstance(core, int) or not 0 <= core < len(self._cores):
-            raise ConfigurationError(f"{core=} is not one of the {len(self._cores)} cores")
-        return self._cores[core]
+    def core(self, core: int) -> _Core:
+        if not isinstance(core, int) or not 0 <= core < len(self.cores):
+            raise ConfigurationError(f"{core=} is not one of the {len(self.cores)} cores")
+        return self.cores[core]
 
     def core_busy_time(self, core: int) -> float:
         """Seconds of task time on the core's timeline."""
-        return self._core(core).busy_time
+        return self.core(core).busy_time
 
     def core_tasks(self, core: int) -> int:
         """Tasks that finished on ``core`` (as observed so far)."""
-        return self._core(core).tasks_completed
+        return self.core(core).tasks_completed
 
-    def _check_injected(self, call: str, core: int | None = None) -> None:
-        """Where an injected failure of ``call`` would raise; none at this layer."""
-
-    def _cuda(self, call: str) -> None:
+    def cuda(self, call: str) -> None:
         """Every CUDA call starts here: a poisoned context fails them all."""
-        if self._poisoned is not None:
-            raise CudaCallError(call, self._poisoned.code)
-        self._check_injected(call)
+        if self.poisoned is not None:
+            raise CudaCallError(call, self.poisoned.code)
+        if self.failures.armed:
+            self.failures.check(call)
 
-    def _stream(self, stream: int, call: str) -> _Stream:
+    def stream(self, stream: int, call: str) -> _Stream:
         try:
-            return self._streams[stream]
+            return self.streams[stream]
         except (KeyError, TypeError):
             raise CudaCallError(call, _INVALID_HANDLE) from None
 
     # -- the timeline ----------------------------------------------------------------------
 
-    def _push(self, stream: _Stream, operation: _Operation, duration: float = 0.0) -> None:
+    def push(self, stream: _Stream, operation: _Operation, duration: float = 0.0) -> None:
         """Append an operation and place it on the timeline unless a held task is ahead."""
-        with self._lock:
+        with self.lock:
             stream.operations.append(operation)
             stream.unplaced.append((operation, duration))
             if len(stream.unplaced) == 1:
-                self._place(stream, self._clock())
+                self.place(stream, self.clock())
 
-    def _place(self, stream: _Stream, now: float) -> None:
+    def place(self, stream: _Stream, now: float) -> None:
         """Stamp the stream's unplaced operations with completion times, in order,
         until one is a task of a held core (that stream then waits for the gate)."""
         unplaced = stream.unplaced
@@ -209,7 +234,7 @@ class Timeline:
         core.busy_time += duration
         core.free_at = stream.clock = start + duration
 
-    def _advance(self, stream: _Stream, now: float) -> None:
+    def advance(self, stream: _Stream, now: float) -> None:
         """Apply the effects of the stream's operations whose time has come."""
         operations = stream.operations
         if not operations:
@@ -217,88 +242,84 @@ class Timeline:
         head = operations[0]
         if head.at is None or head.at > now:
             return
-        with self._lock:
+        with self.lock:
             began = time.thread_time()
             while operations:
                 head = operations[0]
                 if head.at is None or head.at > now:
                     break
-                if head.computing and not self._compute_expired(head, now):
+                computing = head.computing
+                if computing is not None and not computing.expired(head, now):
                     break
                 operations.popleft()
                 head.effect()
-                if self._poisoned is not None:  # a fault on the stream: nothing after it runs
+                if self.poisoned is not None:  # a fault on the stream: nothing after it runs
                     break
             self.device_time += time.thread_time() - began
 
-    def _compute_expired(self, operation: _Operation, now: float) -> bool:
-        """(Lock held) Whether a task whose compute function still runs has outlasted
-        its task timeout, and so ends now (the compute layer decides)."""
-        return False
-
-    def _advance_all(self) -> None:
-        now = self._clock()
-        with self._lock:
-            for stream in (*self._streams.values(), *self._retired):
-                self._advance(stream, now)
-            self._retired = [s for s in self._retired if s.operations]
+    def advance_all(self) -> None:
+        now = self.clock()
+        with self.lock:
+            for stream in (*self.streams.values(), *self.retired):
+                self.advance(stream, now)
+            self.retired = [s for s in self.retired if s.operations]
 
     # -- CUDA streams and events ---------------------------------------------------------
 
     def create_stream(self) -> int:
-        self._cuda("create_stream")
-        with self._lock:
-            handle = next(self._ids)
-            self._streams[handle] = _Stream(handle)
+        self.cuda("create_stream")
+        with self.lock:
+            handle = next(self.ids)
+            self.streams[handle] = _Stream(handle)
             return handle
 
     def destroy_stream(self, stream: int) -> None:
         # As cudaStreamDestroy: returns at once; queued work still completes.
-        with self._lock:
-            target = self._streams.pop(stream, None)
+        with self.lock:
+            target = self.streams.pop(stream, None)
             if target is None:
-                self._bad_release("destroy_stream")
+                self.bad_release("destroy_stream")
             elif target.operations:
-                self._retired.append(target)
-            self._compute_failures.pop(stream, None)
-        self._released("destroy_stream")
+                self.retired.append(target)
+            self.compute_failures.pop(stream, None)
+        self.released("destroy_stream")
 
     def synchronize_stream(self, stream: int) -> None:
-        self._cuda("synchronize_stream")
-        target = self._stream(stream, "synchronize_stream")
+        self.cuda("synchronize_stream")
+        target = self.stream(stream, "synchronize_stream")
         while True:
-            with self._lock:
+            with self.lock:
                 if not target.operations:
                     break
                 last = target.operations[-1].at
                 # Behind a held task (wait for its gate), or a task whose compute
                 # function is still running (wait for it to finish).
-                if last is None or target.operations[0].computing:
-                    self._placed.wait(0.05)
+                if last is None or target.operations[0].computing is not None:
+                    self.placed.wait(0.05)
                     continue
-            delay = last - self._clock()
+            delay = last - self.clock()
             if delay > 0:
                 time.sleep(delay)
-            self._advance(target, self._clock())
-        if self._poisoned is not None:
-            raise CudaCallError("synchronize_stream", self._poisoned.code)
+            self.advance(target, self.clock())
+        if self.poisoned is not None:
+            raise CudaCallError("synchronize_stream", self.poisoned.code)
 
     def create_event(self, timing: bool = False) -> int:
-        self._cuda("create_event")
-        with self._lock:
-            handle = next(self._ids)
-            self._events[handle] = _Event(handle, timing)
+        self.cuda("create_event")
+        with self.lock:
+            handle = next(self.ids)
+            self.events[handle] = _Event(handle, timing)
             return handle
 
     def destroy_event(self, event: int) -> None:
-        with self._lock:
-            if self._events.pop(event, None) is None:
-                self._bad_release("destroy_event")
-        self._released("destroy_event")
+        with self.lock:
+            if self.events.pop(event, None) is None:
+                self.bad_release("destroy_event")
+        self.released("destroy_event")
 
     def elapsed_time(self, start: int, end: int) -> float:
-        self._cuda("elapsed_time")
-        first, last = self._events.get(start), self._events.get(end)
+        self.cuda("elapsed_time")
+        first, last = self.events.get(start), self.events.get(end)
         if first is None or last is None or not (first.timing and last.timing):
             raise CudaCallError("elapsed_time", _INVALID_HANDLE)
         if (
@@ -310,12 +331,12 @@ class Timeline:
         return last.time - first.time
 
     def record_event(self, event: int, stream: int) -> None:
-        self._cuda("record_event")
-        target = self._events.get(event)
+        self.cuda("record_event")
+        target = self.events.get(event)
         if target is None:
             raise CudaCallError("record_event", _INVALID_HANDLE)
-        queue = self._stream(stream, "record_event")
-        with self._lock:
+        queue = self.stream(stream, "record_event")
+        with self.lock:
             target.recorded += 1
             target.stream = queue
             generation = target.recorded
@@ -328,19 +349,19 @@ class Timeline:
                 target.time = operation.at or 0.0
 
         operation.effect = complete
-        self._push(queue, operation)
+        self.push(queue, operation)
 
     def query_event(self, event: int) -> bool:
-        if self._poisoned is not None:
-            raise CudaCallError("query_event", self._poisoned.code)
-        target = self._events.get(event)
+        if self.poisoned is not None:
+            raise CudaCallError("query_event", self.poisoned.code)
+        target = self.events.get(event)
         if target is None:
             raise CudaCallError("query_event", _INVALID_HANDLE)
         if target.completed >= target.recorded:
             return True
         stream = target.stream
         if stream is not None:
-            self._advance(stream, self._clock())
-            if self._poisoned is not None:  # the advance reached a fault on the stream
-                raise CudaCallError("query_event", self._poisoned.code)
+            self.advance(stream, self.clock())
+            if self.poisoned is not None:  # the advance reached a fault on the stream
+                raise CudaCallError("query_event", self.poisoned.code)
         return target.completed >= target.recorded

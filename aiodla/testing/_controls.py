@@ -75,7 +75,7 @@ class _ControlledRuntime(EmulatedRuntime):
         call failures armed here and not used yet (they move there), the compute bound."""
         setup: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         for failure, args, kwargs in self._armed:
-            if failure in self._call_failures:
+            if failure in self._call_failures.pending:
                 self._call_failures.remove(failure)
                 setup.append(("fail_call", args, kwargs))
         self._armed.clear()
@@ -126,7 +126,7 @@ class _ControlledRuntime(EmulatedRuntime):
             self.workers.act("fail_call", call, error, after=after, core=core)
         else:
             super().fail_call(call, error, after=after, core=core)
-            armed = self._call_failures[-1]
+            armed = self._call_failures.pending[-1]
             self._armed.append((armed, (call, error), {"after": after, "core": core}))
 
     def core_tasks(self, core: int) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import aiodla.runtime._emulated as emulated
+import aiodla.runtime._emulated_memory as emulated
 from aiodla import DeviceError, EmulatedRuntime, Engine
 from aiodla.runtime import CudaCallError
 
