@@ -1,5 +1,7 @@
 """aiodla: asyncio-native concurrent inference on NVIDIA's Deep Learning Accelerator."""
 
+from ._batching import Batching as Batching
+from ._batching import BatchStatistics as BatchStatistics
 from ._blocking import BlockingEngine as BlockingEngine
 from ._detect import Detect as Detect
 from ._detect import Detections as Detections
@@ -50,6 +52,8 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "AiodlaError",
+    "BatchStatistics",
+    "Batching",
     "BlockingEngine",
     "ComputeError",
     "ConfigurationError",

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
+from ._batching import Batcher, Item, open_batcher
 from ._cores import open_cores
 from ._data_path import release_sources
 from ._device import DeviceLayer, NotOpen
@@ -105,6 +106,7 @@ class Engine:
         self._life = Life()  # the one record of its life: the flow reads it, only this writes
         self._cores: DeviceLayer = NotOpen()
         self._flow: Flow | None = None
+        self._batcher: Batcher | None = None  # with batch=: single items' assembly
         self._input_names: frozenset[str] = frozenset()
         self._closed = asyncio.Event()
         self._open_done = asyncio.Event()
@@ -184,6 +186,15 @@ class Engine:
             cores = await opening(self._model, choice, options)
             opened.append(cores)
             postprocess = open_postprocess(options, cores.inputs, cores.outputs)
+            self._batcher = open_batcher(
+                options.batch,
+                cores.inputs,
+                cores.outputs,
+                self.infer,
+                options.casting,
+                postprocess=postprocess,
+                preprocess=options.preprocess,
+            )
         except BaseException:
             await _release(opened)
             if shared is not None:
@@ -233,12 +244,17 @@ class Engine:
         flow = self._flow
         assert flow is not None  # (open: it was built when the engine opened)
         flow.cancel_probes()
+        batcher = self._batcher
+        if batcher is not None:  # its waiting items fail; its tasks end as requests do
+            batcher.close()
         flow.fail_waiting(EngineClosedError("the engine was closed while the request waited"))
         slots = self._cores.slots
         if not self.dead:
             await flow.drain(self._options.close_timeout)
         hung = tuple(sorted({s.core.core for s in slots if s not in s.core.idle}))
         flow.fail_running(EngineClosedError("the engine was closed before the DLA finished"))
+        if batcher is not None:
+            await batcher.finished()
         poller = flow.poller
         poller.stop()
         await anyio.to_thread.run_sync(poller.join)
@@ -331,7 +347,10 @@ class Engine:
         Once submitted, a task cannot be recalled: the result is dropped, and the slot
         returns to the pool only when the DLA has finished with it.
         """
-        return await drive(*self._admit(inputs, timeout, wait, output))
+        admitted = self._admit(inputs, timeout, wait, output)
+        if isinstance(admitted, Item):
+            return await admitted.result()
+        return await drive(*admitted)
 
     def infer_nowait(
         self, inputs: Any, *, timeout: float | None = None, output: str = "host"
@@ -345,7 +364,12 @@ class Engine:
         Cancellation: cancelling the returned future is cancelling the request, as for
         :meth:`infer`: removed if still queued, its result dropped once submitted.
         """
-        flow, request = self._admit(inputs, timeout, False, output)
+        admitted = self._admit(inputs, timeout, False, output)
+        if isinstance(admitted, Item):
+            item = asyncio.get_running_loop().create_task(admitted.result())
+            item.add_done_callback(admitted.on_done)
+            return item
+        flow, request = admitted
         task = asyncio.get_running_loop().create_task(drive(flow, request))
 
         # Cancelled before its first step, the task never runs the coroutine that would
@@ -359,7 +383,7 @@ class Engine:
 
     def _admit(
         self, inputs: Any, timeout: float | None, wait: bool, output: str
-    ) -> tuple[Flow, Request]:
+    ) -> tuple[Flow, Request] | Item:
         life = self._life
         flow = self._flow
         if life.dead_cause is not None:
@@ -381,6 +405,11 @@ class Engine:
             check_timeout(timeout)
         if output != "host":
             _check_device_output(output, self._cores, flow.postprocess)
+        batcher = self._batcher
+        if batcher is not None and (item := batcher.item(inputs)) is not None:
+            if output != "host":
+                raise ConfigurationError("output='device' takes whole batches, not items")
+            return batcher.admit(item, timeout)
         arrays = self._validated(inputs)
         sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler
@@ -425,7 +454,7 @@ class Engine:
         """A snapshot of counts, per-core figures, latency percentiles and histograms."""
         life = self._life.state
         state = "dead" if self.dead and life is not EngineState.CLOSED else life.value
-        return engine_statistics(state, self._flow, self._cores, self._options)
+        return engine_statistics(state, self._flow, self._cores, self._options, self._batcher)
 
     def health(self) -> EngineHealth:
         """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from types import MappingProxyType
 
+from ._batching import Batcher
 from ._device import DeviceLayer
 from ._flow import Flow
 from ._options import EngineOptions
@@ -22,7 +23,11 @@ __all__ = ["engine_statistics"]
 
 
 def engine_statistics(
-    state: str, flow: Flow | None, device: DeviceLayer, options: EngineOptions
+    state: str,
+    flow: Flow | None,
+    device: DeviceLayer,
+    options: EngineOptions,
+    batcher: Batcher | None = None,
 ) -> EngineStatistics:
     """A snapshot of an engine's counts, per-core figures, latencies and histograms."""
     if flow is None:
@@ -50,6 +55,7 @@ def engine_statistics(
         failures=MappingProxyType(dict(scheduler.failures)),
         stages=stages,
         worker=device.statistics(),
+        batching=None if batcher is None else batcher.statistics(),
     )
 
 

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 if TYPE_CHECKING:
+    from ._batching import Batching
     from ._detect import Detect
     from ._preprocess import ImagePreprocess
 
@@ -81,6 +82,7 @@ class EngineKeywords(TypedDict, total=False):
     trace_capacity: int
     priority: int
     weight: float
+    batch: Batching | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +138,9 @@ class EngineOptions:
     (``Engine(model, cores=aiodla.Cores(...))``), a request of a higher priority starts
     before any waiting request of a lower one, and engines of one priority share core
     time in proportion to their weights (see ``aiodla._feeds`` for the rule and its
-    bound); on cores of its own an engine has nobody to share with.
+    bound); on cores of its own an engine has nobody to share with. ``batch``: an
+    :class:`~aiodla.Batching`: for a model of batch N > 1, callers may pass single
+    items, which are assembled into tasks of N (see ``aiodla._batching``).
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -165,6 +169,7 @@ class EngineOptions:
     trace_capacity: int = DEFAULT_TRACE_CAPACITY
     priority: int = 0
     weight: float = 1.0
+    batch: Any = None
 
     @property
     def process_isolation(self) -> ProcessIsolation | None:
@@ -255,6 +260,10 @@ class EngineOptions:
                 f"weight={self.weight!r} must be a number > 0 (a share of core time)"
             )
         object.__setattr__(self, "weight", float(self.weight))
+        from ._batching import Batching
+
+        if self.batch is not None and not isinstance(self.batch, Batching):
+            raise ConfigurationError(f"batch={self.batch!r} must be an aiodla.Batching or None")
         ProcessIsolation(self.max_restarts, self.restart_window, self.heartbeat_timeout)
         if not _finite(self.close_timeout) or self.close_timeout < 0:
             raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")

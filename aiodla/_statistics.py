@@ -185,6 +185,33 @@ class EngineStatistics:
     stages: StageTimes | None
     worker: WorkerStatistics | None = None
     """With ``isolation="process"``: the worker process and its replacements."""
+    batching: BatchStatistics | None = None
+    """With ``Engine(batch=...)``: the single items and the tasks they ran in; the
+    counts above are of tasks (and of whole batches callers passed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchStatistics:
+    """Single items and the tasks they ran in (``EngineStatistics.batching``).
+
+    ``items`` counts the single items submitted; each ends as exactly one of
+    ``completed``, ``failed``, ``cancelled`` or ``timed_out``, or is still ``waiting``
+    (for its task to be assembled) or ``running`` (in a task). ``tasks`` counts the
+    tasks assembled; ``sizes`` maps a number of items to how many tasks held that many
+    (the batch-size histogram). Whole batches passed by a caller are requests of the
+    engine's own counts, not items.
+    """
+
+    batch: int
+    items: int
+    completed: int
+    failed: int
+    cancelled: int
+    timed_out: int
+    waiting: int
+    running: int
+    tasks: int
+    sizes: Mapping[int, int]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,12 @@ aiodla_core_in_rotation                    gauge      ``core``: 1 serving, 0 out
 aiodla_engine_health                       gauge      ``status``: 1 for the engine's
                                                       status (ok, degraded, dead,
                                                       closed), 0 for the others
+aiodla_batch_items_total                   counter    ``outcome``: single items of an
+                                                      ``Engine(batch=...)`` by how they
+                                                      ended (completed, failed,
+                                                      cancelled, timed_out)
+aiodla_batch_size                          histogram  items per assembled task (buckets
+                                                      1 to the model's batch N)
 =========================================  =========  ===================================
 
 ``EngineCollector(..., naming="triton")`` exports instead the per-model families of
@@ -58,9 +64,12 @@ nv_inference_request_failure               counter    requests that ended withou
                                                       (every reason above, rejected
                                                       included, as Triton counts them)
 nv_inference_count                         counter    inferences performed
-nv_inference_exec_count                    counter    executions; the DLA runs one
-                                                      request per task (no batching),
-                                                      so both equal the successes
+nv_inference_exec_count                    counter    executions (DLA tasks): equal to
+                                                      the successes, and to the
+                                                      inferences unless the engine
+                                                      assembles items (``batch=``):
+                                                      then the inferences are its
+                                                      completed items
 nv_inference_request_duration_us           counter    cumulative microseconds from
                                                       ``infer`` to result, successes
 nv_inference_queue_duration_us             counter    cumulative microseconds waiting
@@ -101,6 +110,7 @@ from ._engine import Engine
 from ._errors import ConfigurationError
 from ._statistics import (
     FAILURE_REASONS,
+    BatchStatistics,
     EngineHealth,
     EngineStatistics,
     Histogram,
@@ -376,6 +386,14 @@ def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
         "1 while the DLA core serves requests, 0 while out of rotation after faults.",
         labels=core_labels,
     )
+    batch_items = counter(
+        "aiodla_batch_items",
+        "Single items of engines that assemble batches, by how they ended.",
+        labels=["engine", "outcome"],
+    )
+    batch_size = histogram(
+        "aiodla_batch_size", "Items per assembled task (batch size).", labels=engine_label
+    )
     health = gauge(
         "aiodla_engine_health",
         "1 for the engine's health status (ok, degraded, dead, closed), 0 for the others.",
@@ -413,6 +431,11 @@ def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
                 task_duration.add_metric(labels, *_buckets(figures.dla_histogram))
         for status in HEALTH_STATUSES:
             health.add_metric([name, status], 1 if reading.health.status == status else 0)
+        batched = stats.batching
+        if batched is not None:
+            for outcome in ("completed", "failed", "cancelled", "timed_out"):
+                batch_items.add_metric([name, outcome], getattr(batched, outcome))
+            batch_size.add_metric([name], *_size_buckets(batched))
 
     yield from (
         success,
@@ -429,6 +452,8 @@ def _aiodla_families(readings: list[_Reading]) -> Iterator[Metric]:
         busy_ratio,
         in_rotation,
         health,
+        batch_items,
+        batch_size,
     )
 
 
@@ -481,9 +506,11 @@ def _triton_families(readings: list[_Reading]) -> Iterator[Metric]:
         model, stats = [reading.name, reading.version], reading.statistics
         success.add_metric(model, stats.completed)
         failure.add_metric(model, sum(_failures_by_reason(stats).values()))
-        # The DLA runs one request per task and aiodla does not batch, so, as Triton
-        # says of models without batching, inferences = executions = successes.
-        inferences.add_metric(model, stats.completed)
+        # One request is one DLA task, so, as Triton says of models without batching,
+        # inferences = executions = successes; an engine that assembles items counts
+        # its completed items as inferences.
+        batched = stats.batching
+        inferences.add_metric(model, stats.completed if batched is None else batched.completed)
         executions.add_metric(model, stats.completed)
         request_duration.add_metric(model, stats.latency_histogram.sum * _MICROSECONDS)
         queue_duration.add_metric(model, stats.queue_wait_histogram.sum * _MICROSECONDS)
@@ -519,6 +546,17 @@ def _quantiles(summary: LatencySummary) -> list[tuple[str, float]]:
     if not summary.count:
         return []
     return list(zip(STAGE_QUANTILES, (summary.p50, summary.p90, summary.p99), strict=True))
+
+
+def _size_buckets(stats: BatchStatistics) -> tuple[list[tuple[str, float]], float]:
+    """The batch-size histogram: cumulative tasks by items per task, 1 to N."""
+    buckets: list[tuple[str, float]] = []
+    total = 0
+    for size in range(1, stats.batch + 1):
+        total += stats.sizes.get(size, 0)
+        buckets.append((f"{size}.0", total))
+    buckets.append(("+Inf", total))
+    return buckets, sum(size * count for size, count in stats.sizes.items())
 
 
 def _buckets(snapshot: Histogram) -> tuple[list[tuple[str, float]], float]:

@@ -243,6 +243,8 @@ class TestCounts:
             "aiodla_core_busy_ratio": "gauge",
             "aiodla_core_in_rotation": "gauge",
             "aiodla_engine_health": "gauge",
+            "aiodla_batch_items": "counter",
+            "aiodla_batch_size": "histogram",
         }
         assert "# TYPE aiodla_request_success_total counter" in scrape.text
         # Without stage_times, there is no DLA time to show.
