@@ -1,20 +1,44 @@
 """Instructions per request of the host's threads, counted by callgrind: the figure a
 shared machine does not blur (its CPU times vary by tens of percent with the load).
 
-Runs ``host_cost_once.py`` (bench_engine's host-cost measurement: the emulated runtime,
-two zero-latency cores, 64 requests in flight) under callgrind with N and N + DELTA
-requests, and divides each thread's difference by DELTA, so start-up and the first N
-requests cancel out. Thread 1 is the event loop's; the others together are mostly the
-poller, which in the emulated runtime also does the device's work (copies and the op)
-and polls as often as callgrind's slowed clock lets it: the loop's figure is the one to
-compare between trees.
+Runs ``host_cost_once.py`` (bench_engine's host-cost workload: the emulated runtime, two
+zero-latency cores, 64 requests in flight) under callgrind, in segments of ``--size``
+requests after a warm-up; callgrind dumps its counters at each segment's end, so every
+segment is a measurement and start-up cancels out. Each tree is run ``--runs`` times,
+the trees interleaved (A B, B A, ...), and the figures are the medians over all
+segments of all runs, with their spread.
+
+Thread 1 is the event loop's: its figure is the one to compare between trees. The
+others together are mostly the poller, which in the emulated runtime also does the
+device's work (copies and the op) whenever it looks at an event.
+
+What kept repeats of one tree apart (by up to 20 % in the earlier N / N + DELTA method)
+and what holds them together now:
+
+- start-up: its cost, a few times a segment's, varies with the run and came into the
+  difference of two processes; segments of one process leave it out;
+- the hash seed: ``PYTHONHASHSEED=0`` (``--hash-seed``), so set and dict layouts of
+  strings are the same in every run;
+- the collector: a collection is triggered by allocations of every thread, and
+  scanned the warm-up's heap; ``--gc frozen`` (the default) freezes the warm-up's
+  objects, ``--gc off`` runs none during the segments;
+- the emulated device's work: the emulator makes a task's copies and op when some
+  thread looks at its event, the poller or (between batches) the loop, whichever
+  comes first; it moved tens of thousands of instructions per request between the
+  threads. ``--device excluded`` (the default) leaves it out of the counts, as
+  ``bench_engine``'s host cost leaves out its CPU time: on a Jetson the DLA and the
+  copy engines do that work;
+- callgrind's thread scheduling: ``--fair-sched=yes`` hands the CPU in turn to the
+  runnable threads, so the poller and the loop interleave alike from run to run.
 
 Usage::
 
-    python benchmarks/count_instructions.py [--requests 100] [--delta 1000]
-        [--tree PATH] [--json PATH]
+    python benchmarks/count_instructions.py [--tree PATH ...] [--runs 3] [--size 500]
+        [--segments 5] [--warmup 300] [--gc frozen] [--json PATH] [--keep DIR]
 
-``--tree``: the checkout whose ``aiodla`` is measured (default: this one).
+``--tree``: a checkout whose ``aiodla`` is measured (default: this one); give it twice
+or more to compare trees. ``--keep``: leave callgrind's files there (for
+``callgrind_annotate``, per function).
 """
 
 from __future__ import annotations
@@ -24,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,59 +58,131 @@ from _reports import report_path
 
 HERE = Path(__file__).resolve().parent
 _SUMMARY = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+_PART = re.compile(r"\.(\d+)-(\d+)$")
 
 
-def count(requests: int, tree: Path, scratch: Path) -> dict[int, int]:
-    """Instructions executed by each thread (callgrind's numbering) in one run."""
-    prefix = scratch / f"cg.{requests}"
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--separate-threads=yes",
-            f"--callgrind-out-file={prefix}",
-            sys.executable,  # the venv's own: its site-packages come with it
-            str(HERE / "host_cost_once.py"),
-            str(requests),
-        ],
-        env={**os.environ, "PYTHONPATH": str(tree)},
-        cwd=tree,
-        capture_output=True,
-        text=True,
-    )
+def count(tree: Path, scratch: Path, args: argparse.Namespace) -> list[dict[int, int]]:
+    """Instructions executed by each thread (callgrind's numbering) in each segment of
+    one run."""
+    prefix = scratch / "cg"
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--separate-threads=yes",
+        "--fair-sched=yes",
+        "--dump-before=getppid",
+        # host_cost_once.py runs the emulated device's work inside sys.call_tracing.
+        "--toggle-collect=sys_call_tracing",
+        "--collect-atstart=yes",  # (after --toggle-collect, which sets it to no)
+        f"--callgrind-out-file={prefix}",
+        sys.executable,  # the venv's own: its site-packages come with it
+        str(HERE / "host_cost_once.py"),
+        f"--warmup={args.warmup}",
+        f"--size={args.size}",
+        f"--segments={args.segments}",
+        f"--gc={args.gc}",
+        f"--device={args.device}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": str(args.hash_seed)}
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
     if done.returncode:
-        sys.exit(f"callgrind run of {requests} requests failed:\n{done.stderr[-3000:]}")
-    counts = {}
-    for path in scratch.glob(f"cg.{requests}-*"):
+        sys.exit(f"callgrind run of {tree} failed:\n{done.stderr[-3000:]}")
+    parts: dict[int, dict[int, int]] = {}
+    for path in scratch.glob("cg.*-*"):
+        name = _PART.search(path.name)
         found = _SUMMARY.search(path.read_text(errors="replace"))
-        if found:
-            counts[int(path.name.rsplit("-", 1)[1])] = int(found[1])
-    return counts
+        if name and found:
+            parts.setdefault(int(name[1]), {})[int(name[2])] = int(found[1])
+    # Part 1 is start-up and warm-up; then one part per segment.
+    return [parts[part] for part in sorted(parts) if part > 1]
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    median = statistics.median(values)
+    return {
+        "median": median,
+        "min": min(values),
+        "max": max(values),
+        "spread_percent": 100 * (max(values) - min(values)) / median,
+        "values": values,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--delta", type=int, default=1000)
-    parser.add_argument("--tree", type=Path, default=HERE.parent)
+    parser.add_argument("--tree", type=Path, action="append", help="(repeatable)")
+    parser.add_argument("--runs", type=int, default=3, help="processes per tree")
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--size", type=int, default=500, help="requests per segment")
+    parser.add_argument("--segments", type=int, default=5, help="segments per run")
+    parser.add_argument("--gc", choices=("on", "frozen", "off"), default="frozen")
+    parser.add_argument("--hash-seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        choices=("excluded", "counted"),
+        default="excluded",
+        help="the emulated device's work in the counts or not (see host_cost_once.py)",
+    )
     parser.add_argument("--json", help="report path (default: a temporary file)")
+    parser.add_argument("--keep", type=Path, help="keep callgrind's files in this folder")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("count_instructions.py needs valgrind (apt-get install valgrind)")
-    with tempfile.TemporaryDirectory() as scratch:
-        low = count(args.requests, args.tree, Path(scratch))
-        high = count(args.requests + args.delta, args.tree, Path(scratch))
-    loop = (high[1] - low[1]) / args.delta
-    others = (sum(high.values()) - high[1] - sum(low.values()) + low[1]) / args.delta
+    trees = [tree.resolve() for tree in args.tree or [HERE.parent]]
+    segments: dict[int, list[dict[int, int]]] = {index: [] for index in range(len(trees))}
+    for run in range(args.runs):
+        order = range(len(trees)) if run % 2 == 0 else reversed(range(len(trees)))
+        for index in order:
+            with tempfile.TemporaryDirectory() as scratch:
+                found = count(trees[index], Path(scratch), args)
+                if args.keep:
+                    kept = args.keep / f"tree{index}-run{run}"
+                    shutil.copytree(scratch, kept, dirs_exist_ok=True)
+            segments[index].extend(found)
+            loop = [part[1] / args.size for part in found]
+            print(f"tree {index} run {run}: loop " + " ".join(f"{v:,.0f}" for v in loop))
+    results = []
+    for index, tree in enumerate(trees):
+        parts = segments[index]
+        loop = [part[1] / args.size for part in parts]
+        others = [(sum(part.values()) - part[1]) / args.size for part in parts]
+        results.append(
+            {
+                "tree": str(tree),
+                "loop_instructions_per_request": summarize(loop),
+                "other_threads_instructions_per_request": summarize(others),
+                "by_segment": parts,
+            }
+        )
+    for index, result in enumerate(results):
+        loop, others = (
+            result["loop_instructions_per_request"],
+            result["other_threads_instructions_per_request"],
+        )
+        print(
+            f"tree {index} {result['tree']}\n"
+            f"  event loop:    {loop['median']:10,.0f} instructions per request "
+            f"({loop['min']:,.0f}..{loop['max']:,.0f}, spread {loop['spread_percent']:.1f} %)\n"
+            f"  other threads: {others['median']:10,.0f} instructions per request "
+            f"({others['min']:,.0f}..{others['max']:,.0f}; poller and device)"
+        )
+    for index in range(1, len(results)):
+        ratio = (
+            results[index]["loop_instructions_per_request"]["median"]
+            / results[0]["loop_instructions_per_request"]["median"]
+        )
+        print(f"event loop, tree {index} / tree 0: {ratio:.3f}")
     report = {
-        "tree": str(args.tree.resolve()),
-        "parameters": {"requests": args.requests, "delta": args.delta},
-        "loop_instructions_per_request": loop,
-        "other_threads_instructions_per_request": others,
-        "by_thread": {"low": low, "high": high},
+        "parameters": {
+            key: value for key, value in vars(args).items() if key not in ("tree", "keep", "json")
+        },
+        "method": (
+            "callgrind --fair-sched=yes --dump-before=getppid (one segment a dump) "
+            "--toggle-collect=sys_call_tracing (the emulated device's work, with "
+            "--device excluded), PYTHONHASHSEED fixed"
+        ),
+        "trees": results,
     }
-    print(f"event loop:    {loop:12,.0f} instructions per request")
-    print(f"other threads: {others:12,.0f} instructions per request (poller and device)")
     path = report_path(args.json, "instructions.json")
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")

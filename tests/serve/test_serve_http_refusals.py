@@ -1,0 +1,210 @@
+"""Each request the HTTP front refuses, read off the wire: its status code and the whole
+``{"error": ...}`` a client's author reads to fix it (the header's length, the JSON
+envelope, each input and output field, the binary data's sizes, the ``timeout``
+parameter). A refused request never reaches the engine, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from aiodla import Engine
+from aiodla.serve import Server
+
+from support import X, expected_affine
+
+pytestmark = pytest.mark.asyncio
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+XS = (np.arange(np.prod(X.shape)).reshape(X.shape) / 8).astype(np.float16)
+TENSOR = {"name": "x", "datatype": "FP16", "shape": list(X.shape)}
+DATA = {**TENSOR, "data": XS.ravel().tolist()}
+
+
+async def post(
+    server: Server, body: bytes, headers: dict[str, str] | None = None, model: str = "affine"
+) -> tuple[int, Any]:
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{model}/infer"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers=headers) as response,
+    ):
+        return response.status, json.loads(await response.read())
+
+
+def request(**fields: Any) -> bytes:
+    return json.dumps({"inputs": [DATA], **fields}).encode()
+
+
+def binary(header: dict[str, Any], data: bytes) -> tuple[bytes, dict[str, str]]:
+    """A request with binary data: the JSON header, then ``data``."""
+    text = json.dumps(header).encode()
+    return text + data, {HEADER_LENGTH: str(len(text))}
+
+
+def sized(size: object) -> dict[str, Any]:
+    return {"inputs": [{**TENSOR, "parameters": {"binary_data_size": size}}]}
+
+
+async def served_after(server: Server, engines: dict[str, Engine]) -> None:
+    """The refusal reached no engine, and the next request is served."""
+    assert engines["affine"].statistics().submitted == 0
+    status, answer = await post(server, request())
+    assert status == 200, answer
+    (output,) = answer["outputs"]
+    y = np.asarray(output["data"], np.float32).reshape(output["shape"])
+    np.testing.assert_array_equal(y, expected_affine(XS))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[1, 2]", "the request JSON must be an object"),
+        (b'"inputs"', "the request JSON must be an object"),
+        (b"{}", "the request must have a list of 'inputs'"),
+        (b'{"inputs": {"name": "x"}}', "the request must have a list of 'inputs'"),
+        (b'{"inputs": [5]}', "'inputs[]' must be a JSON object"),
+        (request(parameters=[1]), "'parameters' must be a JSON object"),
+        (
+            json.dumps({"inputs": [{**DATA, "parameters": "binary"}]}).encode(),
+            "'parameters' must be a JSON object",
+        ),
+        (
+            json.dumps({"inputs": [DATA, DATA]}).encode(),
+            "input 'x' given twice",
+        ),
+        (
+            json.dumps({"inputs": [TENSOR]}).encode(),
+            "input 'x' has neither 'data' nor 'binary_data_size'",
+        ),
+        (
+            request(outputs=[{"name": "y", "parameters": {"classification": 2}}]),
+            "the classification extension is not supported",
+        ),
+        (
+            request(outputs=[{"name": "y", "parameters": {"binary_data": 1}}]),
+            "output parameter 'binary_data' must be true or false",
+        ),
+        (
+            request(parameters={"binary_data_output": 1}),
+            "parameter 'binary_data_output' must be true or false",
+        ),
+        (request(outputs="y"), "'outputs' must be a list"),
+        (
+            request(parameters={"timeout": -1}),
+            "parameter 'timeout' must be whole microseconds >= 0, got -1",
+        ),
+        (
+            request(parameters={"timeout": 2.5}),
+            "parameter 'timeout' must be whole microseconds >= 0, got 2.5",
+        ),
+        (
+            request(parameters={"timeout": True}),
+            "parameter 'timeout' must be whole microseconds >= 0, got True",
+        ),
+        (
+            request(parameters={"timeout": "100"}),
+            "parameter 'timeout' must be whole microseconds >= 0, got '100'",
+        ),
+    ],
+)
+async def test_a_malformed_request_is_400_with_its_message(
+    server: Server, engines: dict[str, Engine], body: bytes, message: str
+) -> None:
+    status, answer = await post(server, body)
+    assert (status, answer) == (400, {"error": message})
+    await served_after(server, engines)
+
+
+async def test_json_that_does_not_parse_is_400_with_the_parsers_words(
+    server: Server, engines: dict[str, Engine]
+) -> None:
+    status, answer = await post(server, b'{"inputs": [')
+    assert (status, answer) == (
+        400,
+        {"error": "failed to parse the request JSON: Expecting value: line 1 column 13 (char 12)"},
+    )
+    status, answer = await post(server, b'{"inputs": "\xff"}')
+    assert status == 400
+    assert answer["error"].startswith("failed to parse the request JSON: 'utf-8' codec can't")
+    await served_after(server, engines)
+
+
+async def test_json_nested_deeper_than_the_inputs_rank_is_400_saying_how_deep(
+    server: Server, engines: dict[str, Engine]
+) -> None:
+    # x has rank 4: the request object, "inputs", the tensor's object, then 4 levels.
+    data = json.dumps(XS.reshape(1, 3, 8, 8, 1).tolist())
+    body = b'{"inputs": [{"name": "x", "datatype": "FP16", "shape": [1, 3, 8, 8], "data": '
+    status, answer = await post(server, body + data.encode() + b"}]}")
+    assert (status, answer) == (
+        400,
+        {
+            "error": "the request JSON nests deeper than 7 levels: an input's data nests once "
+            "per dimension, at most 4 for model 'affine', inside the request's object, its "
+            "'inputs' list and the input's object"
+        },
+    )
+    await served_after(server, engines)
+
+
+@pytest.mark.parametrize("length", ["abc", "-1", "100000", "1.5"])
+async def test_a_header_length_not_within_the_body_is_400(
+    server: Server, engines: dict[str, Engine], length: str
+) -> None:
+    status, answer = await post(server, request(), {HEADER_LENGTH: length})
+    assert (status, answer) == (
+        400,
+        {"error": f"{HEADER_LENGTH}: {length!r} is not a length within the body"},
+    )
+    await served_after(server, engines)
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"), [(-1, "-1"), (385, "385"), (True, "True"), ("384", "'384'"), (1.5, "1.5")]
+)
+async def test_a_binary_data_size_past_the_data_is_400(
+    server: Server, engines: dict[str, Engine], size: object, shown: str
+) -> None:
+    body, headers = binary(sized(size), XS.tobytes())
+    status, answer = await post(server, body, headers)
+    assert (status, answer) == (
+        400,
+        {"error": f"input 'x': binary_data_size {shown} runs past the 384 bytes of binary data"},
+    )
+    await served_after(server, engines)
+
+
+async def test_binary_data_the_inputs_do_not_take_is_400(
+    server: Server, engines: dict[str, Engine]
+) -> None:
+    body, headers = binary({"inputs": [DATA]}, b"\0" * 3)
+    status, answer = await post(server, body, headers)
+    assert (status, answer) == (
+        400,
+        {"error": "the request has 3 bytes of binary data but its inputs take 0"},
+    )
+    await served_after(server, engines)
+
+
+async def test_binary_data_of_the_exact_size_is_served(server: Server) -> None:
+    """The bounds above are exact: a binary_data_size equal to the data is taken, and a
+    JSON header whose length is the whole body has no binary part."""
+    body, headers = binary(sized(XS.nbytes), XS.tobytes())
+    status, answer = await post(server, body, headers)
+    assert status == 200, answer
+    text = request()
+    status, answer = await post(server, text, {HEADER_LENGTH: str(len(text))})
+    assert status == 200, answer
+    (output,) = answer["outputs"]
+    y = np.asarray(output["data"], np.float32).reshape(output["shape"])
+    np.testing.assert_array_equal(y, expected_affine(XS))
+
+
+async def test_a_timeout_of_zero_means_none(server: Server) -> None:
+    status, answer = await post(server, request(parameters={"timeout": 0}))
+    assert status == 200, answer
