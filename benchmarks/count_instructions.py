@@ -9,8 +9,8 @@ the trees interleaved (A B, B A, ...), and the figures are the medians over all
 segments of all runs, with their spread.
 
 Thread 1 is the event loop's: its figure is the one to compare between trees. The
-others together are mostly the poller, which in the emulated runtime also does the
-device's work (copies and the op) whenever it looks at an event.
+others together are mostly the poller; callgrind writes them only at exit, so theirs is
+per request over a whole run (warm-up, segments and close).
 
 What kept repeats of one tree apart (by up to 20 % in the earlier N / N + DELTA method)
 and what holds them together now:
@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from _reports import report_path
 
@@ -61,9 +62,9 @@ _SUMMARY = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
 _PART = re.compile(r"\.(\d+)-(\d+)$")
 
 
-def count(tree: Path, scratch: Path, args: argparse.Namespace) -> list[dict[int, int]]:
-    """Instructions executed by each thread (callgrind's numbering) in each segment of
-    one run."""
+def count(tree: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[int], int]:
+    """Instructions executed by the loop's thread in each segment of one run, and by
+    the other threads in the whole run (warm-up and close included)."""
     prefix = scratch / "cg"
     command = [
         "valgrind",
@@ -87,17 +88,24 @@ def count(tree: Path, scratch: Path, args: argparse.Namespace) -> list[dict[int,
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"callgrind run of {tree} failed:\n{done.stderr[-3000:]}")
-    parts: dict[int, dict[int, int]] = {}
-    for path in scratch.glob("cg.*-*"):
+    parts: dict[int, int] = {}
+    for path in scratch.glob("cg.*-01"):
         name = _PART.search(path.name)
         found = _SUMMARY.search(path.read_text(errors="replace"))
         if name and found:
-            parts.setdefault(int(name[1]), {})[int(name[2])] = int(found[1])
+            parts[int(name[1])] = int(found[1])
+    # The other threads' counts come at exit: a dump before a function writes only
+    # the thread that called it.
+    others = 0
+    for path in scratch.glob("cg-*"):
+        found = _SUMMARY.search(path.read_text(errors="replace"))
+        if found and not path.name.endswith("-01"):
+            others += int(found[1])
     # Part 1 is start-up and warm-up; then one part per segment.
-    return [parts[part] for part in sorted(parts) if part > 1]
+    return [parts[part] for part in sorted(parts) if part > 1], others
 
 
-def summarize(values: list[float]) -> dict[str, float]:
+def summarize(values: list[float]) -> dict[str, Any]:
     median = statistics.median(values)
     return {
         "median": median,
@@ -129,29 +137,30 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         sys.exit("count_instructions.py needs valgrind (apt-get install valgrind)")
     trees = [tree.resolve() for tree in args.tree or [HERE.parent]]
-    segments: dict[int, list[dict[int, int]]] = {index: [] for index in range(len(trees))}
+    segments: dict[int, list[int]] = {index: [] for index in range(len(trees))}
+    others: dict[int, list[float]] = {index: [] for index in range(len(trees))}
+    requests = args.warmup + args.segments * args.size
     for run in range(args.runs):
         order = range(len(trees)) if run % 2 == 0 else reversed(range(len(trees)))
         for index in order:
             with tempfile.TemporaryDirectory() as scratch:
-                found = count(trees[index], Path(scratch), args)
+                found, rest = count(trees[index], Path(scratch), args)
                 if args.keep:
                     kept = args.keep / f"tree{index}-run{run}"
                     shutil.copytree(scratch, kept, dirs_exist_ok=True)
             segments[index].extend(found)
-            loop = [part[1] / args.size for part in found]
+            others[index].append(rest / requests)
+            loop = [part / args.size for part in found]
             print(f"tree {index} run {run}: loop " + " ".join(f"{v:,.0f}" for v in loop))
     results = []
     for index, tree in enumerate(trees):
-        parts = segments[index]
-        loop = [part[1] / args.size for part in parts]
-        others = [(sum(part.values()) - part[1]) / args.size for part in parts]
+        loop = [part / args.size for part in segments[index]]
         results.append(
             {
                 "tree": str(tree),
                 "loop_instructions_per_request": summarize(loop),
-                "other_threads_instructions_per_request": summarize(others),
-                "by_segment": parts,
+                "other_threads_instructions_per_request": summarize(others[index]),
+                "loop_instructions_by_segment": segments[index],
             }
         )
     for index, result in enumerate(results):
@@ -164,7 +173,7 @@ def main() -> None:
             f"  event loop:    {loop['median']:10,.0f} instructions per request "
             f"({loop['min']:,.0f}..{loop['max']:,.0f}, spread {loop['spread_percent']:.1f} %)\n"
             f"  other threads: {others['median']:10,.0f} instructions per request "
-            f"({others['min']:,.0f}..{others['max']:,.0f}; poller and device)"
+            f"({others['min']:,.0f}..{others['max']:,.0f}; poller, whole runs)"
         )
     for index in range(1, len(results)):
         ratio = (

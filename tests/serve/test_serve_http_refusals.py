@@ -5,12 +5,14 @@ parameter). A refused request never reaches the engine, and the server keeps ser
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
+from clients import until
 
 from aiodla import Engine
 from aiodla.serve import Server
@@ -23,6 +25,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 XS = (np.arange(np.prod(X.shape)).reshape(X.shape) / 8).astype(np.float16)
 TENSOR = {"name": "x", "datatype": "FP16", "shape": list(X.shape)}
 DATA = {**TENSOR, "data": XS.ravel().tolist()}
+HEAD = b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
 
 
 async def post(
@@ -208,3 +211,48 @@ async def test_binary_data_of_the_exact_size_is_served(server: Server) -> None:
 async def test_a_timeout_of_zero_means_none(server: Server) -> None:
     status, answer = await post(server, request(parameters={"timeout": 0}))
     assert status == 200, answer
+
+
+async def test_an_upload_still_arriving_when_the_drain_ends_is_503_saying_so(
+    engines: dict[str, Engine],
+) -> None:
+    server = Server(engines, http="127.0.0.1:0", grpc=None, drain_timeout=0.05)
+    await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(HEAD % 1000 + b'{"inputs": [')
+        await writer.drain()
+        await until(lambda: server.statistics().in_flight == 1)
+        closing = asyncio.ensure_future(server.stop())
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        answer = json.loads(await reader.readexactly(length))
+        await closing
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 503 "), head
+    assert answer == {
+        "error": "the server shut down before the request body arrived (drain timeout)"
+    }
+    assert server.statistics().failed == {"UNAVAILABLE": 1}
+
+
+async def test_a_body_that_stalls_is_408_saying_how_long_it_had(
+    engines: dict[str, Engine],
+) -> None:
+    async with Server(engines, http="127.0.0.1:0", grpc=None, body_timeout=0.05) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+        try:
+            writer.write(HEAD % 1000 + b'{"inputs": [')
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            answer = json.loads(await reader.readexactly(length))
+        finally:
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 408 "), head
+    # Under a MiB, a body has a MiB's time: 0.05 s.
+    assert answer == {
+        "error": "the request body of 1000 bytes did not arrive within 0.05 s (12 bytes "
+        "came; body_timeout is 0.05 s a MiB)"
+    }
