@@ -256,3 +256,15 @@ async def test_a_body_that_stalls_is_408_saying_how_long_it_had(
         "error": "the request body of 1000 bytes did not arrive within 0.05 s (12 bytes "
         "came; body_timeout is 0.05 s a MiB)"
     }
+
+
+@pytest.mark.parametrize("route", ["", "/ready", "/config", "/versions/2/ready"])
+async def test_an_unknown_model_or_version_is_json_404_naming_it(
+    server: Server, route: str
+) -> None:
+    name = "nope" if "versions" not in route else "affine"
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{name}{route}"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        status, answer = response.status, json.loads(await response.read())
+    which = "'nope'" if name == "nope" else "'affine' version 2"
+    assert (status, answer) == (404, {"error": f"Request for unknown model: {which} is not found"})
