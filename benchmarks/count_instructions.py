@@ -33,11 +33,16 @@ and what holds them together now:
 
 Usage::
 
-    python benchmarks/count_instructions.py [--tree PATH ...] [--runs 3] [--size 500]
+    python benchmarks/count_instructions.py [--rev REV ...] [--tree PATH ...] [--runs 3]
+        [--size 500]
         [--segments 5] [--warmup 300] [--gc frozen] [--json PATH] [--keep DIR]
 
-``--tree``: a checkout whose ``aiodla`` is measured (default: this one); give it twice
-or more to compare trees. ``--keep``: leave callgrind's files there (for
+For example, the restructure against the commit before it::
+
+    nice -n 10 python benchmarks/count_instructions.py --rev 2d2fa9a --rev main
+
+``--rev``: a git revision whose ``aiodla`` is measured (exported with ``git archive``);
+``--tree``: a checkout's. Give two or more to compare (default: this checkout). ``--keep``: leave callgrind's files there (for
 ``callgrind_annotate``, per function).
 """
 
@@ -105,6 +110,30 @@ def count(tree: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[int
     return [parts[part] for part in sorted(parts) if part > 1], others
 
 
+def describe(revision: str) -> str:
+    """``revision`` and the commit it names, e.g. ``main (e2d79f1)``."""
+    commit = subprocess.run(
+        ["git", "-C", str(HERE.parent), "rev-parse", "--short", revision],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return revision if commit.startswith(revision) else f"{revision} ({commit})"
+
+
+def export(revision: str, into: Path) -> Path:
+    """The package as it was at ``revision``, unpacked in a folder of ``into``."""
+    tree = into / revision.replace("/", "_")
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(HERE.parent), "archive", revision, "aiodla"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
 def summarize(values: list[float]) -> dict[str, Any]:
     median = statistics.median(values)
     return {
@@ -118,7 +147,8 @@ def summarize(values: list[float]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tree", type=Path, action="append", help="(repeatable)")
+    parser.add_argument("--rev", action="append", default=[], help="(repeatable)")
+    parser.add_argument("--tree", type=Path, action="append", default=[], help="(repeatable)")
     parser.add_argument("--runs", type=int, default=3, help="processes per tree")
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--size", type=int, default=500, help="requests per segment")
@@ -136,7 +166,12 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("count_instructions.py needs valgrind (apt-get install valgrind)")
-    trees = [tree.resolve() for tree in args.tree or [HERE.parent]]
+    exports = tempfile.TemporaryDirectory()
+    trees = [export(rev, Path(exports.name)) for rev in args.rev]
+    trees += [tree.resolve() for tree in args.tree]
+    labels = [describe(rev) for rev in args.rev] + [str(tree) for tree in args.tree]
+    if not trees:
+        trees, labels = [HERE.parent], [str(HERE.parent)]
     segments: dict[int, list[int]] = {index: [] for index in range(len(trees))}
     others: dict[int, list[float]] = {index: [] for index in range(len(trees))}
     requests = args.warmup + args.segments * args.size
@@ -158,6 +193,7 @@ def main() -> None:
         results.append(
             {
                 "tree": str(tree),
+                "revision": labels[index],
                 "loop_instructions_per_request": summarize(loop),
                 "other_threads_instructions_per_request": summarize(others[index]),
                 "loop_instructions_by_segment": segments[index],
@@ -169,7 +205,7 @@ def main() -> None:
             result["other_threads_instructions_per_request"],
         )
         print(
-            f"tree {index} {result['tree']}\n"
+            f"tree {index} {result['revision']}\n"
             f"  event loop:    {loop['median']:10,.0f} instructions per request "
             f"({loop['min']:,.0f}..{loop['max']:,.0f}, spread {loop['spread_percent']:.1f} %)\n"
             f"  other threads: {others['median']:10,.0f} instructions per request "
