@@ -54,7 +54,7 @@ from ._options import EngineKeywords, EngineOptions, check_timeout
 from ._postprocess import open_postprocess
 from ._preprocess import ImagePreprocess
 from ._scheduler import Request
-from ._shared_cores import shared_cores
+from ._shared_cores import Cores, shared_cores
 from ._statistics import (
     EngineHealth,
     EngineStatistics,
@@ -142,6 +142,11 @@ class Engine:
     def stated_service_time(self) -> float | None:
         """Seconds a task as an emulator loadable states it (once open); None: learned."""
         return self._cores.stated_service_time
+
+    @property
+    def shared_cores(self) -> Cores | None:
+        """The :class:`aiodla.Cores` the engine shares with others, if any."""
+        return self._shared
 
     @property
     def dead(self) -> bool:
@@ -384,16 +389,7 @@ class Engine:
     def _admit(
         self, inputs: Any, timeout: float | None, wait: bool, output: str
     ) -> tuple[Flow, Request] | Item:
-        life = self._life
-        flow = self._flow
-        if life.dead_cause is not None:
-            raise EngineDeadError(f"the engine is dead: {life.dead_cause}") from life.dead_cause
-        if life.state is not EngineState.OPEN or flow is None:
-            if life.state in (EngineState.NEW, EngineState.OPENING):
-                raise EngineClosedError(
-                    "the engine is not open; use 'async with Engine(...)' or 'await engine.open()'"
-                )
-            raise EngineClosedError("the engine is closed")
+        flow = _serving(self._life, self._flow)
         loop = asyncio.get_running_loop()
         if loop is not flow.loop:
             raise AiodlaError(
@@ -474,6 +470,19 @@ class Engine:
             f"<Engine {state} [cores {len(cores)}: {busy} busy slots, {idle} idle | "
             f"{scheduler.in_progress} in flight, {scheduler.queued} queued]>"
         )
+
+
+def _serving(life: Life, flow: Flow | None) -> Flow:
+    """The open engine's flow; else the error a request gets, raised."""
+    if life.dead_cause is not None:
+        raise EngineDeadError(f"the engine is dead: {life.dead_cause}") from life.dead_cause
+    if life.state is not EngineState.OPEN or flow is None:
+        if life.state in (EngineState.NEW, EngineState.OPENING):
+            raise EngineClosedError(
+                "the engine is not open; use 'async with Engine(...)' or 'await engine.open()'"
+            )
+        raise EngineClosedError("the engine is closed")
+    return flow
 
 
 ImportDevice = Callable[[TensorSpec, Any], DeviceSource]

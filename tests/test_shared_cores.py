@@ -59,6 +59,7 @@ class TestServing:
             Engine(affine_model(0.002, scale=3.0), cores=dla) as b,
         ):
             assert a.runtime is b.runtime is dla.runtime
+            assert a.shared_cores is b.shared_cores is dla
             xs = [ONES * i for i in range(20)]
             ya, yb = await asyncio.gather(
                 asyncio.gather(*(a.infer(x) for x in xs)),

@@ -33,6 +33,7 @@ import numpy as np
 from .. import __version__
 from .._engine import Engine
 from .._errors import ConfigurationError
+from .._shared_cores import Cores
 from .._tensors import TensorSpec
 from ..runtime import Runtime
 from ._deps import MISSING_EXTRA
@@ -399,6 +400,8 @@ async def serve(
     tls_key: str | None = None,
     tls_client_ca: str | None = None,
     started: Any = None,
+    priorities: Mapping[str, int] | None = None,
+    weights: Mapping[str, float] | None = None,
     **options: Any,
 ) -> ServeStatistics:
     """Open an engine per model (``PATH`` or ``NAME=PATH``), serve them until SIGTERM
@@ -406,6 +409,8 @@ async def serve(
 
     ``runtime`` and ``options`` go to every :class:`~aiodla.Engine` (a runtime's name
     or instance; ``cores``, ``max_queue``, ...), the rest to :class:`Server`.
+    Several models share their cores (one :class:`~aiodla.Cores`), each with its
+    ``priorities[name]`` (default 0) and ``weights[name]`` (default 1).
     ``started(server)`` is called once the server listens.
     """
     for address, what in ((http, "HTTP"), (grpc, "gRPC")):
@@ -418,13 +423,27 @@ async def serve(
         if name in named:
             raise ConfigurationError(f"two models named {name!r}; name one NAME=PATH")
         named[name] = os.fspath(path)
+    shares: dict[str, dict[str, Any]] = {
+        "priority": dict(priorities or {}),
+        "weight": dict(weights or {}),
+    }
+    for what, given in shares.items():
+        unknown = sorted(set(given) - set(named))
+        if unknown:
+            raise ConfigurationError(f"--{what} names {unknown}; the models are {sorted(named)}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:
+        where: dict[str, Any] = {"runtime": runtime}
+        if len(named) > 1:  # one feed per core decides across the models
+            trust = options.pop("trust_compute", False)
+            shared = Cores(options.pop("cores", (0, 1)), runtime=runtime, trust_compute=trust)
+            where = {"cores": await stack.enter_async_context(shared)}
         engines = {}
         for name, path in named.items():
+            mine = {what: given[name] for what, given in shares.items() if name in given}
             engines[name] = await stack.enter_async_context(
-                Engine(path, runtime=runtime, **options)
+                Engine(path, **where, **mine, **options)
             )
         server = Server(
             engines,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,6 +33,28 @@ __all__ = ["serve_command"]
 
 def _address(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
     return None if value.lower() == "off" else value
+
+
+def _by_name(kind: type) -> Callable[[click.Context, click.Parameter, tuple[str, ...]], Any]:
+    """A callback reading repeated ``NAME=VALUE`` options into a dict (value of ``kind``)."""
+
+    def parse(
+        ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+    ) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for text in values:
+            name, equals, value = text.partition("=")
+            try:
+                if not (name and equals):
+                    raise ValueError
+                found[name] = kind(value)
+            except ValueError:
+                raise click.BadParameter(
+                    f"{text!r}: expected NAME={kind.__name__.upper()}", ctx, param
+                ) from None
+        return found
+
+    return parse
 
 
 def _announce(server: Server) -> None:
@@ -93,6 +116,22 @@ def _announce(server: Server) -> None:
     metavar="PEM",
     help="Require client certificates signed by this CA (mutual TLS), on both fronts.",
 )
+@click.option(
+    "--priority",
+    "priorities",
+    multiple=True,
+    metavar="NAME=P",
+    callback=_by_name(int),
+    help="Model NAME's priority on the shared cores (an int, higher first; default 0). Repeatable.",
+)
+@click.option(
+    "--weight",
+    "weights",
+    multiple=True,
+    metavar="NAME=W",
+    callback=_by_name(float),
+    help="Model NAME's share of core time within its priority (default 1). Repeatable.",
+)
 @runtime_option("Which runtime runs the models.")
 @trust_compute_option
 @debug_option
@@ -108,16 +147,19 @@ def serve_command(
     tls_cert: str | None,
     tls_key: str | None,
     tls_client_ca: str | None,
+    priorities: dict[str, int],
+    weights: dict[str, float],
     runtime: str,
     trust_compute: bool,
 ) -> int:
     """Serve MODELs over the KServe v2 / Triton inference protocol (HTTP and gRPC).
 
     Each MODEL is PATH (named after the file: det.bin serves as det) or NAME=PATH,
-    with an engine of its own. Triton's clients (tritonclient.http, tritonclient.grpc)
-    work unchanged; Prometheus metrics are at /metrics on the HTTP port. SIGTERM or
-    Ctrl-C stops accepting, lets accepted requests finish within --drain-timeout,
-    then exits.
+    with an engine of its own; several models share the cores, one feed per core
+    choosing the next request by --priority, then --weight. Triton's clients
+    (tritonclient.http, tritonclient.grpc) work unchanged; Prometheus metrics, per
+    model, are at /metrics on the HTTP port. SIGTERM or Ctrl-C stops accepting, lets
+    accepted requests finish within --drain-timeout, then exits.
     """
     if http is None and grpc is None:
         raise click.UsageError("--http and --grpc are both off: nothing to serve")
@@ -142,6 +184,8 @@ def serve_command(
             streams_per_core=streams,
             max_queue=max_queue,
             trust_compute=trust_compute,
+            priorities=priorities,
+            weights=weights,
         )
     )
     print("aiodla serve: stopped", file=sys.stderr, flush=True)

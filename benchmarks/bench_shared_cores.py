@@ -1,0 +1,257 @@
+"""Several models on the same two emulated DLA cores: utilisation, weight shares,
+priority latency against two independent engines, and batch assembly.
+
+Every case runs on one emulated runtime whose cores serialise the tasks of every
+engine (as a DLA does), in this process; the cases are interleaved within each repeat,
+so drift in the machine touches all of them; the report gives medians over the repeats
+with min..max.
+
+- ``utilisation``: a 1 ms and a 3 ms model, each with 16 callers, on one
+  ``aiodla.Cores``: the cores' busy time over the window / (2 x the window).
+- ``weights 1:1`` / ``weights 2:1``: two 1 ms models, both saturating, equal priority:
+  each one's share of core time against its weight's share.
+- ``priority shared`` / ``priority independent``: a detector (3 ms tasks, priority 1)
+  at 30 requests/s per core (Poisson arrivals) against a classifier (1 ms tasks,
+  priority 0, 16 callers, ``streams_per_core=4``) flooding the same cores: the
+  detector's p99 latency against its bound (3 ms + 2 x 1 ms + 1 ms). ``independent``
+  is the same load on two engines with cores of their own (no shared feed), on the
+  same emulated cores.
+- ``batching``: a batch-8 classifier (8 x 0.5 ms = 4 ms a task: the emulator spends
+  the loadable's stated time per task, whatever the batch) fed by 64 single-item
+  callers with ``Batching(max_delay=0.002)``: items/s against the ideal
+  2 cores x 8 / 4 ms = 4000; ``lone caller``: one caller's latency against
+  ``max_delay`` + one task (6 ms).
+
+Usage::
+
+    python benchmarks/bench_shared_cores.py [--repeats 5] [--seconds 1.0] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from _reports import report_path
+
+import aiodla
+from aiodla import Batching, Cores, EmulatedRuntime, Engine, TensorSpec
+from aiodla.emulator import make_loadable
+
+X = TensorSpec("x", (1, 3, 16, 16), "float16", "chw16")
+Y = TensorSpec("y", (1, 3, 16, 16), "float32", "nchw")
+XB = TensorSpec("x", (8, 3, 16, 16), "float16", "chw16")
+YB = TensorSpec("y", (8, 3, 1, 1), "float32", "nchw")
+ITEM = np.ones((1, 3, 16, 16), np.float32)
+
+
+def model(service: float) -> bytes:
+    return make_loadable([X], [Y], "affine", service, scale=2.0, bias=0.5)
+
+
+def batch_model(per_item: float) -> bytes:
+    return make_loadable([XB], [YB], "mean_hw", 8 * per_item, scale=1.0, bias=0.0)
+
+
+def busy(engine: Engine) -> float:
+    return sum(core.busy_time for core in engine.statistics().cores)
+
+
+async def callers(engine: Engine, count: int, stop: asyncio.Event) -> None:
+    async def loop() -> None:
+        while not stop.is_set():
+            await engine.infer(ITEM)
+
+    await asyncio.gather(*(loop() for _ in range(count)))
+
+
+async def window(
+    engines: list[Engine], load: list[Callable[[asyncio.Event], Awaitable[None]]], seconds: float
+) -> tuple[list[float], float]:
+    """Run ``load`` for a warm-up and ``seconds``; each engine's core time in the
+    window, and the window's length."""
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(run(stop)) for run in load]
+    await asyncio.sleep(0.2)  # warm-up: estimates learned, graphs captured
+    first, start = [busy(e) for e in engines], time.perf_counter()
+    await asyncio.sleep(seconds)
+    last, end = [busy(e) for e in engines], time.perf_counter()
+    stop.set()
+    await asyncio.gather(*tasks)
+    return [b - a for a, b in zip(first, last, strict=True)], end - start
+
+
+async def utilisation(runtime: EmulatedRuntime, seconds: float) -> dict[str, float]:
+    async with (
+        Cores([0, 1], runtime=runtime) as dla,
+        Engine(model(0.001), cores=dla) as short,
+        Engine(model(0.003), cores=dla) as long,
+    ):
+        times, elapsed = await window(
+            [short, long],
+            [lambda s: callers(short, 16, s), lambda s: callers(long, 16, s)],
+            seconds,
+        )
+    return {"utilisation": sum(times) / (2 * elapsed)}
+
+
+async def weights(runtime: EmulatedRuntime, seconds: float, ratio: float) -> dict[str, float]:
+    async with (
+        Cores([0, 1], runtime=runtime) as dla,
+        Engine(model(0.001), cores=dla, weight=ratio) as heavy,
+        Engine(model(0.001), cores=dla, weight=1) as light,
+    ):
+        times, _ = await window(
+            [heavy, light],
+            [lambda s: callers(heavy, 16, s), lambda s: callers(light, 16, s)],
+            seconds,
+        )
+    share = times[0] / sum(times)
+    target = ratio / (ratio + 1)
+    return {"share": share, "target": target, "error": abs(share - target) / target}
+
+
+async def detector_load(engine: Engine, rate: float, stop: asyncio.Event) -> list[float]:
+    """Poisson arrivals at ``rate`` per second; each request's latency."""
+    rng = random.Random(7)
+    latencies: list[float] = []
+    pending: set[asyncio.Task[None]] = set()
+
+    async def one() -> None:
+        start = time.perf_counter()
+        await engine.infer(ITEM)
+        latencies.append(time.perf_counter() - start)
+
+    while not stop.is_set():
+        task = asyncio.ensure_future(one())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        await asyncio.sleep(rng.expovariate(rate))
+    await asyncio.gather(*pending)
+    return latencies
+
+
+async def priority(runtime: EmulatedRuntime, seconds: float, shared: bool) -> dict[str, float]:
+    async with Cores([0, 1], runtime=runtime) as dla:
+        where: dict[str, Any] = {"cores": dla} if shared else {"runtime": runtime}
+        async with (
+            Engine(model(0.003), priority=1, **where) as detector,
+            Engine(model(0.001), priority=0, streams_per_core=4, **where) as classifier,
+        ):
+            stop = asyncio.Event()
+            flood = asyncio.ensure_future(callers(classifier, 16, stop))
+            await asyncio.sleep(0.2)
+            arrivals = asyncio.ensure_future(detector_load(detector, 60.0, stop))
+            await asyncio.sleep(seconds)
+            stop.set()
+            latencies = sorted(await arrivals)
+            await flood
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    return {
+        "p50_ms": 1e3 * statistics.median(latencies),
+        "p99_ms": 1e3 * p99,
+        "bound_ms": 3 + 2 * 1 + 1,
+        "requests": len(latencies),
+    }
+
+
+async def batching(runtime: EmulatedRuntime, seconds: float) -> dict[str, float]:
+    async with Engine(
+        batch_model(0.0005), runtime=runtime, batch=Batching(max_delay=0.002)
+    ) as engine:
+        stop = asyncio.Event()
+        load = asyncio.ensure_future(callers(engine, 64, stop))
+        await asyncio.sleep(0.2)
+        first, start = engine.statistics().batching, time.perf_counter()
+        await asyncio.sleep(seconds)
+        last, end = engine.statistics().batching, time.perf_counter()
+        stop.set()
+        await load
+        assert first is not None and last is not None
+        items_per_s = (last.completed - first.completed) / (end - start)
+        lone = []
+        for _ in range(50):
+            begin = time.perf_counter()
+            await engine.infer(ITEM)
+            lone.append(time.perf_counter() - begin)
+    ideal = 2 * 8 / 0.004
+    lone.sort()
+    return {
+        "items_per_s": items_per_s,
+        "x_ideal": items_per_s / ideal,
+        "lone_p50_ms": 1e3 * statistics.median(lone),
+        "lone_max_ms": 1e3 * lone[-1],
+        "lone_bound_ms": 1e3 * (0.002 + 0.004),
+    }
+
+
+CASES: dict[str, Callable[[EmulatedRuntime, float], Awaitable[dict[str, float]]]] = {
+    "utilisation": utilisation,
+    "weights 1:1": lambda r, s: weights(r, s, 1.0),
+    "weights 2:1": lambda r, s: weights(r, s, 2.0),
+    "priority shared": lambda r, s: priority(r, s, True),
+    "priority independent": lambda r, s: priority(r, s, False),
+    "batching": batching,
+}
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+async def measure(repeats: int, seconds: float) -> dict[str, dict[str, dict[str, float]]]:
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in CASES}
+    for repeat in range(repeats):
+        for name, case in CASES.items():
+            runtime = EmulatedRuntime(cores=2)
+            try:
+                runs[name].append(await case(runtime, seconds))
+            finally:
+                runtime.close()
+        print(f"repeat {repeat + 1}/{repeats} done", file=sys.stderr)
+    return {
+        name: {key: summary([run[key] for run in found]) for key in found[0]}
+        for name, found in runs.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    results = asyncio.run(measure(args.repeats, args.seconds))
+    for name, figures in results.items():
+        shown = ", ".join(
+            f"{key} {value['median']:.3f} ({value['min']:.3f}..{value['max']:.3f})"
+            for key, value in figures.items()
+        )
+        print(f"{name:22s} {shown}")
+    report = {
+        "benchmark": "bench_shared_cores",
+        "aiodla": aiodla.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": __import__("os").cpu_count(),
+        "repeats": args.repeats,
+        "seconds": args.seconds,
+        "results": results,
+    }
+    path = report_path(args.json, "shared-cores.json")
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
