@@ -176,7 +176,8 @@ async def batching(runtime: EmulatedRuntime, seconds: float) -> dict[str, float]
         last, end = engine.statistics().batching, time.perf_counter()
         stop.set()
         await load
-        assert first is not None and last is not None
+        assert first is not None
+        assert last is not None
         items_per_s = (last.completed - first.completed) / (end - start)
         lone = []
         for _ in range(50):
