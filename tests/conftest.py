@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
+import numpy as np
 import pytest
 import pytest_asyncio
 from hypothesis import settings
@@ -30,7 +31,7 @@ from hypothesis import settings
 from aiodla import EmulatedRuntime, Engine
 from aiodla.testing import DLAControls, EngineFactory
 
-from support import affine_model, counts_add_up
+from support import HeldRequest, X, affine_model, counts_add_up
 
 # Through pytest_plugins rather than the entry point (pyproject's addopts disables
 # that), so pytest-cov measures aiodla from its first import.
@@ -127,6 +128,21 @@ def leaky_runtime() -> Iterator[EmulatedRuntime]:
     controls = DLAControls(2)
     yield controls.runtime
     controls.close()
+
+
+@pytest_asyncio.fixture
+async def held_offloaded_request(
+    aiodla_engine: EngineFactory, aiodla_controls: DLAControls
+) -> AsyncIterator[HeldRequest]:
+    """One request on the DLA, held there (``gate``), on an engine of one slot (core 0,
+    one stream) whose every packing and unpacking runs in a worker thread
+    (``offload_bytes=0``); hold anyio's thread tokens (``support.NoThreads``) to stop it
+    between its steps. The gate is released at the latest when the test ends."""
+    engine = await aiodla_engine(affine_model(), cores=[0], streams_per_core=1, offload_bytes=0)
+    with aiodla_controls.hold(0) as gate:
+        task = asyncio.ensure_future(engine.infer(np.ones(X.shape, np.float32)))
+        await gate.reached(1)  # packed (in a thread) and submitted
+        yield HeldRequest(engine, gate, task)
 
 
 @pytest_asyncio.fixture

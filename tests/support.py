@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import anyio
 import numpy as np
 
 from aiodla import TensorSpec
@@ -150,3 +151,55 @@ class Misstated(EmulatedRuntime):
     def query_event(self, event: int) -> bool:
         self.queries += 1
         return super().query_event(event)
+
+
+class FakeToolchain:
+    """Stands in for NVRTC and the driver's module loading (the ``fake_toolchain``
+    fixture of tests/runtime): compiles to the source's bytes, loads only what it
+    compiled, and counts both."""
+
+    def __init__(self) -> None:
+        self.compiled = 0
+        self.loaded: list[bytes] = []
+
+    def target(self) -> tuple[str, str]:
+        return "sm_90", "13.0"
+
+    def compile(self, source: str, arch: str) -> bytes:
+        self.compiled += 1
+        return b"CUBIN" + source.encode()
+
+    def load(self, cubin: bytes, names: Any) -> dict[str, Any]:
+        if not cubin.startswith(b"CUBIN"):
+            raise RuntimeError("not a cubin")
+        self.loaded.append(cubin)
+        return {name: f"fn:{name}" for name in names}
+
+
+class NoThreads:
+    """Every token of the loop's default thread limiter, held until released."""
+
+    def __init__(self) -> None:
+        self.limiter = anyio.to_thread.current_default_thread_limiter()
+        self.borrowers = [object() for _ in range(int(self.limiter.total_tokens))]
+
+    async def __aenter__(self) -> NoThreads:
+        for borrower in self.borrowers:
+            await self.limiter.acquire_on_behalf_of(borrower)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for borrower in self.borrowers:
+            self.limiter.release_on_behalf_of(borrower)
+
+    def waiting(self) -> int:
+        return int(self.limiter.statistics().tasks_waiting)
+
+
+class HeldRequest(NamedTuple):
+    """The ``held_offloaded_request`` fixture: its engine, the gate that holds its
+    request on the DLA, and the request's task."""
+
+    engine: Any
+    gate: Any
+    task: asyncio.Future[Any]

@@ -28,9 +28,10 @@ from aiodla import (
     WorkerLostError,
 )
 from aiodla._statistics import HistogramRecorder
-from aiodla.testing import DLAControls, EngineFactory
+from aiodla.testing import EngineFactory
 
 from support import (
+    HeldRequest,
     X,
     affine_model,
     all_idle,
@@ -55,19 +56,17 @@ def slots_of(engine: Engine) -> tuple[int, int]:
 class TestCancelledWhileItsOutputsWouldUnpackOffTheLoop:
     @pytest.mark.asyncio
     async def test_the_slot_comes_back_and_the_next_request_is_served(
-        self, aiodla_engine: EngineFactory, aiodla_controls: DLAControls
+        self, held_offloaded_request: HeldRequest
     ) -> None:
-        # offload_bytes=0: every request's outputs are unpacked in a worker thread. A
-        # completion for a request its caller gave up must not hand it that step (its
-        # future is done): the slot goes straight back to the pool.
-        engine = await aiodla_engine(affine_model(), cores=[0], streams_per_core=1, offload_bytes=0)
-        with aiodla_controls.hold(0) as gate:
-            task = asyncio.ensure_future(engine.infer(ONES))
-            await gate.reached(1)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            assert slots_of(engine) == (1, 0)  # the DLA still runs its task
+        # Every request's outputs are unpacked in a worker thread. A completion for a
+        # request its caller gave up must not hand it that step (its future is done):
+        # the slot goes straight back to the pool.
+        engine, gate, task = held_offloaded_request
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert slots_of(engine) == (1, 0)  # the DLA still runs its task
+        gate.release()
         await wait_until(lambda: all_idle(engine))
         assert slots_of(engine) == (0, 1)
         np.testing.assert_array_equal(await engine.infer(ONES * 3), expected_affine(ONES * 3))

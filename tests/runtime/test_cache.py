@@ -21,33 +21,9 @@ import pytest
 from aiodla._tensors import TensorSpec
 from aiodla.runtime import _conversion_kernels as ck
 
+from support import FakeToolchain
+
 SPEC = TensorSpec("img", (1, 3, 8, 8), "float16", "chw16")
-
-
-class FakeToolchain:
-    """Compiles to the source's bytes; loads only what it compiled."""
-
-    def __init__(self) -> None:
-        self.compiled = 0
-
-    def target(self) -> tuple[str, str]:
-        return "sm_90", "13.0"
-
-    def compile(self, source: str, arch: str) -> bytes:
-        self.compiled += 1
-        return b"CUBIN" + source.encode()
-
-    def load(self, cubin: bytes, names: Any) -> dict[str, Any]:
-        if not cubin.startswith(b"CUBIN"):
-            raise RuntimeError("not a cubin")
-        return {name: f"fn:{name}" for name in names}
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeToolchain:
-    toolchain = FakeToolchain()
-    monkeypatch.setattr(ck, "_toolchain", lambda device: toolchain)
-    return toolchain
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +53,7 @@ def refused(path: Path, reason: str) -> Any:
 
 class TestCreated:
     def test_the_directories_are_0700(
-        self, fake: FakeToolchain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, fake_toolchain: FakeToolchain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         root = tmp_path / "deep" / "aiodla"
         monkeypatch.setenv("AIODLA_CACHE_DIR", str(root))
@@ -88,7 +64,7 @@ class TestCreated:
         assert compile_in(None).compiled_from_cache  # and it serves
 
     def test_an_existing_private_folder_is_used_as_it_is(
-        self, fake: FakeToolchain, tmp_path: Path
+        self, fake_toolchain: FakeToolchain, tmp_path: Path
     ) -> None:
         folder = tmp_path / "kernels"
         folder.mkdir(mode=0o755)  # not writable by others: safe, left alone
@@ -101,7 +77,9 @@ class TestCreated:
 
 class TestFolderRefused:
     @pytest.mark.parametrize("bits", [0o777, 0o770, 0o702], ids=oct)
-    def test_writable_by_others(self, fake: FakeToolchain, tmp_path: Path, bits: int) -> None:
+    def test_writable_by_others(
+        self, fake_toolchain: FakeToolchain, tmp_path: Path, bits: int
+    ) -> None:
         folder = tmp_path / "kernels"
         folder.mkdir()
         folder.chmod(bits)
@@ -109,10 +87,10 @@ class TestFolderRefused:
             assert not compile_in(folder).compiled_from_cache
         with refused(folder, "writable by others"):
             assert not compile_in(folder).compiled_from_cache  # in memory: built again
-        assert fake.compiled == 2
+        assert fake_toolchain.compiled == 2
         assert list(folder.iterdir()) == []  # nothing written there
 
-    def test_a_symbolic_link(self, fake: FakeToolchain, tmp_path: Path) -> None:
+    def test_a_symbolic_link(self, fake_toolchain: FakeToolchain, tmp_path: Path) -> None:
         target = tmp_path / "elsewhere"
         target.mkdir(mode=0o700)
         folder = tmp_path / "kernels"
@@ -122,7 +100,7 @@ class TestFolderRefused:
         assert list(target.iterdir()) == []
 
     def test_owned_by_another_user(
-        self, fake: FakeToolchain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, fake_toolchain: FakeToolchain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         folder = tmp_path / "kernels"
         folder.mkdir(mode=0o700)
@@ -136,21 +114,25 @@ class TestEntryRefused:
     """A planted or loosened entry is never loaded, and left where it is."""
 
     @pytest.fixture
-    def entry(self, fake: FakeToolchain, tmp_path: Path) -> Path:
+    def entry(self, fake_toolchain: FakeToolchain, tmp_path: Path) -> Path:
         compile_in(tmp_path)
         (entry,) = tmp_path.glob("*.cubin")
         return entry
 
     @pytest.mark.parametrize("bits", [0o666, 0o620], ids=oct)
-    def test_writable_by_others(self, fake: FakeToolchain, entry: Path, bits: int) -> None:
+    def test_writable_by_others(
+        self, fake_toolchain: FakeToolchain, entry: Path, bits: int
+    ) -> None:
         entry.chmod(bits)
         before = entry.read_bytes()
         with refused(entry, f"writable by others (mode {bits:04o})"):
             assert not compile_in(entry.parent).compiled_from_cache
-        assert fake.compiled == 2
+        assert fake_toolchain.compiled == 2
         assert entry.read_bytes() == before and mode(entry) == bits
 
-    def test_a_symbolic_link(self, fake: FakeToolchain, entry: Path, tmp_path: Path) -> None:
+    def test_a_symbolic_link(
+        self, fake_toolchain: FakeToolchain, entry: Path, tmp_path: Path
+    ) -> None:
         # A link to a whole, checksummed entry elsewhere: still not followed.
         planted = tmp_path / "planted"
         planted.mkdir()
@@ -159,10 +141,10 @@ class TestEntryRefused:
         entry.symlink_to(real)
         with refused(entry, "symbolic link"):
             assert not compile_in(entry.parent).compiled_from_cache
-        assert entry.is_symlink() and fake.compiled == 2
+        assert entry.is_symlink() and fake_toolchain.compiled == 2
 
     def test_owned_by_another_user(
-        self, fake: FakeToolchain, entry: Path, monkeypatch: pytest.MonkeyPatch
+        self, fake_toolchain: FakeToolchain, entry: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         real_fstat = os.fstat
 
@@ -175,4 +157,4 @@ class TestEntryRefused:
         monkeypatch.setattr(os, "fstat", another_owner)
         with refused(entry, "owned by another user"):
             assert not compile_in(entry.parent).compiled_from_cache
-        assert fake.compiled == 2
+        assert fake_toolchain.compiled == 2

@@ -24,6 +24,8 @@ from aiodla.runtime import _cache
 from aiodla.runtime import _conversion_kernels as ck
 from aiodla.runtime import _conversion_source as cs
 
+from support import FakeToolchain
+
 FORMATS = ("nchw", "nhwc", "chw16", "chw32", "hwc4")
 PAIRS = [(f, d) for f in FORMATS for d in sorted(_descriptors._ACCEPTED_DTYPES[f])]
 SCALE = 0.0123
@@ -165,60 +167,35 @@ class TestCacheDir:
         assert ck.kernel_cache_dir() == expected
 
 
-class FakeToolchain:
-    """Compiles to the source's bytes; loads only what it compiled."""
-
-    def __init__(self) -> None:
-        self.compiled = 0
-        self.loaded: list[bytes] = []
-
-    def target(self) -> tuple[str, str]:
-        return "sm_90", "13.0"
-
-    def compile(self, source: str, arch: str) -> bytes:
-        self.compiled += 1
-        return b"CUBIN" + source.encode()
-
-    def load(self, cubin: bytes, names: Any) -> dict[str, Any]:
-        if not cubin.startswith(b"CUBIN"):
-            raise RuntimeError("not a cubin")
-        self.loaded.append(cubin)
-        return {name: f"fn:{name}" for name in names}
-
-
 SPEC = TensorSpec("img", (1, 3, 8, 8), "float16", "chw16")
 
 
 class TestCompileAndCache:
-    @pytest.fixture
-    def fake(self, monkeypatch: pytest.MonkeyPatch) -> FakeToolchain:
-        toolchain = FakeToolchain()
-        monkeypatch.setattr(ck, "_toolchain", lambda device: toolchain)
-        return toolchain
-
     def compile(self, cache: Path) -> ck.ConversionKernels:
         return ck.ConversionKernels.compile(
             [(SPEC, np.dtype(np.float32))], [(SPEC, np.dtype(np.float16))], cache_dir=cache
         )
 
-    def test_second_open_reads_the_cache(self, fake: FakeToolchain, tmp_path: Path) -> None:
+    def test_second_open_reads_the_cache(
+        self, fake_toolchain: FakeToolchain, tmp_path: Path
+    ) -> None:
         first = self.compile(tmp_path)
-        assert not first.compiled_from_cache and fake.compiled == 1
+        assert not first.compiled_from_cache and fake_toolchain.compiled == 1
         (entry,) = tmp_path.glob("*.cubin")
         assert not list(tmp_path.glob("*.tmp"))  # the temp file was renamed
         second = self.compile(tmp_path)
-        assert second.compiled_from_cache and fake.compiled == 1
-        assert fake.loaded[0] == fake.loaded[1]
+        assert second.compiled_from_cache and fake_toolchain.compiled == 1
+        assert fake_toolchain.loaded[0] == fake_toolchain.loaded[1]
         assert "from cache" in repr(second)
         # another source (another spec) is another entry
         other = TensorSpec("img", (1, 3, 8, 9), "float16", "chw16")
         ck.ConversionKernels.compile([(other, np.dtype(np.float32))], [], cache_dir=tmp_path)
-        assert fake.compiled == 2 and len(list(tmp_path.glob("*.cubin"))) == 2
+        assert fake_toolchain.compiled == 2 and len(list(tmp_path.glob("*.cubin"))) == 2
         assert entry.exists()
 
     @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage-with-good-sum"])
     def test_corrupt_entry_is_recompiled(
-        self, fake: FakeToolchain, tmp_path: Path, damage: str
+        self, fake_toolchain: FakeToolchain, tmp_path: Path, damage: str
     ) -> None:
         self.compile(tmp_path)
         (entry,) = tmp_path.glob("*.cubin")
@@ -236,15 +213,19 @@ class TestCompileAndCache:
             data = bytearray(_cache._MAGIC + hashlib.sha256(body).digest() + body)
         entry.write_bytes(bytes(data))
         kernels = self.compile(tmp_path)
-        assert not kernels.compiled_from_cache and fake.compiled == 2
-        assert _cache.read_entry(entry) == fake.loaded[-1]  # rewritten, whole again
+        assert not kernels.compiled_from_cache and fake_toolchain.compiled == 2
+        assert _cache.read_entry(entry) == fake_toolchain.loaded[-1]  # rewritten, whole again
 
-    def test_unwritable_cache_still_compiles(self, fake: FakeToolchain, tmp_path: Path) -> None:
+    def test_unwritable_cache_still_compiles(
+        self, fake_toolchain: FakeToolchain, tmp_path: Path
+    ) -> None:
         blocker = tmp_path / "file"
         blocker.write_text("not a directory")
         assert not self.compile(blocker / "sub").compiled_from_cache
 
-    def test_uncompiled_pair_is_a_value_error(self, fake: FakeToolchain, tmp_path: Path) -> None:
+    def test_uncompiled_pair_is_a_value_error(
+        self, fake_toolchain: FakeToolchain, tmp_path: Path
+    ) -> None:
         calls: list[tuple[Any, ...]] = []
         kernels = self.compile(tmp_path)
         kernels._launcher = lambda *args: calls.append(args) or (0,)
@@ -261,7 +242,9 @@ class TestCompileAndCache:
         with pytest.raises(ValueError, match="unaligned"):
             kernels.pack(SPEC, np.dtype(np.float32), 4098, (192, 64, 8, 1), 8192, 7)
 
-    def test_launch_error_is_a_cuda_call_error(self, fake: FakeToolchain, tmp_path: Path) -> None:
+    def test_launch_error_is_a_cuda_call_error(
+        self, fake_toolchain: FakeToolchain, tmp_path: Path
+    ) -> None:
         from aiodla.runtime._protocol import CudaCallError
 
         kernels = self.compile(tmp_path)
