@@ -17,6 +17,7 @@ from ._device import device_error
 from ._errors import ConfigurationError, ModelError, RuntimeUnavailableError
 from ._graphs import Graphs
 from ._options import EngineOptions
+from ._postprocess import open_postprocess
 from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
 from ._slots import CoreState, Slot, new_core
@@ -221,6 +222,9 @@ class _Opening:
                 raise
             logger.warning("aiodla: converting on the host: %s", exc)
             return HostPath(runtime)
+        postprocess = open_postprocess(self._options, inputs, outputs)
+        if postprocess is not None:  # on the slots' streams, where the runtime can
+            path.prepare_detect(postprocess)
         path.ingest_stream = self._create(
             "device arrays", -1, runtime.create_stream, runtime.destroy_stream
         )
@@ -287,6 +291,11 @@ class _Opening:
             [b.registered for b in outs],
         )
         slot = Slot(core, index, stream, event, task, ins, outs, timing=timing)
+
+        def allocate_for_slot(name: str, create: Any, release: Any, nbytes: Any) -> Any:
+            return self._create(f"{where} {name}", core.core, create, release, nbytes)
+
+        path.bind_slot(slot, allocate_for_slot)
         if path.converts_on_device:  # orders the stream after a device array's producer
             slot.ingest_event = self._create(
                 where, core.core, runtime.create_event, runtime.destroy_event

@@ -292,12 +292,19 @@ class LocalCores:
         """A device array as input ``spec`` (see :meth:`DevicePath.import_array`)."""
         return self.path.import_array(spec, value)
 
-    def check_device_output(self) -> None:
-        """Refuse ``output="device"`` where outputs would stay on the host."""
+    def check_device_output(self, postprocess: bool = False) -> None:
+        """Refuse ``output="device"`` where outputs would stay on the host (with a
+        ``postprocess``: where it does not run on the slots' streams)."""
         if self._runtime.has_device_memory and not self.path.converts_on_device:
             raise ConfigurationError(
                 "output='device' needs device conversion; this engine converts on the "
                 "host (Engine(convert='device') converts on the GPU)"
+            )
+        if postprocess and self.path.detect is None:
+            raise ConfigurationError(
+                "output='device' with postprocess=: this engine post-processes on the "
+                "host (host conversion, or a runtime that cannot run it on the device); "
+                "Engine(convert='device') runs it on the slots' streams"
             )
 
     def recycle(self, slot: Slot) -> None:

@@ -34,6 +34,8 @@ from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
 
 if TYPE_CHECKING:
     from ._frame_buffers import FrameBuffers
+    from ._postprocess import Postprocess
+    from ._postprocess_stream import StreamDetect
     from ._preprocess import ImagePreprocess
     from ._slots import Slot
     from ._tensors import TensorSpec
@@ -144,9 +146,16 @@ class HostPath:
     converts_on_device = False
     fused = False  # (camera frames are pre-processed on the host)
     zero_copy = False
+    detect: StreamDetect | None = None  # post-processing stays on the host, in numpy
 
     def use_frame_buffers(self, frames: FrameBuffers) -> None:
         """Host conversion packs from any array: frame buffers need nothing here."""
+
+    def prepare_detect(self, postprocess: Postprocess) -> None:
+        """Host conversion post-processes on the host (numpy), after the unpack."""
+
+    def bind_slot(self, slot: Slot, allocate: Allocate) -> None:
+        """Nothing per slot beyond its tensors' buffers."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -247,6 +256,7 @@ class DevicePath:
         self.ingest_stream = 0  # device arrays' exports are ordered before its work
         self.fused = False  # camera frames go to the GPU raw, pre-processed by one kernel
         self.frame_buffers: FrameBuffers | None = None  # the engine's, once it makes some
+        self.detect: StreamDetect | None = None  # post-processing on the slot's stream
 
     def use_frame_buffers(self, frames: FrameBuffers) -> None:
         """Read frames lying in these engine frame buffers in place (or by one copy)."""
@@ -297,6 +307,26 @@ class DevicePath:
                 logger.warning("aiodla: pre-processing camera frames on the host: %s", exc)
             else:
                 self.fused = True
+
+    def prepare_detect(self, postprocess: Postprocess) -> None:
+        """Run ``postprocess`` on the slots' streams when the runtime can (compiled now,
+        at open); else it stays on the host, after the unpack, as with host conversion."""
+        from ._postprocess_stream import DetectsOnStream, StreamDetect
+
+        runtime = self.runtime
+        if not isinstance(runtime, DetectsOnStream):
+            return
+        try:
+            program = runtime.prepare_detect(postprocess.plan)
+        except RuntimeUnavailableError as exc:
+            logger.warning("aiodla: post-processing detections on the host: %s", exc)
+            return
+        self.detect = StreamDetect(runtime, program, postprocess, self.zero_copy)
+
+    def bind_slot(self, slot: Slot, allocate: Allocate) -> None:
+        """The slot's buffers beyond its tensors' (the detector's, at open)."""
+        if self.detect is not None:
+            self.detect.bind_slot(slot, allocate)
 
     def bind(
         self,
@@ -488,6 +518,9 @@ class DevicePath:
             runtime.pack(binding.spec, dtype, pointer, strides, binding.device_ptr, stream)
 
     def enqueue_outputs(self, slot: Slot, device: bool) -> None:
+        if self.detect is not None:  # the heads are read in their DLA layout: no unpack
+            self.detect.enqueue(slot, device)
+            return
         runtime = self.runtime
         stream = slot.stream
         pooled = device and runtime.has_device_memory
@@ -507,6 +540,8 @@ class DevicePath:
                 runtime.copy_to_host(binding.host, target, nbytes, stream)
 
     def read_outputs(self, slot: Slot, device: bool) -> list[Any]:
+        if self.detect is not None:
+            return [self.detect.read(slot, device)]
         if slot.pooled:
             pooled, slot.pooled = slot.pooled, []
             return [

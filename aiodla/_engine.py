@@ -570,9 +570,4 @@ async def _release(layers: list[DeviceLayer]) -> None:
 def _check_device_output(output: object, cores: DeviceLayer, postprocess: Any) -> None:
     if output != "device":
         raise ConfigurationError(f"output={output!r} must be 'host' or 'device'")
-    if postprocess is not None:
-        raise ConfigurationError(
-            "output='device' with postprocess=: Detections are computed on the host "
-            "in this version; leave output='host'"
-        )
-    cores.check_device_output()
+    cores.check_device_output(postprocess is not None)

@@ -8,8 +8,10 @@ matches the heads (:meth:`Detect.plan`); every mismatch is a ConfigurationError 
 the tensor. Per request, :meth:`Postprocess.run` takes the outputs in the model's
 order and, when that input took a camera frame through an ``ImagePreprocess``, maps the
 boxes into that frame (its size read from the request's frame). This is the numpy path
-(:mod:`aiodla._detect_math`); it runs where the engine unpacks outputs, so off the
-event loop when the engine unpacks large outputs in a worker thread.
+(:mod:`aiodla._detect_math`), for host conversion and the worker-process engine; it
+runs where the engine unpacks outputs, so off the event loop when the engine unpacks
+large outputs in a worker thread. With device conversion the runtime runs the same
+definition on the slot's stream instead (:mod:`aiodla._postprocess_stream`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from ._detect import Detect, Detections, DetectPlan
 from ._errors import ConfigurationError, PostprocessError
 
 if TYPE_CHECKING:
+    from ._frame_plan import Geometry
     from ._options import EngineOptions
     from ._preprocess import ImagePreprocess
     from ._tensors import TensorSpec
 
 __all__ = ["Postprocess", "open_postprocess", "read_results"]
+
+#: Frame sizes whose geometry is remembered; a camera that cycles through more recomputes.
+_GEOMETRIES_KEPT = 64
 
 
 class Postprocess:
@@ -39,24 +45,37 @@ class Postprocess:
         preprocess: ImagePreprocess | None,
     ) -> None:
         self.plan = plan
-        self._heads = heads  # output index of each head, in the plan's order
+        self.heads = heads  # output index of each head, in the plan's order
         self._frame_input = frame_input
         self._preprocess = preprocess
         self._size = plan.input_size
+        self._geometries: dict[tuple[int, int], Geometry] = {}  # by frame size
 
     def run(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> Detections:
         """Detections of one request: ``outputs`` (logical arrays, model order) and the
         request's ``inputs`` (to find its frame's size). Any error is a PostprocessError."""
         try:
-            heads = [outputs[index] for index in self._heads]
-            pre = self._preprocess
-            if pre is None or pre.resize is None:
+            heads = [outputs[index] for index in self.heads]
+            frame = self.frame_of(inputs)
+            if frame is None:
                 return self.plan.run(heads)
-            frame = inputs[self._frame_input]
-            size = pre._frame_size("frame", tuple(frame.shape))
-            return self.plan.run(heads, pre.geometry(*size, *self._size), size)
+            return self.plan.run(heads, *frame)
         except Exception as exc:
             raise PostprocessError(f"post-processing failed: {exc}") from exc
+
+    def frame_of(self, inputs: Sequence[Any]) -> tuple[Geometry, tuple[int, int]] | None:
+        """Where the request's frame landed in the model input and its (height, width),
+        when the boxes go into the frame's pixels; else None (model-input pixels)."""
+        pre = self._preprocess
+        if pre is None or pre.resize is None:
+            return None
+        size = pre._frame_size("frame", tuple(inputs[self._frame_input].shape))
+        geometry = self._geometries.get(size)
+        if geometry is None:
+            if len(self._geometries) >= _GEOMETRIES_KEPT:
+                self._geometries.clear()
+            geometry = self._geometries[size] = pre.geometry(*size, *self._size)
+        return geometry, size
 
 
 def open_postprocess(
@@ -90,9 +109,10 @@ def open_postprocess(
 
 def read_results(cores: Any, postprocess: Postprocess | None, slot: Any) -> Any:
     """A slot's outputs as the engine returns them: post-processed when the engine has
-    a ``postprocess`` (whose errors come as PostprocessError)."""
+    a ``postprocess`` (whose errors come as PostprocessError), unless the device layer
+    ran it on the slot's stream already (:mod:`aiodla._postprocess_stream`)."""
     outputs = cores.read_outputs(slot)
-    if postprocess is None:
+    if postprocess is None or isinstance(outputs, Detections):
         return outputs
     specs = cores.outputs
     values = [outputs] if len(specs) == 1 else [outputs[spec.name] for spec in specs]

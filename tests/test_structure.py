@@ -105,6 +105,7 @@ def test_only_the_device_layer_and_the_runtimes_call_the_runtime() -> None:
         "aiodla._frame_buffers",  # the device layer's pinned memory, lent to the caller
         "aiodla._graphs",
         "aiodla._inspection",
+        "aiodla._postprocess_stream",  # the data path's detector step
         "aiodla._isolation._staging",
         "aiodla._isolation._worker",
         "aiodla.runtime",

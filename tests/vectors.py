@@ -263,6 +263,17 @@ def _mix_heads() -> Any:
     return inputs, outputs, "mix", 1.0, 0.0, frozenset(), frozenset({"image"})
 
 
+def _detect_heads() -> Any:
+    """Op detect: raw heads of three anchors, a sparse one (objects in a few cells)
+    padded in float16 chw16, a dense one in float32 nchw (most cells hold one)."""
+    inputs = [_spec("image", (1, 3, 16, 20), "float16", "chw16")]
+    outputs = [
+        _spec("p8", (1, 21, 8, 10), "float16", "chw16", (0, 32, 0, 8)),
+        _spec("p16", (1, 24, 2, 3), "float32", "nchw", (0, 4, 8, 12)),
+    ]
+    return inputs, outputs, "detect", 1.0, 0.0, frozenset(), frozenset({"image"})
+
+
 def _mix_every_type() -> Any:
     """Six inputs of the six types in every format, NaN and inf among the floats (mix
     reads bits, never arithmetic on them), into outputs of every type."""
@@ -325,6 +336,7 @@ _BUILDERS: tuple[tuple[str, Any], ...] = (
     ("mix_every_type", _mix_every_type),
     ("mix_ties_and_saturation", _mix_ties_and_saturation),
     ("mix_clamped", _mix_clamped),
+    ("detect_heads", _detect_heads),
 )
 
 

@@ -245,7 +245,7 @@ class RemoteCores:
     def import_device(self, spec: TensorSpec, value: Any) -> DeviceSource:
         raise InputTypeError(f"input {spec.name!r}: {NO_CUDA_IPC}")
 
-    def check_device_output(self) -> None:
+    def check_device_output(self, postprocess: bool = False) -> None:
         raise ConfigurationError(RUNTIME_ELSEWHERE)
 
     def recycle(self, slot: Slot) -> None:

@@ -394,6 +394,44 @@ def build_program(
     return handles, from_cache
 
 
+class CompiledKernels:
+    """What every program of aiodla's kernels holds once compiled (or taken from the
+    cache) by :func:`build_program`: its loaded module, kept alive as long as its
+    handles, whether the cache served it, and the launcher (``cuLaunchKernel``; the
+    CPU tests' host build). The pre-processing and detector kernels build on it."""
+
+    what = "GPU"  # the kernels' name in errors: "cuLaunchKernel (pre-processing)"
+
+    def __init__(
+        self, *, from_cache: bool, keep_alive: Any = None, launcher: _Launcher | None = None
+    ) -> None:
+        self._from_cache = from_cache
+        self._keep_alive = keep_alive
+        self._launcher = launcher or default_launcher()
+
+    @classmethod
+    def build(
+        cls, source: str, names: Sequence[str], *, device: int, cache_dir: Path | None
+    ) -> tuple[dict[str, Any], bool]:
+        """:func:`build_program` of ``source``, its errors naming these kernels."""
+        return build_program(source, names, device=device, cache_dir=cache_dir, what=cls.what)
+
+    @property
+    def compiled_from_cache(self) -> bool:
+        """True when the program came from the disk cache, not from NVRTC."""
+        return self._from_cache
+
+    def _launch(self, kernel: _Launch, stream: int, params: int) -> None:
+        launch_kernel(self._launcher, self.what, kernel, stream, params)
+
+    def _describe(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        origin = "cache" if self._from_cache else "nvrtc"
+        return f"<{type(self).__name__} [{self._describe()}, from {origin}]>"
+
+
 def launch_kernel(
     launcher: _Launcher, what: str, kernel: _Launch, stream: int, params: int
 ) -> None:

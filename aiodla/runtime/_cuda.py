@@ -38,9 +38,11 @@ from ._cuda_host import PinnedMemory
 from ._protocol import CudaCallError, HostBuffer, TransferCounts
 
 if TYPE_CHECKING:
-    from .._frame_plan import Preprocessing
+    from .._detect import DetectPlan
+    from .._frame_plan import Geometry, Preprocessing
     from .._tensors import TensorSpec
     from ._conversion_kernels import ConversionKernels
+    from ._detect_kernels import DetectKernels
     from ._preprocess_kernels import PreprocessKernels
 
 __all__ = [
@@ -525,6 +527,28 @@ class CudaRuntime:
             raise CudaCallError("cudaLaunchKernel", _INVALID_VALUE)
         entry[1].launch(spec, frame, height, width, pitch, dst, stream)
         self.counts.conversions += 1
+
+    # -- detector post-processing kernels ---------------------------------------------------
+
+    def prepare_detect(self, plan: DetectPlan) -> DetectKernels:
+        from ._detect_kernels import DetectKernels  # NVRTC only when asked for
+
+        try:
+            return DetectKernels.compile(plan, device=self.device)
+        except ValueError as exc:  # a head the kernels cannot read (odd strides, say)
+            raise RuntimeUnavailableError(f"the GPU post-processing cannot serve: {exc}") from None
+
+    def detect(
+        self,
+        program: DetectKernels,
+        heads: Sequence[int],
+        work: int,
+        out: int,
+        stream: int,
+        geometry: Geometry | None = None,
+        frame_size: tuple[int, int] | None = None,
+    ) -> None:
+        program.launch(heads, work, out, stream, geometry, frame_size)
 
     def close(self) -> None:
         """Nothing to stop: the CUDA runtime holds no threads of its own. Idempotent.

@@ -2,37 +2,29 @@
 matched to one model, and the five launches a frame takes on a stream.
 
 The source comes from :mod:`aiodla.runtime._detect_source`; compiling, the disk cache
-and launching are the conversion kernels' (:mod:`._conversion_kernels`: the same NVRTC
-options, the cache keyed by source, options, architecture and NVRTC version,
-``cuLaunchKernel`` with a per-thread parameter block). A slot owns a scratch buffer of
-``work_bytes`` and an output of ``out_bytes`` in device memory; :meth:`DetectKernels.launch`
-enqueues everything after the DLA task on the slot's stream, and the host then copies
-the output only (``count`` at byte 0, then ``max_det`` boxes, scores and classes at
-:attr:`DetectKernels.layout`'s offsets).
+and launching are every program's (:class:`._conversion_kernels.CompiledKernels`). A
+slot owns a scratch buffer of ``work_bytes`` and an output of ``out_bytes`` in device
+memory; :meth:`DetectKernels.launch` enqueues everything after the DLA task on the
+slot's stream, and the host then copies the output only (``count`` at byte 0, then
+``max_det`` boxes, scores and classes at :attr:`DetectKernels.layout`'s offsets).
 """
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._conversion_kernels import (
-    _Launch,
-    _Launcher,
-    _Params,
-    build_program,
-    default_launcher,
-    launch_kernel,
-)
+from ._conversion_kernels import CompiledKernels, _Launch, _Launcher, _Params
+from ._detect_output import OutputLayout, output_layout, read_output
 from ._detect_source import DetectProgram, plan_detect
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .._detect import Detections, DetectPlan
+    from .._detect import DetectPlan
     from .._frame_plan import Geometry
 
 __all__ = ["DetectKernels", "OutputLayout", "detect_source", "read_output"]
@@ -52,40 +44,10 @@ def detect_source(plan: DetectPlan) -> str:
     return plan_detect(plan).source
 
 
-class OutputLayout(NamedTuple):
-    """Where the output buffer holds what (bytes from its start)."""
-
-    max_det: int
-    boxes: int
-    scores: int
-    classes: int
-    size: int
-
-
-def output_layout(max_det: int) -> OutputLayout:
-    boxes = 16
-    scores = boxes + 16 * max_det
-    classes = scores + 4 * max_det
-    return OutputLayout(max_det, boxes, scores, classes, classes + 4 * max_det)
-
-
-def read_output(raw: Any, layout: OutputLayout) -> Detections:
-    """The Detections in an output buffer's bytes (a uint8 array of ``layout.size``),
-    copied out of it; a count outside 0..max_det (a corrupt buffer) is a ValueError."""
-    from .._detect import Detections
-
-    data = np.asarray(raw, np.uint8).reshape(-1)
-    count = int(data[:4].view(np.int32)[0])
-    if not 0 <= count <= layout.max_det:
-        raise ValueError(f"detector output holds a count of {count}, not 0..{layout.max_det}")
-    boxes = data[layout.boxes : layout.boxes + 16 * count].view(np.float32).reshape(count, 4)
-    scores = data[layout.scores : layout.scores + 4 * count].view(np.float32)
-    classes = data[layout.classes : layout.classes + 4 * count].view(np.int32)
-    return Detections(boxes.copy(), scores.copy(), classes.copy())
-
-
-class DetectKernels:
+class DetectKernels(CompiledKernels):
     """The compiled post-processing kernels of one engine's detector outputs."""
+
+    what = "detector"
 
     def __init__(
         self,
@@ -97,15 +59,13 @@ class DetectKernels:
         keep_alive: Any = None,
         launcher: _Launcher | None = None,
     ) -> None:
+        super().__init__(from_cache=from_cache, keep_alive=keep_alive, launcher=launcher)
         self._program = program
         self._launches = launches
         self.layout = layout
-        self._from_cache = from_cache
-        self._keep_alive = keep_alive
         self._one = _Params(1)
         self._decode = _Params(program.heads + 1)
         self._select = _Params(_SELECT.size // 8)
-        self._launcher = launcher or default_launcher()
 
     @classmethod
     def compile(
@@ -115,9 +75,7 @@ class DetectKernels:
         RuntimeUnavailableError when cuda.core, NVRTC or the device is missing or the
         compile fails (with NVRTC's log); ValueError for a head a GPU load cannot read."""
         program = plan_detect(plan)
-        handles, from_cache = build_program(
-            program.source, _ORDER, device=device, cache_dir=cache_dir, what="detector"
-        )
+        handles, from_cache = cls.build(program.source, _ORDER, device=device, cache_dir=cache_dir)
         launches = {name: _Launch(handles[name], program.grids[name]) for name in _ORDER}
         layout = output_layout(plan.detect.max_det)
         return cls(program, launches, layout, from_cache=from_cache, keep_alive=handles)
@@ -131,10 +89,6 @@ class DetectKernels:
     def out_bytes(self) -> int:
         """The output buffer's size: all the host copies back."""
         return self.layout.size
-
-    @property
-    def compiled_from_cache(self) -> bool:
-        return self._from_cache
 
     def launch(
         self,
@@ -165,16 +119,11 @@ class DetectKernels:
         bits = np.array(sizes, np.float32).view(np.uint32).tolist()
         _SELECT.pack_into(select.values, 0, work, out, *bits, int(mapped))
         run = self._launches
-        launch_kernel(self._launcher, "detector", run["aiodla_detect_reset"], stream, one.address)
-        launch_kernel(
-            self._launcher, "detector", run["aiodla_detect_decode"], stream, decode.address
-        )
-        for name in ("aiodla_detect_rank", "aiodla_detect_mask"):
-            launch_kernel(self._launcher, "detector", run[name], stream, one.address)
-        launch_kernel(
-            self._launcher, "detector", run["aiodla_detect_select"], stream, select.address
-        )
+        self._launch(run["aiodla_detect_reset"], stream, one.address)
+        self._launch(run["aiodla_detect_decode"], stream, decode.address)
+        self._launch(run["aiodla_detect_rank"], stream, one.address)
+        self._launch(run["aiodla_detect_mask"], stream, one.address)
+        self._launch(run["aiodla_detect_select"], stream, select.address)
 
-    def __repr__(self) -> str:
-        origin = "cache" if self._from_cache else "nvrtc"
-        return f"<DetectKernels [{self._program.heads} heads, from {origin}]>"
+    def _describe(self) -> str:
+        return f"{self._program.heads} heads"

@@ -35,6 +35,7 @@ import numpy as np
 
 from .._detect_math import CLAMP, LN2_HI, LN2_LO, LOG2E, POLY
 from ._conversion_source import BLOCK, CONVERSIONS, KERNELS, _traits
+from ._detect_output import output_layout
 
 if TYPE_CHECKING:
     from .._detect import DetectPlan
@@ -309,9 +310,8 @@ def plan_detect(plan: DetectPlan) -> DetectProgram:
     mask_at = sorted_at + cap * CANDIDATE_BYTES
     work_bytes = mask_at + cap * words * 8
     max_det = detect.max_det
-    boxes_at, scores_at = _HEADER, _HEADER + 16 * max_det
-    classes_at = scores_at + 4 * max_det
-    out_bytes = classes_at + 4 * max_det
+    out = output_layout(max_det)
+    boxes_at, scores_at, classes_at, out_bytes = out.boxes, out.scores, out.classes, out.size
     constants = {
         "CLAMP": _bits(CLAMP), "LOG2E": _bits(LOG2E), "LN2_HI": _bits(LN2_HI),
         "LN2_LO": _bits(LN2_LO), **{f"P{k}": _bits(c) for k, c in enumerate(POLY)},

@@ -60,6 +60,7 @@ from ..emulator._format import EmulatorModel, parse_loadable, stated_latency
 from ..emulator._ops import ModelRunner
 from ._compute_threads import ComputeThreads
 from ._emulated_conversion import EmulatedConversion
+from ._emulated_detect import EmulatedDetect
 from ._emulated_graphs import EmulatedGraphs
 from ._emulated_memory import EmulatedMemory
 from ._faults import (
@@ -218,6 +219,8 @@ class EmulatedRuntime:
     unpack: _Served[Callable[..., None]] = _Served()
     prepare_preprocess: _Served[Callable[..., None]] = _Served()
     preprocess: _Served[Callable[..., None]] = _Served()
+    prepare_detect: _Served[Callable[..., Any]] = _Served()  # post-processing on a stream
+    detect: _Served[Callable[..., None]] = _Served()
     wait_event: _Served[Callable[[int, int], None]] = _Served()
     begin_capture: _Served[Callable[[int], None]] = _Served()
     end_capture: _Served[Callable[[int], int]] = _Served()
@@ -244,6 +247,7 @@ class EmulatedRuntime:
         self._faults = FaultInjection(timeline, self._call_failures)
         self._compute_threads = ComputeThreads(timeline, compute, trust_compute)
         conversion = EmulatedConversion(timeline, memory)
+        detect = EmulatedDetect(timeline, memory)
         graphs = self._graphs = EmulatedGraphs(timeline)
         self._modules: dict[int, _Module] = {}
         self.counts: TransferCounts = memory.counts
@@ -251,6 +255,7 @@ class EmulatedRuntime:
             timeline: _TIMELINE_CALLS,
             memory: _MEMORY_CALLS,
             conversion: ("prepare_conversions", "prepare_preprocess"),
+            detect: ("prepare_detect",),
             graphs: ("begin_capture", "end_capture", "launch_graph", "destroy_graph"),
             self._compute_threads: ("take_compute_failure",),
         }
@@ -261,6 +266,7 @@ class EmulatedRuntime:
             timeline: _RECORDED_TIMELINE,
             memory: _RECORDED_MEMORY,
             conversion: _RECORDED_CONVERSION,
+            detect: {"detect": 4},
         }
         for part, calls in recorded.items():
             for name, position in calls.items():

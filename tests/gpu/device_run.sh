@@ -23,7 +23,7 @@ REPO="$PWD"
 STANDIN_DIR=/tmp/aiodla-standin
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export COVERAGE_FILE=/tmp/aiodla-gpu.coverage
-STEPS="${STEPS:-build pytest sanitize bench kernels datapath faults isolation threads}"
+STEPS="${STEPS:-build pytest sanitize bench kernels detect datapath faults isolation threads}"
 declare -A STATUS
 
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -94,6 +94,9 @@ wanted bench && step bench 200 python3 benchmarks/bench_gpu.py "$OUT/bench-gpu.j
 # frames) against the ideal, a 32x32 model's CPU per request and the loop's lag.
 wanted kernels && step kernels 240 bash -c "python3 benchmarks/bench_convert_kernels.py \
     && python3 benchmarks/bench_preprocess_kernels.py"
+# The detector's post-processing kernels against a D2D copy of YOLOv5s' heads (<= 0.1 ms).
+wanted detect && step detect 240 python3 benchmarks/bench_detect_kernels.py \
+    --json "$OUT/detect-kernels.json"
 wanted datapath && step datapath 420 python3 benchmarks/bench_data_path.py \
     "$OUT/data-path-gpu.json" --gpu --repeats 3 --seconds 1.5
 # A DLA fault surfacing on the stream (the stand-in's trap) and the runtime's view of it.
@@ -116,12 +119,13 @@ fi
 
 echo
 echo "=== summary"
-for name in wheels build pytest sanitize bench kernels datapath faults isolation threads; do
+for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
 echo "_cuda.py: $(grep -E 'aiodla/runtime/_cuda.py' "$OUT/coverage-cuda.txt" 2> /dev/null | tail -n 1)"
 echo "sanitizer: $(grep -E '^sanitizer: ' "$OUT/sanitize.log" 2> /dev/null | tail -n 1)"
 grep -E 'x ideal|aiodla p50 / floor' "$OUT/bench.log" 2> /dev/null | sed 's/^/bench:  /'
+grep -E '^target' "$OUT/detect.log" 2> /dev/null | sed 's/^/detect: /'
 grep -E 'thread|process|recovery' "$OUT/isolation.log" 2> /dev/null | sed 's/^/isolation: /'
 echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

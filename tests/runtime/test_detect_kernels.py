@@ -302,3 +302,32 @@ def test_nvrtc_compiles(arch: str) -> None:
             program.close()
         assert cubin[:4] == b"\x7fELF"
         assert b"aiodla_detect_select" in cubin and b"aiodla_detect_decode" in cubin
+
+
+def test_the_cuda_runtime_prepares_and_launches(
+    fake: FakeToolchain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CudaRuntime.prepare_detect compiles through the shared path (fake NVRTC here) and
+    CudaRuntime.detect launches the five kernels (the host build), as the engine calls
+    them on a slot's stream."""
+    from aiodla.runtime._cuda import CudaRuntime
+
+    monkeypatch.setenv("AIODLA_CACHE_DIR", str(tmp_path / "cache"))
+    plan = dla_plan(*CASES["yolox_nhwc"])
+    library = host_build(tmp_path, detect_source(plan), len(plan.specs))
+    runtime = CudaRuntime(0)
+    kernels = runtime.prepare_detect(plan)
+    assert fake.compiled == 1 and "3 heads, from nvrtc" in repr(kernels)
+    launcher = HostLauncher(library)
+    kernels._launcher = launcher
+    heads = heads_for(plan, np.random.default_rng(3), ties=True)
+    packed = [spec.pack(h) for spec, h in zip(plan.specs, heads, strict=True)]
+    work = aligned(kernels.work_bytes, fill=0x7F)
+    out = aligned(kernels.out_bytes, fill=0x5A)
+    runtime.detect(kernels, [p.ctypes.data for p in packed], work.ctypes.data, out.ctypes.data, 0)
+    logical = [spec.unpack(p).astype(F) for spec, p in zip(plan.specs, packed, strict=True)]
+    assert_equal(read_output(out, kernels.layout), plan.run(logical))
+    assert launcher.calls == [
+        "aiodla_detect_reset", "aiodla_detect_decode", "aiodla_detect_rank",
+        "aiodla_detect_mask", "aiodla_detect_select",
+    ]  # fmt: skip

@@ -235,7 +235,7 @@ inline bool parse_loadable(const uint8_t* data, size_t size, ParsedModule* modul
         *why = describe("tensor counts %u/%u must each be 1..64", num_inputs, num_outputs);
         return false;
     }
-    if (op != kOpAffine && op != kOpMeanHw && op != kOpMix) {
+    if (op != kOpAffine && op != kOpMeanHw && op != kOpMix && op != kOpDetect) {
         *why = describe("op code %u is unknown", op);
         return false;
     }
@@ -306,7 +306,8 @@ inline bool parse_loadable(const uint8_t* data, size_t size, ParsedModule* modul
             return false;
         }
     }
-    if (op != kOpMix && num_inputs != num_outputs) {
+    const bool digest = op == kOpMix || op == kOpDetect; /* any shapes: outputs from a digest */
+    if (!digest && num_inputs != num_outputs) {
         *why = "the op pairs input i with output i: counts differ";
         return false;
     }
@@ -318,7 +319,17 @@ inline bool parse_loadable(const uint8_t* data, size_t size, ParsedModule* modul
             }
         }
     }
-    for (uint32_t i = 0; op != kOpMix && i < num_inputs; ++i) { /* mix: any shapes */
+    for (uint32_t i = 0; op == kOpDetect && i < num_outputs; ++i) { /* detector heads */
+        const TensorLayout& dst = table.outputs[i];
+        const bool real = dst.type == kTypeHalf || dst.type == kTypeFloat;
+        if (!real || dst.n != 1 || dst.c % kDetectAnchors || dst.c / kDetectAnchors < 6) {
+            *why = describe("op detect: output %s must be a float16/float32 head of shape "
+                            "(1, 3*(5+k), H, W) with k >= 1 classes",
+                            records[num_inputs + i].name);
+            return false;
+        }
+    }
+    for (uint32_t i = 0; !digest && i < num_inputs; ++i) {
         const TensorLayout& src = table.inputs[i];
         const TensorLayout& dst = table.outputs[i];
         const bool mean = op == kOpMeanHw;

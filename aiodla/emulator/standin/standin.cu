@@ -269,7 +269,7 @@ __device__ inline void run_mix(const ModuleTable& table, const TaskArgs& args) {
     }
     __syncthreads();
     for (uint32_t o = 0; o < table.num_outputs; ++o) {
-        mix_store(table, o, digest, args.outputs[o], threadIdx.x, blockDim.x);
+        digest_store(table, o, digest, args.outputs[o], threadIdx.x, blockDim.x);
     }
 }
 
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kThreads) task_kernel(const TaskArgs args) {
     __syncthreads();
     if (started.status == 0) {
         const ModuleTable& table = *args.table;
-        if (table.op == kOpMix) {
+        if (table.op == kOpMix || table.op == kOpDetect) {
             run_mix(table, args);
         } else {
             for (uint32_t p = 0; p < table.num_inputs; ++p) {

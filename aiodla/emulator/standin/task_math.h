@@ -14,6 +14,8 @@
  * - mix: a digest of every input element's bits (an order-free uint64 sum, so any
  *   split of the work gives the same number), then per output element a SplitMix64
  *   draw whose top 16 bits pick its value; see mix_partial_sum and mix_store;
+ * - detect: mix's digest, then raw detector heads with a few objects each: per cell
+ *   one draw decides whether it holds an object and what (detect_store);
  * - element (n, c, h, w) lives at n*s3 + (c/L)*s2 + h*s1 + w*s0 + (c%L)*E, and every
  *   byte of an output buffer is written: padding lanes, rows, surfaces and tail are 0.
  *
@@ -44,6 +46,7 @@ constexpr uint32_t kMaxPairs = 64;
 constexpr uint32_t kOpAffine = 1;
 constexpr uint32_t kOpMeanHw = 2;
 constexpr uint32_t kOpMix = 3;
+constexpr uint32_t kOpDetect = 4; /* mix's digest, then detector heads (emulator/_detector.py) */
 
 /* cudla.h dataType values. */
 constexpr uint32_t kTypeFloat = 1;
@@ -409,20 +412,72 @@ AIODLA_HD inline void mix_store(const ModuleTable& table, uint32_t o, uint64_t d
     }
 }
 
+/* -- detect ------------------------------------------------------------------------- */
+
+constexpr uint64_t kDetectObjects = 16; /* expected objects per output */
+constexpr uint64_t kDetectAnchors = 3;
+
+/* Output o of op detect, from the digest D: three anchors of (5 + k) channels. Cell
+ * i = (a*H + y)*W + x has draw r = F(K[o] + (i + 1) * G) and holds an object when
+ * r >> 48 < max(1, floor(16 * 2^16 / (3*H*W))); channel c of anchor a at (y, x), as
+ * logits: without an object 0, objectness -8; with one, x, y, w, h = ((r >> s) & 255)
+ * / 128 - 1 for s = 0, 8, 32, 40, objectness 4, class (r >> 16) % k 4, others -4.
+ * Every value is exact in float16. Call after zero_buffer(out) has finished. */
+AIODLA_HD inline void detect_store(const ModuleTable& table, uint32_t o, uint64_t digest,
+                                   uint8_t* out, uint32_t index, uint32_t count) {
+    const TensorLayout& dst = table.outputs[o];
+    const uint64_t C = dst.c, H = dst.h, W = dst.w;
+    const uint64_t per = C / kDetectAnchors, plane = H * W;
+    const uint64_t total = static_cast<uint64_t>(dst.n) * C * plane;
+    const uint64_t key = mix_finalize(digest + (static_cast<uint64_t>(o) + 1) * kMixOutputStep);
+    uint64_t threshold = (kDetectObjects << 16) / (kDetectAnchors * plane);
+    if (threshold < 1) threshold = 1;
+    for (uint64_t e = index; e < total; e += count) {
+        const uint64_t w = e % W;
+        const uint64_t h = (e / W) % H;
+        const uint64_t channel = (e / plane) % C;
+        const uint64_t a = channel / per, c = channel % per;
+        const uint64_t cell = a * plane + h * W + w;
+        const uint64_t r = mix_finalize(key + (cell + 1) * kMixGolden);
+        double y;
+        if ((r >> 48) >= threshold) {
+            y = c == 4 ? -8.0 : 0.0;
+        } else if (c < 4) {
+            const uint32_t shift = c < 2 ? 8 * static_cast<uint32_t>(c) : 32 + 8 * (c - 2);
+            y = static_cast<double>((r >> shift) & 255) / 128.0 - 1.0;
+        } else if (c == 4) {
+            y = 4.0;
+        } else {
+            y = (c - 5 == (r >> 16) % (per - 5)) ? 4.0 : -4.0;
+        }
+        store_element(out + element_offset(dst, 0, channel, h, w), dst.type, y);
+    }
+}
+
+/* Output o of a digest op (mix, detect). */
+AIODLA_HD inline void digest_store(const ModuleTable& table, uint32_t o, uint64_t digest,
+                                   uint8_t* out, uint32_t index, uint32_t count) {
+    if (table.op == kOpDetect) {
+        detect_store(table, o, digest, out, index, count);
+    } else {
+        mix_store(table, o, digest, out, index, count);
+    }
+}
+
 /* One whole task on one thread (the host builds): every output zeroed, then computed. */
 inline void run_task_serially(const ModuleTable& table, const uint8_t* const* inputs,
                               uint8_t* const* outputs) {
     for (uint32_t o = 0; o < table.num_outputs; ++o) {
         zero_buffer(outputs[o], table.outputs[o].size, 0, 1);
     }
-    if (table.op == kOpMix) {
+    if (table.op == kOpMix || table.op == kOpDetect) {
         uint64_t sums[kMaxPairs];
         for (uint32_t t = 0; t < table.num_inputs; ++t) {
             sums[t] = mix_partial_sum(table.inputs[t], t, inputs[t], 0, 1);
         }
         const uint64_t digest = mix_digest(sums, table.num_inputs);
         for (uint32_t o = 0; o < table.num_outputs; ++o) {
-            mix_store(table, o, digest, outputs[o], 0, 1);
+            digest_store(table, o, digest, outputs[o], 0, 1);
         }
         return;
     }

@@ -1,0 +1,278 @@
+"""Post-processing on the slot's stream (device conversion), on the emulated runtime,
+whose stream operation runs the numpy definition where the CUDA runtime launches its
+kernels: the engine drives both through the same calls. Detections equal the numpy
+path on the host; only the output buffer comes back; nothing of it runs on the host;
+``output="device"`` keeps the arrays in device memory; a failure on the device fails
+that request alone; every buffer is released at close."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodla import (
+    ConfigurationError,
+    Detect,
+    Detections,
+    DeviceTensor,
+    EmulatedRuntime,
+    Engine,
+    ImagePreprocess,
+    PostprocessError,
+    RuntimeUnavailableError,
+)
+from aiodla._detect import DetectPlan
+from aiodla.emulator import make_loadable
+from aiodla.emulator._detector import PRESETS
+from aiodla.runtime._detect_output import FAILED, output_layout, read_count, write_output
+
+from support import counts_add_up
+
+INPUTS, HEADS, _ = PRESETS["yolov5s"]
+LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+YOLOV5 = Detect(head="yolov5")
+SIZES = ((1080, 1920), (480, 640), (720, 540))
+
+
+@pytest.fixture(scope="module")
+def model() -> bytes:
+    return make_loadable(INPUTS, HEADS, "detect", 0.002)
+
+
+def frame(seed: int, shape: tuple[int, int] = (1080, 1920)) -> Any:
+    return np.random.default_rng(seed).integers(0, 256, (*shape, 3), np.uint8)
+
+
+def same(got: Detections, want: Detections) -> None:
+    assert len(got) == len(want) > 10
+    assert np.asarray(got.boxes).tobytes() == np.asarray(want.boxes).tobytes()
+    assert np.asarray(got.scores).tobytes() == np.asarray(want.scores).tobytes()
+    assert np.asarray(got.classes).tolist() == np.asarray(want.classes).tolist()
+
+
+class DeviceMemoryRuntime(EmulatedRuntime):
+    """The emulated runtime with its "device" memory treated as a GPU's: outputs stay
+    there (``output="device"``), as on the CUDA runtime."""
+
+    has_device_memory = True
+
+
+async def reference(model: bytes, frames: list[Any]) -> list[Detections]:
+    """The numpy path on the host: host conversion, Detect after the unpack."""
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "host"}
+    async with Engine(model, postprocess=YOLOV5, **options) as engine:
+        assert engine._cores.path.detect is None
+        return [await engine.infer(f) for f in frames]
+
+
+@pytest.mark.asyncio
+async def test_equal_to_the_host_path_copying_back_only_the_kept(
+    model: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frames = [frame(seed, size) for seed, size in enumerate(SIZES)]
+    want = await reference(model, frames)
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(model, postprocess=YOLOV5, **options) as engine:
+        detect = engine._cores.path.detect
+        assert detect is not None
+        post = engine._flow.postprocess
+        assert post is not None
+
+        def on_the_host(*args: Any) -> Any:
+            raise AssertionError("post-processed on the host")
+
+        monkeypatch.setattr(post, "run", on_the_host)
+        counts = engine.runtime.counts  # type: ignore[union-attr]
+        for _ in range(2):  # the second round replays the slots' captured graphs
+            for camera, expected in zip(frames, want, strict=True):
+                before = (counts.bytes_to_host, counts.copies_to_host, counts.conversions)
+                got = await engine.infer(camera)
+                same(got, expected)
+                after = (counts.bytes_to_host, counts.copies_to_host, counts.conversions)
+                # one copy of the output buffer; one conversion: the frame's, no unpack
+                assert (after[0] - before[0], after[1] - before[1]) == (detect.layout.size, 1)
+                assert after[2] - before[2] == 1
+        assert counts_add_up(engine.statistics())
+
+
+@pytest.mark.asyncio
+async def test_the_device_does_the_work(model: bytes) -> None:
+    """The decode and NMS are the emulated device's work (``device_time``), done when
+    the stream reaches them, not the host's."""
+    runtime = EmulatedRuntime()
+    calls: list[str] = []
+    real = DetectPlan.run
+
+    def spy(self: DetectPlan, *args: Any) -> Detections:
+        calls.append("run")
+        return real(self, *args)
+
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(model, runtime=runtime, postprocess=YOLOV5, **options) as engine:
+        await engine.infer(frame(0))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(DetectPlan, "run", spy)
+            before = runtime.device_time
+            runtime.detect(  # the stream operation itself, as the engine enqueues it
+                engine._cores.path.detect.program,  # type: ignore[union-attr]
+                [b.device_ptr for b in engine._cores.slots[0].outputs],
+                *_slot_buffers(engine),
+                engine._cores.slots[0].stream,
+            )
+            assert calls == []  # queued, not run
+            runtime.synchronize_stream(engine._cores.slots[0].stream)
+            assert calls == ["run"] and runtime.device_time > before
+
+
+def _slot_buffers(engine: Engine) -> tuple[int, int]:
+    detect = engine._cores.path.detect
+    assert detect is not None
+    buffers = detect._buffers[id(engine._cores.slots[0])]
+    return buffers.work, buffers.out
+
+
+@pytest.mark.asyncio
+async def test_a_failure_on_the_device_fails_its_request_alone(
+    model: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = DetectPlan.run
+    calls = 0
+
+    def flaky(self: DetectPlan, *args: Any) -> Detections:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise FloatingPointError("a device fault in the decode")
+        return real(self, *args)
+
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(model, postprocess=YOLOV5, **options) as engine:
+        monkeypatch.setattr(DetectPlan, "run", flaky)
+        results = await asyncio.gather(
+            *(engine.infer(frame(k, (480, 640))) for k in range(6)), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert len(failed) == 1 and isinstance(failed[0], PostprocessError)
+        assert "post-processing of this request failed" in str(failed[0])
+        assert all(isinstance(r, Detections) for r in results if r is not failed[0])
+        stats = engine.statistics()
+        assert counts_add_up(stats)
+        assert (stats.completed, stats.failed, stats.failures["postprocess"]) == (5, 1, 1)
+        assert isinstance(await engine.infer(frame(0)), Detections)  # it goes on serving
+
+
+@pytest.mark.asyncio
+async def test_device_output_keeps_the_arrays_on_the_device(model: bytes) -> None:
+    frames = [frame(seed, size) for seed, size in enumerate(SIZES)]
+    want = await reference(model, frames)
+    runtime = DeviceMemoryRuntime()
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(model, runtime=runtime, postprocess=YOLOV5, **options) as engine:
+        await engine.infer(frames[0])
+        in_use = runtime.live_handles()["device_memory"]
+        for camera, expected in zip(frames, want, strict=True):
+            got = await engine.infer(camera, output="device")
+            arrays = (got.boxes, got.scores, got.classes)
+            assert all(isinstance(a, DeviceTensor) and a.device == 0 for a in arrays)
+            n = len(expected)
+            assert [a.shape for a in arrays] == [(n, 4), (n,), (n,)]
+            host = Detections(*(a.to_host() for a in arrays))
+            same(host, expected)  # mapped into the frame on the device
+            assert runtime.live_handles()["device_memory"] == in_use + 1  # one allocation
+            del arrays, host
+            boxes = got.boxes
+            del got
+            await asyncio.sleep(0)  # the loop's callbacks let the finished future go
+            gc.collect()
+            assert runtime.live_handles()["device_memory"] == in_use + 1  # boxes hold it
+            del boxes
+            gc.collect()
+            assert runtime.live_handles()["device_memory"] == in_use  # the last one freed it
+        host_results = await engine.infer(frames[0])
+        assert isinstance(host_results.boxes, np.ndarray)
+        same(host_results, want[0])
+
+
+@pytest.mark.asyncio
+async def test_device_output_on_a_runtime_without_device_memory(model: bytes) -> None:
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(model, postprocess=YOLOV5, **options) as engine:
+        got = await engine.infer(frame(1), output="device")
+        assert isinstance(got.boxes, DeviceTensor) and got.boxes.device is None
+        same(Detections(*(np.asarray(a) for a in (got.boxes, got.scores, got.classes))),
+             await engine.infer(frame(1)))  # fmt: skip
+
+
+@pytest.mark.asyncio
+async def test_device_output_refused_where_detections_are_made_on_the_host(model: bytes) -> None:
+    async with Engine(model, postprocess=YOLOV5, convert="host") as engine:
+        with pytest.raises(ConfigurationError, match="post-processes on the host"):
+            await engine.infer(np.zeros((1, 3, 640, 640), np.float32), output="device")
+        assert counts_add_up(engine.statistics())
+
+
+@pytest.mark.asyncio
+async def test_a_runtime_that_cannot_leaves_it_on_the_host(
+    model: bytes, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = EmulatedRuntime()
+
+    def cannot(plan: Any) -> Any:
+        raise RuntimeUnavailableError("no NVRTC here")
+
+    monkeypatch.setattr(runtime, "prepare_detect", cannot)
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    with caplog.at_level(logging.WARNING, logger="aiodla"):
+        async with Engine(model, runtime=runtime, postprocess=YOLOV5, **options) as engine:
+            assert engine._cores.path.detect is None
+            got = await engine.infer(frame(2))
+    assert "post-processing detections on the host: no NVRTC here" in caplog.text
+    same(got, (await reference(model, [frame(2)]))[0])
+
+
+@pytest.mark.asyncio
+async def test_every_buffer_is_released_at_close(model: bytes) -> None:
+    runtime = EmulatedRuntime()
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(
+        model, runtime=runtime, postprocess=YOLOV5, streams_per_core=3, **options
+    ) as engine:
+        detect = engine._cores.path.detect
+        assert detect is not None and len(detect._buffers) == 6  # 2 cores x 3 slots
+        await engine.infer(frame(3))
+    assert all(count == 0 for count in runtime.live_handles().values())
+    assert runtime.invalid_releases == 0
+
+
+def test_the_output_buffer_format() -> None:
+    layout = output_layout(5)
+    raw = np.full(layout.size, 0x5A, np.uint8)
+    write_output(None, layout, raw)
+    assert int(raw[:4].view(np.int32)[0]) == FAILED
+    with pytest.raises(ValueError, match="post-processing of this request failed"):
+        read_count(raw, layout)
+    found = Detections(np.ones((6, 4), np.float32), np.ones(6, np.float32), np.zeros(6, np.int32))
+    with pytest.raises(ValueError, match="6 detections do not fit an output of max_det=5"):
+        write_output(found, layout, raw)
+
+
+def test_emulated_detect_refusals(model: bytes) -> None:
+    runtime = EmulatedRuntime()
+    plan = YOLOV5.plan((640, 640), HEADS)
+    program = runtime.prepare_detect(plan)
+    stream = runtime.create_stream()
+    try:
+        with pytest.raises(ValueError, match="2 head buffers given, the plan has 3"):
+            runtime.detect(program, [0, 0], 0, 0, stream)
+        from aiodla.runtime._protocol import CudaCallError
+
+        with pytest.raises(CudaCallError):  # not device memory
+            runtime.detect(program, [1, 2, 3], 4, 5, stream)
+    finally:
+        runtime.destroy_stream(stream)
+        runtime.close()
