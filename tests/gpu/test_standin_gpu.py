@@ -437,6 +437,72 @@ class TestScheduling:
             2 * rounds * latency, rel=1e-6
         )
 
+    def test_a_core_holds_the_tasks_of_every_handle(
+        self, runtime: CudaRuntime, standin: Any, real_gpu: None
+    ) -> None:
+        # A core is one piece of hardware: while its task is held, the task another
+        # device handle (with its own module) submitted to the same core does not
+        # start (its kernel waits for the core's chain event); another core serves
+        # meanwhile. (The host-fake build runs a task in the submitting thread, whose
+        # held task would keep the GIL: test_every_handle_of_a_core_counts_on_it.)
+        loadable = model(latency=0.0005)
+        with (
+            _Setup(runtime, 0, loadable) as a,
+            _Setup(runtime, 0, loadable) as b,
+            _Setup(runtime, 1, loadable) as other,
+        ):
+            data, expected = request(a, 5)
+            before = standin.core_tasks(0)
+
+            def enqueue(made: _Setup) -> None:
+                runtime.make_current()
+                made.enqueue(data)
+
+            with standin.hold(0) as gate:
+                first = threading.Thread(target=enqueue, args=(a,))
+                first.start()
+                assert gate.wait_for_held(1, timeout=10.0)
+                second = threading.Thread(target=enqueue, args=(b,))
+                second.start()
+                assert other.run(data) == (expected, 0)
+                assert not gate.wait_for_held(2, timeout=0.2)
+                assert gate.held == 1
+            for thread in (first, second):
+                thread.join(timeout=10.0)
+            for made in (a, b):
+                runtime.synchronize_stream(made.stream)
+                assert made.results() == expected
+            assert standin.core_tasks(0) == before + 2
+
+    def test_every_handle_of_a_core_counts_on_it(self, runtime: CudaRuntime, standin: Any) -> None:
+        # Two device handles, each with its own module, on one core from two threads:
+        # every task is the core's (its count and busy time), each handle gets its own
+        # results, and the other core ran nothing.
+        latency, rounds = 0.0005, 10
+        with _Setup(runtime, 0, model(latency)) as a, _Setup(runtime, 0, model(latency)) as b:
+            data, expected = request(a, 7)
+            tasks, busy = standin.core_tasks(0), standin.core_busy_time(0)
+            other = standin.core_tasks(1)
+            failures: list[BaseException] = []
+
+            def work(made: _Setup) -> None:
+                try:
+                    runtime.make_current()
+                    for _ in range(rounds):
+                        assert made.run(data) == (expected, 0)
+                except BaseException as exc:
+                    failures.append(exc)
+
+            threads = [threading.Thread(target=work, args=(made,)) for made in (a, b)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert not failures, failures[0]
+        assert standin.core_tasks(0) == tasks + 2 * rounds
+        assert standin.core_busy_time(0) - busy == pytest.approx(2 * rounds * latency, rel=1e-6)
+        assert standin.core_tasks(1) == other
+
     def test_two_cores_run_in_parallel(self, runtime: CudaRuntime, real_gpu: None) -> None:
         latency, rounds = 0.02, 5
         with _Setup(runtime, 0, model(latency)) as a, _Setup(runtime, 1, model(latency)) as b:

@@ -129,6 +129,24 @@ class TestHappyPath:
         rt.destroy_stream(other_stream)
         rig.close()
 
+    def test_a_core_runs_every_handles_tasks_one_at_a_time(self) -> None:
+        """Two device handles, each with its own module (20 ms and 30 ms tasks), on one
+        core: the core is one piece of hardware, so the second task starts when the
+        first ends, whichever handle submitted it."""
+        clock = ManualClock()
+        rt = EmulatedRuntime(cores=2, clock=clock)
+        first, second = Rig(rt, core=0, latency=0.02), Rig(rt, core=0, latency=0.03)
+        for rig in (first, second):
+            rig.run(np.ones(IN.shape, np.float32))
+        assert [done_at(rt, rig.event, clock) for rig in (first, second)] == [
+            pytest.approx(0.02),
+            pytest.approx(0.05),
+        ]
+        assert rt.core_busy_time(0) == pytest.approx(0.05) and rt.core_busy_time(1) == 0
+        for rig in (first, second):
+            np.testing.assert_array_equal(rig.result(), np.ones(IN.shape) * 3 + 1)
+            rig.close()
+
     def test_two_cores_run_in_parallel(self) -> None:
         clock = ManualClock()
         rt = EmulatedRuntime(cores=2, clock=clock)
