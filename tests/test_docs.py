@@ -25,15 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-pytestmark = [
-    pytest.mark.timeout(300),  # one full build: about 10-50 s, by the machine
-    # On 3.10 pip resolves a mkdocstrings-python whose highlighter the current
-    # pymdown-extensions no longer constructs (Highlight() missing 'md'), so the site is
-    # built and checked on 3.11 and newer (CI's 3.13 run).
-    pytest.mark.skipif(
-        sys.version_info < (3, 11), reason="the docs toolchain pip picks on 3.10 fails"
-    ),
-]
+pytestmark = pytest.mark.timeout(300)  # one full build: about 10-50 s, by the machine
 
 
 def load(name: str) -> ModuleType:
