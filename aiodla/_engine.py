@@ -186,7 +186,7 @@ class Engine:
             trace = TraceFile.of(options, self._model)  # (a bad path fails here, first)
             choice = self._runtime_choice
             if shared is not None:  # (closing the shared cores waits for this open)
-                shared.attach(self)
+                shared.attach(self, None if options.isolation == "process" else self._die)
                 choice = await shared.runtime_for(self._model, options)
             cores = await opening(self._model, choice, options)
             opened.append(cores)
@@ -311,6 +311,8 @@ class Engine:
         logger.error("aiodla: engine dead: %s; restart the process to use the DLA again", cause)
         if self._flow is not None:
             self._flow.fail_all()
+        if self._shared is not None:  # one CUDA context under the shared cores
+            self._shared.context_lost(self, cause)
 
     # -- requests ---------------------------------------------------------------------------
 

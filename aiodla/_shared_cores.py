@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -78,6 +78,7 @@ class Cores:
         self._choosing: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._engines: dict[int, Closeable] = {}  # open engines, by id (closed with us)
+        self._in_process: dict[int, Callable[[BaseException], None]] = {}  # their deaths
         self.state = CoresState.NEW
         self.feeds = Feeds(self._numbers)
 
@@ -175,12 +176,26 @@ class Cores:
                 "open them first ('async with aiodla.Cores(...) as dla')"
             )
 
-    def attach(self, engine: Closeable) -> None:
+    def attach(self, engine: Closeable, die: Callable[[BaseException], None] | None) -> None:
+        """An engine opening here; ``die`` kills it when the CUDA context it shares is
+        lost (None for an engine whose runtime lives in a worker process)."""
         self.check_open()
         self._engines[id(engine)] = engine
+        if die is not None:
+            self._in_process[id(engine)] = die
 
     def detach(self, engine: Closeable) -> None:
         self._engines.pop(id(engine), None)
+        self._in_process.pop(id(engine), None)
+
+    def context_lost(self, engine: Closeable, cause: BaseException) -> None:
+        """An engine in this process died: the CUDA context under every engine of this
+        process here is lost with it (their requests would wait for cores that its
+        stuck tasks hold), so they die too, with the same cause."""
+        if id(engine) not in self._in_process:
+            return
+        for die in list(self._in_process.values()):
+            die(cause)
 
     @property
     def engines(self) -> int:

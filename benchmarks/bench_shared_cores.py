@@ -22,9 +22,15 @@ with min..max.
   2 cores x 8 / 4 ms = 4000; ``lone caller``: one caller's latency against
   ``max_delay`` + one task (6 ms).
 
+``--slow K`` makes every task (and the detector's arrival interval, the batching delay
+and each window) K times longer and reports times divided by K again: the device's
+time against the host's cost is then K times what it is at 1 ms tasks, which shows the
+policy on a machine whose host is too loaded to keep up with 1 ms tasks.
+
 Usage::
 
-    python benchmarks/bench_shared_cores.py [--repeats 5] [--seconds 1.0] [--json PATH]
+    python benchmarks/bench_shared_cores.py [--repeats 5] [--seconds 1.0] [--slow 1]
+                                            [--json PATH]
 """
 
 from __future__ import annotations
@@ -52,14 +58,15 @@ Y = TensorSpec("y", (1, 3, 16, 16), "float32", "nchw")
 XB = TensorSpec("x", (8, 3, 16, 16), "float16", "chw16")
 YB = TensorSpec("y", (8, 3, 1, 1), "float32", "nchw")
 ITEM = np.ones((1, 3, 16, 16), np.float32)
+SLOW = 1.0  # --slow: every device time and interval is this many times longer
 
 
 def model(service: float) -> bytes:
-    return make_loadable([X], [Y], "affine", service, scale=2.0, bias=0.5)
+    return make_loadable([X], [Y], "affine", SLOW * service, scale=2.0, bias=0.5)
 
 
 def batch_model(per_item: float) -> bytes:
-    return make_loadable([XB], [YB], "mean_hw", 8 * per_item, scale=1.0, bias=0.0)
+    return make_loadable([XB], [YB], "mean_hw", SLOW * 8 * per_item, scale=1.0, bias=0.0)
 
 
 def busy(engine: Engine) -> float:
@@ -81,9 +88,9 @@ async def window(
     window, and the window's length."""
     stop = asyncio.Event()
     tasks = [asyncio.ensure_future(run(stop)) for run in load]
-    await asyncio.sleep(0.2)  # warm-up: estimates learned, graphs captured
+    await asyncio.sleep(0.2 * SLOW)  # warm-up: estimates learned, graphs captured
     first, start = [busy(e) for e in engines], time.perf_counter()
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(seconds * SLOW)
     last, end = [busy(e) for e in engines], time.perf_counter()
     stop.set()
     await asyncio.gather(*tasks)
@@ -149,16 +156,16 @@ async def priority(runtime: EmulatedRuntime, seconds: float, shared: bool) -> di
         ):
             stop = asyncio.Event()
             flood = asyncio.ensure_future(callers(classifier, 16, stop))
-            await asyncio.sleep(0.2)
-            arrivals = asyncio.ensure_future(detector_load(detector, 60.0, stop))
-            await asyncio.sleep(seconds)
+            await asyncio.sleep(0.2 * SLOW)
+            arrivals = asyncio.ensure_future(detector_load(detector, 60.0 / SLOW, stop))
+            await asyncio.sleep(seconds * SLOW)
             stop.set()
             latencies = sorted(await arrivals)
             await flood
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
     return {
-        "p50_ms": 1e3 * statistics.median(latencies),
-        "p99_ms": 1e3 * p99,
+        "p50_ms": 1e3 * statistics.median(latencies) / SLOW,
+        "p99_ms": 1e3 * p99 / SLOW,
         "bound_ms": 3 + 2 * 1 + 1,
         "requests": len(latencies),
     }
@@ -166,24 +173,24 @@ async def priority(runtime: EmulatedRuntime, seconds: float, shared: bool) -> di
 
 async def batching(runtime: EmulatedRuntime, seconds: float) -> dict[str, float]:
     async with Engine(
-        batch_model(0.0005), runtime=runtime, batch=Batching(max_delay=0.002)
+        batch_model(0.0005), runtime=runtime, batch=Batching(max_delay=0.002 * SLOW)
     ) as engine:
         stop = asyncio.Event()
         load = asyncio.ensure_future(callers(engine, 64, stop))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2 * SLOW)
         first, start = engine.statistics().batching, time.perf_counter()
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds * SLOW)
         last, end = engine.statistics().batching, time.perf_counter()
         stop.set()
         await load
         assert first is not None
         assert last is not None
-        items_per_s = (last.completed - first.completed) / (end - start)
+        items_per_s = (last.completed - first.completed) / (end - start) * SLOW
         lone = []
         for _ in range(50):
             begin = time.perf_counter()
             await engine.infer(ITEM)
-            lone.append(time.perf_counter() - begin)
+            lone.append((time.perf_counter() - begin) / SLOW)
     ideal = 2 * 8 / 0.004
     lone.sort()
     return {
@@ -229,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--slow", type=float, default=1.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    global SLOW
+    SLOW = args.slow
     results = asyncio.run(measure(args.repeats, args.seconds))
     for name, figures in results.items():
         shown = ", ".join(
@@ -246,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": __import__("os").cpu_count(),
         "repeats": args.repeats,
         "seconds": args.seconds,
+        "slow": args.slow,
         "results": results,
     }
     path = report_path(args.json, "shared-cores.json")

@@ -221,6 +221,27 @@ class TestExactlyOnce:
             np.testing.assert_array_equal(y[0], expected_affine(ONES))
 
     @pytest.mark.asyncio
+    async def test_a_lost_context_ends_every_engines_requests_once(
+        self, dla: Cores, aiodla_controls: DLAControls
+    ) -> None:
+        # One CUDA context under the shared cores: a sticky error is every engine's.
+        async with (
+            Engine(affine_model(), cores=dla) as a,
+            Engine(affine_model(), cores=dla) as b,
+        ):
+            with aiodla_controls.hold() as gate:
+                calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(5)]
+                await gate.reached(4)
+                aiodla_controls.poison()
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            assert all(isinstance(o, aiodla.EngineDeadError) for o in outcomes)
+            for engine in (a, b):
+                stats = engine.statistics()
+                assert stats.failed == 5 and counts_add_up(stats)
+                assert engine.health().status == "dead"
+        assert dla.engines == 0 and held_tasks(dla) == [0, 0]
+
+    @pytest.mark.asyncio
     async def test_closing_one_engine_leaves_the_others_slots_and_handles(
         self, dla: Cores, runtime: EmulatedRuntime, aiodla_controls: DLAControls
     ) -> None:
