@@ -241,6 +241,9 @@ def dla_tasks_in(path: Path) -> list[dict[str, Any]]:
     return slices(document, "DLA task")
 
 
+# DLA task slices come from the in-process device layer's hooks (a worker process's
+# device layer has none).
+@pytest.mark.in_process
 class TestEngineTraceOption:
     """``Engine(..., trace=path)``: the engine's whole life, written at close."""
 
