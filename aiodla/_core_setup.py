@@ -22,7 +22,7 @@ from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
 from ._slots import CoreState, Slot, new_core
 from ._tensors import TensorSpec, specs_by_name
-from .runtime._protocol import Runtime
+from .runtime._protocol import ComputeFunctions, GraphCapture, Kernels, Runtime
 from .runtime._select import select_runtime
 
 __all__ = ["Opened", "open_model", "read_model"]
@@ -101,7 +101,10 @@ class _Opening:
                     f"DLA core {number} does not exist: the {runtime.name} runtime has "
                     f"{available} core(s)"
                 )
-        graphs = Graphs(runtime, self.resources) if options.graphs else None
+        # Capabilities are asked once, here: a runtime without one is served without it.
+        graphs = None
+        if options.graphs and isinstance(runtime, GraphCapture):
+            graphs = Graphs(runtime, self.resources)
         # An emulator loadable states its service time; a DLA loadable's is learned.
         stated = runtime.stated_service_time(model)
         first, *others = options.cores
@@ -117,7 +120,9 @@ class _Opening:
                 )
             self._open_slots(self.cores[-1], path, inputs, outputs, frames)
         take = None
-        if any(runtime.module_computes(core.module) for core in self.cores):
+        if isinstance(runtime, ComputeFunctions) and any(
+            runtime.module_computes(core.module) for core in self.cores
+        ):
             failure_of = runtime.take_compute_failure
 
             def take(slot: Slot) -> BaseException | None:
@@ -210,6 +215,13 @@ class _Opening:
         runtime = self.runtime
         convert = self._options.convert
         if convert == "host" or (convert == "auto" and not runtime.has_device_memory):
+            return HostPath(runtime)
+        if not isinstance(runtime, Kernels):
+            if convert == "device":
+                raise RuntimeUnavailableError(
+                    f"convert='device' needs a runtime with GPU kernels; the {runtime.name} "
+                    "runtime has none (Engine(convert='host') converts on the host)"
+                )
             return HostPath(runtime)
         zero_copy = self._options.zero_copy
         if zero_copy is None:

@@ -340,12 +340,12 @@ class LocalCores:
             kind_after = path.outputs_kind(device)
             graph_after = slot.graphs_out.get(kind_after)
             if graph is not None:
-                runtime.launch_graph(graph, stream)
+                graphs.runtime.launch_graph(graph, stream)
             else:
                 graphs.enqueue_new(slot, slot.graphs_in, kind, path.enqueue_inputs, slot)
             runtime.submit_task(slot.core.device, slot.task, stream)
             if graph_after is not None:
-                runtime.launch_graph(graph_after, stream)
+                graphs.runtime.launch_graph(graph_after, stream)
             else:
                 graphs.enqueue_new(
                     slot, slot.graphs_out, kind_after, self._enqueue_after, slot, device

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ._preprocess import ImagePreprocess
     from ._slots import Slot
     from ._tensors import TensorSpec
-    from .runtime import HostBuffer, Runtime
+    from .runtime import HostBuffer, Kernels, Runtime
 
 __all__ = [
     "SOURCE_DTYPES",
@@ -250,7 +250,7 @@ class DevicePath:
 
     converts_on_device = True
 
-    def __init__(self, runtime: Runtime, zero_copy: bool) -> None:
+    def __init__(self, runtime: Kernels, zero_copy: bool) -> None:
         self.runtime = runtime
         self.zero_copy = zero_copy
         self.ingest_stream = 0  # device arrays' exports are ordered before its work

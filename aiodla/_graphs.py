@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._resources import ResourceStack
     from ._slots import Slot
-    from .runtime._protocol import Runtime
+    from .runtime._protocol import GraphCapture
 
 __all__ = ["CAPTURE_REFUSED", "MAX_GRAPHS", "Graphs"]
 
@@ -45,8 +45,8 @@ class Graphs:
     """Captures and launches the slots' graphs of one engine (loop thread, or the
     worker's submitting thread with ``isolation="process"``)."""
 
-    def __init__(self, runtime: Runtime, resources: ResourceStack) -> None:
-        self._runtime = runtime
+    def __init__(self, runtime: GraphCapture, resources: ResourceStack) -> None:
+        self.runtime = runtime  # the device layer launches the graphs it holds through it
         self._resources = resources
         self.enabled = True  # until a capture fails
         self.captured = 0
@@ -71,7 +71,7 @@ class Graphs:
             work(*args)
             return
         core = slot.core.core
-        runtime = self._runtime
+        runtime = self.runtime
         self._resources.push(
             f"core {core} slot {slot.index}: graph", core, runtime.destroy_graph, graph
         )
@@ -82,7 +82,7 @@ class Graphs:
     def _capture(self, slot: Slot, work: Callable[..., None], args: tuple[Any, ...]) -> Any:
         """The graph of ``work(*args)`` on the slot's stream; None when capturing failed
         (from then on this engine enqueues call by call)."""
-        runtime = self._runtime
+        runtime = self.runtime
         stream = slot.stream
         try:
             runtime.begin_capture(stream)
@@ -107,11 +107,11 @@ class Graphs:
 
     def _end_quietly(self, stream: int) -> None:
         try:
-            graph = self._runtime.end_capture(stream)
+            graph = self.runtime.end_capture(stream)
         except Exception:  # an invalidated capture has no graph to destroy
             return
         try:
-            self._runtime.destroy_graph(graph)
+            self.runtime.destroy_graph(graph)
         except Exception as exc:
             logger.debug("aiodla: destroying a graph of a failed capture: %s", exc)
 

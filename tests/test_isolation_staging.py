@@ -6,10 +6,21 @@ there while 3.10 and 3.11 accept it."""
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
-from aiodla import EmulatedRuntime
+import pytest
+
+from aiodla import ConfigurationError, EmulatedRuntime
 from aiodla._isolation._staging import _RUNTIME_MEMBERS, SharedStaging, StagingRuntime
-from aiodla.runtime._protocol import Runtime
+from aiodla.runtime._protocol import ComputeFunctions, GraphCapture, Kernels, Runtime
+
+
+class CoreOnly:
+    """A runtime of the core calls alone (no graphs, kernels or host registration)."""
+
+    def __init__(self, runtime: Any) -> None:
+        for name in _RUNTIME_MEMBERS:
+            setattr(self, name, getattr(runtime, name))
 
 
 def test_every_member_of_the_protocol_is_found_statically() -> None:
@@ -35,3 +46,27 @@ def test_every_member_of_the_protocol_is_found_statically() -> None:
 
 def test_the_members_include_the_protocols_attributes() -> None:
     assert {"poll_pause", "create_stream", "submit_task", "host_alloc"} <= set(_RUNTIME_MEMBERS)
+
+
+def test_the_worker_sees_the_capabilities_of_its_runtime_and_no_more() -> None:
+    # The device layer asks the wrapped runtime for graphs and kernels with isinstance:
+    # they must be found statically, and only where the runtime has them.
+    runtime = EmulatedRuntime()
+    staging = SharedStaging(runtime)
+    try:
+        wrapped = StagingRuntime(runtime, staging)
+        assert isinstance(wrapped, GraphCapture) and isinstance(wrapped, Kernels)
+        assert isinstance(wrapped, ComputeFunctions)
+        for name in ("launch_graph", "pack", "take_compute_failure"):  # as Python 3.12 looks
+            assert inspect.getattr_static(wrapped, name) == getattr(runtime, name)
+        core_only = StagingRuntime(CoreOnly(runtime), staging)  # type: ignore[arg-type]
+        assert inspect.getattr_static(core_only, "launch_graph", None) is None
+        assert not isinstance(core_only, GraphCapture) and not isinstance(core_only, Kernels)
+    finally:
+        staging.close()
+        runtime.close()
+
+
+def test_staging_needs_a_runtime_that_registers_host_memory() -> None:
+    with pytest.raises(ConfigurationError, match="host_register"):
+        SharedStaging(CoreOnly(EmulatedRuntime()))  # type: ignore[arg-type]

@@ -27,33 +27,54 @@ def parse(name: str) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-def imported(name: str) -> set[str]:
-    """Every module ``name`` imports, as absolute names (``from . import x`` included)."""
-    tree = parse(name)
+def imports(name: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Each import of module ``name`` as (absolute module, names taken from it): ``import
+    x`` gives ``("x", ())``. Function-level imports and those under ``TYPE_CHECKING``
+    are included: each is a dependency a reader follows. The one walk over imports
+    that every rule below reads."""
     is_package = next(p for p in MODULES if module_name(p) == name).name == "__init__.py"
     base = name.split(".") if is_package else name.split(".")[:-1]
-    found: set[str] = set()
-    for node in ast.walk(tree):
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for node in ast.walk(parse(name)):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            found.extend((alias.name, ()) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 anchor = base[: len(base) - node.level + 1]
                 prefix = ".".join(anchor + ([node.module] if node.module else []))
             else:
                 prefix = node.module or ""
-            found.add(prefix)
-            found.update(f"{prefix}.{alias.name}" for alias in node.names)
+            found.append((prefix, tuple(alias.name for alias in node.names)))
     return found
 
 
-def runtime_methods() -> set[str]:
-    """The methods of the Runtime protocol."""
+def imported(name: str) -> set[str]:
+    """Every module ``name`` imports, as absolute names (``from . import x`` included)."""
+    found: set[str] = set()
+    for module, names in imports(name):
+        found.add(module)
+        found.update(f"{module}.{alias}" for alias in names)
+    return found
+
+
+def protocol_methods(name: str) -> set[str]:
+    """The methods a protocol of the runtime seam declares itself."""
     tree = parse("aiodla.runtime._protocol")
     protocol = next(
-        node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Runtime"
+        node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == name
     )
     return {node.name for node in protocol.body if isinstance(node, ast.FunctionDef)}
+
+
+def runtime_methods() -> set[str]:
+    """The methods of the Runtime protocol and of each capability built on it."""
+    tree = parse("aiodla.runtime._protocol")
+    protocols = [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and "Runtime" in {*base_names(node), node.name}
+    ]
+    return set().union(*(protocol_methods(name) for name in protocols))
 
 
 # Protocol methods whose names are common elsewhere (file.close(), ...): a call of one of
@@ -125,6 +146,58 @@ def test_the_rule_sees_a_runtime_call() -> None:
     assert any("submit_task" in call for call in runtime_calls("aiodla._cores"))
 
 
+# -- the runtime seam: a small core; capabilities asked with isinstance ---------------------
+
+# What every runtime does. A call only some runtimes make is a capability of its own.
+CORE_METHODS_AT_MOST = 30
+CAPABILITIES = (
+    "GraphCapture",
+    "Kernels",
+    "HostRegistration",
+    "ComputeFunctions",
+    "FaultControls",
+    "WorkerControls",
+)
+
+
+def test_the_core_runtime_protocol_stays_small() -> None:
+    methods = protocol_methods("Runtime")
+    assert len(methods) <= CORE_METHODS_AT_MOST, sorted(methods)
+
+
+def test_each_capability_is_a_runtime_checkable_protocol() -> None:
+    from aiodla.runtime import _protocol
+
+    for name in CAPABILITIES:
+        isinstance(object(), getattr(_protocol, name))  # raises when not runtime_checkable
+
+
+def probes(tree: ast.Module) -> list[str]:
+    """``hasattr(runtime, ...)`` and ``getattr(runtime, ..., default)``: asking a runtime
+    whether it has a call instead of whether it is of a capability."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+            continue
+        probe = node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3)
+        if probe and "runtime" in ast.unparse(node.args[0]).lower():
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_probes_a_runtime_for_a_call() -> None:
+    found = [
+        f"{module_name(p)}:{probe}" for p in MODULES for probe in probes(parse(module_name(p)))
+    ]
+    assert found == []
+
+
+def test_the_probe_rule_sees_a_probe() -> None:
+    source = "r = getattr(runtime, 'host_register', None)\nhasattr(self._runtime, 'hold')\n"
+    assert len(probes(ast.parse(source))) == 2
+    assert probes(ast.parse("isinstance(runtime, HostRegistration)\n")) == []
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_modules_and_classes_stay_small(path: Path) -> None:
     source = path.read_text()
@@ -139,27 +212,18 @@ def test_modules_and_classes_stay_small(path: Path) -> None:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Each aiodla module -> the aiodla modules it imports (function-level imports and
-    those under ``TYPE_CHECKING`` included: each is a dependency a reader follows).
-    ``from package import name`` imports the module ``name`` where there is one, else
-    the package."""
-    paths = {module_name(path): path for path in MODULES}
+    """Each aiodla module -> the aiodla modules it imports. ``from package import name``
+    imports the module ``name`` where there is one, else the package."""
+    paths = {module_name(path) for path in MODULES}
     graph: dict[str, set[str]] = {}
-    for name, path in paths.items():
-        base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for name in paths:
         targets: set[str] = set()
-        for node in ast.walk(parse(name)):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    anchor = base[: len(base) - node.level + 1]
-                    prefix = ".".join(anchor + ([node.module] if node.module else []))
-                else:
-                    prefix = node.module or ""
-                for alias in node.names:
-                    full = f"{prefix}.{alias.name}"
-                    targets.add(full if full in paths else prefix)
+        for module, names in imports(name):
+            if not names:
+                targets.add(module)
+            for alias in names:
+                full = f"{module}.{alias}"
+                targets.add(full if full in paths else module)
         graph[name] = set()
         for target in targets:
             while target and target not in paths:

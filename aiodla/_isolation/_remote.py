@@ -36,7 +36,7 @@ from .._preprocess import ImagePreprocess, frames_for
 from .._slots import CoreState, Slot, account, new_core, record_stages
 from .._statistics import EngineHealth, LatencyWindow, WorkerStatistics
 from .._tensors import TensorSpec
-from ..runtime._protocol import HostBuffer, Runtime, WorkerControls
+from ..runtime._protocol import HostBuffer, Kernels, Runtime, WorkerControls
 from ..runtime._select import loaded_libraries
 from ._launch import Worker
 from ._staging import map_staging
@@ -312,4 +312,4 @@ class _NoRuntime:
         raise AssertionError(f"the application process called the runtime ({name})")
 
 
-_NO_RUNTIME: Runtime = _NoRuntime()  # (a __getattr__ answers every attribute)
+_NO_RUNTIME: Kernels = _NoRuntime()  # (a __getattr__ answers every attribute)

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigurationError
-from ..runtime._protocol import HostBuffer, Runtime
+from ..runtime._protocol import (
+    ComputeFunctions,
+    GraphCapture,
+    HostBuffer,
+    HostRegistration,
+    Kernels,
+    Runtime,
+)
 
 __all__ = ["SharedStaging", "StagingRuntime", "map_staging"]
 
@@ -38,13 +45,12 @@ class SharedStaging:
     its (offset, size) in the file, for the application."""
 
     def __init__(self, runtime: Runtime) -> None:
-        register = getattr(runtime, "host_register", None)
-        if register is None:
+        if not isinstance(runtime, HostRegistration):
             raise ConfigurationError(
                 f"isolation='process' needs a runtime that can page-lock shared memory "
                 f"(host_register); the {runtime.name} runtime cannot"
             )
-        self._register = register
+        self._register = runtime.host_register
         self._runtime = runtime
         self.fd = os.memfd_create("aiodla-staging", os.MFD_CLOEXEC)
         self.size = 0
@@ -73,11 +79,15 @@ class SharedStaging:
         os.close(self.fd)
 
 
-# What the Runtime protocol asks of an implementation: its methods and its attributes.
-_RUNTIME_MEMBERS = sorted(
-    {name for name in dir(Runtime) if not name.startswith("_")}
-    | set(getattr(Runtime, "__annotations__", {}))
-)
+def _members(protocol: type) -> set[str]:
+    """What a protocol asks of an implementation: its methods and its attributes."""
+    declared = {name for name in dir(protocol) if not name.startswith("_")}
+    return declared | set(protocol.__annotations__)
+
+
+# The core's members, then each capability's that the device layer may ask for.
+_RUNTIME_MEMBERS = _members(Runtime)
+_CAPABILITIES = (GraphCapture, Kernels, ComputeFunctions)
 
 
 class StagingRuntime:
@@ -88,11 +98,14 @@ class StagingRuntime:
         self._runtime = runtime
         self._staging = staging
         # Bound here, not only through __getattr__: from Python 3.12, isinstance against
-        # the Runtime protocol looks attributes up statically, so a runtime made only of
-        # __getattr__ is refused as none.
-        for name in _RUNTIME_MEMBERS:
-            if name not in ("host_alloc", "host_free"):
-                setattr(self, name, getattr(runtime, name))
+        # a protocol looks attributes up statically, so a runtime made only of
+        # __getattr__ is refused as none. The capabilities are the runtime's own.
+        members = set(_RUNTIME_MEMBERS)
+        for capability in _CAPABILITIES:
+            if isinstance(runtime, capability):
+                members |= _members(capability)
+        for name in sorted(members - {"host_alloc", "host_free"}):
+            setattr(self, name, getattr(runtime, name))
 
     def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
         return self._staging.host_alloc(nbytes, mapped)

@@ -28,14 +28,15 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .._cores import LocalCores
 from .._device import device_error, is_sticky
 from .._errors import AiodlaError
 from .._options import EngineOptions
 from .._poller import Poller
-from ..runtime._protocol import Runtime
+from ..runtime._protocol import FaultControls, Runtime
 from ..runtime._select import load_library, loaded_libraries, select_runtime
 from ._channel import frame, parse_frames, receive_blocking, send_blocking
 from ._staging import SharedStaging, StagingRuntime
@@ -74,6 +75,32 @@ _READ_SIZE = 1 << 16
 AWAKE_BEFORE = 0.0001
 AWAKE_AFTER = 0.0003
 AWAKE_AT_MOST = 0.002
+
+
+@runtime_checkable
+class _StandinFaults(Protocol):
+    """What a loaded GPU stand-in lets a test inject under the CUDA runtime."""
+
+    def fail_next_task(self, *args: Any, **kwargs: Any) -> None: ...
+    def hang_core(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+def runtime_controls(runtime: Runtime) -> dict[str, Callable[..., Any]]:
+    """The test controls the worker's runtime answers to, by name (none but the
+    emulated runtime's)."""
+    if not isinstance(runtime, FaultControls):
+        return {}
+    return {
+        "fail_next_task": runtime.fail_next_task,
+        "hang_core": runtime.hang_core,
+        "poison": runtime.poison,
+        "fail_call": runtime.fail_call,
+        "hold": runtime.hold,
+        "core_tasks": runtime.core_tasks,
+        "core_busy_time": runtime.core_busy_time,
+        "live_handles": runtime.live_handles,
+        "bind_compute": runtime.bind_compute,
+    }
 
 
 def main() -> None:
@@ -131,10 +158,11 @@ def _open(sock: socket.socket) -> tuple[LocalCores, Runtime, SharedStaging] | No
         # The runtime is made here, so the trust goes to it (the cores then get it made).
         trust = bool(fields.pop("trust_compute", False))
         runtime, _ = select_runtime(runtime_choice, model, trust_compute=trust)
+        controls = runtime_controls(runtime)
         for name, args, kwargs in setup:  # aiodla.testing's, armed before the open
-            if name not in SETUP_CONTROLS or not hasattr(runtime, name):
+            if name not in SETUP_CONTROLS or name not in controls:
                 raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")
-            getattr(runtime, name)(*args, **kwargs)
+            controls[name](*args, **kwargs)
         staging = SharedStaging(runtime)
         cores = LocalCores.open(model, StagingRuntime(runtime, staging), EngineOptions(**fields))
     except Exception as exc:  # (what the open made is released already)
@@ -366,8 +394,12 @@ class WorkerServer:
     def _inject(self, token: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         error: BaseException | None = None
         # The emulated runtime's controls, or the GPU stand-in's under the CUDA runtime.
-        targets = [self._runtime, *loaded_libraries().values()]
-        control = next((getattr(t, name) for t in targets if hasattr(t, name)), None)
+        controls: dict[str, Callable[..., Any]] = {}
+        for standin in loaded_libraries().values():
+            if isinstance(standin, _StandinFaults):
+                controls.update(fail_next_task=standin.fail_next_task, hang_core=standin.hang_core)
+        controls.update(runtime_controls(self._runtime))
+        control = controls.get(name)
         if name not in FAULT_INJECTIONS or control is None:
             error = AiodlaError(
                 f"the worker's {self._runtime.name} runtime has no control {name!r}"
@@ -412,7 +444,7 @@ class WorkerServer:
                 return {"release": None, "held": 0, "released": True}[name]
             value = getattr(target, name)
             return value() if name == "release" else value
-        control = getattr(self._runtime, name, None)
+        control = runtime_controls(self._runtime).get(name)
         if name not in RUNTIME_CONTROLS or control is None:
             raise AiodlaError(f"the worker's {self._runtime.name} runtime has no control {name!r}")
         if name == "hold":  # args: the core, then the number the application gave the gate

@@ -4,6 +4,15 @@ The engine never imports ``cuda.bindings`` itself; it drives cuDLA and CUDA only
 through the calls below. Two implementations exist: the emulated runtime (pure Python
 and numpy) and the CUDA runtime (``cuda.bindings.cudla`` + ``cuda.bindings.runtime``).
 
+:class:`Runtime` is what every runtime does. What only some do is a capability, a
+``runtime_checkable`` protocol the engine checks with ``isinstance`` once, at open:
+:class:`GraphCapture` (a stream's work captured once and replayed), :class:`Kernels`
+(conversion and pre-processing on the stream, device arrays), :class:`HostRegistration`
+(page-locking memory the caller allocated: ``isolation="process"``),
+:class:`ComputeFunctions` (outputs computed by a function of the user's), and for
+tests, :class:`FaultControls` and :class:`WorkerControls`. An engine opens on a runtime
+with none of them: it converts on the host and enqueues each call.
+
 Conventions every runtime follows:
 
 - Handles (devices, modules, registrations, streams, events, device pointers) are
@@ -35,9 +44,14 @@ if TYPE_CHECKING:
 __all__ = [
     "CUDA_ERROR_NAMES",
     "STICKY_CUDA_ERRORS",
+    "ComputeFunctions",
     "CudaCallError",
     "CudlaError",
+    "FaultControls",
+    "GraphCapture",
     "HostBuffer",
+    "HostRegistration",
+    "Kernels",
     "Runtime",
     "TransferCounts",
     "WorkerControls",
@@ -147,7 +161,7 @@ class TransferCounts:
 
 @runtime_checkable
 class Runtime(Protocol):
-    """What the engine needs from cuDLA (hybrid mode) and the CUDA runtime."""
+    """What every runtime does: cuDLA (hybrid mode) and the CUDA calls around it."""
 
     name: str
     poll_pause: float
@@ -175,17 +189,6 @@ class Runtime(Protocol):
     def stated_service_time(self, loadable: bytes) -> float | None:
         """Seconds one task of ``loadable`` occupies one core, when the loadable states
         it (an emulator loadable does); None when it must be learned (a DLA loadable)."""
-        ...
-
-    def module_computes(self, module: int) -> bool:
-        """True when the runtime computes ``module``'s outputs with a function of the
-        user's (the emulated runtime's ``compute=``); such a task can fail apart from
-        the DLA, and :meth:`take_compute_failure` says so."""
-        ...
-
-    def take_compute_failure(self, stream: int) -> BaseException | None:
-        """The error of the last task completed on ``stream`` if its compute function
-        failed, else None; reading it clears it."""
         ...
 
     # -- cuDLA ---------------------------------------------------------------------------
@@ -221,7 +224,6 @@ class Runtime(Protocol):
     # -- CUDA ----------------------------------------------------------------------------
     def create_stream(self) -> int: ...
     def destroy_stream(self, stream: int) -> None: ...
-    def synchronize_stream(self, stream: int) -> None: ...
     def create_event(self, timing: bool = False) -> int:
         """An event for the poller; ``timing=True`` makes one ``elapsed_time`` can read."""
         ...
@@ -236,39 +238,22 @@ class Runtime(Protocol):
         """True when all work before the event's last record is done."""
         ...
 
-    def is_integrated(self) -> bool:
-        """True when the GPU shares the host's memory (a Jetson): mapped pinned buffers
-        are read in place, with no copy."""
-        ...
-
-    def pointer_device(self, ptr: int) -> int:
-        """The CUDA device ordinal that owns device address ``ptr``."""
-        ...
-
-    def wait_event(self, stream: int, event: int) -> None:
-        """Work enqueued on ``stream`` from now on waits for the event's last record."""
-        ...
-
     def malloc(self, nbytes: int) -> int: ...
     def free(self, ptr: int) -> None: ...
-    def malloc_async(self, nbytes: int, stream: int) -> int:
-        """Device memory from the stream-ordered pool, usable in order on ``stream``."""
-        ...
-
-    def free_async(self, ptr: int) -> None:
-        """Give :meth:`malloc_async` memory back to the pool (any thread)."""
-        ...
-
     def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer: ...
     def host_free(self, buffer: HostBuffer) -> None: ...
     def copy_to_device(self, dst: int, src: HostBuffer, nbytes: int, stream: int) -> None: ...
     def copy_to_host(self, dst: HostBuffer, src: int, nbytes: int, stream: int) -> None: ...
-    def read_device(self, src: int, out: np.ndarray[Any, Any]) -> None:
-        """Copy ``out.nbytes`` bytes at ``src`` into the contiguous ``out``, now
-        (blocking: ``DeviceTensor.to_host``)."""
+    def close(self) -> None:
+        """Release what the runtime itself holds (threads, libraries); idempotent."""
         ...
 
-    # -- a stream's work, captured once and replayed --------------------------------------
+
+@runtime_checkable
+class GraphCapture(Runtime, Protocol):
+    """A runtime that captures a stream's work once and replays it whole (CUDA graphs);
+    without it the engine enqueues each call."""
+
     def begin_capture(self, stream: int) -> None:
         """From now on, work this thread enqueues on ``stream`` (copies, conversions,
         event records) is recorded, not run, until :meth:`end_capture`. Raises when
@@ -286,7 +271,39 @@ class Runtime(Protocol):
 
     def destroy_graph(self, graph: Any) -> None: ...
 
-    # -- layout conversion on the stream -------------------------------------------------
+
+@runtime_checkable
+class Kernels(Runtime, Protocol):
+    """A runtime with GPU kernels on the stream: layout conversion, camera-frame
+    pre-processing, and device arrays in and out (``Engine(convert="device")``);
+    without it the engine converts on the host."""
+
+    def is_integrated(self) -> bool:
+        """True when the GPU shares the host's memory (a Jetson): mapped pinned buffers
+        are read in place, with no copy."""
+        ...
+
+    def pointer_device(self, ptr: int) -> int:
+        """The CUDA device ordinal that owns device address ``ptr``."""
+        ...
+
+    def wait_event(self, stream: int, event: int) -> None:
+        """Work enqueued on ``stream`` from now on waits for the event's last record."""
+        ...
+
+    def malloc_async(self, nbytes: int, stream: int) -> int:
+        """Device memory from the stream-ordered pool, usable in order on ``stream``."""
+        ...
+
+    def free_async(self, ptr: int) -> None:
+        """Give :meth:`malloc_async` memory back to the pool (any thread)."""
+        ...
+
+    def read_device(self, src: int, out: np.ndarray[Any, Any]) -> None:
+        """Copy ``out.nbytes`` bytes at ``src`` into the contiguous ``out``, now
+        (blocking: ``DeviceTensor.to_host``)."""
+        ...
+
     def prepare_conversions(
         self,
         packs: Sequence[tuple[TensorSpec, np.dtype[Any]]],
@@ -338,9 +355,53 @@ class Runtime(Protocol):
         ``spec``'s DLA layout at ``dst``, as ``spec.pack(pre.apply(frame, spec))``."""
         ...
 
-    def close(self) -> None:
-        """Release what the runtime itself holds (threads, libraries); idempotent."""
+
+@runtime_checkable
+class HostRegistration(Runtime, Protocol):
+    """A runtime that page-locks memory the caller allocated: the staging that
+    ``isolation="process"`` shares between two processes."""
+
+    def host_register(
+        self, array: np.ndarray[Any, np.dtype[np.uint8]], mapped: bool = False
+    ) -> HostBuffer:
+        """Page-lock ``array`` (``cudaHostRegister``; ``mapped``: with a device address
+        as well); released with ``host_free``, which leaves the memory to its owner."""
         ...
+
+
+@runtime_checkable
+class ComputeFunctions(Runtime, Protocol):
+    """A runtime that may compute a module's outputs with a function of the user's
+    (the emulated runtime's ``compute=``): such a task can fail apart from the DLA."""
+
+    def module_computes(self, module: int) -> bool:
+        """True when the runtime computes ``module``'s outputs with a function of the
+        user's (the emulated runtime's ``compute=``); such a task can fail apart from
+        the DLA, and :meth:`take_compute_failure` says so."""
+        ...
+
+    def take_compute_failure(self, stream: int) -> BaseException | None:
+        """The error of the last task completed on ``stream`` if its compute function
+        failed, else None; reading it clears it."""
+        ...
+
+
+@runtime_checkable
+class FaultControls(Protocol):
+    """The emulated runtime's test controls (``aiodla.testing`` reaches them, in the
+    worker process too): fault injection, gates, and the counters tests read."""
+
+    def fail_next_task(self, core: int, status: int = ..., *, on_stream: bool = ...) -> None: ...
+    def hang_core(self, core: int, hung: bool = True) -> None: ...
+    def poison(self, code: int = ...) -> None: ...
+    def fail_call(
+        self, call: str, error: BaseException | int, *, after: int = 0, core: int | None = None
+    ) -> None: ...
+    def hold(self, core: int) -> Any: ...
+    def core_tasks(self, core: int) -> int: ...
+    def core_busy_time(self, core: int) -> float: ...
+    def live_handles(self) -> dict[str, int]: ...
+    def bind_compute(self, loadable: bytes, compute: Any) -> None: ...
 
 
 @runtime_checkable

@@ -6,14 +6,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
+from aiodla import Engine, RuntimeUnavailableError
 from aiodla.emulator._format import stated_latency
-from aiodla.runtime import EmulatedRuntime, Runtime
+from aiodla.runtime import (
+    ComputeFunctions,
+    EmulatedRuntime,
+    FaultControls,
+    GraphCapture,
+    HostRegistration,
+    Kernels,
+    Runtime,
+)
 from aiodla.runtime._cuda import CudaRuntime
 from aiodla.testing import DLAControls
 
-from support import affine_model
+from support import X, affine_model, expected_affine
 
 # Bytes that are not an emulator loadable: to aiodla, a DLA loadable only cuDLA reads.
 DLA_LOADABLE = b"NVDA" + bytes(60)
@@ -63,3 +73,52 @@ def test_poll_pauses() -> None:
     # The emulator's sweeps take the GIL from the loop; CUDA event queries release it.
     assert EmulatedRuntime().poll_pause == 100e-6
     assert CudaRuntime().poll_pause == 0.0
+
+
+class CoreOnly:
+    """The emulated runtime's core calls and nothing else: a runtime of no capability."""
+
+    def __init__(self, runtime: EmulatedRuntime) -> None:
+        self.inner = runtime
+        for name in protocol_members():
+            setattr(self, name, getattr(runtime, name))
+
+
+CAPABILITIES = (GraphCapture, Kernels, HostRegistration, ComputeFunctions, FaultControls)
+
+
+class TestCapabilities:
+    @pytest.mark.parametrize("make", IMPLEMENTATIONS)
+    def test_what_each_implementation_can_do(self, make: Callable[[], Runtime]) -> None:
+        runtime = make()
+        found = {c.__name__ for c in CAPABILITIES if isinstance(runtime, c)}
+        # Test controls are the emulated runtime's alone; the rest every one has.
+        emulated = isinstance(runtime, EmulatedRuntime)
+        assert found == {c.__name__ for c in CAPABILITIES} - (
+            set() if emulated else {"FaultControls"}
+        )
+
+    def test_a_runtime_of_the_core_calls_alone_has_no_capability(self) -> None:
+        runtime = CoreOnly(EmulatedRuntime())
+        assert isinstance(runtime, Runtime)
+        assert [c for c in CAPABILITIES if isinstance(runtime, c)] == []
+
+    @pytest.mark.asyncio
+    async def test_an_engine_opens_on_the_core_calls_alone(self) -> None:
+        # No kernels: it converts on the host; no graphs: it enqueues each call.
+        runtime = CoreOnly(EmulatedRuntime())
+        async with Engine(affine_model(), runtime=runtime, convert="auto") as engine:
+            x = np.full(X.shape, 0.5, np.float16)
+            np.testing.assert_array_equal(await engine.infer(x), expected_affine(x))
+        assert runtime.inner.counts.conversions == 0
+        assert runtime.inner.live_handles()["graphs"] == 0
+        assert set(runtime.inner.live_handles().values()) == {0}
+
+    @pytest.mark.asyncio
+    async def test_device_conversion_without_kernels_is_refused_by_name(self) -> None:
+        runtime = CoreOnly(EmulatedRuntime())
+        runtime.has_device_memory = True  # a GPU, but no kernels
+        engine = Engine(affine_model(), runtime=runtime, convert="device")
+        with pytest.raises(RuntimeUnavailableError, match="needs a runtime with GPU kernels"):
+            await engine.open()
+        assert set(runtime.inner.live_handles().values()) == {0}
