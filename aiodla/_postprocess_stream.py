@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ._frame_plan import Geometry
     from ._postprocess import Postprocess
     from ._slots import Slot
-    from .runtime import HostBuffer, Runtime
+    from .runtime import HostBuffer, Kernels
 
 __all__ = ["DetectProgramLike", "DetectsOnStream", "StreamDetect"]
 
@@ -116,7 +116,7 @@ class StreamDetect:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Kernels,
         program: DetectProgramLike,
         postprocess: Postprocess,
         zero_copy: bool,

@@ -57,7 +57,8 @@ def test_the_worker_sees_the_capabilities_of_its_runtime_and_no_more() -> None:
         wrapped = StagingRuntime(runtime, staging)
         assert isinstance(wrapped, GraphCapture) and isinstance(wrapped, Kernels)
         assert isinstance(wrapped, ComputeFunctions)
-        for name in ("launch_graph", "pack", "take_compute_failure"):  # as Python 3.12 looks
+        # Looked up as Python 3.12 looks:
+        for name in ("launch_graph", "pack", "take_compute_failure", "prepare_detect"):
             assert inspect.getattr_static(wrapped, name) == getattr(runtime, name)
         core_only = StagingRuntime(CoreOnly(runtime), staging)  # type: ignore[arg-type]
         assert inspect.getattr_static(core_only, "launch_graph", None) is None

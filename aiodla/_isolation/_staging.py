@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigurationError
+from .._postprocess_stream import DetectsOnStream
 from ..runtime._protocol import (
     ComputeFunctions,
     GraphCapture,
@@ -87,7 +88,7 @@ def _members(protocol: type) -> set[str]:
 
 # The core's members, then each capability's that the device layer may ask for.
 _RUNTIME_MEMBERS = _members(Runtime)
-_CAPABILITIES = (GraphCapture, Kernels, ComputeFunctions)
+_CAPABILITIES = (GraphCapture, Kernels, ComputeFunctions, DetectsOnStream)
 
 
 class StagingRuntime:
