@@ -50,12 +50,15 @@ echo "=== versions"
 
 if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
     echo "=== installing carried wheels: $(ls .whl)"
-    if python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; then
-        export PYTHONPATH="$PYTHONPATH:/tmp/site"
-        STATUS[wheels]=0
-    else
-        STATUS[wheels]=1
-    fi
+    # One wheel at a time: a wheel for other Pythons (backports-asyncio-runner is for
+    # < 3.12, and the device machine has 3.12) must not stop the others installing.
+    STATUS[wheels]=0
+    for wheel in .whl/*.whl; do
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" \
+            || echo "=== skipped $wheel (not for this Python)"
+    done
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    python3 -c "import pytest_asyncio" || STATUS[wheels]=1
 fi
 
 wanted build && step build 240 python3 -m aiodla.emulator.standin_build "$STANDIN_DIR"
