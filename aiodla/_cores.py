@@ -335,9 +335,8 @@ class LocalCores:
             # A kind of request the slot has a graph of is launched here, with no call
             # in between: the common case, per request.
             stream = slot.stream
-            kind = path.inputs_kind(slot)
+            kind, kind_after = path.graph_kinds(slot, device)
             graph = slot.graphs_in.get(kind)
-            kind_after = path.outputs_kind(device)
             graph_after = slot.graphs_out.get(kind_after)
             if graph is not None:
                 graphs.runtime.launch_graph(graph, stream)

@@ -199,13 +199,10 @@ class HostPath:
             assert binding.bound is not None
             binding.bound.write(np.zeros(binding.spec.shape, binding.spec.numpy_dtype))
 
-    def inputs_kind(self, slot: Slot) -> Hashable | None:
-        """What makes the slot's work before its task differ between requests (a graph
-        key, see ``aiodla._graphs``): here nothing."""
-        return ()
-
-    def outputs_kind(self, device: bool) -> Hashable | None:
-        return ()
+    def graph_kinds(self, slot: Slot, device: bool) -> tuple[Hashable | None, Hashable | None]:
+        """What makes the slot's work before and after its task differ between requests
+        (the graph keys, see ``aiodla._graphs``): here nothing."""
+        return (), ()
 
     def enqueue_inputs(self, slot: Slot) -> None:
         copy = self.runtime.copy_to_device
@@ -468,19 +465,17 @@ class DevicePath:
             self._stage_array(b, np.zeros(b.spec.shape, b.spec.numpy_dtype)) for b in slot.inputs
         ]
 
-    def inputs_kind(self, slot: Slot) -> Hashable | None:
-        """What makes the slot's work before its task differ between requests: the
-        reads (their types; a frame's size), or None when a device array's pointer and
-        producer change with each request."""
+    def graph_kinds(self, slot: Slot, device: bool) -> tuple[Hashable | None, Hashable | None]:
+        """What makes the slot's work before and after its task differ between
+        requests. Before: the reads (their types; a frame's size), or None when a
+        device array's pointer and producer change with each request. After: None for
+        device outputs (pool memory, new with each request)."""
+        after = None if device and self.runtime.has_device_memory else ()
         reads = slot.reads
         for read in reads:
             if type(read) is not FrameRead and read[3] is not None:  # a device array
-                return None
-        return tuple(reads)
-
-    def outputs_kind(self, device: bool) -> Hashable | None:
-        """None for device outputs (pool memory, new with each request)."""
-        return None if device and self.runtime.has_device_memory else ()
+                return None, after
+        return tuple(reads), after
 
     def enqueue_inputs(self, slot: Slot) -> None:
         runtime = self.runtime

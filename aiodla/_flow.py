@@ -25,10 +25,10 @@ from ._errors import AiodlaError, PostprocessError, RequestTimeoutError, TaskErr
 from ._feeds import Feeds
 from ._life import EngineState, Life
 from ._options import EngineOptions
-from ._postprocess import Postprocess, read_results
+from ._postprocess import Postprocess
 from ._scheduler import Outcome, Request, RequestState, Scheduler
 from ._slots import CoreState, Slot
-from ._statistics import HistogramRecorder, LatencyWindow, failure_reason
+from ._statistics import Durations, failure_reason
 from ._trace import TraceRecorder
 
 __all__ = ["Flow"]
@@ -66,10 +66,8 @@ class Flow:
         self.offload_pack = sum(s.size for s in device.inputs) > limit or any(device.frames)
         self.offload_unpack = sum(s.size for s in device.outputs) > limit
         window = options.latency_window
-        self.latency = LatencyWindow(window)
-        self.queue_wait = LatencyWindow(window)
-        self.latency_histogram = HistogramRecorder()
-        self.queue_wait_histogram = HistogramRecorder()
+        self.latency = Durations(window)
+        self.queue_wait = Durations(window)
         self.trace: TraceRecorder | None = None  # engine.trace() installs one
         # Set once every slot is idle again while the engine closes (``drain``).
         self._drained = asyncio.Event()
@@ -148,7 +146,6 @@ class Flow:
         now = time.monotonic()
         waited = now - request.started
         self.queue_wait.add(waited)
-        self.queue_wait_histogram.add(waited)
         if request.deadline is not None and self.loop.time() >= request.deadline:
             self.release(slot)
             self.finish(request, timed_out=True)
@@ -283,7 +280,7 @@ class Flow:
                 request.future.set_result(None)  # its coroutine unpacks off the loop
                 continue
             try:
-                outputs = read_results(self.device, self.postprocess, slot)
+                outputs = self.read_results(slot)
             except PostprocessError as exc:  # this request's outputs only: it fails alone
                 self.release(slot)
                 self.finish(request, error=exc)
@@ -291,6 +288,14 @@ class Flow:
             self.release(slot)
             self.finish(request, result=outputs, now=now)
         self.transition()
+
+    def read_results(self, slot: Slot) -> Any:
+        """A slot's outputs as the engine returns them: post-processed when the engine
+        has a ``postprocess`` (whose errors come as PostprocessError)."""
+        outputs = self.device.read_outputs(slot)
+        if self.postprocess is None:
+            return outputs
+        return self.postprocess.apply(outputs, self.device.outputs, slot)
 
     def _task_failed(self, core: CoreState, status: int) -> None:
         """A DLA task failed: say so, and apply the fault policy."""
@@ -364,7 +369,6 @@ class Flow:
         if outcome is Outcome.COMPLETED:
             latency = (time.monotonic() if now is None else now) - request.started
             self.latency.add(latency)
-            self.latency_histogram.add(latency)
         future = request.future
         if not future.done():
             if error is not None:

@@ -19,7 +19,6 @@ import anyio
 from ._errors import AiodlaError, PostprocessError
 from ._flow import Flow
 from ._life import EngineState
-from ._postprocess import read_results
 from ._scheduler import Request, RequestState
 
 __all__ = ["drive"]
@@ -80,7 +79,7 @@ async def unpack(flow: Flow, request: Request) -> Any:
     slot = request.slot
     assert slot is not None  # (UNPACKING: the request holds its slot)
     try:
-        result = await anyio.to_thread.run_sync(read_results, flow.device, flow.postprocess, slot)
+        result = await anyio.to_thread.run_sync(flow.read_results, slot)
     except PostprocessError as exc:  # this request's outputs only: it fails alone
         if request.state is RequestState.DONE:
             return flow.take_late(request)

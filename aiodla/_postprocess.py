@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._preprocess import ImagePreprocess
     from ._tensors import TensorSpec
 
-__all__ = ["Postprocess", "open_postprocess", "read_results"]
+__all__ = ["Postprocess", "open_postprocess"]
 
 #: Frame sizes whose geometry is remembered; a camera that cycles through more recomputes.
 _GEOMETRIES_KEPT = 64
@@ -50,6 +50,17 @@ class Postprocess:
         self._preprocess = preprocess
         self._size = plan.input_size
         self._geometries: dict[tuple[int, int], Geometry] = {}  # by frame size
+
+    def apply(self, outputs: Any, specs: Sequence[TensorSpec], slot: Any) -> Detections:
+        """Detections of a slot's request from its outputs as the device layer read
+        them: one array, or a dict by name of ``specs`` (the model's outputs); or the
+        detections themselves, when it ran the step on the slot's stream already
+        (:mod:`aiodla._postprocess_stream`)."""
+        if isinstance(outputs, Detections):
+            return outputs
+        values = [outputs] if len(specs) == 1 else [outputs[spec.name] for spec in specs]
+        request = slot.request
+        return self.run(values, request.arrays if request is not None else ())
 
     def run(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> Detections:
         """Detections of one request: ``outputs`` (logical arrays, model order) and the
@@ -105,16 +116,3 @@ def open_postprocess(
     order = {spec.name: i for i, spec in enumerate(outputs)}
     heads = tuple(order[spec.name] for spec in plan.specs)
     return Postprocess(plan, heads, index, preprocess.get(image.name))
-
-
-def read_results(cores: Any, postprocess: Postprocess | None, slot: Any) -> Any:
-    """A slot's outputs as the engine returns them: post-processed when the engine has
-    a ``postprocess`` (whose errors come as PostprocessError), unless the device layer
-    ran it on the slot's stream already (:mod:`aiodla._postprocess_stream`)."""
-    outputs = cores.read_outputs(slot)
-    if postprocess is None or isinstance(outputs, Detections):
-        return outputs
-    specs = cores.outputs
-    values = [outputs] if len(specs) == 1 else [outputs[spec.name] for spec in specs]
-    request = slot.request
-    return postprocess.run(values, request.arrays if request is not None else ())

@@ -299,6 +299,20 @@ class HistogramRecorder:
         return Histogram(self._bounds, tuple(cumulative), running + self._counts[-1], self._sum)
 
 
+class Durations:
+    """One kind of duration (a request's latency, its wait in the queue): the last
+    ``size`` in a window for percentiles, and every one in a histogram for metrics.
+    One call records both, for every request."""
+
+    def __init__(self, size: int) -> None:
+        self.window = LatencyWindow(size)
+        self.histogram = HistogramRecorder()
+
+    def add(self, seconds: float) -> None:
+        self.window.add(seconds)
+        self.histogram.add(seconds)
+
+
 class BusyWindow:
     """Busy time of one core over about the last ``SECONDS`` seconds.
 

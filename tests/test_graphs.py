@@ -142,12 +142,12 @@ async def test_what_changes_with_each_request_is_not_captured() -> None:
         slot = e._cores.slots[0]
         staged = (0x1000, np.dtype(np.float32), (1, 1, 1, 1), None)
         slot.reads = [staged]
-        assert path.inputs_kind(slot) == (staged,)
+        assert path.graph_kinds(slot, False)[0] == (staged,)
         slot.reads = [(0x2000, np.dtype(np.float32), (1, 1, 1, 1), 0)]  # after a stream
-        assert path.inputs_kind(slot) is None
-        assert path.outputs_kind(device=False) == ()
+        assert path.graph_kinds(slot, False)[0] is None
+        assert path.graph_kinds(slot, device=False)[1] == ()
         runtime.has_device_memory = True  # as the CUDA runtime: device outputs are pooled
-        assert path.outputs_kind(device=True) is None
+        assert path.graph_kinds(slot, device=True)[1] is None
         slot.reads = []
 
 
