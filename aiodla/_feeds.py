@@ -6,13 +6,17 @@ Each engine keeps its own waiting line, slots, statistics and health (its
 start a task on a core and when. The rule, applied after every admission, completion,
 cancellation and release of any engine on the cores:
 
-- **Depth.** A core holds at most :data:`DEPTH` tasks of all engines together (assigned
-  to a slot and not yet ended): the one running and one queued behind it. A DLA task
-  cannot be pre-empted, so this is what bounds the wait of urgent work: a request
-  admitted while no core has room waits for at most the rest of the running task and
-  the one queued task, then runs. Its latency is at most its own task time plus two
-  task times of the longest model on the core (plus the loop's round trip). One task
-  queued is enough to keep a core busy while the loop hears of the running one's end.
+- **Depth.** A task of an engine below the top priority on a core (some engine on the
+  core has a higher one) starts only while the core holds fewer than :data:`DEPTH`
+  tasks of all engines together (assigned to a slot and not yet ended): so at most the
+  one running and one queued behind it. A DLA task cannot be pre-empted, so this is
+  what bounds the wait of urgent work: a top-priority request waits for at most the
+  rest of the running task and one queued task of a lower priority, besides the
+  top-priority work admitted before it, then runs. Its latency is at most its own task
+  time plus two task times of the longest lower-priority model on the core (plus the
+  loop's round trip). Engines of the top priority, which nobody can be kept waiting
+  behind, may fill a core up to :data:`TOP_DEPTH` tasks: more queued work bridges the
+  loop's round trip at each task's end, so the core never idles.
 - **Priority.** Among engines with a request waiting, a higher ``priority`` goes first,
   always; a lower one gets a core only when no engine above it can start there.
 - **Weight.** Within one priority, core time is shared in proportion to ``weight``
@@ -37,10 +41,13 @@ if TYPE_CHECKING:
     from ._scheduler import Request, Scheduler
     from ._slots import CoreState, Slot
 
-__all__ = ["DEPTH", "Client", "Feeds", "Starter"]
+__all__ = ["DEPTH", "TOP_DEPTH", "Client", "Feeds", "Starter"]
 
-# Tasks a core holds at once across engines: one running, one queued behind it.
+# Tasks a core may hold when a task below the top priority starts: one running, one
+# queued behind it.
 DEPTH = 2
+# Tasks a core may hold when a task of the top priority starts.
+TOP_DEPTH = 4
 
 
 class Starter(Protocol):
@@ -131,8 +138,8 @@ class Feeds:
 
     def _grant(self) -> bool:
         """Start one request on the best core for it; False when none can start."""
-        room = [n for n in self.numbers if self.held(n) < DEPTH]
-        if not room:
+        held = {n: self.held(n) for n in self.numbers}
+        if all(count >= TOP_DEPTH for count in held.values()):
             return False
         waiting = [client for client in self.clients if client.waiting()]
         if not waiting:
@@ -142,6 +149,7 @@ class Feeds:
             key=lambda c: (-c.priority, max(virtual.get(c.priority, 0.0), c.finish_tag), c.order)
         )
         for client in waiting:
+            room = [n for n in self.numbers if held[n] < self._depth(client, n)]
             core = self._best_core(client, room)
             if core is None:
                 continue
@@ -154,9 +162,24 @@ class Feeds:
             client.finish_tag = start + cost / client.weight
             client.granted_time += cost
             client.grants += 1
+            # The task queues behind every engine's work on the core, not only behind
+            # this engine's: its estimated end (which the poller looks at) starts there.
+            core.expected_free = max(core.expected_free, self._expected_free(core.core))
             client.flow.start(*assignment)
             return True
         return False
+
+    def _depth(self, client: Client, number: int) -> int:
+        """How many tasks core ``number`` may hold when ``client``'s task starts there."""
+        top = max((c.priority for c in self.clients if number in c.cores), default=0)
+        return TOP_DEPTH if client.priority >= top else DEPTH
+
+    def _expected_free(self, number: int) -> float:
+        """When core ``number`` should finish what every engine gave it."""
+        return max(
+            (c.cores[number].expected_free for c in self.clients if number in c.cores),
+            default=0.0,
+        )
 
     def _best_core(self, client: Client, room: list[int]) -> CoreState | None:
         """The core with room where ``client``'s next task would end soonest."""

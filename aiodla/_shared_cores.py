@@ -18,7 +18,7 @@ import anyio
 
 from ._cores import read_model, release_runtime
 from ._errors import AiodlaError, ConfigurationError, EngineClosedError
-from ._feeds import Feeds
+from ._feeds import TOP_DEPTH, Feeds
 from ._options import EngineOptions
 from .runtime._protocol import Runtime
 from .runtime._select import select_runtime
@@ -55,8 +55,10 @@ class Cores:
             ):
                 ...
 
-    ``dla.subset([1])`` puts an engine on some of the cores only. Closing the cores
-    closes the engines still open on them first.
+    ``dla.subset([1])`` puts an engine on some of the cores only. An engine here has
+    ``streams_per_core=4`` unless told otherwise (a slot for each task a core may hold:
+    see ``aiodla._feeds``). Closing the cores closes the engines still open on them
+    first.
     """
 
     def __init__(
@@ -244,4 +246,6 @@ def shared_cores(options: dict[str, Any], runtime: object) -> tuple[dict[str, An
         )
     if shared.state in (CoresState.CLOSING, CoresState.CLOSED):
         shared.check_open()
-    return {**options, "cores": numbers}, shared
+    # A slot per task a core may hold (TOP_DEPTH): then the feed's room, not the
+    # engine's own ring, is what runs out, and the feed's weights decide.
+    return {"streams_per_core": TOP_DEPTH, **options, "cores": numbers}, shared

@@ -25,7 +25,7 @@ from aiodla import (
     RequestTimeoutError,
     TaskError,
 )
-from aiodla._feeds import DEPTH
+from aiodla._feeds import DEPTH, TOP_DEPTH
 from aiodla.testing import DLAControls
 
 from support import X, affine_model, all_idle, counts_add_up, expected_affine, wait_until
@@ -73,7 +73,7 @@ class TestServing:
         assert dla.engines == 0
 
     @pytest.mark.asyncio
-    async def test_a_core_holds_at_most_depth_tasks_of_all_engines(
+    async def test_engines_of_the_top_priority_fill_a_core_to_top_depth(
         self, dla: Cores, aiodla_controls: DLAControls
     ) -> None:
         async with (
@@ -82,13 +82,29 @@ class TestServing:
         ):
             with aiodla_controls.hold() as gate:
                 calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(10)]
-                await gate.reached(2 * DEPTH)
-                assert held_tasks(dla) == [DEPTH, DEPTH]
-                assert a.statistics().queued + b.statistics().queued == 20 - 2 * DEPTH
-                await asyncio.sleep(0.01)  # (nothing more may start while held)
-                assert gate.count == 2 * DEPTH
+                await gate.reached(2 * TOP_DEPTH)
+                assert held_tasks(dla) == [TOP_DEPTH, TOP_DEPTH]
+                assert a.statistics().queued + b.statistics().queued == 20 - 2 * TOP_DEPTH
             await asyncio.gather(*calls)
             assert held_tasks(dla) == [0, 0]
+
+    @pytest.mark.asyncio
+    async def test_below_the_top_priority_a_core_holds_one_queued_task(
+        self, dla: Cores, aiodla_controls: DLAControls
+    ) -> None:
+        # The detector has nothing to do: its priority alone keeps the classifiers'
+        # queued work short, so its next request waits for at most two of their tasks.
+        async with (
+            Engine(affine_model(), cores=dla, priority=1),
+            Engine(affine_model(), cores=dla, streams_per_core=4) as a,
+            Engine(affine_model(), cores=dla, streams_per_core=4) as b,
+        ):
+            with aiodla_controls.hold() as gate:
+                calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(10)]
+                await gate.reached(2 * DEPTH)
+                await wait_until(lambda: a.statistics().queued + b.statistics().queued == 16)
+                assert held_tasks(dla) == [DEPTH, DEPTH]
+            await asyncio.gather(*calls)
 
     @pytest.mark.asyncio
     async def test_subset_puts_an_engine_on_some_cores(
@@ -127,7 +143,7 @@ class TestPriority:
                 lows = [asyncio.ensure_future(low.infer(ONES)) for _ in range(6)]
                 await gate.reached(DEPTH)
                 highs = [asyncio.ensure_future(high.infer(ONES)) for _ in range(4)]
-                await wait_until(lambda: high.statistics().queued == 4)
+                await wait_until(lambda: high.statistics().submitted == 4)
             await asyncio.gather(*lows, *highs)
         by = {submitted[0]: "low", next(d for d in submitted if d != submitted[0]): "high"}
         # The two lows already on the core run; then every high before any other low.
@@ -158,7 +174,7 @@ class TestWeights:
             opened = [Engine(model, cores=dla, **options) for model, options in engines]
             for engine in opened:
                 await engine.open()
-            calls = [asyncio.ensure_future(e.infer(ONES)) for e in opened for _ in range(60)]
+            calls = [asyncio.ensure_future(e.infer(ONES)) for e in opened for _ in range(240)]
             await wait_until(lambda: sum(e.statistics().submitted for e in opened) == len(calls))
             first = [busy_time(e) for e in opened]
             # Until the first engine has no request left waiting, all of them have work.
@@ -193,9 +209,10 @@ class TestExactlyOnce:
             Engine(affine_model(), cores=dla) as a,
             Engine(affine_model(), cores=dla) as b,
         ):
+            room = 2 * TOP_DEPTH  # (a fills both cores; b's requests wait for room)
             with aiodla_controls.hold() as gate:
-                running = [asyncio.ensure_future(a.infer(ONES * i)) for i in range(4)]
-                await gate.reached(4)
+                running = [asyncio.ensure_future(a.infer(ONES * i)) for i in range(room)]
+                await gate.reached(room)
                 queued = asyncio.ensure_future(a.infer(ONES))
                 expiring = asyncio.ensure_future(a.infer(ONES, timeout=0))
                 others = [asyncio.ensure_future(b.infer(ONES * i)) for i in range(6)]
@@ -207,14 +224,14 @@ class TestExactlyOnce:
                 aiodla_controls.fail_next()
             outcomes = await asyncio.gather(*running, queued, *others, return_exceptions=True)
             assert isinstance(outcomes[0], asyncio.CancelledError)
-            assert isinstance(outcomes[4], asyncio.CancelledError)
+            assert isinstance(outcomes[room], asyncio.CancelledError)
             failed = [o for o in outcomes if isinstance(o, TaskError)]
             assert len(failed) == 1
             await settle(a, b)
             sa, sb = a.statistics(), b.statistics()
             assert sa.cancelled == 2 and sa.timed_out == 1
             assert sa.failed + sb.failed == 1
-            assert sa.completed + sb.completed == 3 + 6 - 1
+            assert sa.completed + sb.completed == room - 1 + 6 - 1
             assert counts_add_up(sa) and counts_add_up(sb)
             # Both engines serve on afterwards.
             y = await asyncio.gather(a.infer(ONES), b.infer(ONES))
@@ -265,7 +282,7 @@ class TestExactlyOnce:
             assert {**runtime.live_handles(), "graphs": 0} == {**alone, "graphs": 0}
             assert len(dla.feeds.clients) == 1
             stats = stays.statistics()
-            assert stats.completed == 3 and all(c.idle_slots == 2 for c in stats.cores)
+            assert stats.completed == 3 and all(c.idle_slots == TOP_DEPTH for c in stats.cores)
             assert counts_add_up(goes.statistics())
             await stays.infer(ONES)
 
@@ -280,13 +297,13 @@ class TestExactlyOnce:
             await b.open()
             with aiodla_controls.hold() as gate:
                 calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(6)]
-                await gate.reached(4)
+                await gate.reached(2 * TOP_DEPTH)
                 waiting = asyncio.ensure_future(dla.aclose())
                 await wait_until(lambda: a.statistics().queued + b.statistics().queued == 0)
             await waiting
         assert a.state is b.state is aiodla.EngineState.CLOSED
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        assert sum(not isinstance(o, BaseException) for o in outcomes) == 4
+        assert sum(not isinstance(o, BaseException) for o in outcomes) == 2 * TOP_DEPTH
         assert all(n == 0 for n in runtime.live_handles().values())
 
     @pytest.mark.asyncio
