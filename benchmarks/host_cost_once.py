@@ -47,9 +47,16 @@ from aiodla import Engine
 def set_apart(runtime: object) -> None:
     """Run the emulated device's work (copies, the op) inside ``sys.call_tracing``, a
     C function nothing else on this path calls, so that callgrind's
-    ``--toggle-collect=sys_call_tracing`` leaves it out of every thread's count."""
-    advance = runtime._advance  # type: ignore[attr-defined]
-    runtime._advance = lambda stream, now: sys.call_tracing(advance, (stream, now))  # type: ignore[attr-defined]
+    ``--toggle-collect=sys_call_tracing`` leaves it out of every thread's count.
+
+    The work is the timeline's ``advance`` (the runtime's ``_advance`` in trees from
+    before the timeline became an object of its own)."""
+    owner = getattr(runtime, "_timeline", None)
+    name = "advance"
+    if owner is None:
+        owner, name = runtime, "_advance"
+    work = getattr(owner, name)
+    setattr(owner, name, lambda stream, now: sys.call_tracing(work, (stream, now)))
 
 
 async def segments(
