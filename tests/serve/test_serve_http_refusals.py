@@ -268,3 +268,16 @@ async def test_an_unknown_model_or_version_is_json_404_naming_it(
         status, answer = response.status, json.loads(await response.read())
     which = "'nope'" if name == "nope" else "'affine' version 2"
     assert (status, answer) == (404, {"error": f"Request for unknown model: {which} is not found"})
+
+
+async def test_a_binary_data_size_of_zero_is_400_saying_what_the_input_needs(
+    server: Server, engines: dict[str, Engine]
+) -> None:
+    """Zero bytes lie within any binary part: the input's own size is what is wrong."""
+    body, headers = binary(sized(0), b"")
+    status, answer = await post(server, body, headers)
+    assert (status, answer) == (
+        400,
+        {"error": "input 'x': 0 bytes of FP16, shape [1, 3, 8, 8] needs 384"},
+    )
+    await served_after(server, engines)
