@@ -110,5 +110,19 @@ def test_the_readmes_instruction_counts_are_the_recorded_ones() -> None:
     )
     assert found, "README states the host cost in instructions, with the commits measured"
     for count, commit in ((found[1], found[2]), (found[3], found[4])):
-        report = json.loads((BENCHMARKS / "results" / f"instructions-{commit}.json").read_text())
-        assert int(count.replace(",", "")) == round(report["loop_instructions_per_request"])
+        assert int(count.replace(",", "")) in _recorded_loop_counts(commit), (count, commit)
+
+
+def _recorded_loop_counts(commit: str) -> set[int]:
+    """The event loop's instructions per request recorded for ``commit``: a report of
+    one tree named after it, or a tree of a comparison (its median) whose revision
+    names it."""
+    counts = set()
+    for path in (BENCHMARKS / "results").glob("instructions-*.json"):
+        report = json.loads(path.read_text())
+        if path.name == f"instructions-{commit}.json" and "trees" not in report:
+            counts.add(round(report["loop_instructions_per_request"]))
+        for tree in report.get("trees", []):
+            if re.search(rf"\b{commit}\b", tree["revision"]):
+                counts.add(round(tree["loop_instructions_per_request"]["median"]))
+    return counts

@@ -12,6 +12,7 @@ which code it measured, and what it finished is kept there: running again resume
     python tools/mutation.py convert --budget 1800    # stop after 30 minutes
     python tools/mutation.py http --report            # the figures of a run, no run
     python tools/mutation.py scheduler --recheck      # survivors again, on HEAD's tests
+    python tools/mutation.py convert --only 'aiodla._convert.x__quantizer*'  # a subset
 
 Prints, per module, how many mutants were killed (a test failed or timed out), survived,
 and had no test reaching them, the kill ratio killed / (all - skipped - equivalent) and
@@ -303,6 +304,11 @@ def main() -> int:
     parser.add_argument(
         "--recheck", action="store_true", help="run a finished run's survivors again on --ref"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="mutants matching this pattern only (fnmatch, repeatable); the rest stay as they were",
+    )
     parser.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
     args = parser.parse_args()
     unknown = [name for name in args.modules if name not in MODULES]
@@ -321,7 +327,7 @@ def main() -> int:
                 commit = (work / "COMMIT").read_text().strip()
             else:
                 commit = prepare(name, args.ref, work)
-                finished = run(work, args.children, args.budget)
+                finished = run(work, args.children, args.budget, args.only)
             print(f"-- {name}: {time.monotonic() - started:.0f} s")
         summary.append(report(name, work, commit, finished))
     (args.workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
