@@ -6,31 +6,85 @@ memory, so kernels read a frame where it lies). When ``infer`` is given such an 
 (or a view of one) for an input with an ``ImagePreprocess``, the engine reads the frame
 from it instead of copying it into the slot's staging first.
 
-The rules: a buffer stays valid until the engine closes; the engine frees them all
-then, after its last request ended. Dropping your reference to a buffer while a request
-reads it is safe (the request holds the array until it ends). Writing into a buffer
-while a request reads it is not: keep a ring of buffers (one in flight, one waiting,
-one being filled for a :class:`~aiodla.LatestFrameStream`).
+The rules: a buffer serves the engine until it closes. Dropping your reference to a
+buffer while a request reads it is safe (the request holds the array until it ends).
+Writing into a buffer while a request reads it is not: keep a ring of buffers, as
+:meth:`LatestFrameStream.frame_buffer <aiodla.LatestFrameStream.frame_buffer>` does.
+After the engine closed, a buffer is refused: writing into one raises
+:class:`~aiodla.EngineClosedError` (``buffer[...] = ...``; the arrays handed out also
+turn read-only, so ``np.copyto`` or OpenCV's ``read(image=buffer)`` fail too), and
+``infer`` refuses it as it refuses any request. Its memory is freed only once no
+array of it is left, so a late read never touches freed memory.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import numbers
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, EngineClosedError
 
 if TYPE_CHECKING:
     from .runtime import HostBuffer, Runtime
 
-__all__ = ["FrameBuffers"]
+__all__ = ["FrameBuffer", "FrameBuffers"]
+
+logger = logging.getLogger("aiodla")
 
 _MAX_COUNT = 256  # buffers in one call: a ring per camera is a handful
+
+
+class _State:
+    """Whether the engine that owns a set of frame buffers has closed."""
+
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        self.closed = False
+
+
+class FrameBuffer(np.ndarray):
+    """A numpy array in an engine's frame-buffer memory (and its views): an ordinary
+    array, except that assigning into it once its engine closed raises
+    :class:`~aiodla.EngineClosedError` instead of writing into memory the engine gave up."""
+
+    _frames: _State | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        # Views keep the buffer's state; a fresh result (``frame * 2``) is no buffer.
+        state = getattr(obj, "_frames", None)
+        self._frames = state if state is not None and np.may_share_memory(self, obj) else None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        state = self._frames
+        if state is not None and state.closed:
+            raise EngineClosedError(
+                "this frame buffer belongs to an engine that was closed: it takes no more "
+                "frames (make frame buffers of the engine you use now)"
+            )
+        super().__setitem__(key, value)
+
+
+class _Memory:
+    """Owns one buffer's pinned memory for as long as any array of it lives: every
+    array and view of a frame buffer has this as its base (numpy collapses bases to the
+    first object that is not an array), so its finalizer runs after the last one."""
+
+    def __init__(self, buffer: HostBuffer) -> None:
+        self.buffer = buffer
+        self.__array_interface__ = {
+            "shape": (buffer.nbytes,),
+            "typestr": "|u1",
+            "data": (buffer.ptr, False),
+            "version": 3,
+        }
 
 
 class FrameBuffers:
@@ -42,10 +96,18 @@ class FrameBuffers:
         self._starts: list[int] = []  # sorted buffer addresses, for lookup
         self._buffers: list[HostBuffer] = []  # in the same order
         self._by_address: dict[int, HostBuffer] = {}
+        self._state = _State()
+        # Per buffer: its memory's owner while arrays of it live (see close), and the
+        # arrays handed out, made read-only at close.
+        self._alive: dict[int, weakref.ref[_Memory]] = {}
+        self._handed: list[weakref.ref[FrameBuffer]] = []
 
     def create(self, count: Any, shape: Any, dtype: Any = np.uint8) -> list[np.ndarray[Any, Any]]:
         """``count`` arrays of ``shape`` and ``dtype`` in the runtime's pinned memory.
-        ConfigurationError for a count, shape or dtype out of range."""
+        ConfigurationError for a count, shape or dtype out of range; EngineClosedError
+        once closed."""
+        if self._state.closed:
+            raise EngineClosedError("the engine is closed: it makes no more frame buffers")
         if isinstance(count, bool) or not isinstance(count, numbers.Integral):
             raise ConfigurationError(f"{count=} must be an integer")
         if not 1 <= int(count) <= _MAX_COUNT:
@@ -71,7 +133,13 @@ class FrameBuffers:
             self._starts.insert(at, buffer.ptr)
             self._buffers.insert(at, buffer)
             self._by_address[buffer.ptr] = buffer
-            arrays.append(buffer.array[:nbytes].view(kind).reshape(sizes))
+            memory = _Memory(buffer)
+            self._alive[buffer.ptr] = weakref.ref(memory)
+            raw: np.ndarray[Any, Any] = np.asarray(memory)
+            array = raw[:nbytes].view(kind).reshape(sizes).view(FrameBuffer)
+            array._frames = self._state
+            self._handed.append(weakref.ref(array))
+            arrays.append(array)
         return arrays
 
     def find(self, array: np.ndarray[Any, Any]) -> tuple[HostBuffer, int] | None:
@@ -96,11 +164,33 @@ class FrameBuffers:
         return len(self._buffers)
 
     def close(self) -> None:
-        """Free every buffer (the engine calls this once its requests have ended)."""
+        """Refuse every buffer from now on and free its memory, at once where no array
+        of it is left, else once the last one goes (the engine calls this once its
+        requests have ended). Idempotent."""
+        self._state.closed = True
         buffers, self._buffers, self._starts = self._buffers, [], []
         self._by_address.clear()
+        for ref in self._handed:
+            array = ref()
+            if array is not None:
+                array.flags.writeable = False
+        self._handed.clear()
+        alive, self._alive = self._alive, {}
         for buffer in buffers:
-            self._runtime.host_free(buffer)
+            memory = alive[buffer.ptr]()
+            if memory is None:
+                self._runtime.host_free(buffer)
+            else:
+                weakref.finalize(memory, _free_late, self._runtime, buffer)
+
+
+def _free_late(runtime: Runtime, buffer: HostBuffer) -> None:
+    """Free a closed engine's buffer once its last array went (on whichever thread let
+    it go): never raise there."""
+    try:
+        runtime.host_free(buffer)
+    except Exception as exc:
+        logger.warning("aiodla: freeing a closed engine's frame buffer failed: %s", exc)
 
 
 def _positive(value: object) -> int:

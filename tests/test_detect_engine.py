@@ -222,4 +222,10 @@ class TestFrameBuffers:
             frames = engine._cores._frames
             assert frames is not None and len(frames) == 1
         assert buffers[0].shape == (8, 8, 3)
-        assert len(frames) == 0  # freed at close, with the rest of the device layer
+        assert len(frames) == 0  # given up at close, with the rest of the device layer
+        with pytest.raises(EngineClosedError, match="belongs to an engine that was closed"):
+            buffers[0][:] = 1  # a camera reader still writing after close: a clear error
+        with pytest.raises(EngineClosedError):
+            await engine.infer(buffers[0])
+        with pytest.raises(EngineClosedError):
+            engine.frame_buffers(1, (8, 8, 3))

@@ -10,7 +10,7 @@ import pytest
 
 from aiodla import EmulatedRuntime
 from aiodla._errors import ConfigurationError
-from aiodla._frame_buffers import FrameBuffers
+from aiodla._frame_buffers import FrameBuffer, FrameBuffers
 
 
 @pytest.fixture
@@ -76,3 +76,34 @@ def test_refusals(buffers: Any, count: Any, shape: Any, dtype: Any, message: str
     with pytest.raises(ConfigurationError, match=message):
         made.create(count, shape, dtype)
     assert len(made) == 0
+
+
+def test_close_refuses_writes_and_frees_once_the_last_array_goes() -> None:
+    import gc
+
+    from aiodla import EngineClosedError
+
+    runtime = EmulatedRuntime()
+    made = FrameBuffers(runtime, mapped=False)
+    kept, dropped = made.create(2, (8, 8, 3))
+    before_view = kept[2:4]
+    del dropped
+    gc.collect()
+    held = runtime.live_handles()["host_memory"]
+    made.close()
+    # the buffer nobody holds is freed at once; the held one stays readable
+    assert runtime.live_handles()["host_memory"] == held - 1
+    assert int(kept.sum()) == 0 and kept[0, 0].tolist() == [0, 0, 0]
+    for target in (kept, before_view, kept[1:3]):
+        with pytest.raises(EngineClosedError, match="belongs to an engine that was closed"):
+            target[...] = 1
+    with pytest.raises(ValueError, match="read-only"):  # writes past __setitem__ too
+        np.copyto(kept, 1)
+    with pytest.raises(EngineClosedError, match="makes no more frame buffers"):
+        made.create(1, (8, 8, 3))
+    assert type(kept * 2) is FrameBuffer and (kept * 2)._frames is None  # a result, no buffer
+    del kept, before_view, target
+    gc.collect()
+    assert runtime.live_handles()["host_memory"] == held - 2  # the last array freed it
+    assert runtime.invalid_releases == 0
+    runtime.close()
