@@ -32,6 +32,8 @@ import time
 import warnings
 from typing import Any
 
+import numpy as np
+
 from ._engine import Engine, EngineState
 from ._errors import (
     AiodlaError,
@@ -136,10 +138,16 @@ class LatestFrameStream:
     All methods must be called on the engine's event-loop thread; a capture thread
     hands frames over with ``loop.call_soon_threadsafe(stream.submit, frame)``. Close
     streams before their engine. A frame array is read when its inference starts, not
-    when it is submitted: do not reuse its buffer until it is answered or dropped. Frames
-    in the engine's frame buffers (:meth:`Engine.frame_buffers`) skip the staging copy;
-    a ring of three buffers per stream (one in flight, one waiting, one being filled)
-    never overwrites a frame still to be read.
+    when it is submitted: do not reuse its buffer until it is answered or dropped.
+
+    :meth:`frame_buffer` does that bookkeeping: it hands out the buffer of the stream's
+    ring (three of the engine's frame buffers, :meth:`Engine.frame_buffers`, so
+    ``infer`` skips the staging copy) to fill next, never the one in flight nor the one
+    waiting; fill it (``cap.read(image=buffer)``) and ``submit`` it::
+
+        buffer = cam.frame_buffer((1080, 1920, 3))
+        ok, _ = capture.read(image=buffer)
+        cam.submit(buffer)
     """
 
     def __init__(
@@ -182,6 +190,7 @@ class LatestFrameStream:
         self._cancelled = 0
         self._first_at: float | None = None
         self._ended_at: float | None = None
+        self._rings: dict[tuple[tuple[int, ...], str], list[Any]] = {}  # see frame_buffer
 
     # -- public facts ---------------------------------------------------------------------
 
@@ -240,6 +249,7 @@ class LatestFrameStream:
         """Stop serving: drop the pending frame, cancel the worker, wake the readers."""
         if self._ended_at is None:
             self._ended_at = time.monotonic()
+        self._rings.clear()  # the engine frees buffers nobody holds any more
         if self._pending is not None:
             self._pending = None
             self._dropped += 1
@@ -267,6 +277,30 @@ class LatestFrameStream:
             )
 
     # -- frames in ----------------------------------------------------------------------------
+
+    def frame_buffer(self, shape: Any, dtype: Any = "uint8") -> Any:
+        """The frame buffer to fill next: one of a ring of three of the engine's frame
+        buffers of this ``shape`` and ``dtype`` (made on the first call), neither the
+        frame in flight nor the one waiting (a view of either counts as it), so filling
+        it never changes a frame the engine still has to read. Fill it and
+        :meth:`submit` it; called again before that, it may return the same buffer.
+
+        A FrameResult's ``context`` that is one of these buffers is reused for a later
+        frame: copy what you keep. StreamClosedError once the stream is closed;
+        EngineClosedError when its engine is; ConfigurationError as
+        :meth:`Engine.frame_buffers` for a bad shape or dtype.
+        """
+        if self._state is StreamState.CLOSED:
+            raise StreamClosedError(f"the stream {self._name!r} is closed")
+        key = (tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), str(dtype))
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = self._engine.frame_buffers(_RING, shape, dtype)
+        busy = [f.data for f in (self._in_flight, self._pending) if f is not None]
+        for buffer in ring:
+            if not any(_shares(buffer, frame) for frame in busy):
+                return buffer
+        raise AssertionError("a ring of three always has a free buffer")  # pragma: no cover
 
     def submit(self, frame: Any, *, context: Any = None) -> int:
         """Offer ``frame`` (what :meth:`Engine.infer` takes) and return its index.
@@ -467,6 +501,15 @@ class LatestFrameStream:
             f"{int(self._in_flight is not None)} in flight, "
             f"{int(self._pending is not None)} pending>"
         )
+
+
+#: Frame buffers in a stream's ring: one in flight, one waiting, one being filled.
+_RING = 3
+
+
+def _shares(buffer: Any, frame: Any) -> bool:
+    """Whether ``frame`` (any value ``submit`` took) may read ``buffer``'s memory."""
+    return isinstance(frame, np.ndarray) and bool(np.may_share_memory(buffer, frame))
 
 
 def _positive_int(value: object) -> bool:

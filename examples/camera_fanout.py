@@ -5,9 +5,10 @@
     python examples/camera_fanout.py --save frame.jpg       # draw one frame's boxes
     python examples/camera_fanout.py --trace run.json       # and the engine's timeline
 
-Each simulated camera writes 1920x1080 BGR frames into frame buffers the engine owns
-(``engine.frame_buffers``: pinned memory, so ``infer`` skips the staging copy) and
-offers them to its own ``aiodla.LatestFrameStream``: at most one frame in flight, one
+Each simulated camera asks its own ``aiodla.LatestFrameStream`` for the frame buffer to
+fill next (``stream.frame_buffer``: a ring of three the engine owns, pinned memory, so
+``infer`` skips the staging copy; never the frame in flight nor the one waiting),
+writes a 1920x1080 BGR frame into it and submits it: at most one frame in flight, one
 waiting, a newer frame replacing the waiting one (counted as dropped). The engine
 letterboxes each frame to the detector's 640x640 input (``ImagePreprocess``), runs it,
 decodes the heads and runs NMS (``Detect``), and answers with ``Detections`` in the
@@ -39,8 +40,6 @@ from aiodla.emulator._detector import PRESETS
 
 FRAME_SIZE = (1080, 1920)  # what each simulated camera delivers (height, width; BGR)
 LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
-# A ring per camera: one frame in flight, one waiting, one being written.
-BUFFERS_PER_CAMERA = 3
 
 
 def demo_model(latency: float, size: int = 640) -> bytes:
@@ -56,12 +55,13 @@ def demo_model(latency: float, size: int = 640) -> bytes:
     return make_loadable(inputs, outputs, "detect", latency)
 
 
-def fill_frame(frame: np.ndarray[Any, Any], camera: int, index: int) -> None:
+def fill_frame(frame: np.ndarray[Any, Any], camera: int, index: int, painted: set[int]) -> None:
     """A synthetic frame written in place, as ``cv2.VideoCapture.read(image=frame)``
     would (a camera's DMA costs the host nothing; here a moving band of rows is
-    rewritten, over a gradient painted once)."""
+    rewritten, over a gradient painted once per buffer)."""
     height, width, _ = frame.shape
-    if index < BUFFERS_PER_CAMERA:  # each buffer's first use: the whole gradient
+    if frame.ctypes.data not in painted:  # the buffer's first use: the whole gradient
+        painted.add(frame.ctypes.data)
         frame[..., 0] = (np.arange(width) * 255 // width).astype(np.uint8)
         frame[..., 1] = (np.arange(height) * 255 // height).astype(np.uint8)[:, None]
         frame[..., 2] = camera * 37 % 256
@@ -72,7 +72,7 @@ def fill_frame(frame: np.ndarray[Any, Any], camera: int, index: int) -> None:
 async def camera(
     number: int,
     stream: LatestFrameStream,
-    buffers: list[np.ndarray[Any, Any]],
+    frame_size: tuple[int, int],
     fps: float,
     duration: float,
     shown: dict[int, tuple[np.ndarray[Any, Any], Detections]],
@@ -85,17 +85,20 @@ async def camera(
             if result.error is None:  # a failed frame has an error and no output
                 detections: Detections = result.output
                 boxes += len(detections)
-                if number not in shown:  # one frame a camera, copied out of its ring
-                    shown[number] = (result.context.copy(), detections)
+                if result.context is not None:  # the first frame of a camera
+                    shown[number] = (result.context, detections)
 
     async with stream:  # leaving it closes the stream, which ends read()
         reader = asyncio.create_task(read())
         loop = asyncio.get_running_loop()
         tick, end, index = loop.time(), loop.time() + duration, 0
+        painted: set[int] = set()
         while tick < end:
-            frame = buffers[index % len(buffers)]
-            fill_frame(frame, number, index)
-            stream.submit(frame, context=frame)  # never waits: the newest frame wins
+            frame = stream.frame_buffer((*frame_size, 3))  # never one the engine still reads
+            fill_frame(frame, number, index, painted)
+            # The first frame starts at once (nothing is in flight), so it is never
+            # dropped; a copy of it to draw, since its buffer serves later frames.
+            stream.submit(frame, context=frame.copy() if index == 0 else None)
             index += 1
             tick += 1 / fps
             await asyncio.sleep(max(0.0, tick - loop.time()))
@@ -117,13 +120,11 @@ async def run(
     detector = Detect(head="yolov5", classes=80, conf=0.25, iou=0.45)
     async with Engine(model, preprocess={"images": LETTERBOX}, postprocess=detector) as engine:
         streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(cameras)]
-        shape = (*frame_size, 3)
-        rings = [engine.frame_buffers(BUFFERS_PER_CAMERA, shape) for _ in streams]
         shown: dict[int, tuple[np.ndarray[Any, Any], Detections]] = {}
         timeline = engine.trace(trace, name="yolov5s") if trace else contextlib.nullcontext()
         async with timeline:
             boxes = await asyncio.gather(
-                *(camera(i, s, rings[i], fps, duration, shown) for i, s in enumerate(streams))
+                *(camera(i, s, frame_size, fps, duration, shown) for i, s in enumerate(streams))
             )
         stats = [stream.statistics() for stream in streams]
         runtime = engine.runtime.name if engine.runtime else "?"

@@ -526,3 +526,57 @@ class TestReadmeExample:
         for index, output in published:
             np.testing.assert_array_equal(output, expected_affine(frame(index)))
         assert any("frame 1" in line and "DLA task failed" in line for line in printed), printed
+
+
+class TestFrameBufferRing:
+    # frame buffers need the runtime in this process
+    @pytest.mark.in_process
+    @pytest.mark.asyncio
+    async def test_the_ring_never_hands_out_a_frame_still_to_be_read(
+        self, stream: LatestFrameStream, runtime: EmulatedRuntime
+    ) -> None:
+        gates = [runtime.hold(0), runtime.hold(1)]
+        first = stream.frame_buffer(X.shape, "float32")
+        assert stream.frame_buffer(X.shape, "float32") is first  # not submitted yet
+        first[...] = frame(0)
+        stream.submit(first)
+        await wait_until(lambda: sum(g.held for g in gates) == 1)  # in flight, held
+        second = stream.frame_buffer(X.shape, "float32")
+        assert not np.shares_memory(second, first)
+        second[...] = frame(1)
+        stream.submit(second[:])  # a view of a buffer counts as the buffer
+        third = stream.frame_buffer(X.shape, "float32")
+        assert not np.shares_memory(third, first) and not np.shares_memory(third, second)
+        third[...] = frame(2)
+        stream.submit(third)  # replaces the waiting frame: its buffer is free again
+        again = stream.frame_buffer(X.shape, "float32")
+        assert np.shares_memory(again, second)
+        again[...] = -1.0  # the dropped frame's memory: nothing still to be read
+        frames = stream.engine._cores._frames  # type: ignore[attr-defined]
+        assert frames is not None and len(frames) == 3  # one ring of the engine's buffers
+        for buffer in (first, second, third):
+            assert frames.find(buffer) is not None
+        for gate in gates:
+            gate.release()
+        answers = [await stream.receive(), await stream.receive()]
+        assert [a.index for a in answers] == [0, 2]
+        for answer in answers:
+            check_answer(answer)  # each frame as it was when submitted
+        assert stream.statistics().dropped == 1
+
+    @pytest.mark.in_process
+    @pytest.mark.asyncio
+    async def test_a_ring_per_shape_and_refusals(self, engine: Engine) -> None:
+        async with LatestFrameStream(engine, name="cam") as stream:
+            small = stream.frame_buffer((4, 6, 3))
+            assert small.shape == (4, 6, 3) and small.dtype == np.uint8
+            other = stream.frame_buffer((8, 6, 3))
+            assert other.shape == (8, 6, 3)
+            with pytest.raises(ConfigurationError, match="must hold positive integers"):
+                stream.frame_buffer((0, 6, 3))
+        with pytest.raises(StreamClosedError, match="is closed"):
+            stream.frame_buffer((4, 6, 3))
+        async with LatestFrameStream(engine) as late:
+            await engine.aclose()
+            with pytest.raises(EngineClosedError):
+                late.frame_buffer((4, 6, 3))
