@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from host_kernels import build_host_library
 
 from aiodla import _descriptors
 from aiodla._errors import RuntimeUnavailableError
@@ -275,26 +274,8 @@ def test_missing_cuda_core_is_runtime_unavailable(monkeypatch: pytest.MonkeyPatc
 
 # -- the kernels as host C++ ----------------------------------------------------------
 
-HOST_PRELUDE = r"""
-#include <barrier>
-#include <thread>
-#include <vector>
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-struct Dim { unsigned x, y, z; };
-thread_local Dim threadIdx, blockIdx;
-static std::barrier<>* block_barrier;
-static void __syncthreads() { block_barrier->arrive_and_wait(); }
-"""
-
 
 def host_library(tmp_path: Path, program: cs.Program) -> ctypes.CDLL:
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler to build the kernels as host code")
     runners = []
     for plans in program.packs.values():
         for plan in plans:
@@ -312,25 +293,7 @@ def host_library(tmp_path: Path, program: cs.Program) -> ctypes.CDLL:
             f"      blockIdx = {{g, 0, 0}}; threadIdx = {{t, 0, 0}}; {plan.name}(s, d); }});\n"
             "    for (auto& th : ts) th.join();\n  }\n}\n"
         )
-    source = tmp_path / "kernels.cpp"
-    source.write_text(HOST_PRELUDE + program.source + "".join(runners))
-    library = tmp_path / "kernels.so"
-    subprocess.run(
-        [
-            compiler,
-            "-std=c++20",
-            "-O1",
-            "-w",
-            "-shared",
-            "-fPIC",
-            "-pthread",
-            "-o",
-            str(library),
-            str(source),
-        ],
-        check=True,
-    )
-    return ctypes.CDLL(str(library))
+    return build_host_library(tmp_path, "kernels", program.source, "".join(runners))
 
 
 def values_for(

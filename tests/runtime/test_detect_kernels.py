@@ -8,8 +8,6 @@ compile for sm_87 and sm_90; and the errors."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 import zlib
 from pathlib import Path
 from typing import Any
@@ -17,8 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from detect_reference import heads_for, plan_for
-from test_conversion_kernels import HOST_PRELUDE, FakeToolchain
-from test_preprocess_kernels import HostLauncher
+from host_kernels import HostLauncher, build_host_library, nvrtc_cubin
 
 from aiodla import Detect, ImagePreprocess
 from aiodla._detect import DetectPlan
@@ -27,6 +24,8 @@ from aiodla.runtime import _conversion_kernels as ck
 from aiodla.runtime._detect_kernels import DetectKernels, detect_source, read_output
 from aiodla.runtime._detect_source import plan_detect
 from aiodla.runtime._protocol import CudaCallError
+
+from support import FakeToolchain
 
 F = np.float32
 
@@ -57,9 +56,6 @@ def dla_plan(detect: Detect, dtype: str, fmt: str) -> DetectPlan:
 
 
 def host_build(tmp_path: Path, source: str, heads: int) -> ctypes.CDLL:
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler to build the kernels as host code")
     pointers = ", ".join(f"*(const void**)p[{k}]" for k in range(heads))
     one = "*(void**)p[0]"
     serial = {
@@ -84,12 +80,7 @@ def host_build(tmp_path: Path, source: str, heads: int) -> ctypes.CDLL:
         f"    blockIdx = {{0, 0, 0}}; threadIdx = {{t, 0, 0}}; aiodla_detect_select({select}); }});\n"
         "  for (auto& th : ts) th.join();\n}\n"
     )
-    path = tmp_path / "detect.cpp"
-    path.write_text(HOST_PRELUDE + source + "".join(runners))
-    library = tmp_path / "detect.so"
-    flags = ["-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-ffp-contract=off", "-pthread"]
-    subprocess.run([compiler, *flags, "-o", str(library), str(path)], check=True)
-    return ctypes.CDLL(str(library))
+    return build_host_library(tmp_path, "detect", source, "".join(runners))
 
 
 class HostDetector:
@@ -276,16 +267,6 @@ def _layout(plan: DetectPlan) -> Any:
 def test_nvrtc_compiles(arch: str) -> None:
     """No GPU needed: a source NVRTC refuses never reaches a Jetson (sm_87, Orin) or the
     H200 (sm_90) the GPU tests run on."""
-    core = pytest.importorskip("cuda.core")
-    if not hasattr(core, "Program"):  # cuda-core before 1.0 kept it in .experimental
-        core = pytest.importorskip("cuda.core.experimental")
-    try:
-        from cuda.bindings import nvrtc
-
-        error, *_ = nvrtc.nvrtcVersion()
-    except Exception as exc:
-        pytest.skip(f"NVRTC is not installed here: {exc}")
-    assert int(error) == 0
     yolov5s = Detect(head="yolov5").plan(
         (640, 640),
         [
@@ -294,13 +275,7 @@ def test_nvrtc_compiles(arch: str) -> None:
         ],
     )
     for plan in [yolov5s] + [dla_plan(*case) for case in CASES.values()]:
-        options = core.ProgramOptions(arch=arch, name="aiodla_detect", **ck._OPTIONS)
-        program = core.Program(detect_source(plan), "c++", options)
-        try:
-            cubin = bytes(program.compile("cubin").code)
-        finally:
-            program.close()
-        assert cubin[:4] == b"\x7fELF"
+        cubin = nvrtc_cubin(detect_source(plan), arch, "aiodla_detect")
         assert b"aiodla_detect_select" in cubin and b"aiodla_detect_decode" in cubin
 
 

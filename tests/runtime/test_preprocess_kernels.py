@@ -8,15 +8,13 @@ and the errors."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from test_conversion_kernels import HOST_PRELUDE, FakeToolchain
+from host_kernels import HostLauncher, build_host_library, nvrtc_cubin
 
 from aiodla import ImagePreprocess
 from aiodla._errors import ConfigurationError, RuntimeUnavailableError
@@ -28,6 +26,8 @@ from aiodla.runtime import _preprocess_source as ps
 from aiodla.runtime._conversion_source import BLOCK
 from aiodla.runtime._preprocess_kernels import PreprocessKernels, preprocess_source
 from aiodla.runtime._protocol import CudaCallError
+
+from support import FakeToolchain
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
 FULL_HD = (1080, 1920)
@@ -71,9 +71,6 @@ CASES = [
 
 
 def host_build(tmp_path: Path, program: ps.PreprocessProgram) -> ctypes.CDLL:
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler to build the kernels as host code")
     arguments = ", ".join(
         f"*({ps._TYPES.get(name, 'i64')}*)p[{i}]" for i, name in enumerate(ps.PARAMETERS)
     )
@@ -91,29 +88,7 @@ def host_build(tmp_path: Path, program: ps.PreprocessProgram) -> ctypes.CDLL:
         "  for (i32 d = 0; d < n; ++d) { const Tap t = tap(d, m, sig, (i32)e);\n"
         "    i0[d] = t.i0; i1[d] = t.i1; f[d] = t.f; }\n}\n"
     )
-    source = tmp_path / "preprocess.cpp"
-    source.write_text(HOST_PRELUDE + program.source + "".join(runners))
-    library = tmp_path / "preprocess.so"
-    # -ffp-contract=off: each float operation rounded on its own, as on the device
-    flags = ["-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-ffp-contract=off"]
-    subprocess.run([compiler, *flags, "-o", str(library), str(source)], check=True)
-    return ctypes.CDLL(str(library))
-
-
-class HostLauncher:
-    """cuLaunchKernel's signature, running the host build of the named kernel."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self.library = library
-        self.calls: list[str] = []
-
-    def __call__(self, function: str, gx: int, gy: int, gz: int, bx: int, *rest: Any) -> Any:
-        by, bz, shared, _stream, params, extra = rest
-        assert (gy, gz, bx, by, bz, shared, extra) == (1, 1, BLOCK, 1, 1, 0, 0)
-        name = function.removeprefix("fn:")  # FakeToolchain's handle of the kernel
-        self.calls.append(name)
-        getattr(self.library, f"run_{name}")(ctypes.c_uint(gx), ctypes.c_void_p(params))
-        return (0,)
+    return build_host_library(tmp_path, "preprocess", program.source, "".join(runners))
 
 
 @pytest.fixture(scope="module")
@@ -348,26 +323,10 @@ def test_missing_cuda_core_is_runtime_unavailable(monkeypatch: pytest.MonkeyPatc
 def test_nvrtc_compiles(arch: str) -> None:
     """No GPU needed: a source NVRTC refuses never reaches a Jetson (sm_87, Orin) or the
     H200 (sm_90) the GPU tests run on."""
-    core = pytest.importorskip("cuda.core")
-    if not hasattr(core, "Program"):  # cuda-core before 1.0 kept it in .experimental
-        core = pytest.importorskip("cuda.core.experimental")
-    try:
-        from cuda.bindings import nvrtc
-
-        error, *_ = nvrtc.nvrtcVersion()
-    except Exception as exc:
-        pytest.skip(f"NVRTC is not installed here: {exc}")
-    assert int(error) == 0
     detector = target("images", (640, 640), "float16", "chw16", source="bgr", order="rgb",
                       resize="letterbox", **IMAGENET)  # fmt: skip
     targets = [detector] + [(spec, pre) for spec, pre, _ in CASES]
-    options = core.ProgramOptions(arch=arch, name="aiodla_preprocess", **ck._OPTIONS)
-    program = core.Program(preprocess_source(targets), "c++", options)
-    try:
-        cubin = bytes(program.compile("cubin").code)
-    finally:
-        program.close()
-    assert cubin[:4] == b"\x7fELF"
+    cubin = nvrtc_cubin(preprocess_source(targets), arch, "aiodla_preprocess")
     for spec, _ in targets[:3]:
         index = [s for s, _ in targets].index(spec)
         assert f"aiodla_preprocess_t{index}_v16".encode() in cubin
