@@ -314,8 +314,9 @@ def _quantizer(source: np.dtype[Any], target: np.dtype[Any], scale: float) -> _C
             np.copyto(work, values, casting="same_kind")  # exact widening
             np.divide(work, divisor, out=work)
         np.rint(work, out=work)  # half to even
-        # NaN stores 0, as the GPU kernels do: host arrays with NaN were refused before
-        # (refuse_nan); device arrays' values are never looked at on the host.
+        # NaN stores 0, as the GPU kernels do: a host array with NaN is refused before
+        # it gets here (refuse_nan); a device array's values are never looked at on
+        # the host.
         nan = _SCRATCH.array("nan", _BOOL, values.shape)
         np.isnan(work, out=nan)
         np.copyto(work, 0, where=nan)

@@ -82,6 +82,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ._errors import ModelError
+from ._spec_facts import SpecFacts
 
 __all__ = [
     "DataCategory",
@@ -405,25 +406,13 @@ def describe_fields(desc: TensorDescriptor) -> str:
     )
 
 
-class Described(Protocol):
+class Described(SpecFacts, Protocol):
     """What a descriptor is written from (a :class:`~aiodla.TensorSpec`)."""
 
     @property
-    def name(self) -> str: ...
-    @property
-    def shape(self) -> tuple[int, int, int, int]: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
     def format(self) -> str: ...
     @property
-    def strides(self) -> tuple[int, int, int, int] | None: ...
-    @property
     def category(self) -> int | None: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def numpy_dtype(self) -> np.dtype[Any]: ...
 
 
 def descriptor_of(spec: Described) -> TensorDescriptor:

@@ -60,7 +60,7 @@ class Preprocessing(Protocol):
 class Geometry:
     """Where the frame lands in the model input (:meth:`ImagePreprocess.geometry`).
 
-    It unpacks as the issue's ``scale, top, left = preprocess.geometry(...)``.
+    It unpacks as ``scale, top, left = preprocess.geometry(...)``.
 
     Frame pixel edges map linearly: ``x_model = left + x_frame * scale_x`` and
     ``y_model = top + y_frame * scale_y`` (so pixel centres map as the resize samples

@@ -23,25 +23,14 @@ import numpy.typing as npt
 from . import _convert
 from ._convert import _SCRATCH, _Convert, _read_conversion, _write_conversion, refuse_nan
 from ._errors import InputTypeError, InputValueError
+from ._spec_facts import SpecFacts
 
 
-class Laid(Protocol):
+class Laid(SpecFacts, Protocol):
     """What a layout is planned from (a :class:`~aiodla.TensorSpec`)."""
 
     @property
-    def name(self) -> str: ...
-    @property
-    def shape(self) -> tuple[int, int, int, int]: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def strides(self) -> tuple[int, int, int, int] | None: ...
-    @property
     def scale(self) -> float | None: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def numpy_dtype(self) -> np.dtype[Any]: ...
     @property
     def lanes(self) -> int: ...
     @property

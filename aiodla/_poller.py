@@ -20,8 +20,8 @@ time and queue). When it sweeps:
 * several queued on a core (a loaded engine): when the core has only ``reserve`` seconds
   of queued work left (a few service times), so one wake-up brings the loop several
   completions, and the loop refills the core before it runs dry. Every wake-up costs the
-  loop a thread hop and every query takes the GIL: at short service times both, per
-  completion, used to cost more than the loop had to spare;
+  loop a thread hop and every query takes the GIL: at short service times both, paid
+  per completion, would cost more than the loop has to spare;
 * a slot overdue (a hung core, a slow task): with back-off, so a hung core costs little.
 
 After posting a batch it waits, without polling, until the loop has handled it and run

@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from .._entry_points import cudla_entry
 from .._errors import ConfigurationError
-from ..runtime._gil_held import cudla_entry
 
 __all__ = [
     "CONTROL_FUNCTIONS",

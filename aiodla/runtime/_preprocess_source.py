@@ -1,5 +1,5 @@
 """The CUDA C++ source of the fused pre-processing kernels: camera frame in, a model
-input's DLA buffer out, in one pass (issue 15).
+input's DLA buffer out, in one pass.
 
 One kernel pair per (tensor, :class:`~aiodla.ImagePreprocess`): colour conversion,
 bilinear sampling, letterbox, normalization, then the tensor's dtype and DLA layout,

@@ -16,6 +16,7 @@ from cuda.bindings import cudla
 from cuda.bindings import runtime as rt
 
 import aiodla.runtime._cuda as cuda_module
+from aiodla import _entry_points
 from aiodla.runtime import _gil_held
 from aiodla.runtime._cuda import CudaRuntime, UnknownCudlaStatusError
 from aiodla.runtime._cuda_graphs import CudaGraph
@@ -249,7 +250,7 @@ class TestPublicLookups:
             asked.append(name)
             return cuda.pathfinder.LoadedDL(libc, True, 0, "was-already-loaded")
 
-        monkeypatch.setattr(_gil_held, "_CUDLA", "libc.so.6")  # loaded, as libcudla would be
+        monkeypatch.setattr(_entry_points, "_CUDLA", "libc.so.6")  # loaded, as libcudla would be
         monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", locate)
         library = _gil_held.cudla_library()
         assert asked == ["cudla"]
