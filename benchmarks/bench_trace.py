@@ -18,16 +18,34 @@ Modes: ``base`` (the tree at --base, no hooks), ``off`` (this tree, no trace), `
 
 CPU times on a shared machine move by tens of percent from one run to the next, more
 than the few percent in question. ``--instructions`` counts instead, with callgrind, the
-event loop thread's instructions per request (runs of N and N + DELTA requests, their
-difference over DELTA, so start-up cancels out), which the load does not move::
+event loop thread's instructions per request, which the load does not move::
 
-    python benchmarks/bench_trace.py --base /tmp/base --instructions [--delta 1000]
+    python benchmarks/bench_trace.py --base /tmp/base --without-hooks --instructions \
+        [--delta 400] [--segments 3] [--rounds 3] [--jobs 2]
+
+Each run (a mode in one process, rounds interleaved as above) warms its engine up, then
+runs ``--segments`` segments of ``--delta`` requests and calls ``os.getppid()`` at each
+boundary; callgrind's ``--dump-before=getppid`` writes the counters there, so each
+segment is a measurement of its own with start-up left out. As in
+``count_instructions.py``: the hash seed is fixed, the warm-up's objects are frozen out
+of the collector's sight, and the emulated device's own work (its copies and the op,
+done by whichever thread looks at an event first, which timing decides) runs inside
+``sys.call_tracing``, which ``--toggle-collect=sys_call_tracing`` leaves out. ``--jobs``
+runs that many callgrind processes at once: counts do not depend on how busy the
+machine is.
+
+``--without-hooks`` adds the mode ``bare``: a copy of this tree with each hook's two
+lines (``if self.trace is not None:`` and its call) taken out, so ``off / bare`` is the
+hooks' own cost, apart from whatever else changed since the tree at ``--base``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
+import gc
 import json
 import os
 import re
@@ -47,17 +65,10 @@ TREE = HERE.parent
 async def _measure(mode: str, requests: int, concurrency: int) -> dict[str, float]:
     import numpy as np
 
-    from aiodla import Engine, TensorSpec
-    from aiodla.emulator import make_loadable
+    from aiodla import Engine
 
-    model = make_loadable(
-        [TensorSpec("x", (1, 16, 8, 8), "float16", "chw16")],
-        [TensorSpec("y", (1, 16, 8, 8), "float16", "nchw")],
-        "affine",
-        latency=0.0,
-    )
     x = np.ones((1, 16, 8, 8), np.float32)
-    async with Engine(model, cores=[0, 1], streams_per_core=4, runtime="emulated") as engine:
+    async with Engine(_model(), cores=[0, 1], streams_per_core=4, runtime="emulated") as engine:
         await asyncio.gather(*(engine.infer(x) for _ in range(200)))  # warm: graphs, caches
 
         async def worker(count: int) -> None:
@@ -88,6 +99,18 @@ async def _measure(mode: str, requests: int, concurrency: int) -> dict[str, floa
     }
 
 
+def _model() -> bytes:
+    from aiodla import TensorSpec
+    from aiodla.emulator import make_loadable
+
+    return make_loadable(
+        [TensorSpec("x", (1, 16, 8, 8), "float16", "chw16")],
+        [TensorSpec("y", (1, 16, 8, 8), "float16", "nchw")],
+        "affine",
+        latency=0.0,
+    )
+
+
 def _one(mode: str, tree: Path, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "r.json"
@@ -109,56 +132,178 @@ def _one(mode: str, tree: Path, args: argparse.Namespace) -> dict[str, float]:
     return result
 
 
-def _instructions(mode: str, tree: Path, requests: int, args: argparse.Namespace) -> int:
-    """The event loop thread's instructions in one run of ``requests`` under callgrind."""
+def set_apart(runtime: object) -> None:
+    """Run the emulated device's work inside ``sys.call_tracing``, which callgrind's
+    ``--toggle-collect=sys_call_tracing`` leaves out of every thread's count."""
+    advance = runtime._advance  # type: ignore[attr-defined]
+    runtime._advance = lambda stream, now: sys.call_tracing(advance, (stream, now))  # type: ignore[attr-defined]
+
+
+async def _segments(mode: str, size: int, count: int, concurrency: int, warmup: int) -> None:
+    """The instruction counting run: warm up, then ``count`` segments of ``size``
+    requests, with ``os.getppid()`` (callgrind's dump) at each boundary."""
+    import numpy as np
+
+    from aiodla import Engine
+
+    x = np.ones((1, 16, 8, 8), np.float32)
+    async with Engine(_model(), cores=[0, 1], streams_per_core=4, runtime="emulated") as engine:
+        set_apart(engine.runtime)
+        remaining = 0
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                await engine.infer(x)
+
+        async def run(requests: int) -> None:
+            nonlocal remaining
+            remaining = requests
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+        await run(warmup)  # warm: graphs, caches
+        async with contextlib.AsyncExitStack() as stack:
+            if mode == "on":  # the ring as large as the run: nothing dropped
+                await stack.enter_async_context(engine.trace(capacity=size * count + 1))
+            gc.collect()
+            gc.freeze()
+            os.getppid()  # a boundary: start-up and warm-up end here
+            for _ in range(count):
+                await run(size)
+                os.getppid()
+        gc.unfreeze()
+
+
+_SUMMARY = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+_PART = re.compile(r"\.(\d+)-(\d+)$")
+
+
+def _instructions(mode: str, tree: Path, args: argparse.Namespace) -> list[float]:
+    """The event loop thread's instructions a request, in each segment of one run."""
     with tempfile.TemporaryDirectory() as scratch:
         prefix = Path(scratch) / "cg"
         command = [
             "valgrind",
             "--tool=callgrind",
             "--separate-threads=yes",
+            "--fair-sched=yes",
+            "--dump-before=getppid",
+            "--toggle-collect=sys_call_tracing",
+            "--collect-atstart=yes",  # (after --toggle-collect, which sets it to no)
             f"--callgrind-out-file={prefix}",
             sys.executable,
             __file__,
             "--worker",
             mode,
-            "--requests",
-            str(requests),
+            "--delta",
+            str(args.delta),
+            "--segments",
+            str(args.segments),
             "--concurrency",
             str(args.concurrency),
-            "--out",
-            str(Path(scratch) / "r.json"),
+            "--warmup",
+            str(args.warmup),
         ]
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        subprocess.run(command, env=env, check=True, capture_output=True)
-        loop = Path(f"{prefix}-01").read_text(errors="replace")  # thread 1: the loop's
-        found = re.search(r"^summary:\s+(\d+)", loop, re.MULTILINE)
-        assert found is not None, "callgrind wrote no summary"
-        return int(found[1])
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, env=env, cwd=scratch, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"callgrind run of {mode} ({tree}) failed:\n{done.stderr[-3000:]}")
+        parts: dict[int, int] = {}
+        for path in Path(scratch).glob("cg.*-01"):  # thread 01: the event loop's
+            name = _PART.search(path.name)
+            found = _SUMMARY.search(path.read_text(errors="replace"))
+            if name and found:
+                parts[int(name[1])] = int(found[1])
+    # Part 1 is start-up and warm-up; then one part per segment.
+    segments = [parts[part] / args.delta for part in sorted(parts) if part > 1]
+    if len(segments) != args.segments:
+        sys.exit(f"{mode}: callgrind wrote {len(segments)} segments, not {args.segments}")
+    return segments
+
+
+HOOK = re.compile(r"^([ \t]*)if self\.trace is not None:\n\1[ \t]+self\.trace\.\w+\(.*\)\n", re.M)
+
+
+def without_hooks(tree: Path, into: Path) -> Path:
+    """A copy of ``tree``'s package with every trace hook taken out (see the module's
+    docstring); refuses a tree whose hooks are not all of that two-line shape."""
+    shutil.copytree(tree / "aiodla", into / "aiodla", ignore=shutil.ignore_patterns("__pycache__"))
+    taken = 0
+    for path in sorted((into / "aiodla").rglob("*.py")):
+        text = path.read_text()
+        stripped, count = HOOK.subn("", text)
+        if re.search(r"if self\.trace is not None:\s*$", stripped, re.M):
+            sys.exit(f"{path}: a trace hook of another shape; cannot take it out")
+        if count:
+            path.write_text(stripped)
+            compile(stripped, str(path), "exec")
+            taken += count
+    if not taken:
+        sys.exit(f"{tree}: no trace hooks found")
+    print(f"bare: {taken} hooks taken out of a copy of {tree} ({into})")
+    return into
 
 
 def count_instructions(modes: dict[str, Path], args: argparse.Namespace) -> None:
     if shutil.which("valgrind") is None:
         sys.exit("--instructions needs valgrind (apt-get install valgrind)")
-    low, high = args.concurrency * 4, args.concurrency * 4 + args.delta
-    per_request = {}
-    for mode, tree in modes.items():
-        a = _instructions(mode, tree, low, args)
-        b = _instructions(mode, tree, high, args)
-        per_request[mode] = (b - a) / (high // args.concurrency * args.concurrency - low)
-        print(f"  {mode:>4}: {per_request[mode]:10,.0f} loop instructions a request")
+    names = list(modes)
+    # One process a mode a round, in each round's rotated order; ``--jobs`` at a time.
+    runs = [
+        (i, mode)
+        for i in range(args.rounds)
+        for mode in names[i % len(names) :] + names[: i % len(names)]
+    ]
+    counts: dict[tuple[int, str], list[float]] = {}
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(_instructions, m, modes[m], args): (i, m) for i, m in runs}
+        for future in concurrent.futures.as_completed(futures):
+            i, m = futures[future]
+            counts[i, m] = future.result()
+            shown = ", ".join(f"{c:,.0f}" for c in counts[i, m])
+            print(f"  round {i + 1} {m}: {shown} a request", file=sys.stderr)
+    # A run's figure is the median of its segments; ratios are taken within a round.
+    rounds = [{m: statistics.median(counts[i, m]) for m in names} for i in range(args.rounds)]
     report: dict[str, Any] = {
-        "parameters": {"low": low, "high": high, "concurrency": args.concurrency},
-        "loop_instructions_per_request": per_request,
-        "ratios": {},
+        "parameters": {
+            "requests_a_segment": args.delta,
+            "warmup": args.warmup,
+            "segments": args.segments,
+            "rounds": args.rounds,
+            "concurrency": args.concurrency,
+            "trees": {m: str(t) for m, t in modes.items()},
+            "base_commit": args.base_commit,
+            "python": sys.version.split()[0],
+            "method": "callgrind --dump-before=getppid, one segment a dump; "
+            "--toggle-collect=sys_call_tracing (the emulated device's work excluded); "
+            "PYTHONHASHSEED=0; the warm-up frozen out of the collector",
+        },
+        "loop_instructions_per_request": {
+            m: spread([c for (_, mode), cs in counts.items() if mode == m for c in cs])
+            for m in names
+        },
+        "ratios": {f"{a} / {b}": spread([r[a] / r[b] for r in rounds]) for a, b in _pairs(modes)},
+        "segments": {f"{m} round {i + 1}": cs for (i, m), cs in sorted(counts.items())},
     }
-    pairs = [("on", "off")] + ([("off", "base")] if "base" in modes else [])
-    for a, b in pairs:
-        report["ratios"][f"{a} / {b}"] = per_request[a] / per_request[b]
-        print(f"  {a} / {b}: {per_request[a] / per_request[b]:.4f}")
+    print(
+        f"event loop instructions a request ({args.rounds} interleaved rounds of "
+        f"{args.segments} segments of {args.delta} requests; median [min..max]):"
+    )
+    for m, s in report["loop_instructions_per_request"].items():
+        print(f"  {m:>4}: {s['median']:10,.0f} [{s['min']:,.0f}..{s['max']:,.0f}]")
+    for name, s in report["ratios"].items():
+        print(f"  {name}: {s['median']:.4f} [{s['min']:.4f}..{s['max']:.4f}]")
     path = args.json or tempfile.mkstemp(prefix="bench-trace-instructions-", suffix=".json")[1]
     Path(path).write_text(json.dumps(report, indent=2))
     print(f"report: {path}")
+
+
+def _pairs(modes: dict[str, Path]) -> list[tuple[str, str]]:
+    pairs = [("on", "off")]
+    pairs += [("off", b) for b in ("bare", "base") if b in modes]
+    pairs += [("on", b) for b in ("bare", "base") if b in modes]
+    return pairs
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -173,10 +318,20 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--json", help="report path (default: a temporary file)")
     parser.add_argument("--instructions", action="store_true", help="count, with callgrind")
-    parser.add_argument("--delta", type=int, default=1000, help="with --instructions")
-    parser.add_argument("--worker", choices=("base", "off", "on"), help=argparse.SUPPRESS)
+    parser.add_argument("--delta", type=int, default=400, help="requests a segment")
+    parser.add_argument("--segments", type=int, default=3, help="segments a run")
+    parser.add_argument("--warmup", type=int, default=200, help="requests before segments")
+    parser.add_argument("--jobs", type=int, default=1, help="callgrind runs at once")
+    parser.add_argument("--without-hooks", action="store_true", help="add the 'bare' mode")
+    parser.add_argument("--base-commit", help="the commit --base was made from (recorded)")
+    parser.add_argument("--worker", choices=("bare", "base", "off", "on"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker and args.out is None:  # an instruction counting run
+        asyncio.run(
+            _segments(args.worker, args.delta, args.segments, args.concurrency, args.warmup)
+        )
+        return
     if args.worker:
         result = asyncio.run(_measure(args.worker, args.requests, args.concurrency))
         Path(args.out).write_text(json.dumps(result))
@@ -184,9 +339,16 @@ def main() -> None:
     modes = {"off": TREE, "on": TREE}
     if args.base is not None:
         modes = {"base": args.base.resolve(), **modes}
-    if args.instructions:
-        count_instructions(modes, args)
-        return
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.without_hooks:
+            modes = {"bare": without_hooks(TREE, Path(scratch)), **modes}
+        if args.instructions:
+            count_instructions(modes, args)
+        else:
+            compare_cpu(modes, args)
+
+
+def compare_cpu(modes: dict[str, Path], args: argparse.Namespace) -> None:
     rounds: list[dict[str, dict[str, float]]] = []
     names = list(modes)
     for i in range(args.rounds):
@@ -202,7 +364,7 @@ def main() -> None:
             column: spread([r[mode][column] for r in rounds])
             for column in ("loop_us", "process_us", "wall_us")
         }
-    pairs = [("on", "off")] + ([("off", "base")] if "base" in modes else [])
+    pairs = _pairs(modes)
     report["ratios"] = {
         f"{a} / {b}": {
             column: spread([r[a][column] / r[b][column] for r in rounds])

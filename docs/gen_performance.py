@@ -390,6 +390,56 @@ def trace_section(r: Results) -> str:
             table(["", "event loop", "process"], cost),
             "At zero service time the host's cost is all there is; at a real DLA task's "
             "millisecond the same microseconds are a smaller share.",
+            trace_instructions(r),
+        ]
+    )
+
+
+# The bounds issue 32 set on tracing's host cost per request.
+TRACE_BOUNDS = {"off / bare": 1.02, "on / bare": 1.15}
+
+
+def _against(ratio: dict[str, float], bound: float | None) -> list[str]:
+    """A ratio's bound, and whether every round, or only the median, is within it."""
+    if bound is None:
+        return ["", ""]
+    if ratio["max"] <= bound:
+        verdict = "met by every round"
+    elif ratio["median"] <= bound:
+        verdict = f"met by the median; a round reached {ratio['max']:.4f}"
+    else:
+        verdict = "NOT met"
+    return [f"<= {bound:.2f}", verdict]
+
+
+def trace_instructions(r: Results) -> str:
+    """The same cost counted in instructions (callgrind), which a loaded machine does
+    not move, against the bounds."""
+    d = r("trace-instructions.json")
+    p = d["parameters"]
+    labels = {
+        "bare": "no hooks (this tree, the hooks taken out)",
+        "base": f"the tree before the hooks ({p.get('base_commit') or 'base'})",
+        "off": "hooks, no trace",
+        "on": "tracing",
+    }
+    counts = d["loop_instructions_per_request"]
+    rows = [[labels[m], spread(c, "{:,.0f}")] for m, c in counts.items()]
+    ratios = []
+    for name, ratio in d["ratios"].items():
+        bound = TRACE_BOUNDS.get(name)
+        ratios.append([name, spread(ratio, "{:.4f}"), *_against(ratio, bound)])
+    return "\n\n".join(
+        [
+            f"`python benchmarks/bench_trace.py --without-hooks --instructions --delta "
+            f"{p['requests_a_segment']} --segments {p['segments']} --warmup {p['warmup']} "
+            f"--rounds {p['rounds']}` (`trace-instructions.json`): the event loop thread's "
+            "instructions a request under callgrind, each run's segments measured apart from "
+            f"start-up, {p['rounds']} interleaved rounds, median [min..max] over every "
+            f"segment (Python {p['python']}).",
+            table(["", "loop instructions a request"], rows),
+            "Ratios within each round, median [min..max], against the bounds:",
+            table(["", "ratio", "bound", ""], ratios),
         ]
     )
 

@@ -178,6 +178,23 @@ class TestPerformancePage:
         path.write_text(json.dumps(data))
         assert "| HTTP | 4321 |" in gen.build(results, draw=False).markdown
 
+    def test_tracing_cost_is_held_to_its_bounds(self, tmp_path: Path) -> None:
+        gen = load("gen_performance")
+        results = tmp_path / "results"
+        shutil.copytree(gen.RESULTS, results)
+        path = results / "trace-instructions.json"
+        data = json.loads(path.read_text())
+        ratios = data["ratios"]
+        markdown = gen.build(results, draw=False).markdown
+        for name in ("off / bare", "on / bare"):
+            assert f"| {name} | {ratios[name]['median']:.4f} [" in markdown
+        ratios["off / bare"] = {"median": 1.019, "min": 1.0, "max": 1.03}
+        ratios["on / bare"] = {"median": 1.2, "min": 1.1, "max": 1.3}
+        path.write_text(json.dumps(data))
+        markdown = gen.build(results, draw=False).markdown
+        assert "| off / bare | 1.0190 [1.0000..1.0300] | <= 1.02 | met by the median" in markdown
+        assert "| on / bare | 1.2000 [1.1000..1.3000] | <= 1.15 | NOT met |" in markdown
+
     def test_a_missing_result_names_the_file(self, tmp_path: Path) -> None:
         gen = load("gen_performance")
         results = tmp_path / "results"
