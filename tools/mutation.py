@@ -261,8 +261,21 @@ def combined(work: Path) -> dict[str, str]:
     return statuses
 
 
-def report(name: str, work: Path, commit: str, finished: bool) -> dict[str, object]:
+def overlaid(work: Path, later: list[Path]) -> dict[str, str]:
+    """The statuses of the run in ``work``; each run in ``later`` (of the same module,
+    on a commit whose module is unchanged, a subset of mutants) overrides those it ran."""
     statuses = combined(work)
+    for other in later:
+        for mutant, status in results(other).items():
+            if status not in UNCHECKED:
+                statuses[mutant] = status
+    return statuses
+
+
+def report(
+    name: str, work: Path, commit: str, finished: bool, later: list[Path] | None = None
+) -> dict[str, object]:
+    statuses = overlaid(work, later or [])
     counts: dict[str, int] = {}
     for status in statuses.values():
         counts[status] = counts.get(status, 0) + 1
@@ -273,7 +286,7 @@ def report(name: str, work: Path, commit: str, finished: bool) -> dict[str, obje
     left = sorted(
         m for m, s in statuses.items() if s not in (*KILLED, *UNCHECKED) and m not in EQUIVALENT
     )
-    print(f"== {name}: {MODULES[name][0]} at {commit[:12]}{'' if finished else ' (stopped)'}")
+    print(f"== {name}: {MODULES[name][0]} at {commit}{'' if finished else ' (stopped)'}")
     print("   " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     print(
         f"   kill ratio {ratio:.1%} = {killed} killed / ({checked} checked - "
@@ -309,6 +322,14 @@ def main() -> int:
         action="append",
         help="mutants matching this pattern only (fnmatch, repeatable); the rest stay as they were",
     )
+    parser.add_argument(
+        "--also",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --report: a later run's folder (--workdir of a subset run) whose "
+        "verdicts override; repeatable, in order",
+    )
     parser.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
     args = parser.parse_args()
     unknown = [name for name in args.modules if name not in MODULES]
@@ -329,7 +350,11 @@ def main() -> int:
                 commit = prepare(name, args.ref, work)
                 finished = run(work, args.children, args.budget, args.only)
             print(f"-- {name}: {time.monotonic() - started:.0f} s")
-        summary.append(report(name, work, commit, finished))
+        later = [folder / name for folder in args.also]
+        commit = commit[:12]
+        for folder in later:
+            commit += " + " + (folder / "COMMIT").read_text().strip()[:12]
+        summary.append(report(name, work, commit, finished, later))
     (args.workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 

@@ -281,3 +281,35 @@ async def test_a_binary_data_size_of_zero_is_400_saying_what_the_input_needs(
         {"error": "input 'x': 0 bytes of FP16, shape [1, 3, 8, 8] needs 384"},
     )
     await served_after(server, engines)
+
+
+async def test_a_header_length_of_zero_leaves_no_json_to_parse(
+    server: Server, engines: dict[str, Engine]
+) -> None:
+    status, answer = await post(server, request(), {HEADER_LENGTH: "0"})
+    assert (status, answer) == (
+        400,
+        {"error": "failed to parse the request JSON: Expecting value: line 1 column 1 (char 0)"},
+    )
+    await served_after(server, engines)
+
+
+async def test_a_large_json_header_before_binary_data_is_served(server: Server) -> None:
+    """A header over the size parsed off the loop (an 80 kB id) is cut at its length
+    there too, and binary outputs come back as octet-stream."""
+    header = {**sized(XS.nbytes), "id": "i" * 80_000, "parameters": {"binary_data_output": True}}
+    body, headers = binary(header, XS.tobytes())
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/affine/infer"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers=headers) as response,
+    ):
+        status, answer, kind = response.status, await response.read(), response.content_type
+    assert status == 200, answer[:200]
+    assert kind == "application/octet-stream"
+    length = int(response.headers[HEADER_LENGTH])
+    text = json.loads(answer[:length])
+    assert text["id"] == header["id"]
+    (output,) = text["outputs"]
+    y = np.frombuffer(answer[length:], np.float32).reshape(output["shape"])
+    np.testing.assert_array_equal(y, expected_affine(XS))
