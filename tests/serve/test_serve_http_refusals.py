@@ -235,6 +235,8 @@ async def test_an_upload_still_arriving_when_the_drain_ends_is_503_saying_so(
         "error": "the server shut down before the request body arrived (drain timeout)"
     }
     assert server.statistics().failed == {"UNAVAILABLE": 1}
+    # The front keeps no handler it stopped (or read for): nothing held past its answer.
+    assert not server._http._reading and not server._http._stopped  # type: ignore[union-attr]
 
 
 async def test_a_body_that_stalls_is_408_saying_how_long_it_had(
@@ -313,3 +315,30 @@ async def test_a_large_json_header_before_binary_data_is_served(server: Server) 
     (output,) = text["outputs"]
     y = np.frombuffer(answer[length:], np.float32).reshape(output["shape"])
     np.testing.assert_array_equal(y, expected_affine(XS))
+
+
+async def test_a_chunked_body_that_stalls_is_408_without_a_size(
+    engines: dict[str, Engine],
+) -> None:
+    async with Server(engines, http="127.0.0.1:0", grpc=None, body_timeout=0.05) as server:
+        # A body of unknown length has the time of the largest the models take.
+        allowed = 0.05 * max(1.0, server.max_request_bytes / (1024 * 1024))
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+        try:
+            writer.write(
+                b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: x\r\n"
+                b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"inp\r\n'
+            )
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            answer = json.loads(await reader.readexactly(length))
+        finally:
+            writer.close()
+        # A served request's handler is not kept either.
+        assert not server._http._reading  # type: ignore[union-attr]
+    assert head.startswith(b"HTTP/1.1 408 "), head
+    assert answer == {
+        "error": f"the request body did not arrive within {allowed:g} s (5 bytes came; "
+        "body_timeout is 0.05 s a MiB)"
+    }
