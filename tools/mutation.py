@@ -92,6 +92,9 @@ _CAST = "the casting keyword dropped: numpy's default (same_kind) allows this ca
 _SMALL = "where numpy's cast takes over, one element later: the kernels equal numpy bit for bit"
 _CONSTANT = "the constant's cache key or lookup: it is made again, or kept apart, same value"
 _SLOWER = "a faster path never taken: the binary64 or numpy path gives the same bits"
+_ZIP = "one value per output, one flag per output asked: zip's strictness never acts"
+_WHERE_PARSED = "only whether the JSON is parsed on the loop or in a worker thread"
+_WHERE_WRITTEN = "only whether the answer's JSON is written on the loop or in a worker thread"
 _EQUIVALENT_BY_MODULE = {
     "aiodla._scheduler.": {
         "xǁRequestǁ__init____mutmut_4": "Engine._admit sets device_output on its one Request",
@@ -140,6 +143,31 @@ _EQUIVALENT_BY_MODULE = {
             for n in (19, 22, 23)
         },
         **{f"x__dumps__mutmut_{n}": "whitespace between JSON tokens only" for n in (2, 4)},
+        **{f"x__outputs__mutmut_{n}": _ZIP for n in (71, 74, 75)},
+        **{f"xǁHttpFrontǁ_infer__mutmut_{n}": _ZIP for n in (42, 45, 46)},
+        "x__json_length__mutmut_1": _WHERE_PARSED,
+        **{f"xǁHttpFrontǁ_infer__mutmut_{n}": _WHERE_PARSED for n in (4, 7)},
+        **{f"xǁHttpFrontǁ_infer__mutmut_{n}": _WHERE_WRITTEN for n in (49, 50)},
+        **{
+            f"xǁHttpFrontǁ_infer__mutmut_{n}": "media types are case-insensitive (RFC 9110)"
+            for n in (77, 87)
+        },
+        **{
+            f"xǁHttpFrontǁ_infer__mutmut_{n}": (
+                "aiohttp's content type for a bytes body is application/octet-stream anyway"
+            )
+            for n in (79, 82)
+        },
+        "x__timeout__mutmut_15": "a timeout one part in a million longer: no client can tell",
+        "x__inputs__mutmut_65": "an integer array's values are finite: the check passes them",
+        **{
+            f"x_max_depth__mutmut_{n}": (
+                "a model without inputs: every emulator op needs one, a DLA network has one"
+            )
+            for n in (3, 5, 6)
+        },
+        "x__split__mutmut_7": "any negative cut is outside the body",
+        "xǁHttpFrontǁ_read__mutmut_9": "sys.version_info (3, 11, x, ...) > (3, 11) as well",
     },
 }
 EQUIVALENT: dict[str, str] = {

@@ -342,3 +342,35 @@ async def test_a_chunked_body_that_stalls_is_408_without_a_size(
         "error": f"the request body did not arrive within {allowed:g} s (5 bytes came; "
         "body_timeout is 0.05 s a MiB)"
     }
+
+
+async def test_a_body_that_does_not_decode_is_400_in_one_line(
+    server: Server, engines: dict[str, Engine]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(
+            b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: 10\r\n\r\nnot gzip!!"
+        )
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        error = json.loads(await reader.readexactly(length))["error"]
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    # aiohttp's own words, on one line.
+    assert error.startswith("the request body cannot be read: "), error
+    assert "content-encoding: gzip" in error.lower() and "\n" not in error, error
+    await served_after(server, engines)
+
+
+async def test_a_client_gone_before_its_body_is_counted_cancelled(server: Server) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    writer.write(HEAD % 1000 + b'{"inputs": [')
+    await writer.drain()
+    await until(lambda: server.statistics().in_flight == 1)
+    writer.close()
+    await until(lambda: server.statistics().in_flight == 0)
+    assert server.statistics().failed == {"CANCELLED": 1}
