@@ -50,7 +50,8 @@ def crop(frame: np.ndarray[Any, Any], box: np.ndarray[Any, Any]) -> np.ndarray[A
     rows = np.linspace(y1, max(y1, y2), CROP).astype(int)
     cols = np.linspace(x1, max(x1, x2), CROP).astype(int)
     patch = frame[rows][:, cols][..., ::-1]  # BGR -> RGB
-    return (patch.transpose(2, 0, 1)[None] / 255.0).astype(np.float32)
+    item: np.ndarray[Any, Any] = (patch.transpose(2, 0, 1)[None] / 255.0).astype(np.float32)
+    return item
 
 
 async def camera(
