@@ -314,6 +314,57 @@ def data_path_section(r: Results, figures: dict[str, bytes] | None) -> str:
     )
 
 
+BOXES_CASES = (
+    ("small 32x32", "(c) small 32x32 model, the CPU reference"),
+    ("boxes: engine + buffers", "(a) Detect on the slot's stream, frame buffers"),
+    ("boxes: heads + host NMS", "(b) raw heads, numpy decode, OpenCV NMS"),
+)
+
+
+def boxes_section(r: Results) -> str:
+    d = r("data-path-gpu-boxes.json")
+    cases = d["cases"]
+    rows = [
+        [
+            label,
+            spread(cases[key]["x_ideal"]),
+            f"{med(cases[key]['host_us']):.0f}",
+            f"{med(cases[key]['host_vs_small']):.2f}",
+            f"{med(cases[key]['lag_p99_ms']):.2f}",
+        ]
+        for key, label in BOXES_CASES
+    ]
+    ratio = d["boxes_host_ratio"]
+    k = r("detect-kernels-h200.json")
+    kernel_rows = [
+        [
+            name,
+            f"{med(case['kernels_us']):.1f}",
+            f"{med(case['copy_us']):.1f}",
+            str(case["kept"]),
+        ]
+        for name, case in k["cases"].items()
+    ]
+    return "\n\n".join(
+        [
+            "1920x1080 BGR frames into YOLOv5s-shaped heads and `Detections`, both cores of "
+            "the H200 stand-in: `python benchmarks/bench_data_path.py OUT.json --gpu --only "
+            "boxes --repeats 3 --seconds 1.5`, 3 interleaved repeats, medians "
+            f"(`data-path-gpu-boxes.json`). The stand-in takes "
+            f"{d['task_time_at_stated_s'] * 1e3:.1f} ms for a task stated at "
+            f"{d['stated_service_s'] * 1e3:.1f} ms.",
+            table(["case", "x ideal", "host CPU a frame (us)", "x (c)", "lag p99 (ms)"], rows),
+            f"Host CPU of (a) against (b): {spread(ratio)} (target at most {ratio['target']}).",
+            "The post-processing kernels (decode, rank, IoU bitmask, greedy pass, "
+            "compaction) against a device-to-device copy of the heads' bytes, median of "
+            f"{k['rounds']}: `python benchmarks/bench_detect_kernels.py --json OUT.json` "
+            f"(`detect-kernels-h200.json`, target at most {k['target_us']:.0f} us for "
+            "YOLOv5s' heads).",
+            table(["heads", "kernels (us)", "copy of the heads (us)", "boxes kept"], kernel_rows),
+        ]
+    )
+
+
 def isolation_section(r: Results) -> str:
     d = r("isolation-gpu.json")
     t, p = d["modes"]["thread"], d["modes"]["process"]
@@ -632,6 +683,8 @@ def build(directory: Path = RESULTS, *, draw: bool = True) -> Page:
         threads_section(r, figures),
         "## The GPU data path and camera frames",
         data_path_section(r, figures),
+        "## Camera to boxes",
+        boxes_section(r),
         "## Process isolation",
         isolation_section(r),
         "## Serving over the network",
