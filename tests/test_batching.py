@@ -204,6 +204,8 @@ class TestConfiguration:
         with pytest.raises(ConfigurationError, match=r"aiodla\.Batching"):
             Engine(batch_model(), batch=0.002)  # type: ignore[arg-type]
 
+    # (With isolation="process", output="device" is refused first, for its own reason.)
+    @pytest.mark.in_process
     @pytest.mark.asyncio
     async def test_device_output_takes_whole_batches(self, batched: Engine) -> None:
         with pytest.raises(ConfigurationError, match="whole batches"):
