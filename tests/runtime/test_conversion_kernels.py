@@ -25,6 +25,10 @@ from aiodla.runtime import _conversion_source as cs
 
 from support import FakeToolchain
 
+# Compiling (g++ for the host build, NVRTC) is CPU-bound: beside another suite on a
+# 2-CPU machine one build passed the 60 s default meant to catch hangs.
+pytestmark = pytest.mark.timeout(600)
+
 FORMATS = ("nchw", "nhwc", "chw16", "chw32", "hwc4")
 PAIRS = [(f, d) for f in FORMATS for d in sorted(_descriptors._ACCEPTED_DTYPES[f])]
 SCALE = 0.0123

@@ -27,6 +27,10 @@ from aiodla.runtime._protocol import CudaCallError
 
 from support import FakeToolchain
 
+# Compiling (g++ for the host build, NVRTC) is CPU-bound: beside another suite on a
+# 2-CPU machine one build passed the 60 s default meant to catch hangs.
+pytestmark = pytest.mark.timeout(600)
+
 F = np.float32
 
 # Every kind, DLA layouts with lanes and padding, float16 and float32 heads, a cap that

@@ -29,6 +29,10 @@ from aiodla.runtime._protocol import CudaCallError
 
 from support import FakeToolchain
 
+# Compiling (g++ for the host build, NVRTC) is CPU-bound: beside another suite on a
+# 2-CPU machine one build passed the 60 s default meant to catch hangs.
+pytestmark = pytest.mark.timeout(600)
+
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
 FULL_HD = (1080, 1920)
 # Frame sizes per resize mode: 1080p and odd downscales, an upscale, a single pixel;
