@@ -51,7 +51,8 @@ passes.
    ``inter = max(min(x2i, x2j) - max(x1i, x1j), 0) * max(min(y2i, y2j) - max(y1i, y1j),
    0)``, ``IoU = inter / ((area_i + area_j) - inter)`` (the ``+0`` convention: no
    ``+1`` on widths, as torchvision). Candidate j after i is suppressed by i when both
-   have the same class (any class with ``class_agnostic``) and ``IoU > iou`` (a NaN IoU,
+   have the same class (any class with ``class_agnostic``) and ``IoU > iou``, the
+   float32 IoU compared with ``iou`` as a double, as torchvision does (a NaN IoU,
    from a degenerate pair, suppresses nothing). Greedy in sorted order: a candidate not
    suppressed by an earlier kept one is kept, until ``max_det`` are kept.
 7. **Frame.** With a geometry (``ImagePreprocess``), each kept box is mapped into the
@@ -302,6 +303,15 @@ def merge(parts: Sequence[Cells | None]) -> Cells | None:
     return Cells(*(np.concatenate(field) for field in zip(*found, strict=True)))
 
 
+def iou_threshold32(iou: float) -> np.float32:
+    """The float32 ``t`` with ``x > t`` exactly when ``float(x) > iou`` for every float32
+    ``x``: ``iou`` rounded down to float32. torchvision compares its float32 IoU with
+    the threshold as a double; ``iou=0.4`` rounded to nearest (0.40000001) would keep a
+    box whose IoU is exactly that float, which torchvision suppresses."""
+    nearest = F32(iou)
+    return np.nextafter(nearest, F32(-np.inf)) if float(nearest) > iou else nearest
+
+
 def select(
     found: Candidates,
     *,
@@ -327,6 +337,7 @@ def select(
     classes = None if class_agnostic else found.classes[order]
     x1, y1, x2, y2 = boxes.T
     area = (x2 - x1) * (y2 - y1)
+    threshold = iou_threshold32(iou)
 
     def rows(r0: int, r1: int) -> _Array:
         """Suppression flags of candidates r0..r1 over every candidate (only later ones
@@ -336,7 +347,7 @@ def select(
         ih = np.minimum(y2[i, None], y2[j]) - np.maximum(y1[i, None], y1[j])
         inter = np.maximum(iw, F32(0)) * np.maximum(ih, F32(0))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            overlap = inter / ((area[i, None] + area[j]) - inter) > F32(iou)
+            overlap = inter / ((area[i, None] + area[j]) - inter) > threshold
         if classes is not None:
             overlap &= classes[i, None] == classes[j]
         overlap &= np.arange(r0, n) > np.arange(r0, r1)[:, None]  # only later ones

@@ -124,7 +124,7 @@ def run(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]]:
             break
         if not any(
             (detect.class_agnostic or k[3] == candidate[3])
-            and iou(k[1], candidate[1]) > F(detect.iou)
+            and float(iou(k[1], candidate[1])) > detect.iou  # as a double, as torchvision
             for k in kept
         ):
             kept.append(candidate)

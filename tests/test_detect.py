@@ -15,7 +15,7 @@ from detect_reference import run as reference_run
 from detect_reference import to_frame as reference_to_frame
 
 from aiodla import Detect, Detections, ImagePreprocess
-from aiodla._detect_math import Candidates, exp32, select, sigmoid32
+from aiodla._detect_math import Candidates, exp32, iou_threshold32, select, sigmoid32
 from aiodla._errors import ConfigurationError
 from aiodla._tensors import TensorSpec
 
@@ -300,9 +300,39 @@ def test_against_torchvision_batched_nms(agnostic: bool, ties: bool) -> None:
             if agnostic
             else torch.from_numpy(found.classes.astype(np.int64))
         )
-        keep = ops.batched_nms(
-            torch.from_numpy(found.boxes), torch.from_numpy(ranks), idxs, detect.iou
-        ).numpy()
+        boxes, scores = torch.from_numpy(found.boxes), torch.from_numpy(ranks)
+        if agnostic:
+            keep = ops.batched_nms(boxes, scores, idxs, detect.iou).numpy()
+        else:
+            # batched_nms's path for large inputs (one nms per class, merged by score):
+            # for small ones it offsets each class's boxes by a multiple of the largest
+            # coordinate, which rounds the boxes' float32 bits and so moves IoUs by ulps.
+            per_class = [
+                np.flatnonzero(found.classes == c)[
+                    ops.nms(boxes[found.classes == c], scores[found.classes == c], detect.iou)
+                ]
+                for c in np.unique(found.classes)
+            ]
+            merged = np.concatenate(per_class)
+            keep = merged[np.argsort(-ranks[merged], kind="stable")]
         ours = select(found, iou=detect.iou, max_det=detect.max_det,
                       max_candidates=detect.max_candidates, class_agnostic=agnostic)  # fmt: skip
         assert ours.tolist() == keep.tolist()
+
+
+def test_the_iou_threshold_compares_as_torchvisions_double() -> None:
+    """torchvision compares its float32 IoU with the threshold as a double: a float32
+    IoU equal to float32(0.4), just above 0.4, suppresses there. The float32 threshold
+    both paths use must agree with that comparison for every float32 near it."""
+    rng = np.random.default_rng(7)
+    for iou in [0.4, 0.45, 0.5, 0.7, 1.0, 0.0, *rng.random(200).tolist()]:
+        threshold = iou_threshold32(iou)
+        near = F(iou)
+        for x in (
+            np.nextafter(near, F(-1)),
+            near,
+            np.nextafter(near, F(2)),
+            np.nextafter(np.nextafter(near, F(2)), F(2)),
+        ):
+            assert bool(x > threshold) == (float(x) > iou), (iou, x, threshold)
+    assert float(iou_threshold32(0.4)) < 0.4 < float(F(0.4))
