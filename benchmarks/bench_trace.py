@@ -132,17 +132,11 @@ def _one(mode: str, tree: Path, args: argparse.Namespace) -> dict[str, float]:
     return result
 
 
-def set_apart(runtime: object) -> None:
-    """Run the emulated device's work inside ``sys.call_tracing``, which callgrind's
-    ``--toggle-collect=sys_call_tracing`` leaves out of every thread's count."""
-    advance = runtime._advance  # type: ignore[attr-defined]
-    runtime._advance = lambda stream, now: sys.call_tracing(advance, (stream, now))  # type: ignore[attr-defined]
-
-
 async def _segments(mode: str, size: int, count: int, concurrency: int, warmup: int) -> None:
     """The instruction counting run: warm up, then ``count`` segments of ``size``
     requests, with ``os.getppid()`` (callgrind's dump) at each boundary."""
     import numpy as np
+    from host_cost_once import set_apart
 
     from aiodla import Engine
 
@@ -175,23 +169,13 @@ async def _segments(mode: str, size: int, count: int, concurrency: int, warmup: 
         gc.unfreeze()
 
 
-_SUMMARY = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
-_PART = re.compile(r"\.(\d+)-(\d+)$")
-
-
 def _instructions(mode: str, tree: Path, args: argparse.Namespace) -> list[float]:
     """The event loop thread's instructions a request, in each segment of one run."""
+    from count_instructions import callgrind, loop_parts
+
     with tempfile.TemporaryDirectory() as scratch:
-        prefix = Path(scratch) / "cg"
         command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--separate-threads=yes",
-            "--fair-sched=yes",
-            "--dump-before=getppid",
-            "--toggle-collect=sys_call_tracing",
-            "--collect-atstart=yes",  # (after --toggle-collect, which sets it to no)
-            f"--callgrind-out-file={prefix}",
+            *callgrind(Path(scratch) / "cg"),
             sys.executable,
             __file__,
             "--worker",
@@ -209,12 +193,7 @@ def _instructions(mode: str, tree: Path, args: argparse.Namespace) -> list[float
         done = subprocess.run(command, env=env, cwd=scratch, capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"callgrind run of {mode} ({tree}) failed:\n{done.stderr[-3000:]}")
-        parts: dict[int, int] = {}
-        for path in Path(scratch).glob("cg.*-01"):  # thread 01: the event loop's
-            name = _PART.search(path.name)
-            found = _SUMMARY.search(path.read_text(errors="replace"))
-            if name and found:
-                parts[int(name[1])] = int(found[1])
+        parts = loop_parts(Path(scratch))
     # Part 1 is start-up and warm-up; then one part per segment.
     segments = [parts[part] / args.delta for part in sorted(parts) if part > 1]
     if len(segments) != args.segments:

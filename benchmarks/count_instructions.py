@@ -67,20 +67,40 @@ _SUMMARY = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
 _PART = re.compile(r"\.(\d+)-(\d+)$")
 
 
-def count(tree: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[int], int]:
-    """Instructions executed by the loop's thread in each segment of one run, and by
-    the other threads in the whole run (warm-up and close included)."""
-    prefix = scratch / "cg"
-    command = [
+def callgrind(prefix: Path) -> list[str]:
+    """valgrind's command line for a run counted in segments: a dump at each
+    ``os.getppid()``, threads apart, and the emulated device's work (run inside
+    ``sys.call_tracing`` by ``host_cost_once.set_apart``) left out."""
+    return [
         "valgrind",
         "--tool=callgrind",
         "--separate-threads=yes",
         "--fair-sched=yes",
         "--dump-before=getppid",
-        # host_cost_once.py runs the emulated device's work inside sys.call_tracing.
         "--toggle-collect=sys_call_tracing",
         "--collect-atstart=yes",  # (after --toggle-collect, which sets it to no)
         f"--callgrind-out-file={prefix}",
+    ]
+
+
+def loop_parts(scratch: Path) -> dict[int, int]:
+    """The event loop thread's instructions in each dump of a run written under
+    ``scratch`` (part 1: start-up and warm-up; then one part per segment)."""
+    parts: dict[int, int] = {}
+    for path in scratch.glob("cg.*-01"):  # thread 01: the event loop's
+        name = _PART.search(path.name)
+        found = _SUMMARY.search(path.read_text(errors="replace"))
+        if name and found:
+            parts[int(name[1])] = int(found[1])
+    return parts
+
+
+def count(tree: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[int], int]:
+    """Instructions executed by the loop's thread in each segment of one run, and by
+    the other threads in the whole run (warm-up and close included)."""
+    prefix = scratch / "cg"
+    command = [
+        *callgrind(prefix),
         sys.executable,  # the venv's own: its site-packages come with it
         str(HERE / "host_cost_once.py"),
         f"--warmup={args.warmup}",
@@ -93,12 +113,7 @@ def count(tree: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[int
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"callgrind run of {tree} failed:\n{done.stderr[-3000:]}")
-    parts: dict[int, int] = {}
-    for path in scratch.glob("cg.*-01"):
-        name = _PART.search(path.name)
-        found = _SUMMARY.search(path.read_text(errors="replace"))
-        if name and found:
-            parts[int(name[1])] = int(found[1])
+    parts = loop_parts(scratch)
     # The other threads' counts come at exit: a dump before a function writes only
     # the thread that called it.
     others = 0
