@@ -308,8 +308,11 @@ def iou_threshold32(iou: float) -> np.float32:
     ``x``: ``iou`` rounded down to float32. torchvision compares its float32 IoU with
     the threshold as a double; ``iou=0.4`` rounded to nearest (0.40000001) would keep a
     box whose IoU is exactly that float, which torchvision suppresses."""
-    nearest = F32(iou)
-    return np.nextafter(nearest, F32(-np.inf)) if float(nearest) > iou else nearest
+    nearest: np.float32 = np.float32(iou)
+    if float(nearest) <= iou:
+        return nearest
+    below: np.float32 = np.nextafter(nearest, np.float32(-np.inf))
+    return below
 
 
 def select(

@@ -315,8 +315,8 @@ def plan_detect(plan: DetectPlan) -> DetectProgram:
     constants = {
         "CLAMP": _bits(CLAMP), "LOG2E": _bits(LOG2E), "LN2_HI": _bits(LN2_HI),
         "LN2_LO": _bits(LN2_LO), **{f"P{k}": _bits(c) for k, c in enumerate(POLY)},
-        "CONF": _bits(detect.conf), "IOU": _bits(iou_threshold32(detect.iou)), "CELLS": f"{cells}u",
-        "CAP": f"{cap}u", "WORDS": f"{words}u", "MAX_DET": f"{max_det}u",
+        "CONF": _bits(detect.conf), "IOU": _bits(float(iou_threshold32(detect.iou))),
+        "CELLS": f"{cells}u", "CAP": f"{cap}u", "WORDS": f"{words}u", "MAX_DET": f"{max_det}u",
         "CANDIDATES": f"{candidates}u", "SORTED": f"{sorted_at}u", "MASK": f"{mask_at}u",
         "OUT_BOXES": f"{boxes_at}u", "OUT_SCORES": f"{scores_at}u",
         "OUT_CLASSES": f"{classes_at}u", "AGNOSTIC": str(detect.class_agnostic).lower(),
