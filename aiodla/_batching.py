@@ -30,11 +30,10 @@ from ._errors import (
     ConfigurationError,
     EngineClosedError,
     InputError,
-    InputValueError,
     RequestTimeoutError,
 )
 from ._statistics import BatchStatistics
-from ._tensors import TensorSpec
+from ._tensors import TensorSpec, inputs_in_order
 
 __all__ = ["BatchStatistics", "Batcher", "Batching", "Item", "open_batcher"]
 
@@ -145,7 +144,7 @@ class Batcher:
         shape = getattr(first, "shape", None)
         if shape is not None and len(shape) == 4 and shape[0] == self.size:
             return None
-        values = _in_order(self._items, self._names, inputs)
+        values = inputs_in_order(self._items, self._names, inputs)
         try:
             return tuple(
                 spec.check_array(value, casting=self._casting)
@@ -292,21 +291,6 @@ def _row(result: Any, row: int) -> Any:
     if isinstance(result, dict):
         return {name: value[row : row + 1].copy() for name, value in result.items()}
     return result[row : row + 1].copy()
-
-
-def _in_order(specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any) -> list[Any]:
-    if isinstance(inputs, Mapping):
-        if set(inputs) != names:
-            raise InputValueError(
-                f"inputs {sorted(map(str, inputs))}: the model takes {[s.name for s in specs]}"
-            )
-        return [inputs[spec.name] for spec in specs]
-    if len(specs) != 1:
-        raise InputValueError(
-            f"the model has {len(specs)} inputs {[s.name for s in specs]}: pass a "
-            "mapping of name to array"
-        )
-    return [inputs]
 
 
 def open_batcher(

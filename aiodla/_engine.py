@@ -25,7 +25,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -42,7 +42,6 @@ from ._errors import (
     EngineClosedError,
     EngineDeadError,
     InputTypeError,
-    InputValueError,
     QueueFullError,
 )
 from ._flow import Flow
@@ -59,7 +58,7 @@ from ._statistics import (
     EngineHealth,
     EngineStatistics,
 )
-from ._tensors import TensorSpec
+from ._tensors import TensorSpec, inputs_in_order
 from ._trace import TraceFile, engine_trace
 from .runtime._protocol import Runtime
 
@@ -509,7 +508,7 @@ def _validated(
         return (spec.check_array(inputs, casting=casting),)
     taken: list[Any] = []
     try:
-        values = _in_order(specs, names, inputs)
+        values = inputs_in_order(specs, names, inputs)
         for spec, value, pre in zip(specs, values, frames or (None,) * len(specs), strict=True):
             if pre is not None:
                 if type(value) is not np.ndarray and is_device_array(value):
@@ -526,30 +525,6 @@ def _validated(
         release_sources([t for t in taken if isinstance(t, DeviceSource)])
         raise
     return tuple(taken)
-
-
-def _in_order(specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any) -> list[Any]:
-    """The values of ``inputs`` in the model's input order (names checked)."""
-    if isinstance(inputs, Mapping):
-        given = set(inputs)
-        if given != names:
-            missing = sorted(names - given)
-            extra = sorted(map(str, given - names))
-            parts = []
-            if missing:
-                parts.append(f"missing {missing}")
-            if extra:
-                parts.append(f"unknown {extra}")
-            raise InputValueError(
-                f"inputs: {', '.join(parts)}; the model takes {[s.name for s in specs]}"
-            )
-        return [inputs[spec.name] for spec in specs]
-    if len(specs) != 1:
-        raise InputTypeError(
-            f"the model has {len(specs)} inputs {[s.name for s in specs]}: pass a "
-            "mapping of name to array"
-        )
-    return [inputs]
 
 
 async def _closed_with(trace: TraceFile | None, flow: Flow, closed: asyncio.Event) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -408,3 +408,27 @@ def specs_by_name(specs: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
             raise ModelError(f"tensor name {spec.name!r} appears twice")
         result[spec.name] = spec
     return result
+
+
+def inputs_in_order(specs: tuple[TensorSpec, ...], names: frozenset[str], inputs: Any) -> list[Any]:
+    """The values of ``inputs`` in the model's input order (names checked)."""
+    if isinstance(inputs, Mapping):
+        given = set(inputs)
+        if given != names:
+            missing = sorted(names - given)
+            extra = sorted(map(str, given - names))
+            parts = []
+            if missing:
+                parts.append(f"missing {missing}")
+            if extra:
+                parts.append(f"unknown {extra}")
+            raise InputValueError(
+                f"inputs: {', '.join(parts)}; the model takes {[s.name for s in specs]}"
+            )
+        return [inputs[spec.name] for spec in specs]
+    if len(specs) != 1:
+        raise InputTypeError(
+            f"the model has {len(specs)} inputs {[s.name for s in specs]}: pass a "
+            "mapping of name to array"
+        )
+    return [inputs]
