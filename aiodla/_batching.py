@@ -4,7 +4,9 @@ A loadable built with batch N > 1 (its tensors' ``n``) runs N items per DLA task
 ``Engine(model, batch=aiodla.Batching(max_delay=0.002))`` a caller may pass one item
 (the tensors' shapes with ``n = 1``): the :class:`Batcher` gathers waiting items and
 sends them as one task when N are waiting, or when the first of them has waited
-``max_delay`` seconds (the rest of the batch is zeros). Each caller gets its own row of
+``max_delay`` seconds since it arrived (the rest of the batch is zeros): the timer for
+that is armed early by the loop's own lateness (``_deadlines``), so the task goes by
+then rather than a wake-up's lateness after. Each caller gets its own row of
 the outputs (``n = 1`` again). An item's cancellation or timeout is its own: removed
 while it waits; once its task runs, its row is computed and dropped, and the other
 items of the task are not touched. A caller may still pass a whole batch (``n = N``),
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ._deadlines import DeadlineTimers
 from ._errors import (
     ConfigurationError,
     EngineClosedError,
@@ -64,7 +67,7 @@ class ItemState(enum.Enum):
 
 
 class Item:
-    """One caller's item: its arrays (batch 1), its future, its deadline's timer."""
+    """One caller's item: its arrays (batch 1), its future, its timeout's timer."""
 
     __slots__ = ("arrays", "batcher", "future", "state", "timer")
 
@@ -103,7 +106,8 @@ class Batcher:
     ``run`` runs a whole batch (the engine's own ``infer``). State: ``_waiting`` in
     arrival order (an item that ended while it waited stays until a flush skips it);
     ``_live``: how many of them have not ended; ``_timer``: the flush of the first
-    waiting item at its ``max_delay``; ``_tasks``: the tasks running now.
+    waiting item at its ``max_delay`` (armed early by the loop's lateness: ``_timers``,
+    made with the first item, on the loop); ``_tasks``: the tasks running now.
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class Batcher:
         self._waiting: collections.deque[Item] = collections.deque()
         self._live = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._timers: DeadlineTimers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.counts: dict[str, int] = dict.fromkeys(
@@ -169,8 +174,19 @@ class Batcher:
         if self._live >= self.size:
             self.flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self._delay, self.flush)
+            self._arm()
         return item
+
+    def _arm(self) -> None:
+        """Flush by ``max_delay`` from now: the first waiting item arrived now (a flush
+        takes every waiting item, since N waiting flush at once)."""
+        loop = asyncio.get_running_loop()
+        timers = self._timers
+        if timers is None:
+            # Early by at most half the delay: a lateness spike (a pause of the whole
+            # process) must not make every later batch go nearly empty.
+            timers = self._timers = DeadlineTimers(loop, cap=self._delay / 2)
+        self._timer = timers.call_at(loop.time() + self._delay, self.flush)
 
     def _expire(self, item: Item) -> None:
         item.timer = None
@@ -221,14 +237,18 @@ class Batcher:
         if self._live >= self.size:
             self.flush()
         elif self._live and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._delay, self.flush)
+            self._arm()
 
     def _assemble(self, items: list[Item]) -> Any:
+        """The batch's arrays in the tensors' own dtypes (so the engine's check of the
+        batch converts nothing): each item's row copied in once, the padding zeroed."""
         arrays = []
+        count = len(items)
         for k, spec in enumerate(self._inputs):
-            batch = np.zeros(spec.shape, spec.numpy_dtype)
+            batch = np.empty(spec.shape, spec.numpy_dtype)
             for row, item in enumerate(items):
                 batch[row] = item.arrays[k][0]
+            batch[count:] = 0
             arrays.append(batch)
         if len(arrays) == 1:
             return arrays[0]

@@ -25,6 +25,7 @@ from aiodla import (
     TaskError,
     TensorSpec,
 )
+from aiodla._batching import Batcher
 from aiodla.emulator import make_loadable
 from aiodla.testing import DLAControls
 
@@ -101,6 +102,72 @@ class TestAssembly:
         out = await batched.infer(whole)
         np.testing.assert_array_equal(out[:, :, 0, 0], whole[:, :, 0, 0])
         assert batching(batched).items == 0 and batched.statistics().completed == 1
+
+
+class TestTheDelay:
+    """The batcher itself, with a stand-in for the engine's ``infer``: when its flush is
+    armed (the loop's time, read around the admission) and what a flush assembles."""
+
+    @staticmethod
+    def batcher(delay: float, ran: list[Any]) -> Batcher:
+        async def run(batch: Any) -> Any:
+            ran.append(batch)
+            return np.zeros(YB.shape, np.float32)
+
+        return Batcher(Batching(max_delay=delay), (XB,), (YB,), run, "safe")
+
+    @staticmethod
+    def armed_after(batcher: Batcher, value: float) -> tuple[float, float, float]:
+        """Admit one item: (loop time before, the flush's armed time, loop time after)."""
+        loop = asyncio.get_running_loop()
+        arrays = batcher.item(item(value))
+        assert arrays is not None
+        before = loop.time()
+        batcher.admit(arrays, None)
+        after = loop.time()
+        timer = batcher._timer
+        assert timer is not None
+        return before, timer.when(), after
+
+    @pytest.mark.asyncio
+    async def test_a_lone_item_goes_early_by_the_lateness_its_timers_showed(self) -> None:
+        ran: list[Any] = []
+        batcher = self.batcher(10.0, ran)
+        before, when, after = self.armed_after(batcher, 1)
+        assert before + 10.0 <= when <= after + 10.0  # no firing seen yet: at max_delay
+        batcher.flush()
+        assert batcher._timers is not None
+        batcher._timers.observe(3e-3)  # as a firing 3 ms after its armed time reports
+        before, when, after = self.armed_after(batcher, 2)
+        assert before + 10.0 - 3e-3 <= when <= after + 10.0 - 3e-3
+        batcher.flush()
+        await batcher.finished()
+        assert len(ran) == 2
+
+    @pytest.mark.asyncio
+    async def test_at_most_half_the_delay_early(self) -> None:
+        batcher = self.batcher(10.0, [])
+        self.armed_after(batcher, 1)
+        assert batcher._timers is not None
+        batcher._timers.observe(60.0)  # a pause of the whole process
+        batcher.flush()
+        before, when, after = self.armed_after(batcher, 2)
+        assert before + 5.0 <= when <= after + 5.0
+        batcher.close()
+        await batcher.finished()
+
+    @pytest.mark.asyncio
+    async def test_a_partial_batch_is_its_items_rows_then_zeros(self) -> None:
+        ran: list[Any] = []
+        batcher = self.batcher(10.0, ran)
+        for value in (1, 2, 3):
+            self.armed_after(batcher, value)
+        batcher.flush()
+        await batcher.finished()
+        (batch,) = ran
+        assert batch.dtype == XB.numpy_dtype and batch.shape == XB.shape
+        np.testing.assert_array_equal(batch[:3, 0, 0, 0], [1, 2, 3])
+        assert not batch[3:].any()
 
 
 class TestEndingsOfOneItem:
