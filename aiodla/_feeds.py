@@ -23,8 +23,11 @@ cancellation and release of any engine on the cores:
   among the engines that have work (start-time fair queuing: each grant costs the
   engine its own service-time estimate on that core divided by its weight; an engine
   that had no work does not bank credit for its idle time).
-- **Which core.** The one whose queued work, in time from each model's own estimate on
-  that core, is least, so the request ends soonest.
+- **Which core.** The one where the task would end soonest: after what the core should
+  finish first (the latest estimated end of every engine's work there: each task's
+  estimate from its own model's service time, moved by what the poller saw of the
+  core), then its own service time. The time already spent on the running task counts:
+  of two cores each running one task, the one whose task started first frees first.
 
 Only the event loop's thread touches this state.
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from ._life import EngineState, Life
@@ -111,15 +115,6 @@ class Feeds:
         """Tasks core ``number`` holds, of every engine (assigned slots)."""
         return sum(c.cores[number].outstanding for c in self.clients if number in c.cores)
 
-    def queued_work(self, number: int) -> float:
-        """Seconds of work core ``number`` holds, from each model's own estimate."""
-        total = 0.0
-        for client in self.clients:
-            core = client.cores.get(number)
-            if core is not None:
-                total += core.outstanding * core.service_time
-        return total
-
     def dispatch(self) -> None:
         """Start waiting requests while some core has room (see the module's rule)."""
         if self._running:
@@ -182,14 +177,16 @@ class Feeds:
         )
 
     def _best_core(self, client: Client, room: list[int]) -> CoreState | None:
-        """The core with room where ``client``'s next task would end soonest."""
+        """The core with room where ``client``'s next task would end soonest, by the
+        estimates (ties: the core it used less)."""
         best: CoreState | None = None
         best_key: tuple[float, int] | None = None
+        now = time.monotonic()
         for number in room:
             core = client.cores.get(number)
             if core is None or not core.idle or not core.in_rotation:
                 continue
-            key = (self.queued_work(number) + core.service_time, core.assigned_total)
+            key = (max(now, self._expected_free(number)) + core.service_time, core.assigned_total)
             if best_key is None or key < best_key:
                 best, best_key = core, key
         return best

@@ -151,6 +151,32 @@ class TestPriority:
         assert order == ["low"] * DEPTH + ["high"] * 4 + ["low"] * (6 - DEPTH)
 
     @pytest.mark.asyncio
+    async def test_urgent_work_goes_to_the_core_whose_running_task_started_first(
+        self, dla: Cores, aiodla_controls: DLAControls
+    ) -> None:
+        # Each core holds one classifier task of the same model, core 0's given 10 ms
+        # before core 1's: core 0 frees first, although each holds as much work. (The
+        # detector used core 0 once before, so a tie would send it to core 1.)
+        async with (
+            Engine(affine_model(0.001), cores=dla, priority=1) as detector,
+            Engine(affine_model(0.2), cores=dla, priority=0) as classifier,
+        ):
+            await detector.infer(ONES)
+            assert [c.completed for c in detector.statistics().cores] == [1, 0]
+            with aiodla_controls.hold() as gate:
+                first = asyncio.ensure_future(classifier.infer(ONES))
+                await gate.reached(1)
+                await asyncio.sleep(0.01)
+                second = asyncio.ensure_future(classifier.infer(ONES))
+                await gate.reached(2)
+                assert held_tasks(dla) == [1, 1]
+                urgent = asyncio.ensure_future(detector.infer(ONES))
+                await gate.reached(3)
+            await asyncio.gather(first, second, urgent)
+            assert [c.completed for c in classifier.statistics().cores] == [1, 1]
+            assert [c.completed for c in detector.statistics().cores] == [2, 0]
+
+    @pytest.mark.asyncio
     async def test_lower_priority_takes_a_core_the_higher_cannot_use(self, dla: Cores) -> None:
         async with (
             Engine(affine_model(), cores=dla.subset([0]), priority=5) as high,
