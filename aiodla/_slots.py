@@ -47,6 +47,8 @@ class CoreState:
     failed: int = 0
     busy_time: float = 0.0
     last_completion: float = 0.0
+    # How far a stated service time's busy figures reached on this core's timeline.
+    accounted_until: float = 0.0
     expected_free: float = 0.0  # when the core should finish what it has (poller back-off)
     service_time: float = DEFAULT_SERVICE_TIME  # estimated seconds per task on this core
     learn_service_time: bool = True  # False when the loadable states it
@@ -151,14 +153,18 @@ def account(slot: Slot, status: int, now: float) -> None:
     core.last_completion = now
     if slot.behind:
         _follow_the_core(slot)
-    # Observed spans include how late the poller saw the task; a service time the
-    # loadable states is the truth for the busy figures.
-    if not spanned:
-        busy = core.service_time
-    elif core.learn_service_time:
-        busy = elapsed
+    if core.learn_service_time:
+        busy = elapsed if spanned else core.service_time
     else:
-        busy = min(elapsed, core.service_time)
+        # A service time the loadable states is the truth for the busy figures, from
+        # where the task could start: not before its submission, nor before the core's
+        # earlier tasks as counted. The time its predecessor was seen done is no bound:
+        # seen late (a batch, a loaded host), it would count the task short, and the
+        # cores idle when they never were. Never past ``now``: a time stated long must
+        # not count a core busier than the clock allows.
+        start = max(slot.submitted_at, core.accounted_until)
+        busy = min(core.service_time, max(0.0, now - start))
+        core.accounted_until = start + busy
     core.busy_time += busy
     core.busy_window.add(now, busy)
     if status:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -137,10 +138,13 @@ class FakeCudaArray:
 class Misstated(EmulatedRuntime):
     """An emulated runtime that states ``factor`` times the loadable's service time
     (each task still takes the loadable's own), and counts its event queries
-    (tests/test_estimates.py, benchmarks/bench_estimates.py)."""
+    (tests/test_estimates.py, benchmarks/bench_estimates.py). ``clock``: the emulated
+    device's time, real unless a test moves it."""
 
-    def __init__(self, factor: float, cores: int = 2) -> None:
-        super().__init__(cores)
+    def __init__(
+        self, factor: float, cores: int = 2, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(cores, clock=clock)
         self.factor = factor
         self.queries = 0
 

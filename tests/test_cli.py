@@ -622,11 +622,13 @@ class TestBench:
         assert report["concurrency"] == report["slots"] == 6
 
     def test_a_run_the_cores_limited_says_so(self, tmp_path: Path) -> None:
-        # 20 ms tasks: the host's few tens of microseconds per request never hold them
-        # up, nor does a stall of a few milliseconds on a loaded machine (a slot's next
-        # request waits behind the task running).
-        (tmp_path / "slow.bin").write_bytes(affine_model(latency=0.02))
-        result = run("bench", str(tmp_path / "slow.bin"), "--requests", "120")
+        # Every request in flight from the start (as many as the slots): each core runs
+        # its 16 tasks of 80 ms back to back on the emulated timeline, whenever the host
+        # gets to look, so no stall of a loaded machine between the first submission
+        # and the last completion idles a core; only one at the very start or end of
+        # the run, of more than a tenth of its 1.28 s, could.
+        (tmp_path / "slow.bin").write_bytes(affine_model(latency=0.08))
+        result = run("bench", str(tmp_path / "slow.bin"), "--streams", "16", "--requests", "32")
         assert result.exit_code == 0, result.output
         (line,) = [line for line in result.stdout.splitlines() if line.startswith("limited by")]
         # Busy from the verdict's 90% up to 100% (a run without an idle moment), one

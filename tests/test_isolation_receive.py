@@ -4,6 +4,7 @@ awake for longer than its bounds, whatever arrives when."""
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -92,11 +93,40 @@ def test_a_task_that_never_ends_bounds_the_awake_wait(pair: Any) -> None:
     assert data == b"x" and cpu < BOUNDED_CPU
 
 
+class _Polled:
+    """The worker's end of the socket pair, recording the receiving thread's reads: the
+    bytes arrive while it polls, during its ``arrive_at``-th read that does not wait.
+    A read that waits, or a wait in ``select`` (which asks for the descriptor), gets them
+    at once, so a receive that sleeps fails the test rather than hanging it."""
+
+    def __init__(self, mine: socket.socket, theirs: socket.socket, arrive_at: int) -> None:
+        self._mine, self._theirs, self._arrive_at = mine, theirs, arrive_at
+        self.reads: list[int | str] = []  # each read's flags, or "select"
+        self._sent = False
+
+    def _arrive(self) -> None:
+        if not self._sent:
+            self._sent = True
+            self._theirs.sendall(b"soon")
+
+    def fileno(self) -> int:
+        self.reads.append("select")
+        self._arrive()
+        return self._mine.fileno()
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self.reads.append(flags)
+        if not flags & socket.MSG_DONTWAIT or self.reads.count(flags) == self._arrive_at:
+            self._arrive()
+        return self._mine.recv(size, flags)
+
+
 def test_awake_it_takes_what_arrives_at_once(pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     server, theirs = pair
-    monkeypatch.setattr(_worker, "AWAKE_AT_MOST", 1.0)  # awake through the whole wait
+    monkeypatch.setattr(_worker, "AWAKE_AT_MOST", math.inf)  # awake however long it takes
     one_task(server, due_in=0.0)
-    send_later(theirs, 0.05, b"soon")
-    data, waited, cpu = receive(server)
-    # It spun (used the CPU) rather than slept, and had the bytes as soon as they came.
-    assert data == b"soon" and 0.045 <= waited < 0.2 and cpu > 0.02
+    polled = server._sock = _Polled(server._sock, theirs, arrive_at=50)
+    # It polled without waiting (awake, not asleep in the kernel) until the bytes came,
+    # and took them with the read during which they arrived.
+    assert server._receive() == b"soon"
+    assert polled.reads == [socket.MSG_DONTWAIT] * 50
