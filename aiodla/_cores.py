@@ -257,6 +257,14 @@ class LocalCores:
 
     # -- one slot's work (loop thread) -------------------------------------------------------
 
+    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
+        """Bytes the host copies to stage ``arrays`` (:meth:`DataPath.staging_bytes`)."""
+        return self.path.staging_bytes(slot, arrays)
+
+    @property
+    def detects_on_stream(self) -> bool:
+        return self.path.detect is not None
+
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         """Stage validated inputs for the slot: packed into its pinned buffers (host
         conversion), or their bytes copied (device conversion; device arrays stay)."""

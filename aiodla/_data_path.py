@@ -31,6 +31,7 @@ import numpy as np
 from ._bindings import FrameRead, Read, Staging, TensorBinding
 from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
 from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
+from ._source_dtypes import SOURCE_DTYPES, WIDEST, accepted_dtypes, device_dtype_check
 
 if TYPE_CHECKING:
     from ._frame_buffers import FrameBuffers
@@ -41,14 +42,7 @@ if TYPE_CHECKING:
     from ._tensors import TensorSpec
     from .runtime import HostBuffer, Kernels, Runtime
 
-__all__ = [
-    "SOURCE_DTYPES",
-    "DataPath",
-    "DevicePath",
-    "HostPath",
-    "TensorBinding",
-    "device_dtype_check",
-]
+__all__ = ["DataPath", "DevicePath", "HostPath", "TensorBinding"]
 
 _Array = np.ndarray[Any, Any]
 
@@ -56,24 +50,6 @@ _Array = np.ndarray[Any, Any]
 GIL_HELD_COPY = 64 * 1024
 
 logger = logging.getLogger("aiodla")
-
-#: Element types the conversion kernels read (one kernel per tensor and type).
-SOURCE_DTYPES: tuple[np.dtype[Any], ...] = tuple(
-    np.dtype(name)
-    for name in (
-        "float64",
-        "float32",
-        "float16",
-        "int32",
-        "uint32",
-        "int16",
-        "uint16",
-        "int8",
-        "uint8",
-        "bool",
-    )
-)
-_WIDEST = max(dtype.itemsize for dtype in SOURCE_DTYPES)
 
 
 def copy_small(destination: memoryview, array: _Array) -> bool:
@@ -94,46 +70,6 @@ def copy_small(destination: memoryview, array: _Array) -> bool:
 def _dense_strides(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     _, c, h, w = shape
     return (c * h * w, h * w, w, 1)
-
-
-def device_dtype_check(spec: TensorSpec) -> Callable[[np.dtype[Any]], None]:
-    """What a device array's dtype must be for ``spec`` (its values are not looked at:
-    that would need the GPU to finish first). Raises :class:`InputTypeError`."""
-
-    def check(dtype: np.dtype[Any]) -> None:
-        if dtype not in SOURCE_DTYPES:
-            raise InputTypeError(
-                f"input {spec.name!r}: a device array of {dtype} cannot be converted on the "
-                f"GPU; pass one of {[str(d) for d in SOURCE_DTYPES]}"
-            )
-        target = spec.numpy_dtype
-        if spec.is_integer:
-            if dtype.kind == "f" and spec.scale is None:
-                raise InputTypeError(
-                    f"input {spec.name!r}: a {dtype} array for an {spec.dtype} tensor needs "
-                    f"a quantization scale (Engine(..., scales={{{spec.name!r}: ...}}))"
-                )
-            if dtype.kind != "f" and not np.can_cast(dtype, target, "safe"):
-                raise InputTypeError(
-                    f"input {spec.name!r}: {dtype} cannot be cast safely to {spec.dtype}"
-                )
-        elif not np.can_cast(dtype, target, "same_kind"):
-            raise InputTypeError(f"input {spec.name!r}: {dtype} cannot be cast to {spec.dtype}")
-
-    return check
-
-
-def _accepted(spec: TensorSpec) -> list[np.dtype[Any]]:
-    """The source types a tensor's pack kernels are made for: those it can take."""
-    check = device_dtype_check(spec)
-    accepted = []
-    for dtype in SOURCE_DTYPES:
-        try:
-            check(dtype)
-        except InputTypeError:
-            continue
-        accepted.append(dtype)
-    return accepted
 
 
 # Allocation and release go through the device layer's resource stack.
@@ -186,6 +122,17 @@ class HostPath:
         if frames is not None:  # opened once: pre-processing allocates nothing per frame
             binding.frames, binding.scratch = frames, np.empty(spec.shape, np.float32)
         return binding
+
+    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
+        """Bytes the host reads or writes to stage ``arrays`` into ``slot`` (what the
+        engine's ``offload_bytes`` weighs): every packed tensor's; a camera frame's own
+        bytes and its pre-processed model input, both on the host here."""
+        total = 0
+        for binding, array in zip(slot.inputs, arrays, strict=True):
+            total += binding.spec.size
+            if binding.frames is not None and binding.scratch is not None:
+                total += array.nbytes + binding.scratch.nbytes
+        return total
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         for binding, array in zip(slot.inputs, arrays, strict=True):
@@ -292,7 +239,7 @@ class DevicePath:
     ) -> None:
         """Have the runtime ready every conversion requests may need (the CUDA runtime
         compiles them now, at open, never on the request path)."""
-        packs = [(spec, dtype) for spec in inputs for dtype in _accepted(spec)]
+        packs = [(spec, dtype) for spec in inputs for dtype in accepted_dtypes(spec)]
         unpacks = [(spec, spec.result_dtype) for spec in outputs]
         self.runtime.prepare_conversions(packs, unpacks)
         if any(frames):
@@ -337,7 +284,7 @@ class DevicePath:
         runtime = self.runtime
         # Inputs: the caller's bytes in any accepted type (or a camera frame up to its
         # largest); outputs: the logical results.
-        itemsize = spec.result_dtype.itemsize if output else _WIDEST
+        itemsize = spec.result_dtype.itemsize if output else WIDEST
         nbytes = _elements(spec) * itemsize
         if frames is not None:
             nbytes = max(nbytes, frames.max_frame_nbytes)
@@ -353,6 +300,24 @@ class DevicePath:
         return TensorBinding(spec, device_ptr, registered, host, raw=raw, frames=frames)
 
     # -- one request (loop thread, or a worker thread for large inputs) -----------------
+
+    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
+        """Bytes the host copies to stage ``arrays`` into ``slot`` (what the engine's
+        ``offload_bytes`` weighs): none for a device array or for a camera frame the
+        kernels read in place from an engine frame buffer; a frame pre-processed on the
+        host (no pre-processing kernels) counts its model input too."""
+        total = 0
+        for binding, value in zip(slot.inputs, arrays, strict=True):
+            if isinstance(value, DeviceSource):
+                continue
+            frames = binding.frames
+            if frames is None or not self.fused:
+                total += value.nbytes
+                if frames is not None:
+                    total += _elements(binding.spec) * 4  # (the float32 model input)
+            elif self._frame_buffer_read(binding, value) is None:
+                total += value.nbytes
+        return total
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         """Copy host arrays' bytes into staging (any layout in, dense out); device

@@ -77,6 +77,12 @@ class DeviceLayer(Protocol):
         """The runtime in this process (an error where it runs in another)."""
         ...
 
+    @property
+    def detects_on_stream(self) -> bool:
+        """The model's heads are decoded into detections on the slots' streams: a
+        request's results are the few boxes kept, not its outputs."""
+        ...
+
     def start(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -86,6 +92,7 @@ class DeviceLayer(Protocol):
         """Report completions to ``sink`` from now on; ``die`` when the device breaks."""
         ...
 
+    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int: ...
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None: ...
     def write_zeros(self, slot: Slot) -> None: ...
     def read_outputs(self, slot: Slot) -> Any: ...
@@ -138,6 +145,7 @@ class NotOpen:
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
         self.frames: tuple[ImagePreprocess | None, ...] = ()
+        self.detects_on_stream = False
         self.stated_service_time: float | None = None
         self.stage_windows: tuple[LatencyWindow, ...] | None = None
         self.take_compute_failure: Callable[[Slot], BaseException | None] | None = None
@@ -152,6 +160,9 @@ class NotOpen:
         sink: CompletionSink,
         die: Callable[[BaseException], None],
     ) -> CompletionSource:
+        raise EngineClosedError("the engine is not open")
+
+    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
         raise EngineClosedError("the engine is not open")
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:

@@ -62,9 +62,17 @@ class Flow:
         self._die = die
         self.postprocess = postprocess  # Engine(postprocess=...), else None
         self.scheduler = Scheduler(device.cores, options.max_consecutive_faults)
-        limit = options.offload_bytes
+        # A step runs in a worker thread when it would move more than ``offload_bytes``
+        # on the host: a thread hop costs the loop less than copying megabytes, more
+        # than a step with no copy. Packing is weighed per request (a device array or a
+        # frame read in place from a frame buffer costs the host nothing);
+        # ``offload_pack`` False skips the weighing where no request can pass the limit.
+        self._offload_limit = limit = options.offload_bytes
         self.offload_pack = sum(s.size for s in device.inputs) > limit or any(device.frames)
-        self.offload_unpack = sum(s.size for s in device.outputs) > limit
+        # With the heads decoded on the stream the host reads back only the kept boxes.
+        self.offload_unpack = (
+            not device.detects_on_stream and sum(s.size for s in device.outputs) > limit
+        )
         window = options.latency_window
         self.latency = Durations(window)
         self.queue_wait = Durations(window)
@@ -155,7 +163,10 @@ class Flow:
         # From now on the slot holds the request's device arrays: released with it,
         # once no kernel of it can read them.
         slot.keep, request.sources = request.sources, ()
-        if self.offload_pack and len(slot.keep) < len(request.arrays):  # device arrays: no work
+        if (
+            self.offload_pack
+            and self.device.staging_bytes(slot, request.arrays) > self._offload_limit
+        ):
             request.future.set_result(None)  # its coroutine packs (PACKING) off the loop
             return
         try:

@@ -1,8 +1,10 @@
 """A request's own coroutine: awaiting its outcome, and the steps it takes in a worker
 thread for large tensors.
 
-Packing an input or unpacking an output past ``offload_bytes`` (or pre-processing a
-camera frame) would hold the event loop for milliseconds: the flow hands the request
+Packing an input or unpacking an output that moves more than ``offload_bytes`` on the
+host (a camera frame's copy and pre-processing included; a device array, a frame read in
+place from a frame buffer, or detections decoded on the stream move next to nothing)
+would hold the event loop for milliseconds: the flow hands the request
 back to its coroutine instead (``PACKING`` before its submission, ``UNPACKING`` after its
 completion), which does the step in a worker thread and then gives the request back to
 the flow. An outcome the flow decided meanwhile (a timeout, a closed engine) waits in

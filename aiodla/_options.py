@@ -97,8 +97,10 @@ class EngineOptions:
     waits its turn instead). ``task_timeout``: seconds before the DLA aborts a task
     (cuDLA's own default, 30 s, when None). ``close_timeout``: seconds ``aclose`` lets
     in-flight tasks finish. ``scales``: INT8/INT16 quantization step per tensor name.
-    ``offload_bytes``: packing or unpacking more bytes than this per request runs in a
-    worker thread instead of on the event loop. ``latency_window``: how many recent
+    ``offload_bytes``: packing or unpacking that moves more bytes than this on the host
+    runs in a worker thread instead of on the event loop (a device array, a camera frame
+    the kernels read in place from a frame buffer, and detections decoded on the stream
+    move next to none: they stay on the loop). ``latency_window``: how many recent
     requests the latency percentiles cover. ``max_consecutive_faults``: after this many
     failed tasks in a row, a core leaves rotation (while another core serves) until a
     probe task, tried every ``probe_interval`` seconds, succeeds; None keeps every core

@@ -127,6 +127,7 @@ class RemoteCores:
         # back. With device conversion it stages the caller's bytes; the reads it
         # records go to the worker with the slot (its pointers are the worker's to set).
         self.path: DataPath = HostPath(_NO_RUNTIME)
+        self.detects_on_stream = False  # (post-processing is this process's, on the host)
         if ready["device_path"]:
             path = DevicePath(_NO_RUNTIME, zero_copy=False)
             path.fused = ready["fused"]
@@ -229,6 +230,9 @@ class RemoteCores:
         return (number, slot.reads) if self.path.converts_on_device else number
 
     # -- one slot's work (loop thread) -------------------------------------------------------
+
+    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
+        return self.path.staging_bytes(slot, arrays)
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         self.path.write_inputs(slot, arrays)

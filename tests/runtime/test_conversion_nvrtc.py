@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from aiodla import TensorSpec
-from aiodla._data_path import _accepted
+from aiodla._source_dtypes import accepted_dtypes
 from aiodla.runtime._conversion_kernels import _OPTIONS, kernel_source
 
 # Compiling (g++ for the host build, NVRTC) is CPU-bound: beside another suite on a
@@ -47,7 +47,7 @@ def nvrtc_program(source: str, arch: str) -> Any:
 
 @pytest.mark.parametrize("arch", ["sm_87", "sm_90"])
 def test_an_engines_kernels_compile(arch: str) -> None:
-    packs = [(spec, dtype) for spec in SPECS for dtype in _accepted(spec)]
+    packs = [(spec, dtype) for spec in SPECS for dtype in accepted_dtypes(spec)]
     unpacks = [(spec, spec.result_dtype) for spec in SPECS]
     program = nvrtc_program(kernel_source(packs, unpacks), arch)
     try:
