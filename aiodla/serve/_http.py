@@ -144,8 +144,9 @@ class HttpFront:
     async def start(self, host: str, port: int, tls: Tls | None) -> None:
         await self._runner.setup()
         context = None if tls is None else tls.ssl_context()
-        self._site = web.TCPSite(self._runner, host, port, ssl_context=context)
-        await self._site.start()
+        site = web.TCPSite(self._runner, host, port, ssl_context=context)
+        await site.start()
+        self._site = site  # only once it listens: a site that never started cannot stop
         self.port = self._runner.addresses[0][1]
 
     async def stop_listening(self) -> None:

@@ -1,0 +1,65 @@
+"""The HTTP front as a listener: each server on the port its address asks for (port 0:
+one the system picks, so servers started side by side never collide), a port taken
+refused at start with the server still stoppable, and no access log line per request."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import aiohttp
+import pytest
+
+from aiodla import Engine
+from aiodla.serve import Server
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_servers_on_port_zero_each_listen_on_a_port_of_their_own(
+    engines: dict[str, Engine],
+) -> None:
+    async with (
+        Server(engines, http="127.0.0.1:0", grpc=None) as first,
+        Server(engines, http="127.0.0.1:0", grpc=None) as second,
+        aiohttp.ClientSession() as session,
+    ):
+        ports = {first.http_port, second.http_port}
+        assert len(ports) == 2 and 0 not in ports
+        for port in ports:
+            async with session.get(f"http://127.0.0.1:{port}/v2/health/live") as response:
+                assert response.status == 200
+
+
+async def test_a_port_taken_fails_the_start_and_the_server_still_stops(
+    engines: dict[str, Engine],
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = Server(engines, http=f"127.0.0.1:{taken.getsockname()[1]}", grpc=None)
+        with pytest.raises(OSError, match="address already in use"):
+            await server.start()
+        await server.stop()  # nothing listens: nothing to stop, and no error
+
+
+async def test_requests_leave_no_access_log_line(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiohttp.access")
+    url = f"http://127.0.0.1:{server.http_port}/v2/health/live"
+    connections: list[object] = []
+
+    async def connected(*args: object) -> None:
+        connections.append(args)
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_connection_create_end.append(connected)
+    async with aiohttp.ClientSession(trace_configs=[tracing]) as session:
+        # Two on one connection: the server is done with the first, its log line
+        # included, before it reads the second.
+        for _ in range(2):
+            async with session.get(url) as response:
+                assert response.status == 200
+    assert len(connections) == 1
+    assert [r for r in caplog.records if r.name == "aiohttp.access"] == []
