@@ -186,3 +186,47 @@ def heads_for(plan: DetectPlan, rng: np.random.Generator, *, ties: bool) -> list
             values[:, 4 :: 5 + detect.classes] += 1.0  # more cells past the objectness test
         heads.append(values.astype(spec.numpy_dtype))
     return heads
+
+
+def cap_heads(plan: DetectPlan, rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
+    """Heads of a ``"boxes"`` plan where the cap of step 5 changes what is kept, and
+    what must be kept, worked out from the values themselves.
+
+    Scores, given to the cells in a random order: 30 distinct ones, then 20 equal ones,
+    then 40 distinct lower ones, the rest below ``conf``; a cap of 25 cuts among
+    distinct scores, one of 40 inside the tie (where the lower indices go on). Boxes
+    are 10 x 10 and apart (``[16 n + 3, 3, 16 n + 13, 13]`` for candidate n), except
+    that the candidates ranked 3, 7, 11, 15 and 19 copy the box and class of the one
+    ranked just above: NMS suppresses those five, so with ``max_det`` at the cap
+    fewer than ``max_det`` boxes are kept, where without the cap the candidates past
+    it would fill the gap. Every value is exact in float16.
+
+    Returns the heads and the candidates that pass ``conf`` as (index, box, score,
+    class), best first (score, then index), each with whether it is a copy."""
+    (spec,) = plan.specs
+    (layout,) = plan.layouts
+    cells, classes = layout.cells, layout.classes
+    assert cells >= 100 and plan.detect.conf < 300 / 1024
+    levels = [(900 - 4 * k) / 1024 for k in range(30)] + [600 / 1024] * 20
+    levels += [(500 - 4 * k) / 1024 for k in range(40)]
+    levels += [100 / 1024] * (cells - len(levels))  # below conf: no candidate
+    scores = np.array(levels, F)[rng.permutation(cells)]
+    best = rng.integers(0, classes, cells)
+    left = (16 * np.arange(cells) + 3).astype(F)
+    ranked = sorted(range(cells), key=lambda n: (-scores[n], n))
+    copies = {ranked[r]: ranked[r - 1] for r in (3, 7, 11, 15, 19)}
+    for copy, original in copies.items():
+        left[copy], best[copy] = left[original], best[original]
+    values = np.zeros((4 + classes, cells), F)
+    values[0] = left + 5  # cx
+    values[1] = 8  # cy
+    values[2:4] = 10  # w, h
+    values[4:] = 50 / 1024  # the other classes: far below every score
+    values[4 + best, np.arange(cells)] = scores
+    found = [
+        (n, [left[n], F(3), left[n] + F(10), F(13)], scores[n], int(best[n]), n in copies)
+        for n in ranked
+        if scores[n] > F(plan.detect.conf)
+    ]
+    head = values.reshape(spec.shape).astype(spec.numpy_dtype)
+    return [head], found

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from detect_reference import heads_for, plan_for
+from detect_reference import cap_heads, heads_for, plan_for
 from detect_reference import run as reference_run
 from detect_reference import to_frame as reference_to_frame
 
@@ -242,6 +242,25 @@ def test_cap_keeps_the_best_by_score_then_index() -> None:
     found = Candidates(boxes, np.full(8, 0.5, F), np.zeros(8, np.int32), np.arange(8)[::-1])
     kept = select(found, iou=0.5, max_det=8, max_candidates=5, class_agnostic=False)
     assert found.ids[kept].tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("cap", [25, 40], ids=["among distinct scores", "inside a tie"])
+def test_the_cap_keeps_exactly_the_best(cap: int) -> None:
+    """More candidates than the cap and ``max_det`` at the cap, NMS suppressing five
+    within it: exactly the first ``cap`` by (score, index) go on, by the numpy path and
+    by the plain reference alike, so fewer than ``max_det`` are kept (without the cap,
+    candidates past it would be)."""
+    detect = Detect(head="boxes", classes=3, conf=0.2, max_det=cap, max_candidates=cap)
+    plan = plan_for(detect)
+    heads, found = cap_heads(plan, np.random.default_rng(cap))
+    assert len(found) == 90
+    want = [c for c in found[:cap] if not c[4]]
+    assert len(want) == cap - 5
+    result = plan.run(heads)
+    assert result.boxes.tobytes() == np.array([c[1] for c in want], F).tobytes()
+    assert result.scores.tobytes() == np.array([c[2] for c in want], F).tobytes()
+    assert result.classes.tolist() == [c[3] for c in want]
+    assert [c[0] for c in reference_run(plan, heads)] == [c[0] for c in want]
 
 
 def test_iou_threshold_is_strict_and_plus_zero() -> None:

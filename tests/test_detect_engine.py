@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from detect_reference import cap_heads, plan_for
 
 from aiodla import (
     ConfigurationError,
@@ -32,6 +33,7 @@ from support import counts_add_up
 INPUTS, HEADS, _ = PRESETS["yolov5s"]
 LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
 YOLOV5 = Detect(head="yolov5")
+F = np.float32
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +152,32 @@ async def test_a_failing_postprocess_fails_its_request_alone(
         assert counts_add_up(stats)
         assert (stats.completed, stats.failed, stats.failures["postprocess"]) == (5, 1, 1)
         assert isinstance(await engine.infer(batch[0]), Detections)  # it goes on serving
+
+
+@pytest.mark.parametrize("convert", ["host", "device"])
+@pytest.mark.asyncio
+async def test_candidates_past_the_cap_keep_the_best(convert: str) -> None:
+    """The issue's rule for the cap on an engine: heads with 90 candidates and a cap of
+    40 give detections (the best 40 by score, less those NMS suppresses), no error, on
+    the host's numpy path and on the emulated runtime's stream operation alike, and the
+    statistics add up. The model passes its input through (affine), so the request's
+    input is the head."""
+    detect = Detect(head="boxes", classes=3, conf=0.2, max_det=40, max_candidates=40)
+    plan = plan_for(detect)
+    heads, found = cap_heads(plan, np.random.default_rng(40))
+    want = [c for c in found[:40] if not c[4]]
+    spec = plan.specs[0]
+    model = make_loadable([TensorSpec("x", spec.shape, "float32")], [spec], "affine")
+    async with Engine(model, postprocess=detect, convert=convert) as engine:
+        on_stream = engine._cores.path.detect is not None
+        assert on_stream is (convert == "device")
+        results = await asyncio.gather(*(engine.infer(heads[0]) for _ in range(6)))
+        stats = engine.statistics()
+    for got in results:
+        assert got.boxes.tobytes() == np.array([c[1] for c in want], F).tobytes()
+        assert got.scores.tobytes() == np.array([c[2] for c in want], F).tobytes()
+        assert got.classes.tolist() == [c[3] for c in want]
+    assert counts_add_up(stats) and (stats.completed, stats.failed) == (6, 0)
 
 
 class TestFrameBuffers:

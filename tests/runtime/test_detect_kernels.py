@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from detect_reference import heads_for, plan_for
+from detect_reference import cap_heads, heads_for, plan_for
 from host_kernels import HostLauncher, build_host_library, nvrtc_cubin
 
 from aiodla import Detect, ImagePreprocess
@@ -192,6 +192,28 @@ def test_host_build_maps_into_the_frame(detectors: Detectors, resize: str) -> No
     expected = plan.run(logical, geometry, (150, 100))
     assert expected.boxes.min() == 0.0  # clipping is exercised
     assert_equal(detector.run(heads, geometry, (150, 100)), expected)
+
+
+@pytest.mark.parametrize(
+    ("cap", "dtype", "fmt"),
+    [(25, "float16", "chw16"), (40, "float32", "nhwc")],
+    ids=["among distinct scores", "inside a tie"],
+)
+def test_host_build_keeps_exactly_the_best_under_the_cap(
+    tmp_path: Path, cap: int, dtype: str, fmt: str
+) -> None:
+    """The rank kernel's cap: of 90 candidates only the first ``cap`` by (score, index)
+    go on to NMS, which suppresses five of them; with ``max_det`` at the cap the rest
+    would fill the gap if the cap let more on (tests/detect_reference.cap_heads)."""
+    detect = Detect(head="boxes", classes=3, conf=0.2, max_det=cap, max_candidates=cap)
+    plan = dla_plan(detect, dtype, fmt)
+    heads, found = cap_heads(plan, np.random.default_rng(cap))
+    want = [c for c in found[:cap] if not c[4]]
+    got = HostDetector(plan, tmp_path).run(heads)
+    assert got.boxes.tobytes() == np.array([c[1] for c in want], F).tobytes()
+    assert got.scores.tobytes() == np.array([c[2] for c in want], F).tobytes()
+    assert got.classes.tolist() == [c[3] for c in want]
+    assert_equal(got, plan.run([h.astype(F) for h in heads]))
 
 
 def test_yolov5s_shaped_heads(tmp_path: Path) -> None:
