@@ -31,10 +31,11 @@ import numpy as np
 from ._bindings import FrameRead, Read, Staging, TensorBinding
 from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
 from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
+from ._frame_buffers import read_in_buffer
 from ._source_dtypes import SOURCE_DTYPES, WIDEST, accepted_dtypes, device_dtype_check
 
 if TYPE_CHECKING:
-    from ._frame_buffers import FrameBuffers
+    from ._frame_buffers import FrameSource
     from ._postprocess import Postprocess
     from ._postprocess_stream import StreamDetect
     from ._preprocess import ImagePreprocess
@@ -84,7 +85,7 @@ class HostPath:
     zero_copy = False
     detect: StreamDetect | None = None  # post-processing stays on the host, in numpy
 
-    def use_frame_buffers(self, frames: FrameBuffers) -> None:
+    def use_frame_buffers(self, frames: FrameSource) -> None:
         """Host conversion packs from any array: frame buffers need nothing here."""
 
     def prepare_detect(self, postprocess: Postprocess) -> None:
@@ -199,10 +200,10 @@ class DevicePath:
         self.zero_copy = zero_copy
         self.ingest_stream = 0  # device arrays' exports are ordered before its work
         self.fused = False  # camera frames go to the GPU raw, pre-processed by one kernel
-        self.frame_buffers: FrameBuffers | None = None  # the engine's, once it makes some
+        self.frame_buffers: FrameSource | None = None  # the engine's, once it makes some
         self.detect: StreamDetect | None = None  # post-processing on the slot's stream
 
-    def use_frame_buffers(self, frames: FrameBuffers) -> None:
+    def use_frame_buffers(self, frames: FrameSource) -> None:
         """Read frames lying in these engine frame buffers in place (or by one copy)."""
         self.frame_buffers = frames
 
@@ -419,7 +420,10 @@ class DevicePath:
         local: list[Read] = []
         for binding, read in zip(slot.inputs, reads, strict=True):
             pointer = self._staged_at(binding)
-            if isinstance(read, FrameRead):
+            if isinstance(read, FrameRead) and read.source:  # in an application's frame buffer
+                assert self.frame_buffers is not None  # (the worker's, mapped there)
+                local.append(read_in_buffer(self.frame_buffers, read, pointer, self.zero_copy))
+            elif isinstance(read, FrameRead):
                 local.append(read._replace(pointer=pointer))
             else:
                 local.append((pointer, read[1], read[2], None))

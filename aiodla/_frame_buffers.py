@@ -15,6 +15,10 @@ After the engine closed, a buffer is refused: writing into one raises
 turn read-only, so ``np.copyto`` or OpenCV's ``read(image=buffer)`` fail too), and
 ``infer`` refuses it as it refuses any request. Its memory is freed only once no
 array of it is left, so a late read never touches freed memory.
+
+The same holds with ``isolation="process"``: the buffers are then shared memory that
+the application's process owns and the worker maps (:mod:`aiodla._isolation._shared_frames`),
+and a request on one sends the worker only where the frame lies in it.
 """
 
 from __future__ import annotations
@@ -25,20 +29,49 @@ import math
 import numbers
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ._bindings import FrameRead
 from ._errors import ConfigurationError, EngineClosedError
 
 if TYPE_CHECKING:
-    from .runtime import HostBuffer, Runtime
+    from .runtime import HostBuffer
 
-__all__ = ["FrameBuffer", "FrameBuffers"]
+__all__ = ["FrameBuffer", "FrameBuffers", "FrameSource", "HostMemory", "read_in_buffer"]
 
 logger = logging.getLogger("aiodla")
 
 _MAX_COUNT = 256  # buffers in one call: a ring per camera is a handful
+
+
+class HostMemory(Protocol):
+    """Where frame buffers are allocated: the runtime's pinned memory in-process, the
+    application's shared memory with ``isolation="process"``."""
+
+    def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer: ...
+    def host_free(self, buffer: HostBuffer) -> None: ...
+
+
+class FrameSource(Protocol):
+    """Frame buffers as a data path reads them: by any view of one (where its frame
+    lies), and by a buffer's address (a read's ``source``)."""
+
+    def find(self, array: np.ndarray[Any, Any]) -> tuple[HostBuffer, int] | None: ...
+    def buffer_at(self, address: int) -> HostBuffer: ...
+
+
+def read_in_buffer(frames: FrameSource, read: FrameRead, staging: int, mapped: bool) -> FrameRead:
+    """A read another process made of its frame buffer ``read.source`` (its pointer is
+    the frame's offset in the buffer), at this process's addresses: where the buffer is
+    ``mapped``, in place; else copied from the buffer's start into ``staging``. Raises
+    when ``frames`` has no such buffer."""
+    buffer = frames.buffer_at(read.source)
+    if mapped:
+        span = read.nbytes - read.pointer
+        return read._replace(pointer=buffer.device_ptr + read.pointer, nbytes=span, source=0)
+    return read._replace(pointer=staging + read.pointer)
 
 
 class _State:
@@ -90,7 +123,7 @@ class _Memory:
 class FrameBuffers:
     """One engine's frame buffers: allocation, lookup by address, release at close."""
 
-    def __init__(self, runtime: Runtime, mapped: bool) -> None:
+    def __init__(self, runtime: HostMemory, mapped: bool) -> None:
         self._runtime = runtime
         self._mapped = mapped
         self._starts: list[int] = []  # sorted buffer addresses, for lookup
@@ -184,7 +217,7 @@ class FrameBuffers:
                 weakref.finalize(memory, _free_late, self._runtime, buffer)
 
 
-def _free_late(runtime: Runtime, buffer: HostBuffer) -> None:
+def _free_late(runtime: HostMemory, buffer: HostBuffer) -> None:
     """Free a closed engine's buffer once its last array went (on whichever thread let
     it go): never raise there."""
     try:

@@ -127,6 +127,7 @@ def test_only_the_device_layer_and_the_runtimes_call_the_runtime() -> None:
         "aiodla._graphs",
         "aiodla._inspection",
         "aiodla._postprocess_stream",  # the data path's detector step
+        "aiodla._isolation._shared_frames",  # the worker's side: frame buffers it page-locks
         "aiodla._isolation._staging",
         "aiodla._isolation._worker",
         "aiodla.runtime",

@@ -8,13 +8,16 @@ no thread hop; a writer that finds the socket full waits for it with ``add_write
 instead of blocking the loop.
 
 The worker hands over its staging memory as a file descriptor (``SCM_RIGHTS``) with
-the message that says it is ready: :attr:`Channel.fds` collects what arrives.
+the message that says it is ready: :attr:`Channel.fds` collects what arrives. The
+application hands over its frame buffers so (:mod:`._shared_frames`): a message's
+descriptors go with its first byte.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import collections
 import contextlib
 import os
 import pickle
@@ -25,11 +28,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Channel", "frame", "parse_frames", "receive_blocking", "send_blocking"]
+__all__ = [
+    "Channel",
+    "frame",
+    "parse_frames",
+    "receive_blocking",
+    "receive_with_fds",
+    "send_blocking",
+]
 
 _HEADER = struct.Struct("<I")
 _READ_SIZE = 1 << 16
-# Room for the few descriptors a message carries (the worker sends one).
+# Room for the few descriptors a message carries (the worker sends one; the
+# application's frame buffers go 16 to a message).
 _FD_SPACE = socket.CMSG_SPACE(16 * array.array("i").itemsize)
 
 
@@ -63,6 +74,16 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
             raise EOFError("the peer closed the channel")
         parts += chunk
     return bytes(parts)
+
+
+def receive_with_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
+    """One read of ``sock`` and the descriptors that came with it (``recv``'s errors)."""
+    data, ancillary, _, _ = sock.recvmsg(_READ_SIZE, _FD_SPACE, flags)
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
 
 
 def parse_frames(buffer: bytearray) -> list[Any]:
@@ -99,6 +120,8 @@ class Channel:
         self._on_closed = on_closed
         self._incoming = bytearray()
         self._outgoing = bytearray()
+        # Where in _outgoing a message with descriptors starts, and them (see _send_some).
+        self._marks: collections.deque[tuple[int, array.array[int]]] = collections.deque()
         self._writing = False
         self.closed = False
         self.fds: list[int] = []  # descriptors received and not yet taken
@@ -112,25 +135,48 @@ class Channel:
         self._on_messages = on_messages
         self._on_closed = on_closed
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Any, fds: Sequence[int] = ()) -> None:
+        """Queue ``message`` (with ``fds``, which stay the caller's) and write what the
+        socket takes now."""
         if self.closed:
             return  # the loss is being handled already; nothing is listening
+        if fds:
+            self._marks.append((len(self._outgoing), array.array("i", fds)))
         self._outgoing += frame(message)
         if not self._writing:
             self._flush()
 
+    def _send_some(self) -> None:
+        """One write from the head of what is queued, stopping short of the next
+        message with descriptors, which go with its first byte (``socket.send``'s
+        errors; nothing is sent when it raises)."""
+        marks, outgoing = self._marks, self._outgoing
+        if not marks:
+            sent = self._sock.send(outgoing)
+        elif marks[0][0] == 0:
+            end = marks[1][0] if len(marks) > 1 else len(outgoing)
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, marks[0][1])]
+            sent = self._sock.sendmsg([outgoing[:end]], rights)
+            marks.popleft()
+        else:
+            sent = self._sock.send(outgoing[: marks[0][0]])
+        del outgoing[:sent]
+        if marks:
+            self._marks = collections.deque((at - sent, fds) for at, fds in marks)
+
     def _flush(self) -> None:
         try:
-            sent = self._sock.send(self._outgoing)
+            while self._outgoing:
+                self._send_some()
         except (BlockingIOError, InterruptedError):
-            sent = 0
+            pass
         except OSError as exc:
             # The peer is gone. What it said before it went (why it went) is still to
             # be read: that first, on the loop's next turn (not inside the sender).
             self._outgoing.clear()
+            self._marks.clear()
             self._loop.call_soon(self._last_words, f"the control channel failed: {exc}")
             return
-        del self._outgoing[:sent]
         if self._outgoing and not self._writing:
             self._writing = True
             self._loop.add_writer(self._sock.fileno(), self._writable)
@@ -163,16 +209,12 @@ class Channel:
         """Read what the socket holds into the buffer; why the peer is gone, if it is."""
         while True:
             try:
-                data, ancillary, _, _ = self._sock.recvmsg(_READ_SIZE, _FD_SPACE)
+                data, fds = receive_with_fds(self._sock)
             except (BlockingIOError, InterruptedError):
                 return None
             except OSError as exc:
                 return f"the control channel failed: {exc}"
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                    self.fds.extend(fds)
+            self.fds.extend(fds)
             if not data:
                 return "the worker closed the control channel"
             self._incoming += data
@@ -199,7 +241,7 @@ class Channel:
             while True:
                 if self._outgoing and hung_up is None:
                     with contextlib.suppress(BlockingIOError, InterruptedError):
-                        del self._outgoing[: self._sock.send(self._outgoing)]
+                        self._send_some()
                 # (every message parsed is kept: those read after the reply as well)
                 for arrived in self._parse():
                     (reply if not reply and is_reply(arrived) else others).append(arrived)
@@ -236,8 +278,10 @@ class Channel:
             return
         with contextlib.suppress(OSError):
             self._sock.settimeout(timeout)
-            self._sock.sendall(self._outgoing)
+            while self._outgoing:
+                self._send_some()
         self._outgoing.clear()
+        self._marks.clear()
 
     def abandon(self) -> None:
         """Close the socket without the loop (which is gone: an engine collected

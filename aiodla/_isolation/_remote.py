@@ -8,7 +8,8 @@ goes to the :class:`~._supervisor.Supervisor`, which batches it to the worker an
 flow's completion source. Staging stays here, on the loop (or its worker threads), into
 and out of shared memory: packing to the DLA layout with host conversion; with device
 conversion, the caller's bytes, whose reads go to the worker with the slot. The bytes
-are copied no extra time.
+are copied no extra time; a frame in one of the engine's frame buffers (this process's
+shared memory, which each worker maps: :mod:`._shared_frames`) is not copied at all.
 
 The slot objects live as long as the engine: when a worker is replaced, the same slots
 are bound to the new worker's staging, so the scheduler never sees a slot change.
@@ -31,6 +32,7 @@ from .._data_path import DataPath, DevicePath, HostPath
 from .._device import CompletionSink
 from .._device_arrays import DeviceSource
 from .._errors import ConfigurationError, InputTypeError
+from .._frame_buffers import FrameBuffers
 from .._options import EngineOptions
 from .._preprocess import ImagePreprocess, frames_for
 from .._slots import CoreState, Slot, account, new_core, record_stages
@@ -39,6 +41,7 @@ from .._tensors import TensorSpec
 from ..runtime._protocol import HostBuffer, Kernels, Runtime, WorkerControls
 from ..runtime._select import loaded_libraries
 from ._launch import Worker
+from ._shared_frames import SharedFrame, SharedFrameMemory
 from ._staging import map_staging
 from ._supervisor import Supervisor, WorkerState, launch_worker
 
@@ -146,6 +149,10 @@ class RemoteCores:
                 core.idle.append(slot)
                 self.slots.append(slot)
         self.bind_worker(ready, worker.staging_fd)
+        # Frame buffers: this process's shared memory, which each worker maps.
+        self._shared = SharedFrameMemory()
+        self._frames = FrameBuffers(self._shared, mapped=False)
+        self.path.use_frame_buffers(self._frames)
         self._serving: list[Supervisor] = []  # the one :meth:`start` made
         self._detach: list[Callable[[], None]] = []  # from aiodla.testing's controls
 
@@ -281,10 +288,20 @@ class RemoteCores:
         return self._failures.pop(id(slot), None) if self._failures else None
 
     def frame_buffers(self, count: Any, shape: Any, dtype: Any) -> list[Any]:
-        raise ConfigurationError(
-            "frame_buffers need the runtime in this process (isolation='thread'); with "
-            "isolation='process' pass frames as numpy arrays"
-        )
+        """Arrays in shared memory of this process that the worker maps
+        (:mod:`._shared_frames`): a request on one sends the worker where the frame
+        lies, not its bytes. With host conversion, packing reads them here."""
+        arrays = self._frames.create(count, shape, dtype)
+        new = self._shared.take_new()
+        if self.path.converts_on_device:  # (host conversion packs frames here)
+            self.supervisor.share_frames(new)
+        return arrays
+
+    def shared_frames(self) -> list[SharedFrame]:
+        """Every frame buffer, for a worker that starts serving to map: none when it
+        converts on the host (the application packs frames into the staging)."""
+        frames = self._shared.every()
+        return frames if self.path.converts_on_device else []
 
     # -- releasing --------------------------------------------------------------------------
 
@@ -298,6 +315,9 @@ class RemoteCores:
             self._first.process.wait()
         while self._detach:
             self._detach.pop()()
+        # The workers are gone: the descriptors too; the memory with the last arrays.
+        self._frames.close()
+        self._shared.close()
         empty = HostBuffer(0, np.zeros(0, np.uint8))
         for slot in self.slots:
             for binding in (*slot.inputs, *slot.outputs):
@@ -307,6 +327,7 @@ class RemoteCores:
         """The engine was collected unclosed: kill and reap the worker, no round trip."""
         for supervisor in self._serving:
             supervisor.abandon()
+        self._shared.close()
 
 
 class _NoRuntime:

@@ -38,6 +38,7 @@ from .._slots import CoreState, Slot
 from ._channel import Channel
 from ._launch import EXIT_GRACE, Handshake, HungUp, Worker, open_lost, reap
 from ._process import _kill, _spawn, _wait
+from ._shared_frames import SharedFrame, send_frames
 from ._worker import CONTEXT_LOST_EXIT
 
 __all__ = ["Served", "Supervisor", "WorkerState", "inject_fault", "launch_worker"]
@@ -83,6 +84,7 @@ class Served(Protocol):
     slots: list[Slot]
 
     def bind_worker(self, ready: dict[str, Any], fd: int) -> None: ...
+    def shared_frames(self) -> list[SharedFrame]: ...
     def submission(self, slot: Slot) -> Any: ...
     def record_failure(self, slot: Slot, failure: BaseException) -> None: ...
     def record_stages(self, slot: Slot, stages: tuple[float, float, float]) -> None: ...
@@ -152,6 +154,8 @@ class Supervisor:
         # Weakly: the loop's reader must not keep an engine dropped unclosed alive (it
         # could never warn, and its worker would run as long as the loop).
         worker.channel.receive_with(_weakly(self._on_messages), _weakly(self._on_hang_up))
+        # The engine's frame buffers, mapped by this worker before its first submission.
+        send_frames(worker.channel, self._cores.shared_frames())
         self._asked_at: float | None = None  # when the unanswered ping was sent
         self._schedule_heartbeat()
 
@@ -211,6 +215,13 @@ class Supervisor:
             self._send_pending()
         elif len(pending) == 1:
             self._loop.call_soon(self._send_pending)
+
+    def share_frames(self, frames: list[SharedFrame]) -> None:
+        """New frame buffers: the serving worker maps them before any request that
+        reads one (the channel keeps order); without one, the next worker maps them
+        as it is adopted."""
+        if self.state is WorkerState.SERVING:
+            send_frames(self._channel, frames)
 
     def _send_pending(self) -> None:
         pending, self._pending = self._pending, []

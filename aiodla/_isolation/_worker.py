@@ -36,9 +36,10 @@ from .._device import device_error, is_sticky
 from .._errors import AiodlaError
 from .._options import EngineOptions
 from .._poller import Poller
-from ..runtime._protocol import FaultControls, Runtime
+from ..runtime._protocol import FaultControls, HostRegistration, Runtime
 from ..runtime._select import load_library, loaded_libraries, select_runtime
-from ._channel import frame, parse_frames, receive_blocking, send_blocking
+from ._channel import frame, parse_frames, receive_blocking, receive_with_fds, send_blocking
+from ._shared_frames import MappedFrames
 from ._staging import SharedStaging, StagingRuntime
 
 __all__ = [
@@ -114,9 +115,11 @@ def main() -> None:
         return
     if opened is None:
         os._exit(OPEN_FAILED_EXIT)
-    cores, runtime, staging = opened
-    WorkerServer(sock, cores, runtime).serve()
+    cores, runtime, staging, frames = opened
+    WorkerServer(sock, cores, runtime, frames).serve()
     cores.release()
+    if frames is not None:  # unlocked before the runtime goes
+        frames.close()
     leaked = left_alive(runtime)
     runtime.close()
     staging.close()
@@ -148,7 +151,9 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _open(sock: socket.socket) -> tuple[LocalCores, Runtime, SharedStaging] | None:
+def _open(
+    sock: socket.socket,
+) -> tuple[LocalCores, Runtime, SharedStaging, MappedFrames | None] | None:
     """Open the model the application sends; tell it the layout, or why not."""
     model, runtime_choice, fields, libraries, setup = receive_blocking(sock)
     runtime: Runtime | None = None
@@ -165,6 +170,11 @@ def _open(sock: socket.socket) -> tuple[LocalCores, Runtime, SharedStaging] | No
             controls[name](*args, **kwargs)
         staging = SharedStaging(runtime)
         cores = LocalCores.open(model, StagingRuntime(runtime, staging), EngineOptions(**fields))
+        frames = None
+        if cores.path.converts_on_device:  # (host conversion packs frames in the application)
+            # (SharedStaging made sure the runtime registers host memory)
+            frames = MappedFrames(cast(HostRegistration, runtime), cores.path.zero_copy)
+            cores.path.use_frame_buffers(frames)
     except Exception as exc:  # (what the open made is released already)
         if runtime is not None:
             runtime.close()
@@ -189,7 +199,7 @@ def _open(sock: socket.socket) -> tuple[LocalCores, Runtime, SharedStaging] | No
         "layout": layout,
     }
     send_blocking(sock, ("ready", ready), [staging.fd])
-    return cores, runtime, staging
+    return cores, runtime, staging, frames
 
 
 def transportable(error: BaseException) -> BaseException:
@@ -224,10 +234,18 @@ class WorkerServer:
 
     _poller: Poller  # made as it starts serving
 
-    def __init__(self, sock: socket.socket, cores: LocalCores, runtime: Runtime) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        cores: LocalCores,
+        runtime: Runtime,
+        frames: MappedFrames | None = None,
+    ) -> None:
         self._sock = sock
         self._cores = cores
         self._runtime = runtime
+        self._frames = frames  # the application's frame buffers, mapped here
+        self._fds: list[int] = []  # descriptors received, for the "frames" messages
         self._slots = cores.slots
         self._index = {id(slot): number for number, slot in enumerate(cores.slots)}
         self._failed: dict[int, BaseException] = {}  # slots whose submission failed
@@ -274,23 +292,29 @@ class WorkerServer:
         try:  # (the poller's thread changes the set: a copy of one slot, or nothing)
             (slot,) = tuple(watched)
         except (ValueError, RuntimeError):
-            return sock.recv(_READ_SIZE)
+            return self._recv()
         wait = slot.expected_done - AWAKE_BEFORE - time.monotonic()
         if wait > 0:  # asleep until shortly before the task ends
             readable, _, _ = select.select([sock], [], [], wait)
             if readable:
-                return sock.recv(_READ_SIZE)
+                return self._recv()
         started = time.monotonic()
         give_up = started + AWAKE_AT_MOST
         while True:
             try:
-                return sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
+                return self._recv(socket.MSG_DONTWAIT)
             except BlockingIOError:
                 pass
             now = time.monotonic()
             delivered = self._delivered_at
             if now > give_up or (not watched and delivered and now > delivered + AWAKE_AFTER):
-                return sock.recv(_READ_SIZE)
+                return self._recv()
+
+    def _recv(self, flags: int = 0) -> bytes:
+        """One read, keeping the descriptors that come with it (frame buffers')."""
+        data, fds = receive_with_fds(self._sock, flags)
+        self._fds += fds
+        return data
 
     def _stop(self) -> None:
         self._stopped = True
@@ -306,8 +330,20 @@ class WorkerServer:
                 self._inject(*message[1:])
             elif kind == "control":
                 self._control(*message[1:])
+            elif kind == "frames":
+                self._map_frames(message[1])
             elif kind == "close":
                 self._stop()
+
+    def _map_frames(self, frames: list[tuple[int, int]]) -> None:
+        """Map the application's frame buffers; their descriptors came with the
+        message's first byte, so they are here, in order."""
+        fds, self._fds = self._fds[: len(frames)], self._fds[len(frames) :]
+        if self._frames is None:  # (host conversion: the application never sends them)
+            for fd in fds:
+                os.close(fd)
+            return
+        self._frames.add(frames, fds)
 
     def _send(self, message: Any) -> None:
         """Send from either thread; a gone peer is seen by the receiving thread."""
@@ -321,13 +357,11 @@ class WorkerServer:
         cores, poller = self._cores, self._poller
         now = time.monotonic()
         for entry in entries:
-            if isinstance(entry, tuple):
-                number, reads = entry
-                slot = self._slots[number]
-                cores.path.staged_elsewhere(slot, reads)
-            else:
-                number, slot = entry, self._slots[entry]
+            number, reads = entry if isinstance(entry, tuple) else (entry, None)
+            slot = self._slots[number]
             try:
+                if reads is not None:  # (a frame buffer's read fails here if not mapped)
+                    cores.path.staged_elsewhere(slot, reads)
                 cores.submit(slot, now)
             except Exception as exc:
                 if is_sticky(exc) or self._context_poisoned():
