@@ -114,11 +114,12 @@ class _Polled:
         self._arrive()
         return self._mine.fileno()
 
-    def recv(self, size: int, flags: int = 0) -> bytes:
+    def recvmsg(self, size: int, ancillary: int, flags: int = 0) -> Any:
+        # (the worker reads with recvmsg: frame buffers' descriptors come that way)
         self.reads.append(flags)
         if not flags & socket.MSG_DONTWAIT or self.reads.count(flags) == self._arrive_at:
             self._arrive()
-        return self._mine.recv(size, flags)
+        return self._mine.recvmsg(size, ancillary, flags)
 
 
 def test_awake_it_takes_what_arrives_at_once(pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
