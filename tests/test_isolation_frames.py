@@ -92,6 +92,21 @@ def spy_reads(engine: Engine) -> list[Any]:
     return sent
 
 
+def staged_on_the_loop(engine: Engine) -> list[bool]:
+    """Per request staged, whether it was staged on the loop's thread (or in a worker
+    thread, for a step that moves more than ``offload_bytes``)."""
+    cores = engine._cores  # type: ignore[attr-defined]
+    on_loop: list[bool] = []
+    real, loop_thread = cores.write_inputs, threading.current_thread()
+
+    def write_inputs(*args: Any) -> Any:
+        on_loop.append(threading.current_thread() is loop_thread)
+        return real(*args)
+
+    cores.write_inputs = write_inputs
+    return on_loop
+
+
 def by_reference(entry: Any, buffer: np.ndarray[Any, Any]) -> bool:
     """True when a submission names a frame buffer and the offset in it where
     ``buffer``'s frame lies (the application's reads hold offsets)."""
@@ -150,6 +165,17 @@ class TestByReference:
                 np.testing.assert_array_equal(got, await engine.infer(np.ascontiguousarray(view)))
                 staging = mark_staging(engine)
             assert counts_add_up(engine.statistics())
+
+    @pytest.mark.asyncio
+    async def test_a_frame_sent_by_reference_is_staged_on_the_loop(self) -> None:
+        async with process_engine() as engine:
+            (buffer,) = engine.frame_buffers(1, (720, 1280, 3))
+            buffer[:] = frame(80, (720, 1280, 3))
+            on_loop = staged_on_the_loop(engine)
+            got = await engine.infer(buffer)  # a reference: nothing to move on the host
+            want = await engine.infer(buffer.copy())  # 2.8 MB copied: in a thread
+            assert on_loop == [True, False]
+            np.testing.assert_array_equal(got, want)
 
     @pytest.mark.asyncio
     async def test_host_conversion_packs_from_them(self) -> None:
