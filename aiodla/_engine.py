@@ -425,7 +425,9 @@ class Engine:
 
     def frame_buffers(self, count: int, shape: Any, dtype: Any = np.uint8) -> list[Any]:
         """Pinned arrays the engine owns, to fill with frames in place: ``infer`` on one
-        skips the staging copy. :mod:`aiodla._frame_buffers` says until when they hold."""
+        skips the staging copy (with ``isolation="process"``: shared memory that the
+        worker maps and pins, and the frame crosses by reference).
+        :mod:`aiodla._frame_buffers` says until when they hold."""
         state = self._life.state
         if state is not EngineState.OPEN:
             raise EngineClosedError(f"the engine is {state.value}: open it first")
