@@ -7,10 +7,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aiodla import _convert
 from aiodla._tensors import TensorSpec
 
 # 16,384 elements: one block for the kernels (numpy's casts take blocks under 8,192).
 SHAPE = (1, 1, 128, 128)
+
+
+@pytest.fixture(autouse=True)
+def built_here() -> None:
+    """Each test's conversions are built in it, not taken from an earlier test's cache:
+    the choice of path (float32 or binary64) is then made, and checked, here."""
+    _convert._quantizer.cache_clear()
+    _convert._dequantizer.cache_clear()
 
 
 @pytest.mark.parametrize("value", [np.inf, -np.inf])

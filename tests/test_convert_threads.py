@@ -1,15 +1,18 @@
 """Element conversions in several threads at once (the engine packs and unpacks on the
 loop's thread and in worker threads): each thread converts with its own scratch, and
-gets numpy's results."""
+gets numpy's results. A scratch buffer grown for a larger array replaces the old one,
+which is then freed."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from aiodla import _convert
 from aiodla._tensors import TensorSpec
 
 from tensor_reference import same_bits
@@ -38,3 +41,15 @@ def test_fresh_threads_convert_at_once() -> None:
         with np.errstate(over="ignore"):
             assert same_bits(back, values.astype(np.float16).astype(np.float32))
             assert same_bits(from_integers, integers.astype(np.float16))
+
+
+def test_a_grown_scratch_buffer_replaces_the_old_one() -> None:
+    scratch = _convert._Scratch()
+    f32 = np.dtype(np.float32)
+    small = scratch.array("t", f32, (4,))
+    replaced = weakref.ref(small.base)
+    large = scratch.array("t", f32, (2 * _convert._BLOCK,))
+    # The small shape again: a view of the buffer in use, none kept of the old one.
+    assert np.shares_memory(scratch.array("t", f32, (4,)), large)
+    del small
+    assert replaced() is None

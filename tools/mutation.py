@@ -95,6 +95,7 @@ _CAST = "the casting keyword dropped: numpy's default (same_kind) allows this ca
 _SMALL = "where numpy's cast takes over, one element later: the kernels equal numpy bit for bit"
 _CONSTANT = "the constant's cache key or lookup: it is made again, or kept apart, same value"
 _SLOWER = "a faster path never taken: the binary64 or numpy path gives the same bits"
+_VIEW_AGAIN = "the view's cache missed: the view is made again, of the same buffer"
 _ZIP = "one value per output, one flag per output asked: zip's strictness never acts"
 _WHERE_PARSED = "only whether the JSON is parsed on the loop or in a worker thread"
 _WHERE_WRITTEN = "only whether the answer's JSON is written on the loop or in a worker thread"
@@ -130,6 +131,19 @@ _EQUIVALENT_BY_MODULE = {
         "x__half_from_float64__mutmut_22": _SLOWER,
         "x__is_power_of_two__mutmut_2": _SLOWER,
         "x__is_power_of_two__mutmut_4": _SLOWER,
+        **{f"x__half_from_float32__mutmut_{n}": _CAST for n in (36, 76)},
+        "xǁ_Scratchǁ_make__mutmut_7": (
+            "a buffer of just the size is made again: scratch is written before it is "
+            "read, a constant's is filled again"
+        ),
+        **{
+            f"xǁ_Scratchǁ_make__mutmut_{n}": (
+                "the cache of views starts again one view sooner or later: " + _VIEW_AGAIN
+            )
+            for n in (23, 24)
+        },
+        "xǁ_Scratchǁ_make__mutmut_27": _VIEW_AGAIN,
+        **{f"xǁ_Scratchǁarray__mutmut_{n}": _VIEW_AGAIN for n in (1, 2, 3)},
     },
     "aiodla.serve._http.": {
         "x__http_error__mutmut_6": "aiohttp's HTTPException carries no Content-Length",
