@@ -18,8 +18,13 @@ SHAPE = (1, 1, 128, 128)
 def built_here() -> None:
     """Each test's conversions are built in it, not taken from an earlier test's cache:
     the choice of path (float32 or binary64) is then made, and checked, here."""
-    _convert._quantizer.cache_clear()
-    _convert._dequantizer.cache_clear()
+    for cached in (
+        _convert._write_conversion,
+        _convert._read_conversion,
+        _convert._quantizer,
+        _convert._dequantizer,
+    ):
+        cached.cache_clear()
 
 
 @pytest.mark.parametrize("value", [np.inf, -np.inf])
