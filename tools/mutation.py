@@ -190,6 +190,14 @@ _EQUIVALENT_BY_MODULE = {
         },
         "xǁHttpFrontǁ_read__mutmut_9": "sys.version_info (3, 11, x, ...) > (3, 11) as well",
         **{
+            f"xǁHttpFrontǁ_read__mutmut_{n}": (
+                "uncancel() skipped: only a timeout or task group opened later in the task "
+                "reads cancelling(); the handler answers at once and aiohttp writes the "
+                "answer with neither, in a task of this request alone"
+            )
+            for n in (10, 11)
+        },
+        **{
             f"xǁHttpFrontǁ__init____mutmut_{n}": (
                 "auto_describe only has register() collect once to look for names taken "
                 "twice: the two collectors' families never overlap"

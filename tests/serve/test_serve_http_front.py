@@ -1,6 +1,7 @@
 """The HTTP front as a listener: each server on the port its address asks for (port 0:
 one the system picks, so servers started side by side never collide), a port taken
-refused at start with the server still stoppable, and no access log line per request."""
+refused at start with the server still stoppable, a connection kept alive past a
+refusal of a body read whole, and no access log line per request."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import logging
 import socket
 
 import aiohttp
+import numpy as np
 import pytest
 
 from aiodla import Engine
 from aiodla.serve import Server
+
+from support import X, expected_affine
 
 pytestmark = pytest.mark.asyncio
 
@@ -43,11 +47,8 @@ async def test_a_port_taken_fails_the_start_and_the_server_still_stops(
         await server.stop()  # nothing listens: nothing to stop, and no error
 
 
-async def test_requests_leave_no_access_log_line(
-    server: Server, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.DEBUG, logger="aiohttp.access")
-    url = f"http://127.0.0.1:{server.http_port}/v2/health/live"
+def counting_connections() -> tuple[aiohttp.TraceConfig, list[object]]:
+    """A client trace that lists each connection the session opens."""
     connections: list[object] = []
 
     async def connected(*args: object) -> None:
@@ -55,6 +56,35 @@ async def test_requests_leave_no_access_log_line(
 
     tracing = aiohttp.TraceConfig()
     tracing.on_connection_create_end.append(connected)
+    return tracing, connections
+
+
+async def test_a_refusal_after_the_whole_body_keeps_the_connection(server: Server) -> None:
+    # A 400 for a body read whole leaves nothing unread on the connection: the next
+    # request goes on it. (A refusal before the body is read closes it: see
+    # test_serve_limits' 413 from the Content-Length.)
+    x = (np.arange(np.prod(X.shape)).reshape(X.shape) / 8).astype(np.float16)
+    tensor = {"name": "x", "datatype": "FP16", "shape": list(X.shape)}
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/affine/infer"
+    tracing, connections = counting_connections()
+    async with aiohttp.ClientSession(trace_configs=[tracing]) as session:
+        async with session.post(url, json={"inputs": [{**tensor, "data": [1.0]}]}) as refused:
+            assert refused.status == 400
+            assert "Connection" not in refused.headers
+        body = {"inputs": [{**tensor, "data": x.ravel().tolist()}]}
+        async with session.post(url, json=body) as response:
+            assert response.status == 200
+            (output,) = (await response.json())["outputs"]
+            assert output["data"] == expected_affine(x).ravel().tolist()
+    assert len(connections) == 1
+
+
+async def test_requests_leave_no_access_log_line(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiohttp.access")
+    url = f"http://127.0.0.1:{server.http_port}/v2/health/live"
+    tracing, connections = counting_connections()
     async with aiohttp.ClientSession(trace_configs=[tracing]) as session:
         # Two on one connection: the server is done with the first, its log line
         # included, before it reads the second.

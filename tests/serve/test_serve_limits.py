@@ -112,6 +112,7 @@ async def test_a_body_over_the_limit_is_refused_before_it_is_sent(server: Server
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 413 "), head
+        assert b"\r\nconnection: close\r\n" in head.lower()  # the body left unread
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         error = json.loads(await reader.readexactly(length))["error"]
     finally:
