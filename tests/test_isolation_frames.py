@@ -178,6 +178,26 @@ class TestByReference:
             np.testing.assert_array_equal(got, want)
 
     @pytest.mark.asyncio
+    async def test_made_by_another_thread(self) -> None:
+        async with process_engine() as engine:
+            channel = engine._cores.supervisor._channel  # type: ignore[attr-defined]
+            writers: list[bool] = []
+            real, loop_thread = channel.send, threading.current_thread()
+
+            def send(*args: Any) -> None:
+                writers.append(threading.current_thread() is loop_thread)
+                real(*args)
+
+            channel.send = send
+            (buffer,) = await asyncio.to_thread(engine.frame_buffers, 1, SHAPE)  # a reader's
+            buffer[:] = frame(90)
+            sent = spy_reads(engine)
+            got = await engine.infer(buffer)
+            assert by_reference(sent[-1], buffer)
+            assert writers and all(writers)  # the channel is the loop's alone
+            np.testing.assert_array_equal(got, await engine.infer(buffer.copy()))
+
+    @pytest.mark.asyncio
     async def test_host_conversion_packs_from_them(self) -> None:
         async with process_engine(convert="host") as engine:
             buffers = engine.frame_buffers(2, SHAPE)
@@ -319,6 +339,9 @@ class TestNothingLeaks:
             mapped = MappedFrames(runtime, mapped=cycle % 2 == 1)
             # What the channel would do: the descriptors as the worker receives them.
             mapped.add([(k, n) for k, n, _ in shared], [os.dup(fd) for *_, fd in shared])
+            # Told twice (a buffer made as a new worker is adopted): mapped once.
+            mapped.add([(k, n) for k, n, _ in shared], [os.dup(fd) for *_, fd in shared])
+            assert len(mapped) == 2
             here = mapped.buffer_at(shared[0][0])
             assert here.array[:3].tolist() == [cycle] * 3  # the same memory
             assert (here.device_ptr != 0) == (cycle % 2 == 1)

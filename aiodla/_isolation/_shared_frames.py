@@ -154,6 +154,10 @@ class MappedFrames:
         that read it fail saying so, the rest serve on."""
         for index, (key, nbytes) in enumerate(frames):
             fd = fds[index] if index < len(fds) else -1
+            if key in self._buffers:  # told twice (a new buffer as a worker is adopted)
+                if fd >= 0:
+                    os.close(fd)
+                continue
             try:
                 if fd < 0:
                     raise AiodlaError("its descriptor did not arrive")

@@ -219,8 +219,11 @@ class Supervisor:
     def share_frames(self, frames: list[SharedFrame]) -> None:
         """New frame buffers: the serving worker maps them before any request that
         reads one (the channel keeps order); without one, the next worker maps them
-        as it is adopted."""
-        if self.state is WorkerState.SERVING:
+        as it is adopted. From another thread (a camera reader's), through the loop,
+        which alone writes the channel."""
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self.share_frames, frames)
+        elif self.state is WorkerState.SERVING:
             send_frames(self._channel, frames)
 
     def _send_pending(self) -> None:
