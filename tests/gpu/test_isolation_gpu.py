@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiodla import AiodlaError, Engine, ProcessIsolation, TensorSpec, WorkerLostError
+from aiodla import (
+    AiodlaError,
+    Engine,
+    ImagePreprocess,
+    ProcessIsolation,
+    TensorSpec,
+    WorkerLostError,
+)
 from aiodla._isolation import inject_fault
 from aiodla._isolation._worker import CONTEXT_LOST_EXIT
 from aiodla.emulator._format import make_loadable, parse_loadable
@@ -159,4 +166,50 @@ async def test_a_hung_worker_costs_only_in_flight_requests(accounted: None) -> N
 
     lost = await under_load(engine, fault)
     assert "stopped answering" in lost[0].cause and not alive(first)
+    await closed_cleanly(engine)
+
+
+CAMERA = make_loadable(
+    [TensorSpec("images", (1, 3, 48, 64), "float16", "chw16")],
+    [TensorSpec("out", (1, 3, 48, 64), "float16", "nchw")],
+    "affine",
+    0.002,
+    scale=1.0,
+    bias=0.0,
+)
+LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox", std=0.25)
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+async def test_frame_buffers_are_read_where_they_lie(accounted: None, zero_copy: bool) -> None:
+    """The application's frame buffers, page-locked by the worker (cudaHostRegister of a
+    memfd mapping; mapped with zero_copy, the kernel reading them in place): a request
+    on one never writes the slot's staging, and equals a copy of the frame, before and
+    after the worker is replaced."""
+    engine = Engine(
+        CAMERA,
+        runtime="cuda",
+        isolation="process",
+        convert="device",
+        zero_copy=zero_copy,
+        preprocess={"images": LETTERBOX},
+    )
+    await engine.open()
+    cores = engine._cores  # type: ignore[attr-defined]
+    assert cores.path.fused, "the worker compiled no pre-processing kernels"
+    buffers = engine.frame_buffers(2, (120, 160, 3))
+    rng = np.random.default_rng(7)
+    for buffer in buffers:
+        buffer[:] = rng.integers(0, 256, buffer.shape, np.uint8)
+    for replaced in (False, True):
+        if replaced:
+            os.kill(worker_pid(engine), signal.SIGKILL)
+            await wait_until(lambda: engine.statistics().worker.restarts == 1, timeout=60)  # type: ignore[union-attr]
+        staging = [slot.inputs[0].host.array for slot in cores.slots]  # the worker's
+        for view in (*buffers, buffers[1][10:100, 20:150]):
+            for part in staging:
+                part[:] = 0xA5
+            got = await engine.infer(view)
+            assert all(bool((part == 0xA5).all()) for part in staging)  # not staged
+            np.testing.assert_array_equal(got, await engine.infer(np.ascontiguousarray(view)))
     await closed_cleanly(engine)
