@@ -67,7 +67,6 @@ SETUP_CONTROLS = frozenset({"fail_call", "fail_next_task", "hang_core", "bind_co
 # ... and on a gate the worker holds for them.
 GATE_CONTROLS = frozenset({"release", "held", "released"})
 _PR_SET_PDEATHSIG = 1
-_READ_SIZE = 1 << 16
 # Light load (the worker holds one task): the application's next submission follows
 # that task's completion by a round trip. The receiving thread waits for it awake from
 # AWAKE_BEFORE ahead of the task's expected end until AWAKE_AFTER past its completion
