@@ -1,0 +1,85 @@
+"""The shared cores' decision itself (:class:`aiodla._feeds.Feeds`), on engines reduced
+to what the feeds read: priority decides every grant, not only through the depth rule.
+Each time a core has room and requests of several priorities wait, the highest goes,
+even where fair queuing alone would pick the lower one (it joined first and has been
+granted nothing); a lower priority goes only where no higher one can start."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from aiodla._feeds import DEPTH, TOP_DEPTH, Feeds
+from aiodla._life import EngineState
+
+
+@dataclasses.dataclass
+class Core:
+    """An engine's own state of one core, as the feeds read it."""
+
+    core: int
+    slots: int = 4
+    service_time: float = 0.001
+    outstanding: int = 0
+    expected_free: float = 0.0
+    in_rotation: bool = True
+    assigned_total: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.outstanding < self.slots
+
+
+class Engine:
+    """What the feeds ask of an engine's flow: its state, its queue, its start."""
+
+    def __init__(self, name: str, started: list[str], cores: int = 1, slots: int = 4) -> None:
+        self.name = name
+        self.started = started
+        self.life = dataclasses.make_dataclass("Life", ["state"])(EngineState.OPEN)
+        self.scheduler = self
+        self.cores = [Core(n, slots) for n in range(cores)]
+        self.queued = 0
+
+    def next_on(self, core: Core) -> tuple[Any, Any]:
+        self.queued -= 1
+        core.outstanding += 1
+        core.assigned_total += 1
+        return self.name, core
+
+    def start(self, request: str, core: Core) -> None:
+        self.started.append(request)
+
+    def end_one(self, feeds: Feeds, number: int = 0) -> None:
+        self.cores[number].outstanding -= 1
+        feeds.dispatch()
+
+
+def test_a_waiting_higher_priority_goes_first_though_fair_queuing_says_otherwise() -> None:
+    started: list[str] = []
+    low, high = Engine("low", started), Engine("high", started)
+    feeds = Feeds((0,))
+    feeds.join(low, priority=0, weight=1.0)  # first to join: ties in fair queuing go to it
+    feeds.join(high, priority=1, weight=1.0)
+    low.queued, high.queued = 3, 3
+    feeds.dispatch()
+    # The high engine fills the core to its depth before any low task starts; a low
+    # one would have started first by the fair-queuing order alone.
+    assert started == ["high"] * 3
+    assert feeds.held(0) == 3 < TOP_DEPTH and low.queued == 3
+
+
+def test_a_lower_priority_goes_where_no_higher_one_can_start() -> None:
+    started: list[str] = []
+    low, high = Engine("low", started), Engine("high", started, slots=1)
+    feeds = Feeds((0,))
+    feeds.join(low, priority=0, weight=1.0)
+    feeds.join(high, priority=1, weight=1.0)
+    low.queued, high.queued = 3, 3
+    feeds.dispatch()
+    # The high engine's one slot is busy: a low task may queue behind it (depth 2).
+    assert started == ["high", "low"] and feeds.held(0) == DEPTH
+    for _ in range(2):  # at each end of a high task, its next goes before the next low
+        high.end_one(feeds)
+        low.end_one(feeds)
+    assert started == ["high", "low", "high", "low", "high", "low"]
