@@ -109,3 +109,23 @@ def test_the_command_refuses_a_malformed_share(option: list[str]) -> None:
     result = CliRunner().invoke(_cli.cli, ["serve", "det.bin", *option])
     assert result.exit_code == 2
     assert "expected NAME=" in result.output
+
+
+def test_the_command_passes_each_models_share_to_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiodla.serve import _app
+
+    given: dict[str, Any] = {}
+
+    async def recording(models: list[str], **options: Any) -> None:
+        given.update(options, models=models)
+
+    monkeypatch.setattr(_app, "serve", recording)
+    result = CliRunner().invoke(
+        _cli.cli,
+        ["serve", "det=det.bin", "cls=cls.bin", "--priority", "det=1", "--priority",
+         "cls=-2", "--weight", "cls=2.5"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert list(given["models"]) == ["det=det.bin", "cls=cls.bin"]
+    assert given["priorities"] == {"det": 1, "cls": -2}
+    assert given["weights"] == {"cls": 2.5}
