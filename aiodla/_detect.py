@@ -60,6 +60,8 @@ YOLOV7_ANCHORS = (
 _DEFAULT_STRIDES = (8, 16, 32)
 _MAX_CLASSES = 1 << 16
 _MAX_CANDIDATES = 1 << 16  # the kernels' suppression bitmask grows as the square of it
+# head="boxes": (4 + classes) x N, or N x (4 + classes)
+_LAYOUTS = {"columns": "(4 + classes) x N", "rows": "N x (4 + classes)"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,8 +79,15 @@ class Detect:
       the class logits.
     - ``"yolox"``: anchor-free, ``5 + classes`` channels (box, then objectness and class
       probabilities, as YOLOX exports them: sigmoid applied in the model).
-    - ``"boxes"``: one output of ``4 + classes`` channels whose every spatial position is a
-      candidate (cx, cy, w, h, class scores): threshold and NMS only.
+    - ``"boxes"``: one output of N candidates, each ``4 + classes`` values (cx, cy, w, h,
+      class scores): threshold and NMS only. Either layout: ``(4 + classes) x N``
+      (``layout="columns"``, as YOLOv8 exports ``1 x 84 x 8400``: the values are the
+      channels, every spatial position a candidate) or ``N x (4 + classes)``
+      (``layout="rows"``, as many NMS-free exports: a candidate's values are the last
+      dimension, or the last two). By default the output's shape decides: the layout
+      whose ``4 + classes`` is the leading dimension(s) (columns) or the trailing ones
+      (rows) of its logical shape; a shape that fits both (N equal to ``4 + classes``)
+      or neither is a ConfigurationError at open naming the tensor.
 
     ``strides`` (default 8, 16, 32) give each head's scale; heads match the model's
     outputs by name when ``outputs=`` names them (in stride order), else by spatial size
@@ -103,6 +112,7 @@ class Detect:
     class_agnostic: bool = False
     outputs: tuple[str, ...] | None = None
     max_candidates: int = 4096
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         head = self.head
@@ -136,6 +146,13 @@ class Detect:
             )
         self._check_strides(kind)
         self._check_anchors(kind)
+        if self.layout is not None:
+            if kind != "boxes":
+                raise ConfigurationError(f"layout= is for head='boxes', not {head!r}")
+            if self.layout not in _LAYOUTS:
+                raise ConfigurationError(
+                    f"layout={self.layout!r} is not one of {', '.join(map(repr, _LAYOUTS))}"
+                )
         outputs: object = self.outputs
         if outputs is not None:
             if isinstance(outputs, str) or not isinstance(outputs, Sequence):
@@ -271,21 +288,60 @@ class Detect:
                     f"{input_size[0] // stride}x{input_size[1] // stride}"
                 )
             pairs: tuple[tuple[float, float], ...] = ((0.0, 0.0),)
-            if kind == "yolov5":
-                row = (self.anchors or ())[k]
-                pairs = tuple((row[i], row[i + 1]) for i in range(0, len(row), 2))
-            expected = self.channels(len(pairs))
-            if c != expected:
-                raise ConfigurationError(
-                    f"output {spec.name!r} has {c} channels; head={self.head!r} with "
-                    f"classes={self.classes}{_what(self, len(pairs))} needs {expected}"
+            if kind == "boxes":  # one output, its candidates read as 1 x N
+                rows, count = self._read_boxes(spec)
+                layout = HeadLayout(kind, 1, count, 1.0, pairs, 0, self.classes, self.reg_max, rows)
+            else:
+                if kind == "yolov5":
+                    row = (self.anchors or ())[k]
+                    pairs = tuple((row[i], row[i + 1]) for i in range(0, len(row), 2))
+                expected = self.channels(len(pairs))
+                if c != expected:
+                    raise ConfigurationError(
+                        f"output {spec.name!r} has {c} channels; head={self.head!r} with "
+                        f"classes={self.classes}{_what(self, len(pairs))} needs {expected}"
+                    )
+                layout = HeadLayout(
+                    kind, h, w, float(stride or 1), pairs, offset, self.classes, self.reg_max
                 )
-            layout = HeadLayout(
-                kind, h, w, float(stride or 1), pairs, offset, self.classes, self.reg_max
-            )
             offset += layout.cells
             layouts.append(layout)
         return DetectPlan(self, tuple(chosen), tuple(layouts), input_size)
+
+    def _read_boxes(self, spec: TensorSpec) -> tuple[bool, int]:
+        """How a ``"boxes"`` output holds its candidates: whether as rows (N x (4 +
+        classes)), and N. The values of a candidate are the leading dimensions of the
+        logical shape (columns) or the trailing ones (rows); ``layout=`` says which,
+        else the shape, when it fits one only."""
+        _, c, h, w = spec.shape
+        per = 4 + self.classes
+        fits = {"columns": per in (c, c * h), "rows": per in (w, h * w)}
+        shape = "x".join(map(str, spec.shape))
+        count = c * h * w // per
+        if self.layout is not None:
+            if not fits[self.layout]:
+                where = "channels (or channels x height)" if self.layout == "columns" else (
+                    "a last dimension (or height x width)"
+                )  # fmt: skip
+                raise ConfigurationError(
+                    f"output {spec.name!r} is {shape}; head='boxes' with classes="
+                    f"{self.classes} and layout={self.layout!r} ({_LAYOUTS[self.layout]}) "
+                    f"needs {where} of {per}"
+                )
+            return self.layout == "rows", count
+        if fits["columns"] and fits["rows"] and count > 1:
+            raise ConfigurationError(
+                f"output {spec.name!r} is {shape}: with classes={self.classes} it reads as "
+                f"(4 + classes) x N and as N x (4 + classes), N = {count}; say which with "
+                "Detect(layout='columns') or Detect(layout='rows')"
+            )
+        if not (fits["columns"] or fits["rows"]):
+            raise ConfigurationError(
+                f"output {spec.name!r} is {shape}; head='boxes' with classes={self.classes} "
+                f"needs {per} values a candidate: {per} channels ((4 + classes) x N) or a "
+                f"last dimension of {per} (N x (4 + classes))"
+            )
+        return not fits["columns"], count
 
 
 def _what(detect: Detect, anchors: int) -> str:

@@ -24,7 +24,11 @@ passes.
    H x W with A anchors has A*H*W cells, cell (a, y, x) at index ``(a*H + y)*W + x``,
    after the cells of the heads before it: that is the *candidate index*. Channels of
    anchor a start at ``a * (5 + classes)`` (yolov5), a head's channel k at (y, x) is
-   ``t[k]``; gx, gy, stride and the anchor's (aw, ah) are float32.
+   ``t[k]``; gx, gy, stride and the anchor's (aw, ah) are float32. A ``"boxes"`` output
+   is read as a matrix of its N candidates, each 4 + classes values: candidate n's
+   value k is element ``k * N + n`` of the logical array in C order (``"columns"``,
+   (4 + classes) x N, as YOLOv8 exports) or element ``n * (4 + classes) + k``
+   (``"rows"``, N x (4 + classes)); its candidate index is n.
 3. **Class and score.** The class is the first c with the largest class value (NaN as
    -inf); ``"yolov5"``: ``score = sigmoid32(t[4]) * sigmoid32(t[5 + c])``; ``"yolox"``
    (objectness and classes are probabilities in the exported head): ``score = t[4] *
@@ -133,6 +137,9 @@ class HeadLayout(NamedTuple):
     offset: int  # candidate index of this head's first cell
     classes: int
     reg_max: int
+    # "boxes" only (read as 1 x N): a candidate's values are a row of the logical array
+    # in C order (N x (4 + classes)), not a column ((4 + classes) x N)
+    rows: bool = False
 
     @property
     def cells(self) -> int:
@@ -204,12 +211,16 @@ def above(values: _Array, bound: Any) -> _Array:
 
 
 def gather(layout: HeadLayout, head: _Array, conf: float) -> Cells | None:
-    """Step 2 for one head's logical array ``(1, channels, H, W)`` (any float dtype):
-    the cells a cheap necessary condition on one channel lets through (see
+    """Step 2 for one head's logical array ``(1, channels, H, W)`` (any float dtype; a
+    ``"boxes"`` output of any shape holding its N candidates, ``layout`` 1 x N): the
+    cells a cheap necessary condition on one channel lets through (see
     ``_prefilter``), their channels as float32; None when there is none."""
     kind, hh, ww = layout.kind, layout.height, layout.width
     anchors = len(layout.anchors)
-    values = np.asarray(head).reshape(-1, hh * ww)  # (channels, cells of one anchor)
+    if layout.rows:  # (N, 4 + classes) read as (4 + classes, N): a view, no copy
+        values = np.asarray(head).reshape(hh * ww, -1).T
+    else:
+        values = np.asarray(head).reshape(-1, hh * ww)  # (channels, cells of one anchor)
     per = values.shape[0] // anchors
     f_conf = F32(conf)
     if kind in ("yolov5", "yolox"):

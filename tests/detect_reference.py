@@ -50,6 +50,10 @@ def decode(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]
     out = []
     for layout, head in zip(plan.layouts, heads):
         t_all = np.asarray(head, F)[0]
+        if layout.kind == "boxes":  # read as (4 + classes) x 1 x N, by its layout
+            per = 4 + layout.classes
+            matrix = t_all.reshape(-1, per).T if layout.rows else t_all.reshape(per, -1)
+            t_all = matrix[:, None, :]
         per = t_all.shape[0] // len(layout.anchors)
         stride = F(layout.stride)
         for a, (aw, ah) in enumerate(layout.anchors):
@@ -143,11 +147,16 @@ def to_frame(box: list[Any], geometry: Any, height: int, width: int) -> list[Any
 
 
 def plan_for(
-    detect: Detect, size: tuple[int, int] = (64, 96), dtype: str = "float32"
+    detect: Detect,
+    size: tuple[int, int] = (64, 96),
+    dtype: str = "float32",
+    boxes: tuple[int, int, int, int] | None = None,
 ) -> DetectPlan:
-    """The plan of ``detect`` over outputs shaped as its heads need, for a ``size`` input."""
+    """The plan of ``detect`` over outputs shaped as its heads need, for a ``size`` input;
+    a ``"boxes"`` output is ``boxes`` if given, else (1, 4 + classes, 1, 150)."""
     if detect.kind == "boxes":
-        specs = [TensorSpec("boxes", (1, detect.channels(), 1, 150), dtype, "nchw")]
+        shape = boxes or (1, detect.channels(), 1, 150)
+        specs = [TensorSpec("boxes", shape, dtype, "nchw")]
     else:
         specs = []
         for k, stride in enumerate(detect.strides or ()):
@@ -177,11 +186,12 @@ def heads_for(plan: DetectPlan, rng: np.random.Generator, *, ties: bool) -> list
             values[:, 4:per] = 1 / (1 + np.exp(-values[:, 4:per]))
             values[:, 2:4] += 1.5  # boxes wider than the grid: they overlap
         if layout.kind == "boxes":
-            values[:, :2] = rng.choice(np.arange(0, 96, 4.0), size=(1, 2, *shape[2:]))
-            values[:, 2:4] = rng.choice(np.array([8.0, 12.0, 16.0, 24.0]), size=(1, 2, *shape[2:]))
-            values[:, 4:] = rng.choice(
-                np.array([0.1, 0.3, 0.6, 0.9], F), size=(1, shape[1] - 4, *shape[2:])
-            )
+            n = layout.cells
+            matrix = np.empty((4 + layout.classes, n), F)
+            matrix[:2] = rng.choice(np.arange(0, 96, 4.0), size=(2, n))
+            matrix[2:4] = rng.choice(np.array([8.0, 12.0, 16.0, 24.0]), size=(2, n))
+            matrix[4:] = rng.choice(np.array([0.1, 0.3, 0.6, 0.9], F), size=(layout.classes, n))
+            values = boxes_head(layout, matrix, shape)
         if detect.kind == "yolov5":
             values[:, 4 :: 5 + detect.classes] += 1.0  # more cells past the objectness test
         heads.append(values.astype(spec.numpy_dtype))
@@ -228,5 +238,10 @@ def cap_heads(plan: DetectPlan, rng: np.random.Generator) -> tuple[list[Any], li
         for n in ranked
         if scores[n] > F(plan.detect.conf)
     ]
-    head = values.reshape(spec.shape).astype(spec.numpy_dtype)
-    return [head], found
+    return [boxes_head(layout, values, spec.shape).astype(spec.numpy_dtype)], found
+
+
+def boxes_head(layout: Any, matrix: Any, shape: tuple[int, ...]) -> Any:
+    """A ``"boxes"`` output of ``shape`` holding the (4 + classes) x N ``matrix`` (one
+    column a candidate) in the layout the plan reads."""
+    return (matrix.T if layout.rows else matrix).reshape(shape)

@@ -59,6 +59,8 @@ class TestConfiguration:
             ({"outputs": "p8"}, "must be a sequence of names"),
             ({"outputs": ("a", "a", "b")}, "names a tensor twice"),
             ({"outputs": ("a", "b")}, "names 2 tensors; head='yolov5' with strides"),
+            ({"layout": "rows"}, "layout= is for head='boxes', not 'yolov5'"),
+            ({"head": "boxes", "layout": "nhwc"}, "layout='nhwc' is not one of 'columns', 'rows'"),
         ],
     )
     def test_refused(self, keywords: dict[str, Any], message: str) -> None:
@@ -129,6 +131,81 @@ class TestMatching:
     ) -> None:
         with pytest.raises(ConfigurationError, match=message):
             detect.plan((640, 640), specs)
+
+
+def boxes_plan(shape: tuple[int, int, int, int], **keywords: Any) -> Any:
+    detect = Detect(head="boxes", classes=3, conf=0.2, iou=0.3, **keywords)
+    return detect.plan((640, 640), [TensorSpec("out", shape, "float16", "nchw")])
+
+
+class TestBoxesLayout:
+    """head='boxes' reads (4 + classes) x N and N x (4 + classes) outputs: the shape
+    decides, ``layout=`` where it cannot."""
+
+    @pytest.mark.parametrize(
+        ("shape", "rows", "count"),
+        [
+            ((1, 7, 1, 150), False, 150),  # as YOLOv8 exports 1 x 84 x 8400
+            ((1, 7, 10, 15), False, 150),
+            ((1, 1, 7, 150), False, 150),
+            ((1, 150, 7, 1), True, 150),  # 1 x 8400 x 84
+            ((1, 1, 150, 7), True, 150),
+            ((1, 150, 1, 7), True, 150),
+            ((1, 10, 15, 7), True, 150),
+            ((1, 7, 1, 1), False, 1),
+            ((1, 1, 7, 1), False, 1),  # one candidate reads the same either way
+        ],
+    )
+    def test_the_shape_decides(self, shape: Any, rows: bool, count: int) -> None:
+        (layout,) = boxes_plan(shape).layouts
+        assert (layout.rows, layout.cells) == (rows, count)
+
+    @pytest.mark.parametrize(
+        ("shape", "keywords", "message"),
+        [
+            ((1, 7, 7, 1), {}, r"output 'out' is 1x7x7x1: with classes=3 it reads as "
+             r"\(4 \+ classes\) x N and as N x \(4 \+ classes\), N = 7; say which with "
+             r"Detect\(layout='columns'\) or Detect\(layout='rows'\)"),
+            ((1, 7, 2, 7), {}, "reads as .* N = 14; say which"),
+            ((1, 8, 1, 150), {}, r"output 'out' is 1x8x1x150; head='boxes' with classes=3 "
+             r"needs 7 values a candidate: 7 channels \(\(4 \+ classes\) x N\) or a last "
+             r"dimension of 7 \(N x \(4 \+ classes\)\)"),
+            ((1, 150, 7, 1), {"layout": "columns"}, r"output 'out' is 1x150x7x1; head='boxes' "
+             r"with classes=3 and layout='columns' \(\(4 \+ classes\) x N\) needs channels "
+             r"\(or channels x height\) of 7"),
+            ((1, 7, 1, 150), {"layout": "rows"},
+             r"layout='rows' \(N x \(4 \+ classes\)\) needs a last dimension \(or height x "
+             r"width\) of 7"),
+        ],
+    )  # fmt: skip
+    def test_refused_at_open(self, shape: Any, keywords: dict[str, Any], message: str) -> None:
+        with pytest.raises(ConfigurationError, match=message):
+            boxes_plan(shape, **keywords)
+
+    @pytest.mark.parametrize(("layout", "count"), [("columns", 7), ("rows", 7)])
+    def test_layout_settles_an_ambiguous_shape(self, layout: str, count: int) -> None:
+        (read,) = boxes_plan((1, 7, 7, 1), layout=layout).layouts
+        assert (read.rows, read.cells) == (layout == "rows", count)
+
+    @pytest.mark.parametrize("shape", [(1, 150, 7, 1), (1, 1, 150, 7), (1, 10, 15, 7)])
+    @pytest.mark.parametrize("ties", [False, True], ids=["continuous", "ties"])
+    def test_rows_equal_columns_and_the_reference(self, shape: Any, ties: bool) -> None:
+        """The same candidates as rows and as columns give the same bits; the numpy path
+        on rows equals the plain reference."""
+        detect = Detect(head="boxes", classes=3, conf=0.2, iou=0.3)
+        columns = plan_for(detect)
+        rows = plan_for(detect, boxes=shape)
+        assert rows.layouts[0].rows and not columns.layouts[0].rows
+        heads = heads_for(columns, np.random.default_rng(zlib.crc32(f"{shape} {ties}".encode())),
+                          ties=ties)  # fmt: skip
+        matrix = heads[0].reshape(7, 150)
+        transposed = [np.ascontiguousarray(matrix.T).reshape(shape)]
+        want, got = columns.run(heads), rows.run(transposed)
+        assert len(want) > 5
+        assert got.boxes.tobytes() == want.boxes.tobytes()
+        assert got.scores.tobytes() == want.scores.tobytes()
+        assert got.classes.tolist() == want.classes.tolist()
+        assert_same(rows, transposed, got)
 
 
 class TestDetections:
@@ -244,14 +321,15 @@ def test_cap_keeps_the_best_by_score_then_index() -> None:
     assert found.ids[kept].tolist() == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("shape", [None, (1, 150, 7, 1)], ids=["columns", "rows"])
 @pytest.mark.parametrize("cap", [25, 40], ids=["among distinct scores", "inside a tie"])
-def test_the_cap_keeps_exactly_the_best(cap: int) -> None:
+def test_the_cap_keeps_exactly_the_best(cap: int, shape: Any) -> None:
     """More candidates than the cap and ``max_det`` at the cap, NMS suppressing five
     within it: exactly the first ``cap`` by (score, index) go on, by the numpy path and
     by the plain reference alike, so fewer than ``max_det`` are kept (without the cap,
     candidates past it would be)."""
     detect = Detect(head="boxes", classes=3, conf=0.2, max_det=cap, max_candidates=cap)
-    plan = plan_for(detect)
+    plan = plan_for(detect, boxes=shape)
     heads, found = cap_heads(plan, np.random.default_rng(cap))
     assert len(found) == 90
     want = [c for c in found[:cap] if not c[4]]

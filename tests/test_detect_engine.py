@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from detect_reference import cap_heads, plan_for
+from detect_reference import cap_heads, heads_for, plan_for
 
 from aiodla import (
     ConfigurationError,
@@ -178,6 +178,37 @@ async def test_candidates_past_the_cap_keep_the_best(convert: str) -> None:
         assert got.scores.tobytes() == np.array([c[2] for c in want], F).tobytes()
         assert got.classes.tolist() == [c[3] for c in want]
     assert counts_add_up(stats) and (stats.completed, stats.failed) == (6, 0)
+
+
+@pytest.mark.parametrize("convert", ["host", "device"])
+@pytest.mark.asyncio
+async def test_boxes_as_rows_or_columns(convert: str) -> None:
+    """head='boxes' on an output of N x (4 + classes) and on one of (4 + classes) x N
+    holding the same candidates: the same detections, equal to the numpy path, on the
+    host and in the emulated runtime's stream operation. The models pass their input
+    through (affine), so the request's input is the head."""
+    detect = Detect(head="boxes", classes=3, conf=0.2, iou=0.3)
+    columns = plan_for(detect, dtype="float16")
+    heads = heads_for(columns, np.random.default_rng(8), ties=False)
+    matrix = heads[0].reshape(7, 150)
+    results = []
+    for shape, head in (((1, 7, 1, 150), heads[0]), ((1, 150, 7, 1), matrix.T.reshape(-1))):
+        head = np.ascontiguousarray(head).reshape(shape)
+        out = TensorSpec("boxes", shape, "float16", "chw16")
+        model = make_loadable([TensorSpec("x", shape, "float16")], [out], "affine")
+        async with Engine(model, postprocess=detect, convert=convert) as engine:
+            assert (engine._cores.path.detect is not None) is (convert == "device")
+            plan = engine._flow.postprocess.plan  # type: ignore[union-attr]
+            assert plan.layouts[0].rows is (shape[1] == 150)
+            got = await engine.infer(head)
+            assert counts_add_up(engine.statistics())
+        want = plan.run([head.astype(F)])
+        assert got.boxes.tobytes() == want.boxes.tobytes() and len(got) > 5
+        assert got.scores.tobytes() == want.scores.tobytes()
+        assert got.classes.tolist() == want.classes.tolist()
+        results.append(got)
+    assert results[0].boxes.tobytes() == results[1].boxes.tobytes()
+    assert results[0].classes.tolist() == results[1].classes.tolist()
 
 
 class TestFrameBuffers:

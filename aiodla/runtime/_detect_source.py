@@ -105,13 +105,20 @@ template <class T> AIODLA_FN float value(const u8* src, u64 c, u64 y, u64 x) {
     return read_value<T, K_F32>(*reinterpret_cast<const D*>(src + at));
 }
 
-// Step 3's class: the first largest value (NaN never wins).
-template <class T> AIODLA_FN i32 best_class(const u8* src, u64 first, u32 classes, u64 y,
-                                            u64 x, float* best) {
+// Value k of candidate n of a "boxes" head H, the logical array read as a matrix (step
+// 2): element k * N + n of it in C order (columns) or n * PER + k (rows).
+template <class T, class H> AIODLA_FN float box_value(const u8* src, u64 n, u64 k) {
+    const u64 i = H::ROWS ? n * H::PER + k : k * H::CANDIDATES + n;
+    return value<T>(src, i / (H::TH * H::TW), (i / H::TW) % H::TH, i % H::TW);
+}
+
+// Step 3's class: the first largest of classes read(0) .. read(classes - 1) (NaN never
+// wins).
+template <class R> AIODLA_FN i32 best_class(R read, u32 classes, float* best) {
     i32 cls = 0;
     float top = f32_bits(0xff800000u);  // -inf
     for (u32 c = 0; c < classes; ++c) {
-        const float v = value<T>(src, first + c, y, x);
+        const float v = read(c);
         if (v > top) { top = v; cls = (i32)c; }
     }
     *best = top;
@@ -130,7 +137,8 @@ template <class T, class H> AIODLA_FN void decode_cell(const u8* src, u32 local,
     if constexpr (H::KIND == 0) {  // yolov5
         const float objectness = sigmoid32(value<T>(src, base + 4, y, x));
         if (!(objectness > conf)) return;
-        cls = best_class<T>(src, base + 5, H::CLASSES, y, x, &best);
+        cls = best_class([&](u32 c) { return value<T>(src, base + 5 + c, y, x); }, H::CLASSES,
+                         &best);
         score = mul(objectness, sigmoid32(best));
         if (!(score > conf)) return;
         float s[4];
@@ -142,7 +150,8 @@ template <class T, class H> AIODLA_FN void decode_cell(const u8* src, u32 local,
         b[0] = sub(cx, mul(w, 0.5f)); b[1] = sub(cy, mul(h, 0.5f));
         b[2] = add(cx, mul(w, 0.5f)); b[3] = add(cy, mul(h, 0.5f));
     } else if constexpr (H::KIND == 1) {  // yolov8
-        cls = best_class<T>(src, 4 * H::REG, H::CLASSES, y, x, &best);
+        cls = best_class([&](u32 c) { return value<T>(src, 4 * H::REG + c, y, x); },
+                         H::CLASSES, &best);
         score = sigmoid32(best);
         if (!(score > conf)) return;
         float d[4];
@@ -166,7 +175,8 @@ template <class T, class H> AIODLA_FN void decode_cell(const u8* src, u32 local,
     } else if constexpr (H::KIND == 2) {  // yolox
         const float objectness = value<T>(src, base + 4, y, x);
         if (!(objectness > conf)) return;
-        cls = best_class<T>(src, base + 5, H::CLASSES, y, x, &best);
+        cls = best_class([&](u32 c) { return value<T>(src, base + 5 + c, y, x); }, H::CLASSES,
+                         &best);
         score = mul(objectness, best);
         if (!(score > conf)) return;
         const float cx = mul(add(value<T>(src, base, y, x), gx), stride);
@@ -175,12 +185,13 @@ template <class T, class H> AIODLA_FN void decode_cell(const u8* src, u32 local,
         const float h = mul(exp32(value<T>(src, base + 3, y, x)), stride);
         b[0] = sub(cx, mul(w, 0.5f)); b[1] = sub(cy, mul(h, 0.5f));
         b[2] = add(cx, mul(w, 0.5f)); b[3] = add(cy, mul(h, 0.5f));
-    } else {  // boxes
-        cls = best_class<T>(src, 4, H::CLASSES, y, x, &best);
+    } else {  // boxes: candidate `local`, whatever the layout
+        cls = best_class([&](u32 c) { return box_value<T, H>(src, local, 4 + c); }, H::CLASSES,
+                         &best);
         score = best;
         if (!(score > conf)) return;
-        const float cx = value<T>(src, 0, y, x), cy = value<T>(src, 1, y, x);
-        const float w = value<T>(src, 2, y, x), h = value<T>(src, 3, y, x);
+        const float cx = box_value<T, H>(src, local, 0), cy = box_value<T, H>(src, local, 1);
+        const float w = box_value<T, H>(src, local, 2), h = box_value<T, H>(src, local, 3);
         b[0] = sub(cx, mul(w, 0.5f)); b[1] = sub(cy, mul(h, 0.5f));
         b[2] = add(cx, mul(w, 0.5f)); b[3] = add(cy, mul(h, 0.5f));
     }
@@ -330,13 +341,16 @@ def plan_detect(plan: DetectPlan) -> DetectProgram:
     for index, (spec, layout) in enumerate(zip(plan.specs, plan.layouts, strict=True)):
         traits, _, _ = _traits(index, spec)
         parts.append(traits)
-        per = spec.shape[1] // len(layout.anchors)
+        per = layout.classes + 4 if layout.kind == "boxes" else spec.shape[1] // len(layout.anchors)
         about = re.sub(r"[^A-Za-z0-9 _.:,x-]", "?", f"{layout.kind} head {spec.name}")
         parts.append(
             f"struct H{index} {{  // {about}\n"
             f"    static constexpr int KIND = {_KINDS[layout.kind]};\n"
             f"    static constexpr u32 HEIGHT = {layout.height}, WIDTH = {layout.width}, "
             f"PER = {per}, CLASSES = {layout.classes}, REG = {layout.reg_max};\n"
+            f"    static constexpr u64 CANDIDATES = {layout.cells}, TH = {spec.shape[2]}, "
+            f"TW = {spec.shape[3]};  // the tensor's height and width\n"
+            f"    static constexpr bool ROWS = {str(layout.rows).lower()};\n"
             f"    static constexpr u32 OFFSET = {layout.offset}u, "
             f"STRIDE = {_bits(layout.stride)};\n"
             f"    {_anchor('aw', layout.anchors, 0)}\n    {_anchor('ah', layout.anchors, 1)}\n"

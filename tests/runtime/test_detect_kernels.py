@@ -50,11 +50,26 @@ CASES = {
         "float16",
         "chw16",
     ),
+    # N x (4 + classes): the candidates across the lanes of chw16, or across h and w
+    "boxes_rows_chw16": (
+        Detect(head="boxes", classes=3, conf=0.2, iou=0.3),
+        "float16",
+        "chw16",
+        (1, 150, 7, 1),
+    ),
+    "boxes_rows_nhwc": (
+        Detect(head="boxes", classes=3, conf=0.2, iou=0.3),
+        "float32",
+        "nhwc",
+        (1, 10, 15, 7),
+    ),
 }
 
 
-def dla_plan(detect: Detect, dtype: str, fmt: str) -> DetectPlan:
-    logical = plan_for(detect, dtype=dtype)
+def dla_plan(
+    detect: Detect, dtype: str, fmt: str, boxes: tuple[int, int, int, int] | None = None
+) -> DetectPlan:
+    logical = plan_for(detect, dtype=dtype, boxes=boxes)
     specs = [TensorSpec(s.name, s.shape, dtype, fmt) for s in logical.specs]
     return detect.plan((64, 96), specs)
 
@@ -195,18 +210,18 @@ def test_host_build_maps_into_the_frame(detectors: Detectors, resize: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("cap", "dtype", "fmt"),
-    [(25, "float16", "chw16"), (40, "float32", "nhwc")],
-    ids=["among distinct scores", "inside a tie"],
+    ("cap", "dtype", "fmt", "boxes"),
+    [(25, "float16", "chw16", None), (40, "float32", "nhwc", (1, 150, 7, 1))],
+    ids=["among distinct scores", "inside a tie, rows"],
 )
 def test_host_build_keeps_exactly_the_best_under_the_cap(
-    tmp_path: Path, cap: int, dtype: str, fmt: str
+    tmp_path: Path, cap: int, dtype: str, fmt: str, boxes: Any
 ) -> None:
     """The rank kernel's cap: of 90 candidates only the first ``cap`` by (score, index)
     go on to NMS, which suppresses five of them; with ``max_det`` at the cap the rest
     would fill the gap if the cap let more on (tests/detect_reference.cap_heads)."""
     detect = Detect(head="boxes", classes=3, conf=0.2, max_det=cap, max_candidates=cap)
-    plan = dla_plan(detect, dtype, fmt)
+    plan = dla_plan(detect, dtype, fmt, boxes)
     heads, found = cap_heads(plan, np.random.default_rng(cap))
     want = [c for c in found[:cap] if not c[4]]
     got = HostDetector(plan, tmp_path).run(heads)
@@ -214,6 +229,20 @@ def test_host_build_keeps_exactly_the_best_under_the_cap(
     assert got.scores.tobytes() == np.array([c[2] for c in want], F).tobytes()
     assert got.classes.tolist() == [c[3] for c in want]
     assert_equal(got, plan.run([h.astype(F) for h in heads]))
+
+
+def test_host_build_reads_rows_as_columns(detectors: Detectors) -> None:
+    """The same candidates as N x (4 + classes) (chw16: a candidate's values in one
+    lane group, the candidates across surfaces) and as (4 + classes) x N give the same
+    detections, bit for bit."""
+    rows, columns = detectors["boxes_rows_chw16"], detectors["boxes_chw16"]
+    assert rows.plan.layouts[0].rows and not columns.plan.layouts[0].rows
+    heads = heads_for(columns.plan, np.random.default_rng(17), ties=True)
+    matrix = heads[0].reshape(7, 150)
+    transposed = [np.ascontiguousarray(matrix.T).reshape(1, 150, 7, 1)]
+    want = columns.run(heads)
+    assert len(want) > 5
+    assert_equal(rows.run(transposed), want)
 
 
 def test_yolov5s_shaped_heads(tmp_path: Path) -> None:
