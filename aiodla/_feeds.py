@@ -171,10 +171,12 @@ class Feeds:
 
     def _expected_free(self, number: int) -> float:
         """When core ``number`` should finish what every engine gave it."""
-        return max(
-            (c.cores[number].expected_free for c in self.clients if number in c.cores),
-            default=0.0,
-        )
+        end = 0.0
+        for client in self.clients:
+            core = client.cores.get(number)
+            if core is not None and core.expected_free > end:
+                end = core.expected_free
+        return end
 
     def _best_core(self, client: Client, room: list[int]) -> CoreState | None:
         """The core with room where ``client``'s next task would end soonest, by the
@@ -186,7 +188,8 @@ class Feeds:
             core = client.cores.get(number)
             if core is None or not core.idle or not core.in_rotation:
                 continue
-            key = (max(now, self._expected_free(number)) + core.service_time, core.assigned_total)
+            free = self._expected_free(number)
+            key = ((free if free > now else now) + core.service_time, core.assigned_total)
             if best_key is None or key < best_key:
                 best, best_key = core, key
         return best
