@@ -89,6 +89,23 @@ class TestRefusedAtOpen:
         with pytest.raises(ConfigurationError, match="no output of 10x10 for stride 64"):
             await missing.open()
 
+    @pytest.mark.asyncio
+    async def test_a_boxes_output_that_reads_both_ways(self) -> None:
+        """N equal to 4 + classes: refused at open until layout= says which; then it
+        serves."""
+        spec = TensorSpec("dets", (1, 7, 7, 1), "float16", "chw16")
+        both = make_loadable([TensorSpec("x", spec.shape, "float16")], [spec], "affine")
+        engine = Engine(both, postprocess=Detect(head="boxes", classes=3))
+        with pytest.raises(ConfigurationError, match=r"output 'dets' is 1x7x7x1: .* say which"):
+            await engine.open()
+        assert engine.state.value == "closed"
+        rows = Detect(head="boxes", classes=3, layout="rows")
+        async with Engine(both, postprocess=rows) as engine:
+            x = np.zeros(spec.shape, np.float16)
+            x[0, 0, :, 0] = [10, 10, 4, 4, 0.9, 0.1, 0.1]  # one candidate, the first row
+            got = await engine.infer(x)
+        assert got.boxes.tolist() == [[8, 8, 12, 12]] and got.classes.tolist() == [0]
+
     def test_not_a_detect(self, model: bytes) -> None:
         with pytest.raises(ConfigurationError, match="postprocess='yolov5' must be an aiodla"):
             Engine(model, postprocess="yolov5")  # type: ignore[arg-type]
