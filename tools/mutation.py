@@ -189,6 +189,9 @@ _EQUIVALENT_BY_MODULE = {
             for n in (35, 38, 39)
         },
         "xǁHttpFrontǁ_read__mutmut_9": "sys.version_info (3, 11, x, ...) > (3, 11) as well",
+        "xǁHttpFrontǁstop_listening__mutmut_2": (
+            "stop_listening runs once (the one stopping task of Server.stop)"
+        ),
         **{
             f"xǁHttpFrontǁ_read__mutmut_{n}": (
                 "uncancel() skipped: only a timeout or task group opened later in the task "

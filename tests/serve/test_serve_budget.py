@@ -1,6 +1,7 @@
 """The byte budget of HTTP request bodies over many error responses: every request,
 answered or refused, gives back its share, so errors never starve the requests after
-them (issue 34: a budget released only on success let through this bug)."""
+them (issue 34: a budget released only on success let through this bug). The budget
+holds four of the largest bodies the served models take, 256 MiB at least."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ import numpy as np
 import pytest
 
 from aiodla.serve import Server
+from aiodla.serve._http import MIB, budget_for
 from aiodla.testing import EngineFactory
 
 from support import X, affine_model, expected_affine
-
-pytestmark = pytest.mark.asyncio
 
 # Each a 400 once its body is read (padded to the size tested): not JSON, no inputs,
 # a wrong shape.
@@ -27,6 +27,7 @@ BAD_BODIES = (
 )
 
 
+@pytest.mark.asyncio
 async def test_error_responses_give_back_their_share_of_the_budget(
     aiodla_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -63,3 +64,12 @@ async def test_error_responses_give_back_their_share_of_the_budget(
         y = np.asarray(output["data"], np.float32).reshape(output["shape"])
         np.testing.assert_array_equal(y, expected_affine(x))
         assert server.statistics().failed == {"INVALID_ARGUMENT": errors}
+
+
+@pytest.mark.parametrize(
+    ("limit", "budget"),
+    [(MIB, 256 * MIB), (64 * MIB, 256 * MIB), (100 * MIB, 400 * MIB)],
+    ids=["floor", "four-at-the-floor", "four"],
+)
+def test_the_budget_holds_four_of_the_largest_bodies(limit: int, budget: int) -> None:
+    assert budget_for(limit) == budget
