@@ -1,19 +1,25 @@
 """The HTTP front as a listener: each server on the port its address asks for (port 0:
 one the system picks, so servers started side by side never collide), a port taken
 refused at start with the server still stoppable, a connection kept alive past a
-refusal of a body read whole, and no access log line per request."""
+refusal of a body read whole, no access log line per request, and a server that stops
+even while an answer waits on a client that reads nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import socket
 
 import aiohttp
 import numpy as np
 import pytest
+from clients import until
 
-from aiodla import Engine
+from aiodla import Engine, TensorSpec
+from aiodla.emulator import make_loadable
 from aiodla.serve import Server
+from aiodla.testing import EngineFactory
 
 from support import X, expected_affine
 
@@ -93,3 +99,44 @@ async def test_requests_leave_no_access_log_line(
                 assert response.status == 200
     assert len(connections) == 1
     assert [r for r in caplog.records if r.name == "aiohttp.access"] == []
+
+
+async def test_the_server_stops_while_an_answer_waits_on_a_client_that_reads_nothing(
+    aiodla_engine: EngineFactory,
+) -> None:
+    # A 32 MiB answer fills the socket buffers of a client that never reads it: its
+    # handler waits to write the rest. Closing gives such a handler the runner's one
+    # second, not aiohttp's default minute (past the test's timeout) nor for ever.
+    x_spec = TensorSpec("x", (1, 32, 512, 512), "float16", "nchw")
+    y_spec = TensorSpec("y", (1, 32, 512, 512), "float32", "nchw")
+    engine = await aiodla_engine(make_loadable([x_spec], [y_spec], "affine", 0.001))
+    x = np.zeros(x_spec.shape, np.float16).tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP16",
+                    "shape": list(x_spec.shape),
+                    "parameters": {"binary_data_size": len(x)},
+                }
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    server = Server({"big": engine}, http="127.0.0.1:0", grpc=None, drain_timeout=0)
+    await server.start()
+    _, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(
+            b"POST /v2/models/big/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+            % (len(header), len(header) + len(x))
+            + header
+            + x
+        )
+        await writer.drain()
+        await until(lambda: server.statistics().succeeded == 1)  # answered: being written
+        await server.stop()
+    finally:
+        writer.close()
