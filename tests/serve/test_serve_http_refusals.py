@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from clients import until
 
-from aiodla import Engine
+from aiodla import Engine, TensorSpec
+from aiodla.emulator import make_loadable
 from aiodla.serve import Server
+from aiodla.testing import EngineFactory
 
 from support import X, expected_affine
 
@@ -315,6 +317,62 @@ async def test_a_large_json_header_before_binary_data_is_served(server: Server) 
     (output,) = text["outputs"]
     y = np.frombuffer(answer[length:], np.float32).reshape(output["shape"])
     np.testing.assert_array_equal(y, expected_affine(XS))
+
+
+async def answer_of(reader: asyncio.StreamReader) -> tuple[bytes, Any]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    return head, json.loads(await reader.readexactly(length))
+
+
+async def test_a_body_that_trickles_in_is_408_once_its_waits_add_up_to_its_time(
+    engines: dict[str, Engine],
+) -> None:
+    # Ten pieces, each 0.1 s or more after the one before: no single wait reaches the
+    # body's 0.5 s, their sum (0.9 s at least) does.
+    body = request()
+    pieces = [body[i * len(body) // 10 : (i + 1) * len(body) // 10] for i in range(10)]
+    async with Server(engines, http="127.0.0.1:0", grpc=None, body_timeout=0.5) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+
+        async def trickle() -> None:
+            writer.write(HEAD % len(body) + pieces[0])
+            for piece in pieces[1:]:
+                await asyncio.sleep(0.1)
+                writer.write(piece)
+
+        sending = asyncio.ensure_future(trickle())
+        try:
+            head, answer = await answer_of(reader)
+        finally:
+            sending.cancel()
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 408 "), (head, answer)
+    assert answer["error"].startswith(
+        f"the request body of {len(body)} bytes did not arrive within 0.5 s ("
+    )
+
+
+async def test_a_body_over_a_mib_has_as_many_mibs_of_time(
+    aiodla_engine: EngineFactory,
+) -> None:
+    spec = TensorSpec("x", (1, 16, 256, 256), "float16", "nchw")  # a limit over 3 MiB
+    out = TensorSpec("y", spec.shape, "float16", "nchw")
+    engine = await aiodla_engine(make_loadable([spec], [out], "affine", 0.001))
+    size = 3 * 1024 * 1024
+    async with Server({"big": engine}, http="127.0.0.1:0", grpc=None, body_timeout=0.05) as server:
+        assert server.max_request_bytes > size
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+        try:
+            writer.write(HEAD.replace(b"affine", b"big") % size + b'{"inputs": [')
+            head, answer = await answer_of(reader)
+        finally:
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 408 "), head
+    assert answer == {
+        "error": f"the request body of {size} bytes did not arrive within 0.15 s (12 bytes "
+        "came; body_timeout is 0.05 s a MiB)"
+    }
 
 
 async def test_a_chunked_body_that_stalls_is_408_without_a_size(
