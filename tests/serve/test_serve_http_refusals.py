@@ -226,9 +226,7 @@ async def test_an_upload_still_arriving_when_the_drain_ends_is_503_saying_so(
         await writer.drain()
         await until(lambda: server.statistics().in_flight == 1)
         closing = asyncio.ensure_future(server.stop())
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        answer = json.loads(await reader.readexactly(length))
+        head, answer = await answer_of(reader)
         await closing
     finally:
         writer.close()
@@ -249,9 +247,7 @@ async def test_a_body_that_stalls_is_408_saying_how_long_it_had(
         try:
             writer.write(HEAD % 1000 + b'{"inputs": [')
             await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            answer = json.loads(await reader.readexactly(length))
+            head, answer = await answer_of(reader)
         finally:
             writer.close()
     assert head.startswith(b"HTTP/1.1 408 "), head
@@ -388,9 +384,7 @@ async def test_a_chunked_body_that_stalls_is_408_without_a_size(
                 b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"inp\r\n'
             )
             await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            answer = json.loads(await reader.readexactly(length))
+            head, answer = await answer_of(reader)
         finally:
             writer.close()
         # A served request's handler is not kept either.
@@ -412,9 +406,8 @@ async def test_a_body_that_does_not_decode_is_400_in_one_line(
             b"Content-Encoding: gzip\r\nContent-Length: 10\r\n\r\nnot gzip!!"
         )
         await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        error = json.loads(await reader.readexactly(length))["error"]
+        head, answer = await answer_of(reader)
+        error = answer["error"]
     finally:
         writer.close()
     assert head.startswith(b"HTTP/1.1 400 "), head
