@@ -10,6 +10,7 @@ import pytest
 
 from aiodla import EmulatedRuntime, Engine
 from aiodla._cores import CoreState, Slot
+from aiodla._slots import account
 from aiodla._statistics import LatencyWindow
 
 from support import X, affine_model, wait_until
@@ -82,52 +83,45 @@ def test_busy_window_covers_the_last_ten_seconds() -> None:
     assert window.fraction(200.2) == 1.0  # capped
 
 
-def test_a_task_seen_done_just_after_its_predecessor_was_seen_late_counts_its_stated_time(
-    runtime: EmulatedRuntime,
-) -> None:
+def test_a_task_seen_done_just_after_its_predecessor_was_seen_late_counts_its_stated_time() -> None:
     # Both queued at t0 on a core of a 1 ms stated time; the first seen done 2 ms late
     # (the poller batches, or the host is loaded), the second 0.1 ms after that. The
     # core ran 2 ms of tasks: the second ran from t0 + 1 ms, not from when the first was
     # seen.
-    engine = Engine(affine_model(), runtime=runtime)
     core = CoreState(0, service_time=0.001, learn_service_time=False)
     t0 = 100.0
     first, second = (Slot(core, i, 0, i, None, [], []) for i in range(2))
     first.submitted_at = second.submitted_at = t0
-    engine._cores.account(first, 0, t0 + 0.003)
-    engine._cores.account(second, 0, t0 + 0.0031)
+    account(first, 0, t0 + 0.003)
+    account(second, 0, t0 + 0.0031)
     assert core.busy_time == pytest.approx(0.002)
 
 
-def test_a_time_stated_long_counts_the_core_no_busier_than_the_clock(
-    runtime: EmulatedRuntime,
-) -> None:
+def test_a_time_stated_long_counts_the_core_no_busier_than_the_clock() -> None:
     # Stated 1.1 ms, each task seen done 1 ms after the one before: 3 ms of tasks in
     # 3 ms, not 3.3.
-    engine = Engine(affine_model(), runtime=runtime)
     core = CoreState(0, service_time=0.0011, learn_service_time=False)
     t0 = 100.0
     slots = [Slot(core, i, 0, i, None, [], []) for i in range(3)]
     for number, slot in enumerate(slots, 1):
         slot.submitted_at = t0
-        engine._cores.account(slot, 0, t0 + number * 0.001)
+        account(slot, 0, t0 + number * 0.001)
     assert core.busy_time == pytest.approx(0.003)
 
 
 @pytest.mark.parametrize("learn", [True, False])
 def test_tasks_of_one_core_seen_done_together_are_accounted_one_service_time_each(
-    runtime: EmulatedRuntime, learn: bool
+    learn: bool,
 ) -> None:
     # Two tasks queued on one core at t0, both seen done in one batch at t0 + 2 ms:
     # the second has no span of its own. It must neither teach the engine a service
     # time of 0 (the poller would then poll every slot at once) nor count as idle.
-    engine = Engine(affine_model(), runtime=runtime)
     core = CoreState(0, service_time=0.001, learn_service_time=learn)
     t0 = 100.0
     first, second = (Slot(core, i, 0, i, None, [], []) for i in range(2))
     first.submitted_at = second.submitted_at = t0
-    engine._cores.account(first, 0, t0 + 0.002)
-    engine._cores.account(second, 0, t0 + 0.002)
+    account(first, 0, t0 + 0.002)
+    account(second, 0, t0 + 0.002)
     if learn:
         assert core.service_time == pytest.approx(0.002)
         assert list(core.observed) == [pytest.approx(0.002)]
