@@ -36,6 +36,7 @@ import numpy as np
 from .._errors import AiodlaError
 from ..runtime._protocol import HostBuffer, HostRegistration
 from ._channel import Channel
+from ._staging import whole_pages
 
 __all__ = ["FDS_PER_MESSAGE", "MappedFrames", "SharedFrame", "SharedFrameMemory", "send_frames"]
 
@@ -49,17 +50,13 @@ FDS_PER_MESSAGE = 16
 SharedFrame = tuple[int, int, int]
 
 
-def _pages(nbytes: int) -> int:
-    return -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
 def _map(fd: int, nbytes: int) -> mmap.mmap:
     """The file's first ``nbytes`` (rounded to pages), shared. From Python 3.13 the
     mapping keeps no descriptor of its own (before, it holds a duplicate until it is
     unmapped, with the buffer's last array)."""
     if sys.version_info >= (3, 13):
-        return mmap.mmap(fd, _pages(nbytes), trackfd=False)
-    return mmap.mmap(fd, _pages(nbytes))
+        return mmap.mmap(fd, whole_pages(nbytes), trackfd=False)
+    return mmap.mmap(fd, whole_pages(nbytes))
 
 
 class SharedFrameMemory:
@@ -77,7 +74,7 @@ class SharedFrameMemory:
         """A buffer of ``nbytes`` (``mapped`` is the worker's to honour, not ours)."""
         fd = os.memfd_create("aiodla-frames", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, _pages(nbytes))
+            os.ftruncate(fd, whole_pages(nbytes))
             memory = _map(fd, nbytes)
         except BaseException:
             os.close(fd)

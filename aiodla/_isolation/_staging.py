@@ -31,13 +31,14 @@ from ..runtime._protocol import (
     Runtime,
 )
 
-__all__ = ["SharedStaging", "StagingRuntime", "map_staging"]
+__all__ = ["SharedStaging", "StagingRuntime", "map_staging", "whole_pages"]
 
 _PAGE = mmap.PAGESIZE
 
 
-def _round_up(value: int) -> int:
-    return -(-value // _PAGE) * _PAGE
+def whole_pages(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole pages, at least one: what a mapping of it spans."""
+    return -(-max(nbytes, 1) // _PAGE) * _PAGE
 
 
 class SharedStaging:
@@ -60,7 +61,7 @@ class SharedStaging:
 
     def host_alloc(self, nbytes: int, mapped: bool = False) -> HostBuffer:
         offset = self.size
-        length = _round_up(max(nbytes, 1))
+        length = whole_pages(nbytes)
         os.ftruncate(self.fd, offset + length)
         self.size = offset + length
         memory = mmap.mmap(self.fd, length, offset=offset)
