@@ -8,10 +8,14 @@ cancellation and release of any engine on the cores:
 
 - **Depth.** A task of an engine below the top priority on a core (some engine on the
   core has a higher one) starts only while the core holds fewer than :data:`DEPTH`
-  tasks of all engines together (assigned to a slot and not yet ended): so at most the
-  one running and one queued behind it. A DLA task cannot be pre-empted, so this is
-  what bounds the wait of urgent work: a top-priority request waits for at most the
-  rest of the running task and one queued task of a lower priority, besides the
+  tasks of all engines together (assigned to a slot and not yet ended), and only while
+  the work the core has left, by the estimates, is at most that task's own time. So the
+  work queued on the core is never more than two such tasks' time: a task below the top
+  priority is never queued behind a long one (a detector's task that just started), and
+  when the rule holds it back, a timer lets it start as soon as the core's work left is
+  short enough, so the core does not idle meanwhile. A DLA task cannot be pre-empted, so
+  this is what bounds the wait of urgent work: a top-priority request waits for at most
+  two task times of the longest lower-priority model on the core, besides the
   top-priority work admitted before it, then runs. Its latency is at most its own task
   time plus two task times of the longest lower-priority model on the core (plus the
   loop's round trip). Engines of the top priority, which nobody can be kept waiting
@@ -34,6 +38,7 @@ Only the event loop's thread touches this state.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import time
@@ -61,6 +66,7 @@ class Starter(Protocol):
     scheduler: Scheduler
 
     def start(self, request: Request, slot: Slot) -> None: ...
+    def take_due(self) -> None: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -87,7 +93,9 @@ class Feeds:
     State (loop thread only): ``clients`` in the order they joined; ``_virtual``, per
     priority, the start tag of the last grant (the fair-queuing clock); ``_running`` /
     ``_again``: a dispatch started from within a grant (a request that ended at its
-    start released its slot) is folded into the one running.
+    start released its slot) is folded into the one running; ``_reopen``: the timer of
+    the next dispatch, when the depth rule held a task back until a core's work left is
+    short enough (``_reopen_at``: when it is due).
     """
 
     def __init__(self, numbers: tuple[int, ...]) -> None:
@@ -97,6 +105,8 @@ class Feeds:
         self._orders = itertools.count()
         self._running = False
         self._again = False
+        self._reopen: asyncio.TimerHandle | None = None
+        self._reopen_at = float("inf")
 
     def join(self, flow: Starter, priority: int, weight: float) -> Client:
         cores = {core.core: core for core in flow.scheduler.cores}
@@ -110,6 +120,16 @@ class Feeds:
         if client in self.clients:
             self.clients.remove(client)
             self.dispatch()
+
+    def take_due_above(self, client: Client) -> None:
+        """The loop is between two batches of ``client``'s completions: every engine of
+        a higher priority takes its own that are due by now. Its tasks are the urgent
+        ones, and its poller's thread, woken at each task's expected end, wakes late on
+        a host kept busy by the lower-priority engines; the loop, busy with them, is
+        between batches often."""
+        for other in tuple(self.clients):
+            if other.priority > client.priority:
+                other.flow.take_due()
 
     def held(self, number: int) -> int:
         """Tasks core ``number`` holds, of every engine (assigned slots)."""
@@ -143,8 +163,9 @@ class Feeds:
         waiting.sort(
             key=lambda c: (-c.priority, max(virtual.get(c.priority, 0.0), c.finish_tag), c.order)
         )
+        now = time.monotonic()
         for client in waiting:
-            room = [n for n in self.numbers if held[n] < self._depth(client, n)]
+            room = [n for n in self.numbers if self._has_room(client, n, held[n], now)]
             core = self._best_core(client, room)
             if core is None:
                 continue
@@ -164,10 +185,41 @@ class Feeds:
             return True
         return False
 
-    def _depth(self, client: Client, number: int) -> int:
-        """How many tasks core ``number`` may hold when ``client``'s task starts there."""
+    def _has_room(self, client: Client, number: int, held: int, now: float) -> bool:
+        """Whether ``client``'s task may start on core ``number``, which holds ``held``
+        tasks (see the module's depth rule). When only the core's work left holds it
+        back, the next dispatch is timed for when that work is short enough."""
+        core = client.cores.get(number)
+        if core is None:
+            return False
         top = max((c.priority for c in self.clients if number in c.cores), default=0)
-        return TOP_DEPTH if client.priority >= top else DEPTH
+        if client.priority >= top:
+            return held < TOP_DEPTH
+        if held >= DEPTH:
+            return False
+        left = self._expected_free(number) - now
+        if left <= core.service_time:
+            return True
+        self._dispatch_at(now + left - core.service_time)
+        return False
+
+    def _dispatch_at(self, when: float) -> None:
+        """Dispatch again at ``when`` (``time.monotonic``), unless one is due sooner."""
+        if when >= self._reopen_at:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs (a close outside it): nothing can start anyway
+            return
+        if self._reopen is not None:  # due later: this one replaces it
+            self._reopen.cancel()
+        self._reopen_at = when
+        self._reopen = loop.call_later(max(0.0, when - time.monotonic()), self._reopened)
+
+    def _reopened(self) -> None:
+        self._reopen = None
+        self._reopen_at = float("inf")
+        self.dispatch()
 
     def _expected_free(self, number: int) -> float:
         """When core ``number`` should finish what every engine gave it."""

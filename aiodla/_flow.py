@@ -245,6 +245,21 @@ class Flow:
             self.on_completions(finished)  # which schedules _after_batch again
         else:
             poller.consumed()
+        if self.feeds is not None and self.client is not None:
+            self.feeds.take_due_above(self.client)
+
+    def take_due(self) -> None:
+        """Take this engine's completions that are due by now on the loop (called
+        between another engine's batches on shared cores: see ``Feeds.take_due_above``)."""
+        if self.life.state is EngineState.CLOSED:
+            return
+        try:
+            finished = self.poller.harvest(at_least=1)
+        except Exception as exc:  # as from the poller's own sweep: the engine is dead
+            self._die(exc)
+            return
+        if finished:
+            self.on_completions(finished)
 
     def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
         now = time.monotonic()

@@ -7,10 +7,15 @@ granted nothing); a lower priority goes only where no higher one can start."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
+
+import pytest
 
 from aiodla._feeds import DEPTH, TOP_DEPTH, Feeds
 from aiodla._life import EngineState
+
+from support import wait_until
 
 
 @dataclasses.dataclass
@@ -83,3 +88,47 @@ def test_a_lower_priority_goes_where_no_higher_one_can_start() -> None:
         high.end_one(feeds)
         low.end_one(feeds)
     assert started == ["high", "low", "high", "low", "high", "low"]
+
+
+def test_a_lower_task_waits_until_the_work_left_on_the_core_is_short() -> None:
+    # The high engine's task has 50 ms left on the core (it just started): one low task
+    # queued behind it would make urgent work arriving now wait 50 ms + 1 ms, beyond
+    # the rule's two low task times. Count alone (one held, depth two) would let it go.
+    started: list[str] = []
+    low, high = Engine("low", started), Engine("high", started, slots=1)
+    feeds = Feeds((0,))
+    feeds.join(low, priority=0, weight=1.0)
+    feeds.join(high, priority=1, weight=1.0)
+    high.queued = 1
+    feeds.dispatch()
+    assert started == ["high"]
+    high.cores[0].expected_free = time.monotonic() + 0.050  # (the engine's own estimate)
+    low.queued = 1
+    feeds.dispatch()
+    assert started == ["high"] and low.queued == 1
+    # Its task near its end: what is left is shorter than one low task, which may queue.
+    high.cores[0].expected_free = time.monotonic() + 0.0005
+    feeds.dispatch()
+    assert started == ["high", "low"] and feeds.held(0) == DEPTH
+
+
+@pytest.mark.asyncio
+async def test_a_held_back_task_starts_when_the_work_left_is_short_with_no_other_event() -> None:
+    # Nothing ends or arrives meanwhile: the feeds' own timer starts the low task once
+    # the high task's work left is at most one low task, before the high task ends (so
+    # the core is never left idle between them).
+    started: list[str] = []
+    low, high = Engine("low", started), Engine("high", started, slots=1)
+    feeds = Feeds((0,))
+    feeds.join(low, priority=0, weight=1.0)
+    feeds.join(high, priority=1, weight=1.0)
+    high.queued = 1
+    feeds.dispatch()
+    high.cores[0].expected_free = end = time.monotonic() + 0.040
+    low.cores[0].service_time = 0.010
+    low.queued = 1
+    feeds.dispatch()
+    assert started == ["high"]
+    await wait_until(lambda: started == ["high", "low"])
+    assert time.monotonic() >= end - 0.010  # not before the work left was short enough
+    assert high.cores[0].outstanding == 1  # the high task still held: no end was needed

@@ -26,6 +26,7 @@ from aiodla import (
     TaskError,
 )
 from aiodla._feeds import DEPTH, TOP_DEPTH
+from aiodla._poller import Poller
 from aiodla.testing import DLAControls
 
 from support import X, affine_model, all_idle, counts_add_up, expected_affine, wait_until
@@ -186,6 +187,39 @@ class TestPriority:
                 *(high.infer(ONES) for _ in range(20)), *(low.infer(ONES) for _ in range(20))
             )
             assert low.statistics().cores[1].completed > 0  # core 1 never idled for it
+
+    @pytest.mark.asyncio
+    async def test_the_loop_takes_urgent_completions_between_a_lower_engines_batches(
+        self, dla: Cores, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The detector's poller thread never sweeps (as one that wakes late on a busy
+        # host): its result comes only from the loop, which takes the detector's due
+        # completions between the classifier's batches.
+        asleep = True
+        start = Poller.start
+
+        def starting(poller: Poller) -> None:
+            if asleep:
+
+                def never_sweeps() -> None:
+                    while not poller._stopping:
+                        poller._bell.acquire(timeout=0.01)
+
+                monkeypatch.setattr(poller, "_sweep_until_stopped", never_sweeps)
+            start(poller)
+
+        monkeypatch.setattr(Poller, "start", starting)
+        async with Engine(affine_model(0.003), cores=dla, priority=1) as detector:
+            asleep = False
+            async with Engine(affine_model(0.001), cores=dla, priority=0) as classifier:
+                urgent = asyncio.ensure_future(detector.infer(ONES * 2))
+                for _ in range(500):  # about a second of the classifier's batches
+                    await asyncio.gather(*(classifier.infer(ONES) for _ in range(4)))
+                    if urgent.done():
+                        break
+                assert urgent.done(), "the detector's completion was not taken"
+                np.testing.assert_array_equal(await urgent, expected_affine(ONES * 2))
+                assert detector.statistics().completed == 1
 
 
 def busy_time(engine: Engine) -> float:
