@@ -107,19 +107,30 @@ class Feeds:
         self._again = False
         self._reopen: asyncio.TimerHandle | None = None
         self._reopen_at = float("inf")
+        self._top: dict[int, int] = {}  # per core, the highest priority of its engines
+        self.lowest = 0  # the lowest priority of the engines here
 
     def join(self, flow: Starter, priority: int, weight: float) -> Client:
         cores = {core.core: core for core in flow.scheduler.cores}
         client = Client(flow, priority, weight, next(self._orders), cores)
         client.finish_tag = self._virtual.get(priority, 0.0)
         self.clients.append(client)
+        self._rank()
         return client
 
     def leave(self, client: Client) -> None:
         """The engine is closed: its tasks no longer count, others take its room."""
         if client in self.clients:
             self.clients.remove(client)
+            self._rank()
             self.dispatch()
+
+    def _rank(self) -> None:
+        self.lowest = min((c.priority for c in self.clients), default=0)
+        self._top = {
+            n: max((c.priority for c in self.clients if n in c.cores), default=0)
+            for n in self.numbers
+        }
 
     def take_due_above(self, client: Client) -> None:
         """The loop is between two batches of ``client``'s completions: every engine of
@@ -164,9 +175,10 @@ class Feeds:
             key=lambda c: (-c.priority, max(virtual.get(c.priority, 0.0), c.finish_tag), c.order)
         )
         now = time.monotonic()
+        free = {n: self._expected_free(n) for n in self.numbers}
         for client in waiting:
-            room = [n for n in self.numbers if self._has_room(client, n, held[n], now)]
-            core = self._best_core(client, room)
+            room = [n for n in self.numbers if self._has_room(client, n, held[n], free[n], now)]
+            core = self._best_core(client, room, free, now)
             if core is None:
                 continue
             assignment = client.flow.scheduler.next_on(core)
@@ -180,24 +192,24 @@ class Feeds:
             client.grants += 1
             # The task queues behind every engine's work on the core, not only behind
             # this engine's: its estimated end (which the poller looks at) starts there.
-            core.expected_free = max(core.expected_free, self._expected_free(core.core))
+            core.expected_free = max(core.expected_free, free[core.core])
             client.flow.start(*assignment)
             return True
         return False
 
-    def _has_room(self, client: Client, number: int, held: int, now: float) -> bool:
+    def _has_room(self, client: Client, number: int, held: int, free: float, now: float) -> bool:
         """Whether ``client``'s task may start on core ``number``, which holds ``held``
-        tasks (see the module's depth rule). When only the core's work left holds it
-        back, the next dispatch is timed for when that work is short enough."""
+        tasks and should finish them at ``free`` (see the module's depth rule). When
+        only the core's work left holds it back, the next dispatch is timed for when
+        that work is short enough."""
         core = client.cores.get(number)
         if core is None:
             return False
-        top = max((c.priority for c in self.clients if number in c.cores), default=0)
-        if client.priority >= top:
+        if client.priority >= self._top[number]:
             return held < TOP_DEPTH
         if held >= DEPTH:
             return False
-        left = self._expected_free(number) - now
+        left = free - now
         if left <= core.service_time:
             return True
         self._dispatch_at(now + left - core.service_time)
@@ -230,18 +242,20 @@ class Feeds:
                 end = core.expected_free
         return end
 
-    def _best_core(self, client: Client, room: list[int]) -> CoreState | None:
+    def _best_core(
+        self, client: Client, room: list[int], free: dict[int, float], now: float
+    ) -> CoreState | None:
         """The core with room where ``client``'s next task would end soonest, by the
-        estimates (ties: the core it used less)."""
+        estimates (``free``: when each core should finish what it has; ties: the core
+        it used less)."""
         best: CoreState | None = None
         best_key: tuple[float, int] | None = None
-        now = time.monotonic()
         for number in room:
             core = client.cores.get(number)
             if core is None or not core.idle or not core.in_rotation:
                 continue
-            free = self._expected_free(number)
-            key = ((free if free > now else now) + core.service_time, core.assigned_total)
+            ends = free[number]
+            key = ((ends if ends > now else now) + core.service_time, core.assigned_total)
             if best_key is None or key < best_key:
                 best, best_key = core, key
         return best

@@ -194,6 +194,12 @@ class Flow:
         if request is not None:
             request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
         self.poller.watch(slot)
+        feeds = self.feeds
+        if feeds is not None and self.client is not None and self.client.priority > feeds.lowest:
+            # Urgent work beside lower-priority engines: the loop looks at the task's
+            # expected end too. Busy with the others, it runs this timer on time, while
+            # the poller thread waits for the interpreter lock the loop holds.
+            self.loop.call_at(slot.expected_done, self.take_due)
 
     def fail_submission(self, slot: Slot, exc: BaseException) -> bool:
         """The slot's submission failed: its request fails with a

@@ -189,37 +189,60 @@ class TestPriority:
             assert low.statistics().cores[1].completed > 0  # core 1 never idled for it
 
     @pytest.mark.asyncio
-    async def test_the_loop_takes_urgent_completions_between_a_lower_engines_batches(
-        self, dla: Cores, monkeypatch: pytest.MonkeyPatch
+    async def test_the_loop_takes_an_urgent_completion_at_its_expected_end(
+        self, dla: Cores, sleepy_pollers: list[bool]
     ) -> None:
-        # The detector's poller thread never sweeps (as one that wakes late on a busy
-        # host): its result comes only from the loop, which takes the detector's due
-        # completions between the classifier's batches.
-        asleep = True
-        start = Poller.start
-
-        def starting(poller: Poller) -> None:
-            if asleep:
-
-                def never_sweeps() -> None:
-                    while not poller._stopping:
-                        poller._bell.acquire(timeout=0.01)
-
-                monkeypatch.setattr(poller, "_sweep_until_stopped", never_sweeps)
-            start(poller)
-
-        monkeypatch.setattr(Poller, "start", starting)
+        # The detector's poller thread never sweeps (as one kept from the interpreter
+        # lock by a busy loop), and the classifier, idle, gives the loop no batches: the
+        # loop's own look at the task's expected end returns the result.
         async with Engine(affine_model(0.003), cores=dla, priority=1) as detector:
-            asleep = False
-            async with Engine(affine_model(0.001), cores=dla, priority=0) as classifier:
-                urgent = asyncio.ensure_future(detector.infer(ONES * 2))
+            sleepy_pollers[0] = False
+            async with Engine(affine_model(0.001), cores=dla, priority=0):
+                result = await asyncio.wait_for(detector.infer(ONES * 2), 2.0)
+                np.testing.assert_array_equal(result, expected_affine(ONES * 2))
+
+    @pytest.mark.asyncio
+    async def test_the_loop_takes_urgent_completions_between_a_lower_engines_batches(
+        self, dla: Cores, sleepy_pollers: list[bool], aiodla_controls: DLAControls
+    ) -> None:
+        # The detector's task is held past its expected end, so the loop's look then
+        # finds it running; once it ran, only the loop's look between the classifier's
+        # batches (on the other core) can return it.
+        async with Engine(affine_model(0.003), cores=dla.subset([0]), priority=1) as detector:
+            sleepy_pollers[0] = False
+            async with Engine(affine_model(0.001), cores=dla.subset([1])) as classifier:
+                with aiodla_controls.hold(0) as gate:
+                    urgent = asyncio.ensure_future(detector.infer(ONES * 2))
+                    await gate.reached(1)
+                    await asyncio.sleep(0.02)  # past the expected end: the look missed
                 for _ in range(500):  # about a second of the classifier's batches
-                    await asyncio.gather(*(classifier.infer(ONES) for _ in range(4)))
+                    await asyncio.gather(*(classifier.infer(ONES) for _ in range(2)))
                     if urgent.done():
                         break
                 assert urgent.done(), "the detector's completion was not taken"
                 np.testing.assert_array_equal(await urgent, expected_affine(ONES * 2))
                 assert detector.statistics().completed == 1
+
+
+@pytest.fixture
+def sleepy_pollers(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """While its one flag is True, an engine that opens gets a poller thread that never
+    sweeps: its completions reach it only through the loop's own looks."""
+    asleep = [True]
+    start = Poller.start
+
+    def starting(poller: Poller) -> None:
+        if asleep[0]:
+
+            def never_sweeps() -> None:
+                while not poller._stopping:
+                    poller._bell.acquire(timeout=0.01)
+
+            monkeypatch.setattr(poller, "_sweep_until_stopped", never_sweeps)
+        start(poller)
+
+    monkeypatch.setattr(Poller, "start", starting)
+    return asleep
 
 
 def busy_time(engine: Engine) -> float:
