@@ -335,6 +335,17 @@ def boxes_section(r: Results) -> str:
         for key, label in BOXES_CASES
     ]
     ratio = d["boxes_host_ratio"]
+    h = r("data-path-h100-boxes.json")
+    h100_rows = [
+        [
+            label,
+            spread(h["cases"][key]["x_ideal"]),
+            f"{med(h['cases'][key]['host_us']):.0f}",
+            f"{med(h['cases'][key]['host_vs_small']):.2f}",
+            f"{med(h['cases'][key]['lag_p99_ms']):.2f}",
+        ]
+        for key, label in BOXES_CASES
+    ]
     e = r("data-path-emulated-boxes.json")
     emulated_rows = [
         [
@@ -364,6 +375,14 @@ def boxes_section(r: Results) -> str:
             f"{d['stated_service_s'] * 1e3:.1f} ms.",
             table(["case", "x ideal", "host CPU a frame (us)", "x (c)", "lag p99 (ms)"], rows),
             f"Host CPU of (a) against (b): {spread(ratio)} (target at most {ratio['target']}).",
+            "Taken again after a step moves to a worker thread only when it copies more than "
+            "`offload_bytes` (a frame read in place from a frame buffer is staged on the "
+            "loop), with the same command on an H100 of the GPU machine "
+            f"(`data-path-h100-boxes.json`; a task stated at {h['stated_service_s'] * 1e3:.1f} "
+            f"ms took {h['task_time_at_stated_s'] * 1e3:.1f} ms there). The figures of the "
+            "two cards are of different machines, so compare each row with its own (c):",
+            table(["case", "x ideal", "host CPU a frame (us)", "x (c)", "lag p99 (ms)"], h100_rows),
+            f"Host CPU of (a) against (b) on the H100: {spread(h['boxes_host_ratio'])}.",
             "On the emulated runtime, on the 2-CPU development machine (the first two repeats "
             "quiet, the last three beside other work: load 16): `python "
             "benchmarks/bench_data_path.py OUT.json --only boxes --repeats 5 --seconds 10`, 5 "
