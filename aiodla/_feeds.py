@@ -33,6 +33,13 @@ cancellation and release of any engine on the cores:
   core), then its own service time. The time already spent on the running task counts:
   of two cores each running one task, the one whose task started first frees first.
 
+**Urgent completions.** An engine's poller thread needs the interpreter lock to see
+its tasks done, and a loop kept busy by lower-priority engines holds it: the wake-up
+comes late. So for an engine above the lowest priority here the loop looks itself: a
+loop timer at each of its tasks' expected end (a busy loop runs it on time; an idle one
+leaves the lock to the poller), and a look between two batches of a lower-priority
+engine's completions (``Poller.harvest(at_least=1)``).
+
 Only the event loop's thread touches this state.
 """
 
@@ -64,9 +71,19 @@ class Starter(Protocol):
 
     life: Life
     scheduler: Scheduler
+    loop: asyncio.AbstractEventLoop
 
+    @property
+    def poller(self) -> Sweeper: ...
     def start(self, request: Request, slot: Slot) -> None: ...
-    def take_due(self) -> None: ...
+    def on_completions(self, finished: list[tuple[Slot, int]]) -> None: ...
+    def die(self, exc: BaseException) -> None: ...
+
+
+class Sweeper(Protocol):
+    """What the feeds ask of an engine's poller: a sweep on the loop."""
+
+    def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -132,15 +149,33 @@ class Feeds:
             for n in self.numbers
         }
 
+    # -- urgent completions: the loop looks itself (see the module's docstring) ------------
+
+    def submitted(self, client: Client, slot: Slot) -> None:
+        """``client``'s task went to ``slot``: above the lowest priority here, the loop
+        looks at its expected end too."""
+        if client.priority > self.lowest:
+            client.flow.loop.call_at(slot.expected_done, self.take_due, client)
+
     def take_due_above(self, client: Client) -> None:
         """The loop is between two batches of ``client``'s completions: every engine of
-        a higher priority takes its own that are due by now. Its tasks are the urgent
-        ones, and its poller's thread, woken at each task's expected end, wakes late on
-        a host kept busy by the lower-priority engines; the loop, busy with them, is
-        between batches often."""
+        a higher priority takes its own that are due by now."""
         for other in tuple(self.clients):
             if other.priority > client.priority:
-                other.flow.take_due()
+                self.take_due(other)
+
+    def take_due(self, client: Client) -> None:
+        """``client`` takes, on the loop, its completions that are due by now."""
+        flow = client.flow
+        if flow.life.state is EngineState.CLOSED:
+            return
+        try:
+            finished = flow.poller.harvest(at_least=1)
+        except Exception as exc:  # as from the poller's own sweep: the engine is dead
+            flow.die(exc)
+            return
+        if finished:
+            flow.on_completions(finished)
 
     def held(self, number: int) -> int:
         """Tasks core ``number`` holds, of every engine (assigned slots)."""

@@ -59,7 +59,7 @@ class Flow:
         self.device = device
         self.life = life
         self.loop = loop
-        self._die = die
+        self.die = die  # the engine dies of an error its runtime raised
         self.postprocess = postprocess  # Engine(postprocess=...), else None
         self.scheduler = Scheduler(device.cores, options.max_consecutive_faults)
         # A step runs in a worker thread when it would move more than ``offload_bytes``
@@ -194,19 +194,15 @@ class Flow:
         if request is not None:
             request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
         self.poller.watch(slot)
-        feeds = self.feeds
-        if feeds is not None and self.client is not None and self.client.priority > feeds.lowest:
-            # Urgent work beside lower-priority engines: the loop looks at the task's
-            # expected end too. Busy with the others, it runs this timer on time, while
-            # the poller thread waits for the interpreter lock the loop holds.
-            self.loop.call_at(slot.expected_done, self.take_due)
+        if self.feeds is not None and self.client is not None:
+            self.feeds.submitted(self.client, slot)
 
     def fail_submission(self, slot: Slot, exc: BaseException) -> bool:
         """The slot's submission failed: its request fails with a
         :class:`~aiodla.DeviceError` naming the call, a probe is tried again later; a
         sticky CUDA error kills the engine instead (False then)."""
         if is_sticky(exc):
-            self._die(exc)
+            self.die(exc)
             return False
         doing = f"core {slot.core.core}: submitting the request"
         error = device_error(doing, exc) or AiodlaError(f"{doing} failed: {exc!r}")
@@ -245,7 +241,7 @@ class Flow:
         try:
             finished = poller.harvest()
         except Exception as exc:  # as from the poller's own sweep: the engine is dead
-            self._die(exc)
+            self.die(exc)
             return
         if finished:
             self.on_completions(finished)  # which schedules _after_batch again
@@ -253,19 +249,6 @@ class Flow:
             poller.consumed()
         if self.feeds is not None and self.client is not None:
             self.feeds.take_due_above(self.client)
-
-    def take_due(self) -> None:
-        """Take this engine's completions that are due by now on the loop (called
-        between another engine's batches on shared cores: see ``Feeds.take_due_above``)."""
-        if self.life.state is EngineState.CLOSED:
-            return
-        try:
-            finished = self.poller.harvest(at_least=1)
-        except Exception as exc:  # as from the poller's own sweep: the engine is dead
-            self._die(exc)
-            return
-        if finished:
-            self.on_completions(finished)
 
     def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
         now = time.monotonic()
