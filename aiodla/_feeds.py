@@ -64,6 +64,10 @@ __all__ = ["DEPTH", "TOP_DEPTH", "Client", "Feeds", "Starter"]
 DEPTH = 2
 # Tasks a core may hold when a task of the top priority starts.
 TOP_DEPTH = 4
+# The loop's looks at an urgent task (see take_due): past its expected end, again this
+# often while it runs, this many looks in all; the poller thread still sees it after.
+LOOK_AGAIN = 100e-6
+LOOKS = 8
 
 
 class Starter(Protocol):
@@ -154,8 +158,16 @@ class Feeds:
     def submitted(self, client: Client, slot: Slot) -> None:
         """``client``'s task went to ``slot``: above the lowest priority here, the loop
         looks at its expected end too."""
-        if client.priority > self.lowest:
-            client.flow.loop.call_at(slot.expected_done, self.take_due, client)
+        request = slot.request
+        if client.priority > self.lowest and request is not None:
+            client.flow.loop.call_at(slot.expected_done, self._look, client, slot, request, LOOKS)
+
+    def _look(self, client: Client, slot: Slot, request: Request, looks: int) -> None:
+        """The loop's look at an urgent task's expected end: the estimate is rough, so
+        while the task still runs, again :data:`LOOK_AGAIN` later, ``looks`` times."""
+        self.take_due(client)
+        if slot.request is request and looks > 1:
+            client.flow.loop.call_later(LOOK_AGAIN, self._look, client, slot, request, looks - 1)
 
     def take_due_above(self, client: Client) -> None:
         """The loop is between two batches of ``client``'s completions: every engine of

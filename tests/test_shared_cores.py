@@ -202,6 +202,19 @@ class TestPriority:
                 np.testing.assert_array_equal(result, expected_affine(ONES * 2))
 
     @pytest.mark.asyncio
+    async def test_the_loop_looks_again_when_an_urgent_task_ends_after_its_estimate(
+        self, dla: Cores, sleepy_pollers: list[bool], aiodla_controls: DLAControls
+    ) -> None:
+        # The task starts 3 ms late: the look at its expected end finds it running, and
+        # nothing else (no poller sweep, no batch of the idle classifier) would look.
+        async with Engine(affine_model(0.003), cores=dla, priority=1) as detector:
+            sleepy_pollers[0] = False
+            async with Engine(affine_model(0.001), cores=dla, priority=0):
+                aiodla_controls.delay_next(0.003)
+                result = await asyncio.wait_for(detector.infer(ONES * 2), 2.0)
+                np.testing.assert_array_equal(result, expected_affine(ONES * 2))
+
+    @pytest.mark.asyncio
     async def test_the_loop_takes_urgent_completions_between_a_lower_engines_batches(
         self, dla: Cores, sleepy_pollers: list[bool], aiodla_controls: DLAControls
     ) -> None:
