@@ -60,12 +60,19 @@ class Engine:
         feeds.dispatch()
 
 
-def test_a_waiting_higher_priority_goes_first_though_fair_queuing_says_otherwise() -> None:
+def low_and_high(high_slots: int = 4) -> tuple[list[str], Engine, Engine, Feeds]:
+    """A low (priority 0, joined first) and a high (priority 1) engine on one core's
+    feed, and the list their starts go to."""
     started: list[str] = []
-    low, high = Engine("low", started), Engine("high", started)
+    low, high = Engine("low", started), Engine("high", started, slots=high_slots)
     feeds = Feeds((0,))
-    feeds.join(low, priority=0, weight=1.0)  # first to join: ties in fair queuing go to it
+    feeds.join(low, priority=0, weight=1.0)
     feeds.join(high, priority=1, weight=1.0)
+    return started, low, high, feeds
+
+
+def test_a_waiting_higher_priority_goes_first_though_fair_queuing_says_otherwise() -> None:
+    started, low, high, feeds = low_and_high()  # low joined first: ties go to it
     low.queued, high.queued = 3, 3
     feeds.dispatch()
     # The high engine fills the core to its depth before any low task starts; a low
@@ -75,11 +82,7 @@ def test_a_waiting_higher_priority_goes_first_though_fair_queuing_says_otherwise
 
 
 def test_a_lower_priority_goes_where_no_higher_one_can_start() -> None:
-    started: list[str] = []
-    low, high = Engine("low", started), Engine("high", started, slots=1)
-    feeds = Feeds((0,))
-    feeds.join(low, priority=0, weight=1.0)
-    feeds.join(high, priority=1, weight=1.0)
+    started, low, high, feeds = low_and_high(high_slots=1)
     low.queued, high.queued = 3, 3
     feeds.dispatch()
     # The high engine's one slot is busy: a low task may queue behind it (depth 2).
@@ -94,11 +97,7 @@ def test_a_lower_task_waits_until_the_work_left_on_the_core_is_short() -> None:
     # The high engine's task has 50 ms left on the core (it just started): one low task
     # queued behind it would make urgent work arriving now wait 50 ms + 1 ms, beyond
     # the rule's two low task times. Count alone (one held, depth two) would let it go.
-    started: list[str] = []
-    low, high = Engine("low", started), Engine("high", started, slots=1)
-    feeds = Feeds((0,))
-    feeds.join(low, priority=0, weight=1.0)
-    feeds.join(high, priority=1, weight=1.0)
+    started, low, high, feeds = low_and_high(high_slots=1)
     high.queued = 1
     feeds.dispatch()
     assert started == ["high"]
@@ -117,11 +116,7 @@ async def test_a_held_back_task_starts_when_the_work_left_is_short_with_no_other
     # Nothing ends or arrives meanwhile: the feeds' own timer starts the low task once
     # the high task's work left is at most one low task, before the high task ends (so
     # the core is never left idle between them).
-    started: list[str] = []
-    low, high = Engine("low", started), Engine("high", started, slots=1)
-    feeds = Feeds((0,))
-    feeds.join(low, priority=0, weight=1.0)
-    feeds.join(high, priority=1, weight=1.0)
+    started, low, high, feeds = low_and_high(high_slots=1)
     high.queued = 1
     feeds.dispatch()
     high.cores[0].expected_free = end = time.monotonic() + 0.040

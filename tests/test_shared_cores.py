@@ -189,28 +189,19 @@ class TestPriority:
             assert low.statistics().cores[1].completed > 0  # core 1 never idled for it
 
     @pytest.mark.asyncio
-    async def test_the_loop_takes_an_urgent_completion_at_its_expected_end(
-        self, dla: Cores, sleepy_pollers: list[bool]
+    @pytest.mark.parametrize("late", [0.0, 0.003], ids=["at its estimate", "3 ms after it"])
+    async def test_the_loop_looks_at_an_urgent_task_at_and_after_its_expected_end(
+        self, dla: Cores, sleepy_pollers: list[bool], aiodla_controls: DLAControls, late: float
     ) -> None:
         # The detector's poller thread never sweeps (as one kept from the interpreter
-        # lock by a busy loop), and the classifier, idle, gives the loop no batches: the
-        # loop's own look at the task's expected end returns the result.
+        # lock by a busy loop), and the classifier, idle, gives the loop no batches: only
+        # the loop's look at the task's expected end returns the result, or, when the
+        # task starts late, its looks again after that.
         async with Engine(affine_model(0.003), cores=dla, priority=1) as detector:
             sleepy_pollers[0] = False
             async with Engine(affine_model(0.001), cores=dla, priority=0):
-                result = await asyncio.wait_for(detector.infer(ONES * 2), 2.0)
-                np.testing.assert_array_equal(result, expected_affine(ONES * 2))
-
-    @pytest.mark.asyncio
-    async def test_the_loop_looks_again_when_an_urgent_task_ends_after_its_estimate(
-        self, dla: Cores, sleepy_pollers: list[bool], aiodla_controls: DLAControls
-    ) -> None:
-        # The task starts 3 ms late: the look at its expected end finds it running, and
-        # nothing else (no poller sweep, no batch of the idle classifier) would look.
-        async with Engine(affine_model(0.003), cores=dla, priority=1) as detector:
-            sleepy_pollers[0] = False
-            async with Engine(affine_model(0.001), cores=dla, priority=0):
-                aiodla_controls.delay_next(0.003)
+                if late:
+                    aiodla_controls.delay_next(late)
                 result = await asyncio.wait_for(detector.infer(ONES * 2), 2.0)
                 np.testing.assert_array_equal(result, expected_affine(ONES * 2))
 
