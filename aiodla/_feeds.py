@@ -77,17 +77,9 @@ class Starter(Protocol):
     scheduler: Scheduler
     loop: asyncio.AbstractEventLoop
 
-    @property
-    def poller(self) -> Sweeper: ...
     def start(self, request: Request, slot: Slot) -> None: ...
+    def sweep(self, at_least: int | None = None) -> list[tuple[Slot, int]] | None: ...
     def on_completions(self, finished: list[tuple[Slot, int]]) -> None: ...
-    def die(self, exc: BaseException) -> None: ...
-
-
-class Sweeper(Protocol):
-    """What the feeds ask of an engine's poller: a sweep on the loop."""
-
-    def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -129,7 +121,7 @@ class Feeds:
         self._reopen: asyncio.TimerHandle | None = None
         self._reopen_at = float("inf")
         self._top: dict[int, int] = {}  # per core, the highest priority of its engines
-        self.lowest = 0  # the lowest priority of the engines here
+        self.lowest = self.highest = 0  # the lowest and highest priority of the engines here
 
     def join(self, flow: Starter, priority: int, weight: float) -> Client:
         cores = {core.core: core for core in flow.scheduler.cores}
@@ -148,6 +140,7 @@ class Feeds:
 
     def _rank(self) -> None:
         self.lowest = min((c.priority for c in self.clients), default=0)
+        self.highest = max((c.priority for c in self.clients), default=0)
         self._top = {
             n: max((c.priority for c in self.clients if n in c.cores), default=0)
             for n in self.numbers
@@ -160,7 +153,9 @@ class Feeds:
         looks at its expected end too."""
         request = slot.request
         if client.priority > self.lowest and request is not None:
-            client.flow.loop.call_at(slot.expected_done, self._look, client, slot, request, LOOKS)
+            # (expected_done is time.monotonic's; the loop's own clock may differ: uvloop)
+            wait = max(0.0, slot.expected_done - time.monotonic())
+            client.flow.loop.call_later(wait, self._look, client, slot, request, LOOKS)
 
     def _look(self, client: Client, slot: Slot, request: Request, looks: int) -> None:
         """The loop's look at an urgent task's expected end: the estimate is rough, so
@@ -172,22 +167,17 @@ class Feeds:
     def take_due_above(self, client: Client) -> None:
         """The loop is between two batches of ``client``'s completions: every engine of
         a higher priority takes its own that are due by now."""
+        if client.priority >= self.highest:  # (none above it: one test a batch)
+            return
         for other in tuple(self.clients):
             if other.priority > client.priority:
                 self.take_due(other)
 
     def take_due(self, client: Client) -> None:
         """``client`` takes, on the loop, its completions that are due by now."""
-        flow = client.flow
-        if flow.life.state is EngineState.CLOSED:
-            return
-        try:
-            finished = flow.poller.harvest(at_least=1)
-        except Exception as exc:  # as from the poller's own sweep: the engine is dead
-            flow.die(exc)
-            return
+        finished = client.flow.sweep(at_least=1)
         if finished:
-            flow.on_completions(finished)
+            client.flow.on_completions(finished)
 
     def held(self, number: int) -> int:
         """Tasks core ``number`` holds, of every engine (assigned slots)."""

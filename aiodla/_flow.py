@@ -59,7 +59,7 @@ class Flow:
         self.device = device
         self.life = life
         self.loop = loop
-        self.die = die  # the engine dies of an error its runtime raised
+        self._die = die
         self.postprocess = postprocess  # Engine(postprocess=...), else None
         self.scheduler = Scheduler(device.cores, options.max_consecutive_faults)
         # A step runs in a worker thread when it would move more than ``offload_bytes``
@@ -202,7 +202,7 @@ class Flow:
         :class:`~aiodla.DeviceError` naming the call, a probe is tried again later; a
         sticky CUDA error kills the engine instead (False then)."""
         if is_sticky(exc):
-            self.die(exc)
+            self._die(exc)
             return False
         doing = f"core {slot.core.core}: submitting the request"
         error = device_error(doing, exc) or AiodlaError(f"{doing} failed: {exc!r}")
@@ -232,21 +232,27 @@ class Flow:
             # After the callers this batch woke took their step (see _after_batch).
             self.loop.call_soon(self._after_batch)
 
+    def sweep(self, at_least: int | None = None) -> list[tuple[Slot, int]] | None:
+        """The poller's sweep on the loop (``Poller.harvest``): what finished; None once
+        the engine is closed, or when the sweep raised (the engine dies of it)."""
+        if self.life.state is EngineState.CLOSED:
+            return None
+        try:
+            return self.poller.harvest(at_least)
+        except Exception as exc:  # as from the poller's own sweep: the engine is dead
+            self._die(exc)
+            return None
+
     def _after_batch(self) -> None:
         """The loop is free again: take what finished meanwhile at once if several
         tasks should have, else hand polling back (see the poller's module docstring)."""
-        if self.life.state is EngineState.CLOSED:
-            return
-        poller = self.poller
-        try:
-            finished = poller.harvest()
-        except Exception as exc:  # as from the poller's own sweep: the engine is dead
-            self.die(exc)
+        finished = self.sweep()
+        if finished is None:
             return
         if finished:
             self.on_completions(finished)  # which schedules _after_batch again
         else:
-            poller.consumed()
+            self.poller.consumed()
         if self.feeds is not None and self.client is not None:
             self.feeds.take_due_above(self.client)
 

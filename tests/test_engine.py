@@ -129,8 +129,8 @@ class TestResults:
             harvested: list[int] = []
             harvest = poller.harvest
 
-            def spy() -> list[tuple[object, int]]:
-                found = harvest()
+            def spy(at_least: int | None = None) -> list[tuple[object, int]]:
+                found = harvest(at_least)
                 harvested.append(len(found))
                 return found  # type: ignore[return-value]
 

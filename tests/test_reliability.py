@@ -243,7 +243,7 @@ class TestDeadEngine:
         async with Engine(affine_model(), runtime=runtime) as engine:
             assert engine._flow.poller is not None
 
-            def harvest() -> list[object]:
+            def harvest(at_least: int | None = None) -> list[object]:
                 runtime.poison(719)  # the context is lost: the device drops its work
                 raise CudaCallError("cudaEventQuery", 719)
 
