@@ -38,7 +38,7 @@ policy on a machine whose host is too loaded to keep up with 1 ms tasks.
 Usage::
 
     python benchmarks/bench_shared_cores.py [--repeats 5] [--seconds 1.0] [--slow 1]
-                                            [--json PATH]
+                                            [--only "priority shared,..."] [--json PATH]
 """
 
 from __future__ import annotations
@@ -237,10 +237,13 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-async def measure(repeats: int, seconds: float) -> dict[str, dict[str, dict[str, float]]]:
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in CASES}
+async def measure(
+    repeats: int, seconds: float, only: list[str]
+) -> dict[str, dict[str, dict[str, float]]]:
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in only}
     for repeat in range(repeats):
-        for name, case in CASES.items():
+        for name in only:
+            case = CASES[name]
             runtime = EmulatedRuntime(cores=2)
             try:
                 runs[name].append(await case(runtime, seconds))
@@ -259,11 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--slow", type=float, default=1.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--only", default=",".join(CASES), help=f"cases, comma-separated: {', '.join(CASES)}"
+    )
     args = parser.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",")]
+    unknown = [name for name in only if name not in CASES]
+    if unknown:
+        parser.error(f"no such case: {', '.join(unknown)} (cases: {', '.join(CASES)})")
     global SLOW
     SLOW = args.slow
     load_before = os.getloadavg()
-    results = asyncio.run(measure(args.repeats, args.seconds))
+    results = asyncio.run(measure(args.repeats, args.seconds, only))
     for name, figures in results.items():
         shown = ", ".join(
             f"{key} {value['median']:.3f} ({value['min']:.3f}..{value['max']:.3f})"
