@@ -321,10 +321,9 @@ BOXES_CASES = (
 )
 
 
-def boxes_section(r: Results) -> str:
-    d = r("data-path-gpu-boxes.json")
-    cases = d["cases"]
-    rows = [
+def boxes_rows(cases: dict[str, Any]) -> list[list[str]]:
+    """The camera-to-boxes table's rows, from a GPU run of ``bench_data_path``."""
+    return [
         [
             label,
             spread(cases[key]["x_ideal"]),
@@ -334,18 +333,14 @@ def boxes_section(r: Results) -> str:
         ]
         for key, label in BOXES_CASES
     ]
+
+
+def boxes_section(r: Results) -> str:
+    d = r("data-path-gpu-boxes.json")
+    rows = boxes_rows(d["cases"])
     ratio = d["boxes_host_ratio"]
     h = r("data-path-h100-boxes.json")
-    h100_rows = [
-        [
-            label,
-            spread(h["cases"][key]["x_ideal"]),
-            f"{med(h['cases'][key]['host_us']):.0f}",
-            f"{med(h['cases'][key]['host_vs_small']):.2f}",
-            f"{med(h['cases'][key]['lag_p99_ms']):.2f}",
-        ]
-        for key, label in BOXES_CASES
-    ]
+    h100_rows = boxes_rows(h["cases"])
     e = r("data-path-emulated-boxes.json")
     emulated_rows = [
         [
