@@ -46,6 +46,7 @@ from ._statistics import StageTimes as StageTimes
 from ._statistics import WorkerStatistics as WorkerStatistics
 from ._tensors import TensorSpec as TensorSpec
 from ._trace import TraceRecorder as TraceRecorder
+from ._video_frame import VideoFrame as VideoFrame
 from .runtime import EmulatedRuntime as EmulatedRuntime
 
 __version__ = "0.1.0.dev0"
@@ -96,6 +97,7 @@ __all__ = (
     "TaskError",
     "TensorSpec",
     "TraceRecorder",
+    "VideoFrame",
     "WorkerLostError",
     "WorkerStatistics",
 )

@@ -62,7 +62,10 @@ GROUPS = {
     "aiodla": [
         ("The engine", ["Engine", "BlockingEngine", "EngineOptions", "EngineState"]),
         ("Tensors and inputs", ["TensorSpec", "ImagePreprocess", "Geometry", "DeviceTensor"]),
-        ("Camera streams", ["LatestFrameStream", "FrameResult", "StreamState", "StreamStatistics"]),
+        (
+            "Camera streams",
+            ["VideoFrame", "LatestFrameStream", "FrameResult", "StreamState", "StreamStatistics"],
+        ),
         ("The timeline", ["TraceRecorder"]),
         (
             "Statistics and health",
