@@ -32,6 +32,7 @@ from ._bindings import FrameRead, Read, Staging, TensorBinding
 from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
 from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
 from ._frame_buffers import read_in_buffer
+from ._frame_plan import _PLANAR
 from ._source_dtypes import SOURCE_DTYPES, WIDEST, accepted_dtypes, device_dtype_check
 
 if TYPE_CHECKING:
@@ -345,7 +346,7 @@ class DevicePath:
             staged = binding.host.array[: array.nbytes].reshape(array.shape)
             np.copyto(staged, array)
             height, width = array.shape[:2]
-            if binding.frames.source == "nv12":
+            if binding.frames.source in _PLANAR:
                 height = height * 2 // 3
             pointer = self._staged_at(binding)
             # The staged copy is dense whatever the caller's strides (a crop, a flip).
@@ -379,7 +380,7 @@ class DevicePath:
         if not packed or pitch < row:
             return None
         height, width = array.shape[:2]
-        if binding.frames is not None and binding.frames.source == "nv12":
+        if binding.frames is not None and binding.frames.source in _PLANAR:
             height = height * 2 // 3
         span = (array.shape[0] - 1) * pitch + row
         if self.zero_copy and buffer.device_ptr:

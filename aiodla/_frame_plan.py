@@ -26,7 +26,11 @@ _Array = np.ndarray[Any, Any]
 
 #: Bytes per pixel of the packed sources.
 _PACKED = {"bgr": 3, "rgb": 3, "bgra": 4, "rgba": 4}
-#: Where R, G and B sit in a packed pixel (nv12 is converted to R, G, B first).
+#: The planar YUV 4:2:0 sources, each one (H*3/2) x W uint8 array: the Y plane, then
+#: the chroma (nv12: U and V interleaved in H/2 rows; i420: the U plane then the V plane,
+#: each H/2 x W/2, packed row after row into the same H/2 rows).
+_PLANAR = ("nv12", "i420")
+#: Where R, G and B sit in a packed pixel (planar sources are converted to R, G, B first).
 _RGB_AT = {"bgr": (2, 1, 0), "rgb": (0, 1, 2), "bgra": (2, 1, 0), "rgba": (0, 1, 2)}
 _ORDERS = {"rgb": (0, 1, 2), "bgr": (2, 1, 0)}
 
@@ -126,7 +130,7 @@ class _Plan:
     """The tables for one (source, order, resize, frame size, model size)."""
 
     geometry: Geometry
-    nv12: bool
+    planar: str | None  # "nv12" or "i420"; None for the packed sources
     y0: _Array
     y1: _Array
     fy: _Array  # (rows, 1, 1), to broadcast over (rows, channel, column) blocks
@@ -138,10 +142,11 @@ class _Plan:
     blend_y: bool
     blend_x: bool
     # packed sources: the byte within a frame row of each (channel, column) in the
-    # model's order, for x0 and x1; nv12: the byte of U within a UV row, for x0 and x1
+    # model's order, for x0 and x1; nv12: the byte of U within a UV row; i420: the
+    # column of U (and of V) within its plane, for x0 and x1
     columns0: _Array
     columns1: _Array
-    # nv12: which of R, G, B (0, 1, 2) each model channel takes
+    # planar sources: which of R, G, B (0, 1, 2) each model channel takes
     lanes: tuple[int, ...]
 
 
@@ -161,12 +166,15 @@ def _plan(
     lanes = _ORDERS[order]
     if source == "nv12":
         columns0, columns1 = x0 // 2 * 2, x1 // 2 * 2
+    elif source == "i420":
+        columns0, columns1 = x0 // 2, x1 // 2
     else:
         at = np.array([_RGB_AT[source][k] for k in lanes], np.intp)[:, None]
         columns0 = (x0 * _PACKED[source] + at).ravel()
         columns1 = (x1 * _PACKED[source] + at).ravel()
+    planar = source if source in _PLANAR else None
     plan = _Plan(
-        geometry, source == "nv12", y0, y1, fy.reshape(-1, 1, 1), x0, x1, fx,
+        geometry, planar, y0, y1, fy.reshape(-1, 1, 1), x0, x1, fx,
         bool(fy.any()), bool(fx.any()), columns0, columns1, lanes,
     )  # fmt: skip
     for table in (y0, y1, fy, x0, x1, fx, columns0, columns1):

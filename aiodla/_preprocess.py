@@ -23,8 +23,12 @@ or ``-fmad=false``).
 1. **Pixels**, uint8 R, G, B at frame pixel (y, x).
    bgr, rgb, bgra, rgba: the bytes at (y, x); alpha is ignored.
    nv12 (BT.601 limited range, nearest chroma, exactly OpenCV's ``COLOR_YUV2RGB_NV12``):
-   Y = a[y, x], U = a[Hf + y//2, 2*(x//2)], V = a[Hf + y//2, 2*(x//2) + 1], then in int32
-   (no intermediate overflows), with ``>>`` an arithmetic shift::
+   Y = a[y, x], U = a[Hf + y//2, 2*(x//2)], V = a[Hf + y//2, 2*(x//2) + 1].
+   i420 (the same, exactly OpenCV's ``COLOR_YUV2RGB_I420``): Y = a[y, x], and U, V at
+   chroma row r = y//2 (U) or r = Hf/2 + y//2 (V), column c = x//2, which lies at
+   a[Hf + r//2, (r % 2)*(Wf/2) + c] (two chroma rows of Wf/2 bytes to an array row).
+   Then, for both, in int32 (no intermediate overflows), with ``>>`` an arithmetic
+   shift::
 
        l = max(Y - 16, 0) * 1220542 + 2**19
        R = clamp((l + 1673527 * (V - 128)) >> 20, 0, 255)
@@ -72,7 +76,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._errors import ConfigurationError, InputTypeError, InputValueError
-from ._frame_plan import _ORDERS, _PACKED, Geometry, _geometry, _Plan, _plan
+from ._frame_plan import _ORDERS, _PACKED, _PLANAR, Geometry, _geometry, _Plan, _plan
 from ._frame_plan import _axis as _axis  # (the kernels' tests compare with it here)
 from ._tensors import TensorSpec
 
@@ -80,7 +84,7 @@ __all__ = ["Geometry", "ImagePreprocess", "frames_for"]
 
 _Array = np.ndarray[Any, Any]
 
-Source = Literal["bgr", "rgb", "bgra", "rgba", "nv12"]
+Source = Literal["bgr", "rgb", "bgra", "rgba", "nv12", "i420"]
 Order = Literal["rgb", "bgr"]
 Resize = Literal["letterbox", "stretch"]
 
@@ -95,7 +99,7 @@ _MAX_SIDE = 16384
 #: float32) stay within L2 cache, which more than pays for the extra numpy calls.
 _BLOCK_ELEMENTS = 1 << 15
 
-# nv12 in OpenCV's fixed point (modules/imgproc/src/color_yuv.simd.hpp, ITUR_BT_601_*),
+# nv12 and i420 in OpenCV's fixed point (modules/imgproc/src/color_yuv.simd.hpp, ITUR_BT_601_*),
 # split into 256-entry tables per operand; the rounding term 2**19 rides on the Y table.
 _LEVELS = np.arange(256, dtype=np.int32)
 _Y_TERM = np.maximum(_LEVELS - 16, 0) * 1220542 + (1 << 19)
@@ -113,9 +117,11 @@ class ImagePreprocess:
     0.406), std=(0.229, 0.224, 0.225))``:
 
     - ``source``: the frames' pixel format, ``"bgr"``, ``"rgb"``, ``"bgra"``, ``"rgba"``
-      (H x W x C uint8; alpha is ignored) or ``"nv12"`` (BT.601 limited range: the Y
-      plane H x W followed by interleaved U, V at half resolution, one (H*3/2) x W uint8
-      array, H and W even);
+      (H x W x C uint8; alpha is ignored), ``"nv12"`` or ``"i420"`` (YUV 4:2:0, BT.601
+      limited range, one (H*3/2) x W uint8 array, H and W even: the Y plane H x W, then
+      nv12: U, V interleaved at half resolution in H/2 rows; i420: the U plane, then the
+      V plane, each (H/2) x (W/2), packed row after row into those H/2 rows, as FFmpeg's
+      decoders give them);
     - ``order``: the model's channel order, ``"rgb"`` or ``"bgr"``;
     - ``resize``: ``"letterbox"`` (keep the aspect ratio, centre on a canvas of
       ``pad_value``), ``"stretch"`` (each axis to the model's size) or ``None`` (frames
@@ -124,8 +130,8 @@ class ImagePreprocess:
     - ``scale``, ``mean``, ``std``: ``y = (x * scale - mean[k]) / std[k]``; ``mean`` and
       ``std`` are a number or one per channel in the model's ``order``;
     - ``max_frame``: the largest frame (height, width) accepted, in either orientation,
-      each side at most 16384 (for nv12, the image's size, not the array's); the engine
-      sizes staging buffers from it when it opens.
+      each side at most 16384 (for nv12 and i420, the image's size, not the array's);
+      the engine sizes staging buffers from it when it opens.
 
     The module docstring defines the arithmetic to the bit.
     """
@@ -144,9 +150,9 @@ class ImagePreprocess:
     )
 
     def __post_init__(self) -> None:
-        if self.source not in _PACKED and self.source != "nv12":
+        if self.source not in _PACKED and self.source not in _PLANAR:
             raise ConfigurationError(
-                f"source={self.source!r} must be 'bgr', 'rgb', 'bgra', 'rgba' or 'nv12'"
+                f"source={self.source!r} must be 'bgr', 'rgb', 'bgra', 'rgba', 'nv12' or 'i420'"
             )
         if self.order not in _ORDERS:
             raise ConfigurationError(f"order={self.order!r} must be 'rgb' or 'bgr'")
@@ -186,7 +192,7 @@ class ImagePreprocess:
     def max_frame_nbytes(self) -> int:
         """Bytes of the largest frame accepted: what a staging buffer must hold."""
         height, width = self.max_frame
-        if self.source == "nv12":
+        if self.source in _PLANAR:
             return (height // 2) * (width // 2) * 6
         return height * width * _PACKED[self.source]
 
@@ -245,7 +251,7 @@ class ImagePreprocess:
         """``value`` validated as a frame for ``spec``, and returned as an ndarray (no copy).
 
         InputTypeError: not an array, or not uint8. InputValueError: not H x W x C with C
-        matching ``source`` (nv12: not (H*3/2) x W with H and W even), empty, larger than
+        matching ``source`` (nv12, i420: not (H*3/2) x W with W even), empty, larger than
         ``max_frame``, or, with resize=None, not the model's height and width. Messages
         name the tensor.
         """
@@ -265,7 +271,15 @@ class ImagePreprocess:
             raise InputTypeError(
                 f"input {name!r}: a {self.source} frame must be uint8, got {array.dtype}"
             )
-        frame_height, frame_width = self._frame_size(name, array.shape)
+        self.check_frame_shape(array.shape, spec)
+        return array
+
+    def check_frame_shape(self, shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, int]:
+        """The (height, width) of a frame array of ``shape`` (the image's size for nv12
+        and i420), raising the InputValueError :meth:`check_frame` raises for a shape
+        that is not a frame for ``spec``: what a device frame is checked against."""
+        name = spec.name
+        frame_height, frame_width = self._frame_size(name, shape)
         # Either orientation: a camera turned to portrait fits the same staging buffer.
         largest, other = max(self.max_frame), min(self.max_frame)
         if max(frame_height, frame_width) > largest or min(frame_height, frame_width) > other:
@@ -279,21 +293,22 @@ class ImagePreprocess:
                 f"input {name!r}: with resize=None a frame must be the model's "
                 f"{height}x{width}, got {frame_height}x{frame_width}"
             )
-        return array
+        return frame_height, frame_width
 
     def _frame_size(self, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
         """The frame's (height, width) from its array shape, which must fit ``source``."""
-        if self.source == "nv12":
+        if self.source in _PLANAR:
             if len(shape) != 2 or shape[0] % 3 or min(shape) < 1:
+                chroma = "interleaved UV" if self.source == "nv12" else "U plane, V plane"
                 raise InputValueError(
-                    f"input {name!r}: an nv12 frame is one (H*3/2) x W uint8 array (Y plane, "
-                    f"then interleaved UV), got shape {shape}"
+                    f"input {name!r}: an {self.source} frame is one (H*3/2) x W uint8 array "
+                    f"(Y plane, then {chroma}), got shape {shape}"
                 )
             # rows = 3m makes the height 2m: only the width can be odd
             height, width = shape[0] * 2 // 3, shape[1]
             if width % 2:
                 raise InputValueError(
-                    f"input {name!r}: an nv12 frame has an even width, got {width} "
+                    f"input {name!r}: an {self.source} frame has an even width, got {width} "
                     f"(array shape {shape})"
                 )
             return height, width
@@ -397,23 +412,32 @@ def _max_frame(value: object) -> tuple[int, int]:
 
 def _rows(frame: _Array, plan: _Plan, which: _Array) -> tuple[_Array, ...]:
     """The frame rows ``which`` (packed: one array of bytes per row; nv12: the Y rows
-    and the UV rows that go with them)."""
-    if plan.nv12:
-        height = frame.shape[0] * 2 // 3
-        return frame[:height].take(which, axis=0), frame[height:].take(which // 2, axis=0)
-    return (frame.reshape(frame.shape[0], -1).take(which, axis=0),)
+    and the UV rows that go with them; i420: the Y rows, the U rows and the V rows)."""
+    if plan.planar is None:
+        return (frame.reshape(frame.shape[0], -1).take(which, axis=0),)
+    height = frame.shape[0] * 2 // 3
+    luma, chroma = frame[:height].take(which, axis=0), frame[height:]
+    if plan.planar == "nv12":
+        return luma, chroma.take(which // 2, axis=0)
+    # A C-contiguous frame (apply made it one): the chroma bytes are the U plane then
+    # the V plane, each (height/2) x (width/2), exactly as the docstring's indices say.
+    planes = chroma.reshape(2, height // 2, frame.shape[1] // 2)
+    return luma, planes[0].take(which // 2, axis=0), planes[1].take(which // 2, axis=0)
 
 
 def _pixels(rows: tuple[_Array, ...], plan: _Plan, second: bool) -> _Array:
     """float32 (rows, channel, column) pixels at columns x0 (x1 when ``second``)."""
     columns = plan.columns1 if second else plan.columns0
-    if not plan.nv12:
+    if plan.planar is None:
         (packed,) = rows
         return packed.take(columns, axis=1).reshape(len(packed), 3, -1).astype(np.float32)
-    luma, chroma = rows
+    luma = rows[0]
     y = luma.take(plan.x1 if second else plan.x0, axis=1)
-    u = chroma.take(columns, axis=1)
-    v = chroma.take(columns + 1, axis=1)
+    u = rows[1].take(columns, axis=1)
+    if plan.planar == "nv12":  # V follows U in the UV row
+        v = rows[1].take(columns + 1, axis=1)
+    else:  # i420: V at the same column of its own plane
+        v = rows[2].take(columns, axis=1)
     base = _Y_TERM.take(y)
     result = np.empty((len(luma), 3, y.shape[1]), np.float32)
     for channel, lane in enumerate(plan.lanes):

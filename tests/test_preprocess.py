@@ -17,7 +17,8 @@ from aiodla._errors import ConfigurationError, InputTypeError, InputValueError
 from aiodla._preprocess import Geometry, ImagePreprocess
 from aiodla._tensors import TensorSpec
 
-SOURCES = ("bgr", "rgb", "bgra", "rgba", "nv12")
+SOURCES = ("bgr", "rgb", "bgra", "rgba", "nv12", "i420")
+PLANAR = ("nv12", "i420")
 PACKED = {"bgr": 3, "rgb": 3, "bgra": 4, "rgba": 4}
 RGB_AT = {"bgr": (2, 1, 0), "rgb": (0, 1, 2), "bgra": (2, 1, 0), "rgba": (0, 1, 2)}
 MEAN = (0.485, 0.456, 0.406)
@@ -38,7 +39,7 @@ def spec(height: int, width: int, **kwargs: Any) -> TensorSpec:
 def frame(source: str, height: int, width: int, seed: int = 0) -> np.ndarray[Any, Any]:
     """Random bytes: the worst case for interpolation (neighbours differ by up to 255)."""
     rng = np.random.default_rng(seed)
-    shape = (height * 3 // 2, width) if source == "nv12" else (height, width, PACKED[source])
+    shape = (height * 3 // 2, width) if source in PLANAR else (height, width, PACKED[source])
     return rng.integers(0, 256, shape, dtype=np.uint8)
 
 
@@ -46,18 +47,23 @@ def definition(pre: ImagePreprocess, image: np.ndarray[Any, Any], height: int, w
     """The module docstring's arithmetic, pixel by pixel with numpy float32 scalars (each
     operation rounded to float32) and Python ints: an implementation apart from the
     vectorized one."""
-    if pre.source == "nv12":
+    if pre.source in PLANAR:
         rows, columns = image.shape[0] * 2 // 3, image.shape[1]
     else:
         rows, columns = image.shape[:2]
 
     def rgb(y: int, x: int) -> tuple[int, int, int]:
-        if pre.source != "nv12":
+        if pre.source not in PLANAR:
             pixel = image[y, x]
             return tuple(int(pixel[i]) for i in RGB_AT[pre.source])  # type: ignore[return-value]
         luma = int(image[y, x])
-        u = int(image[rows + y // 2, x // 2 * 2]) - 128
-        v = int(image[rows + y // 2, x // 2 * 2 + 1]) - 128
+        if pre.source == "nv12":
+            u = int(image[rows + y // 2, x // 2 * 2]) - 128
+            v = int(image[rows + y // 2, x // 2 * 2 + 1]) - 128
+        else:  # i420: chroma row r of columns/2 bytes, two to an array row
+            ru, rv = y // 2, rows // 2 + y // 2
+            u = int(image[rows + ru // 2, ru % 2 * (columns // 2) + x // 2]) - 128
+            v = int(image[rows + rv // 2, rv % 2 * (columns // 2) + x // 2]) - 128
         c = max(luma - 16, 0) * 1220542 + 2**19
         levels = (c + 1673527 * v, c - 852492 * v - 409993 * u, c + 2116026 * u)
         return tuple(min(max(level >> 20, 0), 255) for level in levels)  # type: ignore[return-value]
@@ -172,8 +178,9 @@ class TestConfiguration:
         )
         bgra = ImagePreprocess(source="bgra", order="rgb", resize=None, max_frame=(7, 9))
         assert bgra.max_frame_nbytes == 7 * 9 * 4
-        nv12 = ImagePreprocess(source="nv12", order="rgb", resize=None, max_frame=(7, 9))
-        assert nv12.max_frame_nbytes == 6 * 8 * 3 // 2  # the largest even frame
+        for source in PLANAR:
+            planar = ImagePreprocess(source=source, order="rgb", resize=None, max_frame=(7, 9))
+            assert planar.max_frame_nbytes == 6 * 8 * 3 // 2  # the largest even frame
 
 
 def dataclass_copy(pre: ImagePreprocess) -> ImagePreprocess:
@@ -328,6 +335,11 @@ class TestValidation:
             ("nv12", "stretch", np.zeros((2883, 8), np.uint8), InputValueError, "1922x8 frame is larger"),
             ("bgr", None, np.zeros((8, 9, 3), np.uint8), InputValueError, "with resize=None a frame must be the model's 8x8, got 8x9"),
             ("nv12", None, np.zeros((15, 8), np.uint8), InputValueError, "must be the model's 8x8, got 10x8"),
+            ("i420", "stretch", np.zeros((6, 4, 1), np.uint8), InputValueError, r"i420 frame is one \(H\*3/2\) x W uint8 array \(Y plane, then U plane, V plane\), got shape \(6, 4, 1\)"),
+            ("i420", "stretch", np.zeros((8, 4), np.uint8), InputValueError, r"got shape \(8, 4\)"),
+            ("i420", "stretch", np.zeros((9, 7), np.uint8), InputValueError, r"i420 frame has an even width, got 7"),
+            ("i420", "stretch", np.zeros((2883, 8), np.uint8), InputValueError, "1922x8 frame is larger"),
+            ("i420", None, np.zeros((15, 8), np.uint8), InputValueError, "must be the model's 8x8, got 10x8"),
         ],
     )  # fmt: skip
     def test_check_frame_errors(
@@ -404,11 +416,48 @@ class TestDefinition:
                 pre.apply(view, spec(9, 11)), definition(pre, view, 9, 11)
             )
 
-    def test_constant_frame_stays_constant(self) -> None:
-        pre = ImagePreprocess(source="nv12", order="rgb", resize="stretch", scale=1.0)
+    @pytest.mark.parametrize("source", PLANAR)
+    def test_constant_frame_stays_constant(self, source: str) -> None:
+        pre = ImagePreprocess(source=source, order="rgb", resize="stretch", scale=1.0)  # type: ignore[arg-type]
         image = np.full((15, 8), 128, np.uint8)
         image[:10] = 126  # Y 126, U = V = 128: grey 128 exactly
         assert (pre.apply(image, spec(37, 29)) == 128).all()
+
+    def test_i420_planes(self) -> None:
+        """i420's U and V are whole planes: a frame made of a U plane of one level and a
+        V plane of another gives one colour everywhere, which nv12 read of the same
+        bytes would not (it takes U and V from alternate bytes)."""
+        height, width = 6, 8  # 6 rows: the V plane starts mid-row
+        image = np.empty((height * 3 // 2, width), np.uint8)
+        image[:height] = 90
+        chroma = image[height:].reshape(-1)
+        chroma[: height * width // 4] = 200  # U
+        chroma[height * width // 4 :] = 60  # V
+        i420 = ImagePreprocess(source="i420", order="rgb", resize=None, scale=1.0)
+        out = i420.apply(image, spec(height, width))
+        colour = out[0, :, 0, 0]
+        assert (out[0] == colour[:, None, None]).all()
+        # R, G, B of Y 90, U 200, V 60 by the docstring's formula
+        luma = (90 - 16) * 1220542 + 2**19
+        u, v = 200 - 128, 60 - 128
+        expected = [
+            min(max(level >> 20, 0), 255)
+            for level in (luma + 1673527 * v, luma - 852492 * v - 409993 * u, luma + 2116026 * u)
+        ]
+        assert colour.tolist() == expected
+        nv12 = ImagePreprocess(source="nv12", order="rgb", resize=None, scale=1.0)
+        assert not (nv12.apply(image, spec(height, width)) == colour[:, None, None]).all()
+
+    def test_i420_strided_is_its_copy(self) -> None:
+        """A pitched i420 frame (rows further apart than their bytes, as decoders give
+        them) is read by its array indices: the same as its dense copy."""
+        pre = ImagePreprocess(source="i420", order="bgr", resize="letterbox", pad_value=0)
+        big = frame("bgr", 30, 40)[..., 0]
+        view = big[:, :26]  # (30, 26): a 20 x 26 frame with a pitch of 40 bytes
+        np.testing.assert_array_equal(
+            pre.apply(view, spec(16, 24)), pre.apply(view.copy(), spec(16, 24))
+        )
+        np.testing.assert_array_equal(pre.apply(view, spec(9, 11)), definition(pre, view, 9, 11))
 
 
 class TestAgainstOpenCV:
@@ -419,6 +468,7 @@ class TestAgainstOpenCV:
             "bgra": cv2.COLOR_BGRA2RGB,
             "rgba": cv2.COLOR_RGBA2RGB,
             "nv12": cv2.COLOR_YUV2RGB_NV12,
+            "i420": cv2.COLOR_YUV2RGB_I420,
         }
         rgb = image if pre.source == "rgb" else cv2.cvtColor(image, codes[pre.source])
         picture = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR) if pre.order == "bgr" else rgb
@@ -497,4 +547,23 @@ class TestAgainstOpenCV:
             image = np.concatenate([luma, uv])
             out = pre.apply(image, spec(512, 512))
             expected = cv2.cvtColor(image, cv2.COLOR_YUV2RGB_NV12).transpose(2, 0, 1)
+            assert np.array_equal(out[0], expected), k
+
+    def test_i420_every_colour(self, cv2: Any) -> None:
+        """Every (Y, U, V) triple converts exactly as OpenCV's COLOR_YUV2RGB_I420: 64
+        frames of 512 x 512, each (U, V) pair over four Y values."""
+        pre = ImagePreprocess(source="i420", order="rgb", resize=None, scale=1.0)
+        levels = np.arange(256, dtype=np.uint8)
+        # the 256 x 256 chroma planes: U by row, V by column
+        u_plane = np.repeat(levels[:, None], 256, axis=1)
+        v_plane = np.repeat(levels[None, :], 256, axis=0)
+        chroma = np.concatenate([u_plane.ravel(), v_plane.ravel()]).reshape(256, 512)
+        for k in range(64):
+            luma = np.empty((512, 512), np.uint8)
+            for dy in (0, 1):
+                for dx in (0, 1):
+                    luma[dy::2, dx::2] = 4 * k + 2 * dy + dx
+            image = np.concatenate([luma, chroma])
+            out = pre.apply(image, spec(512, 512))
+            expected = cv2.cvtColor(image, cv2.COLOR_YUV2RGB_I420).transpose(2, 0, 1)
             assert np.array_equal(out[0], expected), k

@@ -178,9 +178,10 @@ class TestFusedOnTheStream:
             assert runtime.counts.conversions - before.conversions == 2  # fused in, unpack
         np.testing.assert_array_equal(result, expected(LETTERBOX, IMAGES, image))
 
-    async def test_nv12_frames_and_zero_copy(self) -> None:
-        pre = ImagePreprocess(source="nv12", order="rgb", resize="letterbox")
-        nv12 = frame(90 * 3 // 2, 160, 11, channels=1)[..., 0]
+    @pytest.mark.parametrize("source", ["nv12", "i420"])
+    async def test_planar_frames_and_zero_copy(self, source: Any) -> None:
+        pre = ImagePreprocess(source=source, order="rgb", resize="letterbox")
+        planar = frame(90 * 3 // 2, 160, 11, channels=1)[..., 0]
         async with Engine(
             identity_model(),
             runtime="emulated",
@@ -188,8 +189,8 @@ class TestFusedOnTheStream:
             zero_copy=True,
             preprocess={"images": pre},
         ) as engine:
-            result = await engine.infer(nv12)
-        np.testing.assert_array_equal(result, expected(pre, IMAGES, nv12))
+            result = await engine.infer(planar)
+        np.testing.assert_array_equal(result, expected(pre, IMAGES, planar))
 
     async def test_without_the_kernel_the_host_pre_processes(
         self, caplog: pytest.LogCaptureFixture
@@ -224,19 +225,20 @@ class TestFrameLayouts:
     async def test_views_of_frames(self, convert: str) -> None:
         big = frame(120, 200, 13)
         views = [big[10:90, 20:150], big[::-1], big[:, ::2], big[5:65, 7:107][:, ::-1]]
-        pitched = frame(90, 192, 14, channels=1)[..., 0]  # nv12 rows padded to 192 bytes
-        nv12 = ImagePreprocess(source="nv12", order="rgb", resize="letterbox")
+        pitched = frame(90, 192, 14, channels=1)[..., 0]  # planar rows padded to 192 bytes
         async with Engine(
             identity_model(), runtime="emulated", convert=convert, preprocess={"images": LETTERBOX}
         ) as engine:
             for view in views:
                 result = await engine.infer(view)
                 np.testing.assert_array_equal(result, expected(LETTERBOX, IMAGES, view))
-        async with Engine(
-            identity_model(), runtime="emulated", convert=convert, preprocess={"images": nv12}
-        ) as engine:
-            result = await engine.infer(pitched[:, :160])
-        np.testing.assert_array_equal(result, expected(nv12, IMAGES, pitched[:, :160]))
+        for source in ("nv12", "i420"):
+            planar = ImagePreprocess(source=source, order="rgb", resize="letterbox")
+            async with Engine(
+                identity_model(), runtime="emulated", convert=convert, preprocess={"images": planar}
+            ) as engine:
+                result = await engine.infer(pitched[:, :160])
+            np.testing.assert_array_equal(result, expected(planar, IMAGES, pitched[:, :160]))
 
     async def test_a_portrait_frame_fits_a_landscape_max_frame(self) -> None:
         pre = ImagePreprocess(source="bgr", order="rgb", resize="letterbox", max_frame=(60, 100))

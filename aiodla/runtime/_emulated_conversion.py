@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import RuntimeUnavailableError
+from .._frame_plan import _PLANAR
 from ._conversion_source import plan_program
 from ._timeline import _Operation
 
@@ -142,7 +143,7 @@ class EmulatedConversion:
         pre = self._frames.get(spec)
         if pre is None:
             raise ValueError(f"no pre-processing was prepared for tensor {spec.name!r}")
-        if pre.source == "nv12":  # the UV rows follow the Y rows at the same pitch
+        if pre.source in _PLANAR:  # the chroma rows follow the Y rows at the same pitch
             shape: tuple[int, ...] = (height * 3 // 2, width)
             strides: tuple[int, ...] = (pitch, 1)
         else:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._frame_plan import _PACKED, _plan
+from .._frame_plan import _PACKED, _PLANAR, _plan
 from ._conversion_kernels import CompiledKernels, _Launch, _Launcher, _Params
 from ._preprocess_source import PARAMETERS, plan_preprocess
 
@@ -120,8 +120,8 @@ class PreprocessKernels(CompiledKernels):
         stream: int,
     ) -> None:
         """Enqueue on ``stream`` the pre-processing of the uint8 frame at ``frame_ptr``
-        (``frame_height`` x ``frame_width`` pixels, image size for nv12, whose UV rows
-        follow the Y rows; rows ``frame_pitch`` bytes apart) into the DLA buffer at
+        (``frame_height`` x ``frame_width`` pixels, image size for nv12 and i420, whose
+        chroma rows follow the Y rows; rows ``frame_pitch`` bytes apart) into the DLA buffer at
         ``dst_ptr``: every one of ``spec.size`` bytes is written, as ``spec.pack(
         pre.apply(frame, spec))``. ValueError for a frame size the target refuses (see
         ``ImagePreprocess.check_frame``), a pitch shorter than a row, or a buffer not
@@ -137,7 +137,7 @@ class PreprocessKernels(CompiledKernels):
             if len(target.placements) >= _PLACEMENTS_KEPT:
                 target.placements.clear()
             target.placements[size] = placement
-        row = frame_width * _PACKED.get(target.pre.source, 1)  # nv12: W bytes a row
+        row = frame_width * _PACKED.get(target.pre.source, 1)  # nv12, i420: W bytes a row
         if frame_pitch < row:
             raise ValueError(
                 f"tensor {spec.name!r}: a pitch of {frame_pitch} bytes is shorter than a "
@@ -190,9 +190,9 @@ def _placement(
             f"tensor {spec.name!r}: a {sizes[0]}x{sizes[1]} frame is empty or larger than "
             f"max_frame={limit} (height, width; or turned by 90 degrees)"
         )
-    if pre.source == "nv12" and (sizes[0] % 2 or sizes[1] % 2):
+    if pre.source in _PLANAR and (sizes[0] % 2 or sizes[1] % 2):
         raise ValueError(
-            f"tensor {spec.name!r}: an nv12 frame has an even height and width, got "
+            f"tensor {spec.name!r}: an {pre.source} frame has an even height and width, got "
             f"{sizes[0]}x{sizes[1]}"
         )
     if pre.resize is None and sizes != (height, width):

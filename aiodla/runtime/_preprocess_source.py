@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .._frame_plan import _ORDERS, _PACKED, _RGB_AT
+from .._frame_plan import _ORDERS, _PACKED, _PLANAR, _RGB_AT
 from ._conversion_source import BLOCK, CONVERSIONS, KERNELS, KernelPlan, _traits
 
 if TYPE_CHECKING:
@@ -123,10 +123,21 @@ AIODLA_FN Tap tap(i32 d, i32 m, u64 sig, i32 e2) {
 // Step 1: model channels 0, 1, 2 of frame pixel (y, x), as exact floats.
 template <class P> AIODLA_FN void fetch(const Frame& f, i32 y, i32 x, float* out) {
     const u8* row = f.data + (i64)y * f.pitch;
-    if constexpr (P::NV12) {
-        // The UV rows follow the Y plane with the same pitch: one (H*3/2) x W array.
-        const u8* uv = f.data + (i64)(f.height + y / 2) * f.pitch + (x & ~1);
-        const i32 luma = row[x], u = (i32)uv[0] - 128, v = (i32)uv[1] - 128;
+    if constexpr (P::PLANAR != 0) {
+        // The chroma rows follow the Y plane with the same pitch: one (H*3/2) x W array.
+        i32 u, v;
+        if constexpr (P::PLANAR == 1) {  // nv12: U, V side by side in one row
+            const u8* uv = f.data + (i64)(f.height + y / 2) * f.pitch + (x & ~1);
+            u = (i32)uv[0] - 128;
+            v = (i32)uv[1] - 128;
+        } else {  // i420: chroma row r of W/2 bytes at array row H + r/2, half (r & 1)
+            const i32 half = f.width / 2, ru = y / 2, rv = f.height / 2 + y / 2;
+            const u8* up = f.data + (i64)(f.height + ru / 2) * f.pitch + (ru & 1) * half;
+            const u8* vp = f.data + (i64)(f.height + rv / 2) * f.pitch + (rv & 1) * half;
+            u = (i32)up[x / 2] - 128;
+            v = (i32)vp[x / 2] - 128;
+        }
+        const i32 luma = row[x];
         const i32 l = (luma > 16 ? luma - 16 : 0) * 1220542 + (1 << 19);
         i32 rgb[3] = {(l + 1673527 * v) >> 20, (l - 852492 * v - 409993 * u) >> 20,
                       (l + 2116026 * u) >> 20};  // >> of a negative i32: arithmetic
@@ -208,15 +219,16 @@ def _bits(value: float) -> str:
 def _constants(index: int, pre: Preprocessing) -> str:
     """The struct P<index>: the frame format and normalization of one target."""
     lanes = _ORDERS[pre.order]
-    nv12 = pre.source == "nv12"
-    at = (0, 0, 0) if nv12 else tuple(_RGB_AT[pre.source][k] for k in lanes)
-    bpp = 1 if nv12 else _PACKED[pre.source]
+    # 0: packed, 1: nv12, 2: i420
+    planar = _PLANAR.index(pre.source) + 1 if pre.source in _PLANAR else 0
+    at = (0, 0, 0) if planar else tuple(_RGB_AT[pre.source][k] for k in lanes)
+    bpp = 1 if planar else _PACKED[pre.source]
     # __post_init__ made mean and std three floats each
     mean = [_bits(value) for value in pre.mean]  # type: ignore[union-attr]
     std = [_bits(value) for value in pre.std]  # type: ignore[union-attr]
     return f"""
 struct P{index} {{  // source {pre.source}, order {pre.order}, resize {pre.resize}
-    static constexpr bool NV12 = {str(nv12).lower()};
+    static constexpr int PLANAR = {planar};  // 0 packed, 1 nv12, 2 i420
     static constexpr int BPP = {bpp}, AT0 = {at[0]}, AT1 = {at[1]}, AT2 = {at[2]};
     static constexpr int LANE0 = {lanes[0]}, LANE1 = {lanes[1]}, LANE2 = {lanes[2]};
     static constexpr int PAD = {pre.pad_value};

@@ -1,8 +1,9 @@
 """The fused pre-processing kernels on the GPU, byte for byte against
 ``spec.pack(pre.apply(frame, spec))`` (numpy): the CPU tests' cases (every source
-format, both orders, letterbox/stretch/None, float16 chw16, float32 nchw, int8 chw32,
+format (nv12 and i420 included), both orders, letterbox/stretch/None, float16 chw16, float32 nchw, int8 chw32,
 uint8 hwc4, float16 nhwc; downscales, odd sizes, upscales) with frames in device memory
-whose rows are pitched, and the detector's 1920x1080 BGR into 640x640 FP16 CHW16."""
+whose rows are pitched, and the detector's 1920x1080 BGR, nv12 and i420 into 640x640
+FP16 CHW16."""
 
 from __future__ import annotations
 
@@ -78,18 +79,23 @@ def test_matches_numpy(kernels: PreprocessKernels, case: int) -> None:
             )
 
 
-def test_full_hd_bgr_into_a_640_detector(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["bgr", "nv12", "i420"])
+def test_full_hd_into_a_640_detector(tmp_path: Path, source: Any) -> None:
+    """A 1920x1080 camera frame as each decoder gives it (OpenCV's BGR, NVDEC's nv12,
+    FFmpeg's i420) into the detector's 640x640 FP16 CHW16."""
     spec = TensorSpec("images", (1, 3, 640, 640), "float16", "chw16")
     pre = ImagePreprocess(
-        source="bgr", order="rgb", resize="letterbox", mean=(0.485, 0.456, 0.406),
+        source=source, order="rgb", resize="letterbox", mean=(0.485, 0.456, 0.406),
         std=(0.229, 0.224, 0.225),
     )  # fmt: skip
     kernels = PreprocessKernels.compile([(spec, pre)], cache_dir=tmp_path)
     rng = np.random.default_rng(1080)
-    frame = rng.integers(0, 256, (1080, 1920, 3), np.uint8)
+    shape = (1080, 1920, 3) if source == "bgr" else (1620, 1920)
+    frame = rng.integers(0, 256, shape, np.uint8)
     stream = cp.cuda.Stream(non_blocking=True)
     device = cp.asarray(frame)
     out = cp.full(spec.size, 0xAB, cp.uint8)
-    kernels.launch(spec, device.data.ptr, 1080, 1920, 1920 * 3, out.data.ptr, stream.ptr)
+    pitch = frame.strides[0]
+    kernels.launch(spec, device.data.ptr, 1080, 1920, pitch, out.data.ptr, stream.ptr)
     stream.synchronize()
     assert cp.asnumpy(out).tobytes() == spec.pack(pre.apply(frame, spec)).tobytes()

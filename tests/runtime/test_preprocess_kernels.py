@@ -71,6 +71,13 @@ CASES = [
              resize=None, mean=(0.2, 0.5, 0.7), std=0.5), [(36, 50)]),
     (*target("rgb_hwc4", (24, 80), "uint8", "hwc4", 0.5 / 255, source="rgb", order="rgb",
              resize="letterbox", pad_value=200), RESIZED),
+    # i420 heights that are not multiples of 4 too: a chroma row then starts mid-row
+    (*target("i420_chw16", (48, 64), "float16", "chw16", source="i420", order="rgb",
+             resize="letterbox", **IMAGENET), [*RESIZED_NV12, (6, 10), (18, 4)]),
+    (*target("i420_nhwc", (29, 41), "float16", "nhwc", source="i420", order="bgr",
+             resize="stretch", pad_value=255), RESIZED_NV12),
+    (*target("i420_chw32", (38, 50), "int8", "chw32", 0.03, source="i420", order="rgb",
+             resize=None, mean=(0.2, 0.5, 0.7), std=0.5), [(38, 50)]),
 ]  # fmt: skip
 
 
@@ -113,11 +120,12 @@ def host_kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple[PreprocessKe
 def frame_for(pre: ImagePreprocess, size: tuple[int, int], rng: np.random.Generator) -> Any:
     """A random frame, as a view whose rows are further apart than their bytes (pitch)."""
     height, width = size
-    rows, row = (height * 3 // 2, width) if pre.source == "nv12" else (height, width)
-    channels = {"nv12": 1, "bgr": 3, "rgb": 3}.get(pre.source, 4)
+    planar = pre.source in ("nv12", "i420")
+    rows, row = (height * 3 // 2, width) if planar else (height, width)
+    channels = {"nv12": 1, "i420": 1, "bgr": 3, "rgb": 3}.get(pre.source, 4)
     big = rng.integers(0, 256, (rows, row * channels + 13), np.uint8)
     view = big[:, : row * channels]
-    return view if pre.source == "nv12" else view.reshape(rows, row, channels)
+    return view if planar else view.reshape(rows, row, channels)
 
 
 def run_host(
@@ -150,7 +158,7 @@ def test_host_build_matches_numpy(host_kernels: tuple[PreprocessKernels, Any], c
         assert not launcher.calls[-1].endswith("_v16")
 
 
-@pytest.mark.parametrize("case", [1, 5], ids=["packed", "nv12"])
+@pytest.mark.parametrize("case", [1, 5, 9], ids=["packed", "nv12", "i420"])
 def test_host_build_many_frame_sizes(
     host_kernels: tuple[PreprocessKernels, Any], case: int
 ) -> None:
@@ -163,7 +171,8 @@ def test_host_build_many_frame_sizes(
     sizes = [(height * 3, width * 3), (height // 2, width * 2), (height, width)]
     sizes += [tuple(int(s) for s in rng.integers(1, 160, 2)) for _ in range(12)]
     for size in sizes:
-        size = (size[0] + size[0] % 2, size[1] + size[1] % 2) if pre.source == "nv12" else size
+        if pre.source in ("nv12", "i420"):
+            size = (size[0] + size[0] % 2, size[1] + size[1] % 2)
         frame = frame_for(pre, size, rng)
         expected = spec.pack(pre.apply(frame, spec)).tobytes()
         assert run_host(kernels, spec, frame, size, 0) == expected, size
