@@ -26,7 +26,8 @@ cancellation and release of any engine on the cores:
 - **Weight.** Within one priority, core time is shared in proportion to ``weight``
   among the engines that have work (start-time fair queuing: each grant costs the
   engine its own service-time estimate on that core divided by its weight; an engine
-  that had no work does not bank credit for its idle time).
+  that had no work does not bank credit for its idle time). The tags are integers
+  (:class:`FairShares`), so the shares stay exact however long the engines run.
 - **Which core.** The one where the task would end soonest: after what the core should
   finish first (the latest estimated end of every engine's work there: each task's
   estimate from its own model's service time, moved by what the poller saw of the
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from ._scheduler import Request, Scheduler
     from ._slots import CoreState, Slot
 
-__all__ = ["DEPTH", "TOP_DEPTH", "Client", "Feeds", "Starter"]
+__all__ = ["DEPTH", "TOP_DEPTH", "Client", "FairShares", "Feeds", "Starter"]
 
 # Tasks a core may hold when a task below the top priority starts: one running, one
 # queued behind it.
@@ -68,6 +69,11 @@ TOP_DEPTH = 4
 # often while it runs, this many looks in all; the poller thread still sees it after.
 LOOK_AGAIN = 100e-6
 LOOKS = 8
+# Fair-queuing tags count core time in these units per unit of weight (femtoseconds):
+# integers, exact however far the clock runs. (A float clock grown large rounds a small
+# cost to nothing: after a weight-1e-16 engine's few grants pushed it to ~1e13, the
+# other engines' costs no longer moved their tags and their weights stopped counting.)
+TAG_UNITS = 10**15
 
 
 class Starter(Protocol):
@@ -91,7 +97,9 @@ class Client:
     weight: float
     order: int  # ties go to the engine that joined first
     cores: dict[int, CoreState]  # its own state of each core it uses, by number
-    finish_tag: float = 0.0  # start-time fair queuing: where its last grant ended
+    finish_tag: int = 0  # start-time fair queuing: where its last grant ended
+    # The weight as an exact fraction: a grant's cost in tags is cost * den // num.
+    weight_ratio: tuple[int, int] = (1, 1)
     granted_time: float = 0.0  # seconds of core time granted, by its own estimates
     grants: int = 0
 
@@ -100,11 +108,41 @@ class Client:
         return flow.life.state is EngineState.OPEN and flow.scheduler.queued > 0
 
 
+class FairShares:
+    """Start-time fair queuing within each priority, in integer tags (:data:`TAG_UNITS`).
+
+    State (loop thread only): ``_virtual``, per priority, the start tag of the last
+    grant (the clock); each client's ``finish_tag``, where its last grant ended.
+    """
+
+    def __init__(self) -> None:
+        self._virtual: dict[int, int] = {}
+
+    def joined(self, client: Client) -> None:
+        """A client joining starts at its priority's clock: no credit for the past."""
+        client.weight_ratio = client.weight.as_integer_ratio()
+        client.finish_tag = self._virtual.get(client.priority, 0)
+
+    def start_tag(self, client: Client) -> int:
+        """Where ``client``'s next grant would start (lower goes first)."""
+        virtual = self._virtual.get(client.priority, 0)
+        tag = client.finish_tag
+        return tag if tag > virtual else virtual
+
+    def charge(self, client: Client, cost: float) -> None:
+        """``client`` was granted ``cost`` seconds of core time: the clock moves to its
+        start, its finish tag past it by the cost divided by its weight."""
+        start = self.start_tag(client)
+        self._virtual[client.priority] = start
+        numerator, denominator = client.weight_ratio
+        client.finish_tag = start + round(cost * TAG_UNITS) * denominator // numerator
+
+
 class Feeds:
     """The feeds of the cores ``numbers``: the engines on them and the decision.
 
-    State (loop thread only): ``clients`` in the order they joined; ``_virtual``, per
-    priority, the start tag of the last grant (the fair-queuing clock); ``_running`` /
+    State (loop thread only): ``clients`` in the order they joined; ``shares``, the
+    fair-queuing clock and tags (:class:`FairShares`); ``_running`` /
     ``_again``: a dispatch started from within a grant (a request that ended at its
     start released its slot) is folded into the one running; ``_reopen``: the timer of
     the next dispatch, when the depth rule held a task back until a core's work left is
@@ -114,7 +152,7 @@ class Feeds:
     def __init__(self, numbers: tuple[int, ...]) -> None:
         self.numbers = numbers
         self.clients: list[Client] = []
-        self._virtual: dict[int, float] = {}
+        self.shares = FairShares()
         self._orders = itertools.count()
         self._running = False
         self._again = False
@@ -126,7 +164,7 @@ class Feeds:
     def join(self, flow: Starter, priority: int, weight: float) -> Client:
         cores = {core.core: core for core in flow.scheduler.cores}
         client = Client(flow, priority, weight, next(self._orders), cores)
-        client.finish_tag = self._virtual.get(priority, 0.0)
+        self.shares.joined(client)
         self.clients.append(client)
         self._rank()
         return client
@@ -207,10 +245,8 @@ class Feeds:
         waiting = [client for client in self.clients if client.waiting()]
         if not waiting:
             return False
-        virtual = self._virtual
-        waiting.sort(
-            key=lambda c: (-c.priority, max(virtual.get(c.priority, 0.0), c.finish_tag), c.order)
-        )
+        start_tag = self.shares.start_tag
+        waiting.sort(key=lambda c: (-c.priority, start_tag(c), c.order))
         now = time.monotonic()
         free = {n: self._expected_free(n) for n in self.numbers}
         for client in waiting:
@@ -221,10 +257,8 @@ class Feeds:
             assignment = client.flow.scheduler.next_on(core)
             if assignment is None:  # (it has a request queued: cannot happen)
                 continue
-            start = max(virtual.get(client.priority, 0.0), client.finish_tag)
-            virtual[client.priority] = start
             cost = core.service_time
-            client.finish_tag = start + cost / client.weight
+            self.shares.charge(client, cost)
             client.granted_time += cost
             client.grants += 1
             # The task queues behind every engine's work on the core, not only behind

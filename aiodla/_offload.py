@@ -82,13 +82,19 @@ async def unpack(flow: Flow, request: Request) -> Any:
     assert slot is not None  # (UNPACKING: the request holds its slot)
     try:
         result = await anyio.to_thread.run_sync(flow.read_results, slot)
-    except PostprocessError as exc:  # this request's outputs only: it fails alone
+    except Exception as exc:  # this request's outputs only: it fails alone
         if request.state is RequestState.DONE:
             return flow.take_late(request)
         flow.release(slot)
-        flow.finish(request, error=exc)
+        if isinstance(exc, PostprocessError):
+            error: BaseException = exc
+        else:  # (a bug, kept to this request: the slot still comes back)
+            error = AiodlaError(f"reading the outputs failed: {exc}")
+        flow.finish(request, error=error)
         flow.transition()
-        raise
+        if error is exc:
+            raise
+        raise error from exc
     if request.state is RequestState.DONE:
         return flow.take_late(request)
     flow.release(slot)

@@ -17,10 +17,20 @@ if TYPE_CHECKING:
 
 from ._errors import ConfigurationError
 
-__all__ = ["EngineKeywords", "EngineOptions", "ProcessIsolation", "check_timeout"]
+__all__ = [
+    "WEIGHT_RANGE",
+    "EngineKeywords",
+    "EngineOptions",
+    "ProcessIsolation",
+    "check_timeout",
+]
 
 DEFAULT_OFFLOAD_BYTES = 256 * 1024
 DEFAULT_TRACE_CAPACITY = 100_000
+# The weights an engine may have: a million to one between the extremes keeps every
+# engine's share of core time meaningful (a weight of 1e-16 would round every other
+# engine's share to nothing) and the fair-queuing tags small integers.
+WEIGHT_RANGE = (0.001, 1000.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,10 +149,11 @@ class EngineOptions:
     ``priority`` and ``weight``: on cores shared with other engines
     (``Engine(model, cores=aiodla.Cores(...))``), a request of a higher priority starts
     before any waiting request of a lower one, and engines of one priority share core
-    time in proportion to their weights (see ``aiodla._feeds`` for the rule and its
-    bound); on cores of its own an engine has nobody to share with. ``batch``: an
-    :class:`~aiodla.Batching`: for a model of batch N > 1, callers may pass single
-    items, which are assembled into tasks of N (see ``aiodla._batching``).
+    time in proportion to their weights, each from 0.001 to 1000 (see ``aiodla._feeds``
+    for the rule and its bound); on cores of its own an engine has nobody to share
+    with. ``batch``: an :class:`~aiodla.Batching`: for a model of batch N > 1, callers
+    may pass single items, which are assembled into tasks of N (see
+    ``aiodla._batching``).
     """
 
     cores: tuple[int, ...] = (0, 1)
@@ -257,9 +268,11 @@ class EngineOptions:
             raise ConfigurationError(
                 f"priority={self.priority!r} must be an int (a higher priority runs first)"
             )
-        if not _finite(self.weight) or not self.weight > 0:
+        low, high = WEIGHT_RANGE
+        if not _finite(self.weight) or not low <= self.weight <= high:
             raise ConfigurationError(
-                f"weight={self.weight!r} must be a number > 0 (a share of core time)"
+                f"weight={self.weight!r} must be a number > 0, from {low:g} to {high:g} "
+                "(a share of core time)"
             )
         object.__setattr__(self, "weight", float(self.weight))
         from ._batching import Batching

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aiodla._feeds import DEPTH, TOP_DEPTH, Feeds
+from aiodla._feeds import DEPTH, TOP_DEPTH, Client, FairShares, Feeds
 from aiodla._life import EngineState
 
 from support import wait_until
@@ -127,3 +127,45 @@ async def test_a_held_back_task_starts_when_the_work_left_is_short_with_no_other
     await wait_until(lambda: started == ["high", "low"])
     assert time.monotonic() >= end - 0.010  # not before the work left was short enough
     assert high.cores[0].outstanding == 1  # the high task still held: no end was needed
+
+
+@pytest.mark.asyncio
+async def test_every_held_back_task_gets_its_timer_not_only_the_first() -> None:
+    # Twice over: a high task just started (40 ms left), a low task held back. The
+    # second hold must start on its own timer as the first did, with no other event.
+    started, low, high, feeds = low_and_high(high_slots=1)
+    low.cores[0].service_time = 0.010
+    for round_ in range(1, 3):
+        high.queued = 1
+        feeds.dispatch()
+        high.cores[0].expected_free = end = time.monotonic() + 0.040
+        low.queued = 1
+        feeds.dispatch()
+        assert started == ["high", "low"] * (round_ - 1) + ["high"]
+        await wait_until(lambda: started == ["high", "low"] * round_)  # noqa: B023
+        assert time.monotonic() >= end - 0.010
+        high.end_one(feeds)
+        low.end_one(feeds)
+        high.cores[0].expected_free = 0.0
+
+
+def client(priority: int, weight: float, order: int) -> Client:
+    return Client(flow=None, priority=priority, weight=weight, order=order, cores={})  # type: ignore[arg-type]
+
+
+def test_fair_shares_stay_exact_however_far_the_clock_has_run() -> None:
+    # The smallest weight, alone on its priority for a while, moves the clock far (here
+    # as far as centuries of grants would): costs of a millisecond must still count.
+    shares = FairShares()
+    slow, three, one = client(0, 0.001, 0), client(0, 3.0, 1), client(0, 1.0, 2)
+    shares.joined(slow)
+    for _ in range(2):
+        shares.charge(slow, 1e10)
+    for c in (three, one):
+        shares.joined(c)
+    grants = {three.order: 0, one.order: 0}
+    for _ in range(400):
+        chosen = min((three, one), key=lambda c: (shares.start_tag(c), c.order))
+        shares.charge(chosen, 0.001)
+        grants[chosen.order] += 1
+    assert grants == {three.order: 300, one.order: 100}

@@ -434,10 +434,48 @@ class TestConfiguration:
         with pytest.raises(ConfigurationError, match=r"priority=.* must be an int"):
             Engine(affine_model(), priority=priority)
 
-    @pytest.mark.parametrize("weight", [0, -1, float("nan"), "2", True])
-    def test_weight_must_be_a_positive_number(self, weight: Any) -> None:
-        with pytest.raises(ConfigurationError, match=r"weight=.* must be a number > 0"):
+    @pytest.mark.parametrize("weight", [0, -1, float("nan"), "2", True, 1e-16, 0.0009, 1001])
+    def test_weight_must_be_a_positive_number_in_its_range(self, weight: Any) -> None:
+        with pytest.raises(ConfigurationError, match=r"weight=.* must be a number > 0, from"):
             Engine(affine_model(), weight=weight)
+
+    @pytest.mark.parametrize("weight", [0.001, 1000])
+    def test_the_range_of_weights_holds_its_ends(self, weight: float) -> None:
+        assert Engine(affine_model(), weight=weight).options.weight == weight
+
+    @pytest.mark.asyncio
+    async def test_an_engines_own_streams_per_core_is_kept(self, dla: Cores) -> None:
+        async with (
+            Engine(affine_model(), cores=dla, streams_per_core=1) as own,
+            Engine(affine_model(), cores=dla) as default,
+        ):
+            assert own.options.streams_per_core == 1
+            assert [c.idle_slots for c in own.statistics().cores] == [1, 1]
+            assert [c.idle_slots for c in default.statistics().cores] == [
+                default.options.streams_per_core
+            ] * 2
+            await asyncio.gather(*(e.infer(ONES) for e in (own, default) for _ in range(6)))
+
+    @pytest.mark.asyncio
+    async def test_closing_the_cores_leaves_a_runtime_passed_in_open(
+        self, runtime: EmulatedRuntime, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        closes: list[str] = []
+        monkeypatch.setattr(runtime, "close", lambda: closes.append("caller's"))
+        async with (
+            Cores([0, 1], runtime=runtime) as dla,
+            Engine(affine_model(), cores=dla) as engine,
+        ):
+            await engine.infer(ONES)
+        assert closes == []  # the caller still owns it
+        async with (
+            Cores([0, 1], runtime="emulated") as made,
+            Engine(affine_model(), cores=made) as engine,
+        ):
+            await engine.infer(ONES)
+            close = made.runtime.close
+            monkeypatch.setattr(made.runtime, "close", lambda: (closes.append("made"), close()))
+        assert closes == ["made"]  # the one the cores made, they close
 
     @pytest.mark.asyncio
     async def test_the_runtime_is_the_cores_choice(self, dla: Cores) -> None:

@@ -129,3 +129,13 @@ def test_the_command_passes_each_models_share_to_serve(monkeypatch: pytest.Monke
     assert list(given["models"]) == ["det=det.bin", "cls=cls.bin"]
     assert given["priorities"] == {"det": 1, "cls": -2}
     assert given["weights"] == {"cls": 2.5}
+
+
+@pytest.mark.asyncio
+async def test_a_weight_out_of_its_range_is_refused(
+    models: list[str], aiodla_controls: DLAControls
+) -> None:
+    # (--weight cls=1e-16 once made every other model's weight stop counting)
+    with pytest.raises(ConfigurationError, match=r"weight=1e-16 must be a number > 0, from"):
+        await serve(models, runtime=aiodla_controls.runtime, weights={"cls": 1e-16})
+    assert all(n == 0 for n in aiodla_controls.runtime.live_handles().values())
