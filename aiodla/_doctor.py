@@ -60,6 +60,7 @@ from ._doctor_checks import (
     power_check,
     said,
 )
+from ._safe_paths import read_limited
 
 __all__ = ["SCHEMA", "Check", "Host", "Report", "diagnose"]
 
@@ -161,16 +162,16 @@ class Report:
 def diagnose(host: Host | None = None) -> Report:
     """Run every check; never raises."""
     host = host or Host()
-    where = _read_platform(host)
+    where, unread = _read_platform(host)
     facts = _probe(host)
     need = FAIL if where.jetson else WARN
     steps: list[tuple[str, str, Callable[[], Finding]]] = [
-        ("platform", "platform", lambda: platform_check(where)),
+        ("platform", "platform", lambda: platform_check(where, unread)),
         ("cudla", "cuDLA", lambda: cudla_check(facts, need, where.jetson)),
         ("dla_cores", "DLA cores", lambda: cores_check(facts, need, where.jetson)),
         ("cuda", "CUDA", lambda: cuda_check(facts, need, where.jetson)),
         ("cuda_bindings", "cuda-bindings", lambda: bindings_check(facts)),
-        ("nvrtc", "NVRTC", lambda: nvrtc_check(facts)),
+        ("nvrtc", "NVRTC", lambda: nvrtc_check(facts, where.jetson)),
         ("kernel_cache", "kernel cache", lambda: cache_check(host)),
         ("power_mode", "power mode", lambda: power_check(host, where.jetson)),
         ("clocks", "clocks", lambda: clocks_check(host, where.jetson)),
@@ -194,17 +195,31 @@ def diagnose(host: Host | None = None) -> Report:
 # -- facts ---------------------------------------------------------------------------
 
 
-def _read_text(path: Path) -> str | None:
+#: The files the platform is read from are a few hundred bytes; more is not one of them.
+PLATFORM_FILE_LIMIT = 64 << 10
+
+
+def _read_text(host: Host, relative: str, unread: list[str]) -> str | None:
+    """The file's text, or None where it is absent; a file that is there but is no
+    regular file, or is too large, or cannot be read, is named in ``unread``."""
+    path = host.file(relative)
     try:
-        return path.read_bytes().replace(b"\x00", b"").decode(errors="replace").strip()
-    except OSError:
+        data = read_limited(path, PLATFORM_FILE_LIMIT)
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        unread.append(f"{path} ({exc.strerror or said(exc)})")
+        return None
+    return data.replace(b"\x00", b"").decode(errors="replace").strip()
 
 
-def _read_platform(host: Host) -> Platform:
-    model = _read_text(host.file("proc/device-tree/model"))
-    compatible = _read_text(host.file("proc/device-tree/compatible")) or ""
-    release = _read_text(host.file("etc/nv_tegra_release"))
+def _read_platform(host: Host) -> tuple[Platform, list[str]]:
+    """The platform, and the files it should come from that are there but were not
+    read (see :func:`_read_text`)."""
+    unread: list[str] = []
+    model = _read_text(host, "proc/device-tree/model", unread)
+    compatible = _read_text(host, "proc/device-tree/compatible", unread) or ""
+    release = _read_text(host, "etc/nv_tegra_release", unread)
     l4t = jetpack = None
     if release:
         found = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", release)
@@ -214,7 +229,7 @@ def _read_platform(host: Host) -> Platform:
     jetson = bool(
         release is not None or "nvidia,tegra" in compatible or (model and "Jetson" in model)
     )
-    return Platform(jetson, model or None, l4t, jetpack)
+    return Platform(jetson, model or None, l4t, jetpack), unread
 
 
 def _probe(host: Host) -> dict[str, Any]:

@@ -137,8 +137,19 @@ def cudla_version(value: Any) -> str | None:
 # -- the checks ---------------------------------------------------------
 
 
-def platform_check(where: Platform) -> Finding:
+def platform_check(where: Platform, unread: Sequence[str] = ()) -> Finding:
+    """The platform; ``unread``: its files that are there but could not be read (not a
+    regular file, too large, no permission), which leave the answer uncertain."""
+    if unread:
+        return Finding(
+            WARN,
+            f"{'a Jetson' if where.jetson else 'not a Jetson'} as far as could be read; "
+            f"not read: {'; '.join(unread)}",
+            "these must be regular files of a few bytes: replace them, or point --root at "
+            "another tree",
+        )
     if not where.jetson:
+        # The one line that says so: the checks of what only a Jetson has are ok here.
         return Finding(
             WARN,
             "not a Jetson: the emulated runtime will be used (emulator loadables only)",
@@ -186,11 +197,7 @@ def cudla_check(facts: Mapping[str, Any], need: str, jetson: bool) -> Finding:
         return Finding(OK, f"{library}, cuDLA {version}")
     why = _unknown(facts, "cudla_library") or "not found"
     if not jetson:
-        return Finding(
-            WARN,
-            "no libcudla.so.1 here: the emulated runtime will be used",
-            "nothing to do off a Jetson; on a Jetson, cuDLA comes with JetPack's CUDA",
-        )
+        return Finding(OK, "not a Jetson: no libcudla.so.1, none needed (emulated runtime)")
     return Finding(
         need,
         f"libcudla.so.1 cannot be loaded: {why}",
@@ -204,11 +211,7 @@ def cores_check(facts: Mapping[str, Any], need: str, jetson: bool) -> Finding:
     if isinstance(cores, int) and cores > 0:
         return Finding(OK, f"cuDLA reports {cores} DLA core{'s' if cores != 1 else ''}")
     if "cudla_library" not in facts and not jetson:
-        return Finding(
-            WARN,
-            "none without cuDLA; the emulated runtime gives 2 emulated cores",
-            "nothing to do off a Jetson",
-        )
+        return Finding(OK, "not a Jetson: the emulated runtime gives 2 emulated cores")
     why = (
         "cuDLA reports no DLA cores"
         if cores == 0
@@ -225,6 +228,8 @@ def cores_check(facts: Mapping[str, Any], need: str, jetson: bool) -> Finding:
 def cuda_check(facts: Mapping[str, Any], need: str, jetson: bool) -> Finding:
     driver = cuda_version(facts.get("driver_version"))
     runtime = cuda_version(facts.get("runtime_version"))
+    if driver is None and not jetson and "probe_error" not in facts:
+        return Finding(OK, "not a Jetson: no CUDA driver, none needed (emulated runtime)")
     if driver is None:
         why = _unknown(facts, "driver_version") or "no CUDA driver"
         fix = (
@@ -273,7 +278,7 @@ def bindings_check(facts: Mapping[str, Any]) -> Finding:
     return Finding(OK, f"{version}; cudla.Status spells {spelling} ({era})")
 
 
-def nvrtc_check(facts: Mapping[str, Any]) -> Finding:
+def nvrtc_check(facts: Mapping[str, Any], jetson: bool = True) -> Finding:
     version = facts.get("nvrtc_version")
     if isinstance(version, str):
         where = facts.get("nvrtc_library")
@@ -283,6 +288,8 @@ def nvrtc_check(facts: Mapping[str, Any]) -> Finding:
             "conversion can run as GPU kernels",
         )
     why = _unknown(facts, "nvrtc_version") or "not found"
+    if not jetson and cuda_version(facts.get("driver_version")) is None:
+        return Finding(OK, f"no NVRTC ({why}); none needed without a GPU")
     return Finding(
         WARN,
         f"no NVRTC ({why}): layout conversion runs on the host's CPU",

@@ -209,20 +209,78 @@ def test_each_missing_piece_is_one_clear_line(
         assert others == [], others
 
 
-def test_off_a_jetson_missing_cuda_is_a_warning_and_the_jetson_tools_are_skipped(
+def test_off_a_jetson_one_line_says_so_and_the_jetson_pieces_are_ok(
     jetson: FakeJetson,
 ) -> None:
     no_device_tree(jetson)
     jetson.facts = {"bindings_version": "13.5.0", "status_spelling": "ERROR_INVALID_PARAM"}
     jetson.facts.update(cudla_library_error="not found", driver_version=0, runtime_version=13050)
+    jetson.facts.update(nvrtc_version_error="not found")
     (jetson.bin / "nvpmodel").unlink()
     report = jetson.diagnose()
     assert report.ok
-    statuses = {c.id: c.status for c in report.checks}
-    assert statuses["platform"] == statuses["cudla"] == statuses["dla_cores"] == "warn"
-    assert statuses["cuda"] == "warn"
+    # Nothing is to be done off a Jetson: one warning says where we are, once.
+    warned = [c for c in report.checks if c.status != "ok"]
+    assert [c.id for c in warned] == ["platform"], warned
+    assert warned[0].detail.startswith("not a Jetson")
+    assert report.lines()[-1] == "0 failed, 1 warning(s): ready"
+    for ident in ("cudla", "dla_cores", "cuda"):
+        assert line(report, ident).detail.startswith("not a Jetson"), line(report, ident)
+    assert "none needed without a GPU" in line(report, "nvrtc").detail
     assert line(report, "power_mode").detail == "not a Jetson: no power modes"
     assert line(report, "clocks").detail == "not a Jetson: no clocks to pin"
+
+
+def test_off_a_jetson_a_cuda_runtime_newer_than_its_driver_still_warns(
+    jetson: FakeJetson,
+) -> None:
+    no_device_tree(jetson)
+    jetson.facts = {"bindings_version": "13.5.0", "status_spelling": "ERROR_INVALID_PARAM"}
+    jetson.facts.update(cudla_library_error="not found", driver_version=12060)
+    jetson.facts.update(runtime_version=13050)
+    assert line(jetson.diagnose(), "cuda").status == "warn"
+
+
+class TestRootFiles:
+    """--root names a tree the doctor reads; what is there is not trusted: a FIFO, a
+    device or a huge file is named on the platform line, never read (nor waited on)."""
+
+    @pytest.mark.timeout(20)
+    def test_a_fifo_is_named_not_waited_on(self, jetson: FakeJetson) -> None:
+        model = jetson.root / "proc/device-tree/model"
+        model.unlink()
+        os.mkfifo(model)
+        report = jetson.diagnose()
+        check = line(report, "platform")
+        assert check.status == "warn"
+        assert f"not read: {model} (a FIFO (named pipe), not a regular file" in check.detail
+        # The release file still says it is a Jetson.
+        assert report.platform.jetson and report.platform.l4t == "R36.4.0"
+
+    def test_a_link_to_dev_zero_is_not_read(self, jetson: FakeJetson) -> None:
+        release = jetson.root / "etc/nv_tegra_release"
+        release.unlink()
+        release.symlink_to("/dev/zero")
+        check = line(jetson.diagnose(), "platform")
+        assert check.status == "warn"
+        assert f"{release} (a character device, not a regular file" in check.detail
+
+    def test_a_huge_file_is_not_read(self, jetson: FakeJetson) -> None:
+        release = jetson.root / "etc/nv_tegra_release"
+        with release.open("wb") as file:
+            file.truncate(256 << 20)  # sparse: no disk, but 256 MiB to read
+        check = line(jetson.diagnose(), "platform")
+        assert check.status == "warn"
+        assert f"{release} (larger than 64 KiB: not read)" in check.detail
+        assert check.fix is not None and "regular files" in check.fix
+
+    @pytest.mark.timeout(30)
+    def test_the_command_answers_on_a_fifo_root(self, tmp_path: Path) -> None:
+        (tmp_path / "proc/device-tree").mkdir(parents=True)
+        os.mkfifo(tmp_path / "proc/device-tree/model")
+        result = CliRunner().invoke(_cli.cli, ["doctor", "--root", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert "a FIFO (named pipe), not a regular file" in result.output
 
 
 class TestProbes:
