@@ -34,7 +34,6 @@ import re
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from . import __version__

@@ -54,6 +54,7 @@ import anyio
 
 from ._errors import ConfigurationError, EngineClosedError
 from ._options import DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY
+from ._safe_paths import write_regular
 
 __all__ = ["TRACE_FORMAT", "TraceFile", "TraceRecorder", "Tracing", "engine_trace"]
 
@@ -207,10 +208,14 @@ class TraceRecorder:
         return _Writer(self).document()
 
     def write(self, path: str | Path) -> Path:
-        """Write the trace to ``path`` (JSON); returns the path."""
-        path = Path(path)
-        path.write_text(json.dumps(self.trace_events(), separators=(",", ":")), encoding="utf-8")
-        return path
+        """Write the trace to ``path`` (JSON); returns the path.
+
+        ``path`` is a regular file, created or replaced; a final symbolic link is not
+        followed, and a FIFO, a device or a directory is refused (an ``OSError`` that
+        says which) before anything is written.
+        """
+        document = json.dumps(self.trace_events(), separators=(",", ":"))
+        return write_regular(path, document.encode("utf-8"))
 
 
 class _Writer:
@@ -434,7 +439,7 @@ class Tracing:
     async def __aexit__(self, *exc_info: object) -> None:
         uninstall(self._engine._flow, self.recorder)
         if self._path is not None:
-            self.recorder.write(self._path)
+            _write(self.recorder, self._path, "engine.trace(path)")
 
 
 class TraceFile:
@@ -450,12 +455,7 @@ class TraceFile:
     def __init__(self, path: str | os.PathLike[str], name: str, capacity: int) -> None:
         self.path = Path(path)
         self.recorder = TraceRecorder(name, capacity=capacity)
-        try:
-            self.recorder.write(self.path)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"trace={str(path)!r} cannot be written: {exc.strerror or exc}"
-            ) from exc
+        _write(self.recorder, self.path, f"trace={str(path)!r}")
 
     @classmethod
     def of(cls, options: Any, model: object) -> TraceFile | None:
@@ -472,7 +472,18 @@ class TraceFile:
         """Stop recording and write the file (in a worker thread: a full ring of the
         default capacity is about a hundred megabytes of JSON)."""
         uninstall(flow, self.recorder)
-        await anyio.to_thread.run_sync(self.recorder.write, self.path)
+        await anyio.to_thread.run_sync(
+            _write, self.recorder, self.path, f"trace={str(self.path)!r}", " at close"
+        )
+
+
+def _write(recorder: TraceRecorder, path: str | Path, what: str, when: str = "") -> None:
+    """Write the trace, or raise a ConfigurationError that names the path and why (a
+    folder removed, a link, a FIFO, no permission) instead of a bare OSError."""
+    try:
+        recorder.write(path)
+    except OSError as exc:
+        raise ConfigurationError(f"{what} cannot be written{when}: {exc.strerror or exc}") from exc
 
 
 def trace_name(model: object) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +170,40 @@ class TestTimeline:
         assert flow.trace is None and flow.poller.trace is None
         await engine.infer(ONES)
         assert recorder.recorded == 1
+
+
+class TestSweepTracks:
+    def test_the_pollers_sweeps_and_the_loops_harvests_have_their_own_tracks(self) -> None:
+        """A sweep made on the recorder's (the loop's) thread is a harvest, drawn on
+        'loop harvests'; one from any other thread is the poller's, on 'poller'."""
+        times = iter(float(t) for t in range(100))
+        recorder = TraceRecorder("r", clock=lambda: next(times))
+
+        def poller() -> None:
+            recorder.sweep(10.0, [("slot a", 0), ("slot b", 0)])
+
+        thread = threading.Thread(target=poller)
+        thread.start()
+        thread.join()
+        recorder.sweep(20.0, [("slot c", 0)])
+        document = recorder.trace_events()
+        check_trace_format(document)
+        names = track_names(document)
+        found = {names[e["tid"]]: e["args"]["found"] for e in slices(document, "sweep")}
+        assert found == {"poller": 2, "loop harvests": 1}
+
+    @pytest.mark.asyncio
+    async def test_an_engines_sweeps_come_from_its_poller_thread(self, engine: Engine) -> None:
+        async with engine.trace() as recorder:
+            await asyncio.gather(*(engine.infer(ONES) for _ in range(20)))
+        document = recorder.trace_events()
+        names = track_names(document)
+        by_track = collections.Counter(names[e["tid"]] for e in slices(document, "sweep"))
+        # The poller thread found every completion that the loop did not harvest itself.
+        found = sum(e["args"]["found"] for e in slices(document, "sweep"))
+        assert found == 20
+        assert by_track["poller"] > 0
+        assert set(by_track) <= {"poller", "loop harvests"}
 
 
 class TestBounds:
@@ -361,11 +397,88 @@ class TestEngineTraceOption:
         await engine.infer(ONES)
         (folder / "run.json").unlink()
         folder.rmdir()  # removed while the engine ran
-        with pytest.raises(FileNotFoundError):
+        with pytest.raises(
+            ConfigurationError,
+            match=rf"trace='{folder / 'run.json'}' cannot be written at close: No such file",
+        ):
             await engine.aclose()
         assert engine.state.value == "closed"
         await asyncio.wait_for(engine.wait_closed(), 5)
         assert not any(runtime.live_handles().values())
+
+
+class TestTracePaths:
+    """A trace path is written as a regular file or not at all: never through a final
+    symbolic link (which could point at any file of the user's), never into a FIFO or
+    a device (whose open would wait for a reader, or whose writes go elsewhere)."""
+
+    @pytest.mark.asyncio
+    async def test_a_final_symlink_is_not_followed_at_open(
+        self, runtime: EmulatedRuntime, tmp_path: Path
+    ) -> None:
+        victim = tmp_path / "precious.txt"
+        victim.write_text("keep me")
+        link = tmp_path / "run.json"
+        link.symlink_to(victim)
+        engine = Engine(affine_model(), runtime=runtime, trace=link)
+        with pytest.raises(ConfigurationError, match="a symbolic link: not followed"):
+            await engine.open()
+        assert victim.read_text() == "keep me" and link.is_symlink()
+        assert not any(runtime.live_handles().values())
+
+    @pytest.mark.asyncio
+    async def test_a_final_symlink_is_not_followed_by_a_traced_block(
+        self, engine: Engine, tmp_path: Path
+    ) -> None:
+        victim = tmp_path / "precious.txt"
+        victim.write_text("keep me")
+        link = tmp_path / "run.json"
+        link.symlink_to(victim)
+        with pytest.raises(ConfigurationError, match=r"engine\.trace\(path\) cannot be written"):
+            async with engine.trace(link):
+                await engine.infer(ONES)
+        assert victim.read_text() == "keep me"
+        await engine.infer(ONES)  # the engine is not disturbed
+
+    @pytest.mark.asyncio
+    async def test_a_symlinked_folder_is_followed(
+        self, runtime: EmulatedRuntime, tmp_path: Path
+    ) -> None:
+        # Only the final component is refused as a link: a folder reached through one
+        # (a home directory on another disk) is a user's ordinary choice.
+        real = tmp_path / "real"
+        real.mkdir()
+        (tmp_path / "linked").symlink_to(real)
+        async with Engine(
+            affine_model(), runtime=runtime, trace=tmp_path / "linked" / "run.json"
+        ) as e:
+            await e.infer(ONES)
+        assert len(dla_tasks_in(real / "run.json")) == 1
+
+    @pytest.mark.asyncio
+    @pytest.mark.timeout(20)
+    @pytest.mark.parametrize("kind", ["fifo", "device"])
+    async def test_a_fifo_or_a_device_is_refused_at_once(
+        self, runtime: EmulatedRuntime, tmp_path: Path, kind: str
+    ) -> None:
+        if kind == "fifo":
+            path = tmp_path / "run.json"
+            os.mkfifo(path)
+            match = r"a FIFO \(named pipe\), not a regular file: not written"
+        else:
+            path = Path(os.devnull)
+            match = "a character device, not a regular file: not written"
+        engine = Engine(affine_model(), runtime=runtime, trace=path)
+        with pytest.raises(ConfigurationError, match=match):
+            await engine.open()
+        assert engine.state.value == "closed"
+        assert not any(runtime.live_handles().values())
+
+    def test_an_existing_regular_file_is_replaced_whole(self, tmp_path: Path) -> None:
+        path = tmp_path / "run.json"
+        path.write_text("x" * 100_000)  # longer than the trace: nothing of it may remain
+        TraceRecorder("r").write(path)
+        assert json.loads(path.read_text())["otherData"]["requests_recorded"] == 0
 
 
 def _record(raw: tuple[Any, ...]) -> Any:
