@@ -175,37 +175,43 @@ def test_pack_and_unpack_match_numpy(
     spec = make_spec(fmt, dtype, padded, scale)
     rng = np.random.default_rng(len(fmt) * 100 + np.dtype(dtype).itemsize * 10 + padded)
     stream = cp.cuda.Stream(non_blocking=True)
-    for source in sources(spec):
-        array = values(spec, source, rng)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            expected = spec.pack(array, validate=False).tobytes()
-        for kind in range(3):
-            view = strided(array, kind)
-            assert cp.asnumpy(view).tobytes() == array.tobytes()
-            steps = tuple(s // source.itemsize for s in view.strides)
-            for offset in (0, spec.numpy_dtype.itemsize):  # vector and element stores
-                out = cp.full(spec.size + 64, 0xAB, cp.uint8)
-                kernels.pack(spec, source, view.data.ptr, steps, out.data.ptr + offset, stream.ptr)
-                stream.synchronize()
-                got = cp.asnumpy(out)
-                assert got[:offset].tolist() == [0xAB] * offset
-                assert got[offset + spec.size :].tolist() == [0xAB] * (64 - offset)
-                assert got[offset : offset + spec.size].tobytes() == expected, (
-                    source,
-                    kind,
-                    offset,
-                )
-    raw = np.frombuffer(rng.bytes(spec.size), np.uint8)
-    device_raw = cp.asarray(raw)
-    for result in results(spec):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            expected_array = spec.unpack(raw, dequantize=result.kind == "f", dtype=result)
-        out = cp.zeros(spec.shape, result)
-        kernels.unpack(spec, result, device_raw.data.ptr, out.data.ptr, stream.ptr)
-        stream.synchronize()
-        assert cp.asnumpy(out).tobytes() == expected_array.tobytes(), result
+    # Every fill, copy and launch on the kernel's own stream: cupy's default
+    # stream does not order itself with a non-blocking stream, so a fill made
+    # there could land after the kernel's stores (as it did under the sanitizer).
+    with stream:
+        for source in sources(spec):
+            array = values(spec, source, rng)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected = spec.pack(array, validate=False).tobytes()
+            for kind in range(3):
+                view = strided(array, kind)
+                assert cp.asnumpy(view).tobytes() == array.tobytes()
+                steps = tuple(s // source.itemsize for s in view.strides)
+                for offset in (0, spec.numpy_dtype.itemsize):  # vector and element stores
+                    out = cp.full(spec.size + 64, 0xAB, cp.uint8)
+                    kernels.pack(
+                        spec, source, view.data.ptr, steps, out.data.ptr + offset, stream.ptr
+                    )
+                    stream.synchronize()
+                    got = cp.asnumpy(out)
+                    assert got[:offset].tolist() == [0xAB] * offset
+                    assert got[offset + spec.size :].tolist() == [0xAB] * (64 - offset)
+                    assert got[offset : offset + spec.size].tobytes() == expected, (
+                        source,
+                        kind,
+                        offset,
+                    )
+        raw = np.frombuffer(rng.bytes(spec.size), np.uint8)
+        device_raw = cp.asarray(raw)
+        for result in results(spec):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected_array = spec.unpack(raw, dequantize=result.kind == "f", dtype=result)
+            out = cp.zeros(spec.shape, result)
+            kernels.unpack(spec, result, device_raw.data.ptr, out.data.ptr, stream.ptr)
+            stream.synchronize()
+            assert cp.asnumpy(out).tobytes() == expected_array.tobytes(), result
 
 
 @pytest.mark.usefixtures("real_gpu")
@@ -219,21 +225,25 @@ def test_big_tensors_and_fast_paths(tmp_path: Path) -> None:
     kernels = ConversionKernels.compile(packs, unpacks, cache_dir=tmp_path)
     rng = np.random.default_rng(3)
     stream = cp.cuda.Stream(non_blocking=True)
-    for spec, source in packs:
-        array = values(spec, source, rng)
-        device = cp.asarray(array)
-        out = cp.full(spec.size, 0xAB, cp.uint8)
-        steps = tuple(s // source.itemsize for s in device.strides)
-        kernels.pack(spec, source, device.data.ptr, steps, out.data.ptr, stream.ptr)
-        stream.synchronize()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            assert cp.asnumpy(out).tobytes() == spec.pack(array, validate=False).tobytes()
-    for spec, result in unpacks:
-        raw = np.frombuffer(rng.bytes(spec.size), np.uint8)
-        out = cp.zeros(spec.shape, result)
-        kernels.unpack(spec, result, cp.asarray(raw).data.ptr, out.data.ptr, stream.ptr)
-        stream.synchronize()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            assert cp.asnumpy(out).tobytes() == spec.unpack(raw, dtype=result).tobytes()
+    # Every fill, copy and launch on the kernel's own stream: cupy's default
+    # stream does not order itself with a non-blocking stream, so a fill made
+    # there could land after the kernel's stores (as it did under the sanitizer).
+    with stream:
+        for spec, source in packs:
+            array = values(spec, source, rng)
+            device = cp.asarray(array)
+            out = cp.full(spec.size, 0xAB, cp.uint8)
+            steps = tuple(s // source.itemsize for s in device.strides)
+            kernels.pack(spec, source, device.data.ptr, steps, out.data.ptr, stream.ptr)
+            stream.synchronize()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert cp.asnumpy(out).tobytes() == spec.pack(array, validate=False).tobytes()
+        for spec, result in unpacks:
+            raw = np.frombuffer(rng.bytes(spec.size), np.uint8)
+            out = cp.zeros(spec.shape, result)
+            kernels.unpack(spec, result, cp.asarray(raw).data.ptr, out.data.ptr, stream.ptr)
+            stream.synchronize()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert cp.asnumpy(out).tobytes() == spec.unpack(raw, dtype=result).tobytes()

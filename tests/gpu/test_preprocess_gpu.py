@@ -69,14 +69,18 @@ def test_matches_numpy(kernels: PreprocessKernels, case: int) -> None:
     spec, pre, sizes = CASES[case]
     rng = np.random.default_rng(case)
     stream = cp.cuda.Stream(non_blocking=True)
-    for size in sizes:
-        frame = frame_for(pre, size, rng)
-        expected = spec.pack(pre.apply(frame, spec)).tobytes()
-        for offset in (0, spec.numpy_dtype.itemsize):  # vector and element stores
-            assert run_device(kernels, spec, frame, size, offset, stream) == expected, (
-                size,
-                offset,
-            )
+    # Every fill, copy and launch on the kernel's own stream: cupy's default
+    # stream does not order itself with a non-blocking stream, so a fill made
+    # there could land after the kernel's stores (as it did under the sanitizer).
+    with stream:
+        for size in sizes:
+            frame = frame_for(pre, size, rng)
+            expected = spec.pack(pre.apply(frame, spec)).tobytes()
+            for offset in (0, spec.numpy_dtype.itemsize):  # vector and element stores
+                assert run_device(kernels, spec, frame, size, offset, stream) == expected, (
+                    size,
+                    offset,
+                )
 
 
 @pytest.mark.parametrize("source", ["bgr", "nv12", "i420"])
@@ -93,9 +97,13 @@ def test_full_hd_into_a_640_detector(tmp_path: Path, source: Any) -> None:
     shape = (1080, 1920, 3) if source == "bgr" else (1620, 1920)
     frame = rng.integers(0, 256, shape, np.uint8)
     stream = cp.cuda.Stream(non_blocking=True)
-    device = cp.asarray(frame)
-    out = cp.full(spec.size, 0xAB, cp.uint8)
-    pitch = frame.strides[0]
-    kernels.launch(spec, device.data.ptr, 1080, 1920, pitch, out.data.ptr, stream.ptr)
-    stream.synchronize()
-    assert cp.asnumpy(out).tobytes() == spec.pack(pre.apply(frame, spec)).tobytes()
+    # Every fill, copy and launch on the kernel's own stream: cupy's default
+    # stream does not order itself with a non-blocking stream, so a fill made
+    # there could land after the kernel's stores (as it did under the sanitizer).
+    with stream:
+        device = cp.asarray(frame)
+        out = cp.full(spec.size, 0xAB, cp.uint8)
+        pitch = frame.strides[0]
+        kernels.launch(spec, device.data.ptr, 1080, 1920, pitch, out.data.ptr, stream.ptr)
+        stream.synchronize()
+        assert cp.asnumpy(out).tobytes() == spec.pack(pre.apply(frame, spec)).tobytes()

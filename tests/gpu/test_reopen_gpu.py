@@ -55,8 +55,8 @@ def test_engine_reopened_50_times_leaves_nothing_behind(standin: Any) -> None:
     finally:
         runtime.close()
     # The count is not vacuous: while open, each loaded module holds device memory and
-    # each core a chain event.
-    assert all(s["allocations"] >= 1 and s["events"] >= 1 for s in while_open), while_open[:3]
+    # each core its upload stream.
+    assert all(s["allocations"] >= 1 and s["streams"] >= 1 for s in while_open), while_open[:3]
     assert standin.live_handles() == NO_HANDLES
     # ... and the engine released its modules and registrations itself, in order.
     assert standin.released_by_destroy() == released
