@@ -242,6 +242,7 @@ class TestFaults:
             released.hang_core(0, False)
             assert_same(await engine.infer(arrays["x"]), expected(model, arrays))
 
+    @pytest.mark.timing_bound("the core returns to rotation within 2 s of probes every 0.05 s")
     async def test_faulty_core_leaves_rotation_and_returns(
         self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
     ) -> None:
@@ -277,6 +278,9 @@ class TestFaults:
                 await asyncio.sleep(0.01)
             assert engine.health().status == "ok"
 
+    @pytest.mark.timing_bound(
+        "stage times against the 2 ms service time: copies under 2 ms, the DLA stage under 10 ms"
+    )
     async def test_stage_times(
         self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
     ) -> None:
@@ -408,6 +412,9 @@ class TestCancellation:
             assert_same(await engine.infer(arrays["x"]), expected(model, arrays))
             assert engine.statistics().timed_out == 1
 
+    @pytest.mark.timing_bound(
+        "close must still be waiting 50 ms after it began, and the gate is bounded by 10 s"
+    )
     async def test_close_with_work_in_flight(
         self, cuda_runtime: CudaRuntime, released: Any, real_gpu: None
     ) -> None:

@@ -1,0 +1,97 @@
+"""tests/gpu/sanitize/verdict.py judges compute-sanitizer logs: it excuses exactly the
+test frameworks' pooled memory at exit and the deliberate errors, and fails on any
+report of aiodla's own, so the GPU machine's sanitizer step means what it says."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+VERDICT = Path(__file__).resolve().parent / "gpu" / "sanitize" / "verdict.py"
+
+
+@pytest.fixture(scope="module")
+def verdict() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sanitizer_verdict", VERDICT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def leak(size: int, *frames: str) -> str:
+    lines = [
+        f"========= Leaked {size} bytes at 0x7f0000{size:04x}",
+        "=========     Saved host backtrace up to driver entry point at allocation time",
+        "=========         Host Frame: cuMemAlloc_v2 [0x2c0a1] in libcuda.so.1",
+        "=========         Host Frame: cudaMalloc [0x51f3e] in libcudart.so.13",
+    ]
+    lines += [f"=========         Host Frame: {frame}" for frame in frames]
+    lines.append("=========         Host Frame: _PyEval_EvalFrameDefault [0x1a2b3] in python3")
+    return "\n".join(lines) + "\n=========\n"
+
+
+CUPY = "cupy.cuda.memory._malloc [0x7e1] in cupy/cuda/memory.cpython-312-x86_64-linux-gnu.so"
+CUPY_BACKENDS = "malloc [0x31] in cupy_backends/cuda/api/runtime.cpython-312-x86_64-linux-gnu.so"
+TORCH = "c10::cuda::CUDACachingAllocator::malloc [0x3f21] in libc10_cuda.so"
+BINDINGS = "cudaMalloc [0x9a1] in cuda/bindings/cyruntime.cpython-312-x86_64-linux-gnu.so"
+STANDIN = "aiodla_standin::Platform::device_alloc [0x1f0] in libcudla.so.1"
+
+
+def write_log(folder: Path, *reports: str, errors: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    body = "========= COMPUTE-SANITIZER\n" + "".join(reports)
+    body += "========= LEAK SUMMARY: 1 bytes leaked in 1 allocations\n"
+    body += f"========= ERROR SUMMARY: {errors} errors\n"
+    (folder / "123.log").write_text(body)
+    return folder
+
+
+def unexcused(verdict: ModuleType, folder: Path) -> list[str]:
+    _, bad = verdict.judge(folder, trap=False)
+    return list(bad)
+
+
+class TestLeaks:
+    def test_the_frameworks_pools_are_excused(self, verdict: ModuleType, tmp_path: Path) -> None:
+        reports = [leak(1024, CUPY), leak(2048, CUPY_BACKENDS), leak(4096, TORCH)]
+        folder = write_log(tmp_path / "gpu-memcheck", *reports, errors=3)
+        assert unexcused(verdict, folder) == []
+
+    @pytest.mark.parametrize("frame", [BINDINGS, STANDIN], ids=["cuda-bindings", "stand-in"])
+    def test_aiodla_leaks_fail(self, verdict: ModuleType, tmp_path: Path, frame: str) -> None:
+        folder = write_log(tmp_path / "gpu-memcheck", leak(512, frame), errors=1)
+        bad = unexcused(verdict, folder)
+        assert len(bad) == 1 and "Leaked 512 bytes" in bad[0]
+
+    def test_aiodla_path_under_a_framework_frame_still_fails(
+        self, verdict: ModuleType, tmp_path: Path
+    ) -> None:
+        # A dependency's frame higher on the stack does not make aiodla's allocation theirs.
+        folder = write_log(tmp_path / "gpu-memcheck", leak(256, STANDIN, CUPY), errors=1)
+        assert len(unexcused(verdict, folder)) == 1
+
+    def test_a_leak_with_no_backtrace_fails(self, verdict: ModuleType, tmp_path: Path) -> None:
+        report = "========= Leaked 64 bytes at 0x7f0000abcd\n=========\n"
+        folder = write_log(tmp_path / "gpu-memcheck", report, errors=1)
+        assert len(unexcused(verdict, folder)) == 1
+
+    def test_other_errors_are_never_excused_as_leaks(
+        self, verdict: ModuleType, tmp_path: Path
+    ) -> None:
+        report = (
+            "========= Invalid __global__ write of size 4 bytes\n"
+            f"=========     Host Frame: {CUPY}\n=========\n"
+        )
+        folder = write_log(tmp_path / "gpu-memcheck", report, errors=1)
+        assert len(unexcused(verdict, folder)) == 1
+
+
+def test_main_exit_status(verdict: ModuleType, tmp_path: Path) -> None:
+    clean = write_log(tmp_path / "clean", leak(1024, TORCH), errors=1)
+    dirty = write_log(tmp_path / "dirty", leak(1024, BINDINGS), errors=1)
+    assert verdict.main([str(clean)]) == 0
+    assert verdict.main([str(clean), str(dirty)]) == 1
