@@ -21,7 +21,9 @@ import asyncio
 import collections
 import dataclasses
 import enum
+import functools
 import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -33,12 +35,13 @@ from ._errors import (
     ConfigurationError,
     EngineClosedError,
     InputError,
+    QueueFullError,
     RequestTimeoutError,
 )
-from ._statistics import BatchStatistics
+from ._statistics import BatchStatistics, Durations
 from ._tensors import TensorSpec, inputs_in_order
 
-__all__ = ["BatchStatistics", "Batcher", "Batching", "Item", "open_batcher"]
+__all__ = ["Batch", "BatchStatistics", "Batcher", "Batching", "Item", "open_batcher"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,22 +64,33 @@ class Batching:
 
 
 class ItemState(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    DONE = "done"
+    WAITING = "waiting"  # in the batcher, for a task to be assembled
+    RUNNING = "running"  # in a task handed to the engine
+    DONE = "done"  # its one outcome is counted
 
 
 class Item:
-    """One caller's item: its arrays (batch 1), its future, its timeout's timer."""
+    """One caller's item: its arrays (batch 1), its future, its timeout's timer, the
+    task it runs in (once assembled), and when it arrived (the loop's clock for the
+    batch's delay, the monotonic clock for its latency)."""
 
-    __slots__ = ("arrays", "batcher", "future", "state", "timer")
+    __slots__ = ("arrays", "arrived", "batch", "batcher", "future", "started", "state", "timer")
 
-    def __init__(self, batcher: Batcher, arrays: tuple[Any, ...], future: asyncio.Future[Any]):
+    def __init__(
+        self,
+        batcher: Batcher,
+        arrays: tuple[Any, ...],
+        future: asyncio.Future[Any],
+        arrived: float,
+    ) -> None:
         self.batcher = batcher
         self.arrays = arrays
         self.future = future
+        self.arrived = arrived
+        self.started = time.monotonic()
         self.state = ItemState.WAITING
         self.timer: asyncio.TimerHandle | None = None
+        self.batch: Batch | None = None
 
     def on_done(self, task: asyncio.Task[Any]) -> None:
         """``infer_nowait``'s task was cancelled before it awaited the item: the same
@@ -88,7 +102,8 @@ class Item:
     async def result(self) -> Any:
         """Await the item's row.
 
-        Cancellation: a waiting item leaves its batch; a running one's row is dropped.
+        Cancellation: a waiting item leaves its batch; a running one's row is dropped
+        (and a task whose every item ended so is withdrawn: see :class:`Batcher`).
         """
         try:
             return await self.future
@@ -100,14 +115,35 @@ class Item:
                 self.timer.cancel()
 
 
-class Batcher:
-    """The items waiting for a task and the counts (see the module docstring).
+class Batch:
+    """Items handed to the engine as one task: ``live`` of them have not ended."""
 
-    ``run`` runs a whole batch (the engine's own ``infer``). State: ``_waiting`` in
-    arrival order (an item that ended while it waited stays until a flush skips it);
-    ``_live``: how many of them have not ended; ``_timer``: the flush of the first
-    waiting item at its ``max_delay`` (armed early by the loop's lateness: ``_timers``,
-    made with the first item, on the loop); ``_tasks``: the tasks running now.
+    __slots__ = ("items", "live", "task")
+
+    def __init__(self, items: list[Item]) -> None:
+        self.items = items
+        self.live = len(items)
+        self.task: asyncio.Task[None] | None = None
+
+
+class Batcher:
+    """The items waiting for a task, the tasks handed to the engine, and the counts
+    (see the module docstring).
+
+    ``run`` runs a whole batch (the engine's own ``infer``). State, all written here:
+    ``_waiting`` in arrival order (an item that ended while it waited stays until a
+    look at the front skips it); ``_live``: how many of them have not ended;
+    ``_batches``: the tasks handed to the engine and not ended, at most ``slots`` of
+    them (the engine's slots: a further task would only queue in the engine, where
+    its items could no longer leave it, so items wait here instead, as a batch of
+    their own in the making); ``_due``: the first waiting item has waited
+    ``max_delay``; ``_timer``: the look at the first waiting item at its ``max_delay``
+    (armed early by the loop's lateness: ``_timers``, made with the first item).
+
+    Every item ends exactly once (``end``), whatever ends first: its caller's
+    cancellation, its timeout, its task's result or error, the engine's close. A task
+    whose items have all ended before its result is withdrawn: cancelled as a request
+    is, so one still queued in the engine never runs.
     """
 
     def __init__(
@@ -117,6 +153,10 @@ class Batcher:
         outputs: tuple[TensorSpec, ...],
         run: Callable[[Any], Awaitable[Any]],
         casting: Any,
+        *,
+        slots: int,
+        max_queue: int,
+        latency_window: int,
     ) -> None:
         self.size = inputs[0].shape[0]
         self._delay = batching.max_delay
@@ -129,16 +169,27 @@ class Batcher:
         self._names = frozenset(s.name for s in inputs)
         self._run = run
         self._casting = casting
+        self._slots = slots
+        # max_queue counts the engine's requests, which are tasks here: that many
+        # tasks' worth of items (at least one task's) may wait.
+        self.capacity = max(1, max_queue) * self.size
         self._waiting: collections.deque[Item] = collections.deque()
         self._live = 0
+        self._due = False
         self._timer: asyncio.TimerHandle | None = None
         self._timers: DeadlineTimers | None = None
+        self._batches: set[Batch] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.counts: dict[str, int] = dict.fromkeys(
-            ("items", "completed", "failed", "cancelled", "timed_out", "running", "tasks"), 0
-        )
+            (
+                "items", "completed", "failed", "cancelled", "timed_out", "running",
+                "tasks", "withdrawn", "rejected",
+            ),
+            0,
+        )  # fmt: skip
         self._sizes: collections.Counter[int] = collections.Counter()
+        self.latency = Durations(latency_window)
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -161,83 +212,169 @@ class Batcher:
                 f"{exc} (a batched engine takes one item, or a whole batch {whole})"
             ) from exc
 
-    def admit(self, arrays: tuple[Any, ...], timeout: float | None) -> Item:
+    def admit(self, arrays: tuple[Any, ...], timeout: float | None, wait: bool = True) -> Item:
+        """Queue one item; with ``wait=False``, a full queue (``capacity`` items
+        waiting) raises :class:`QueueFullError` instead (an awaiting caller's item
+        waits its turn, as an engine's request does)."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
+        if not wait and self._live >= self.capacity:
+            self.counts["rejected"] += 1
+            raise QueueFullError(
+                f"the batching queue is full ({self._live} items waiting for a task, "
+                f"max_queue={self.capacity // self.size} tasks of {self.size})"
+            )
         loop = asyncio.get_running_loop()
-        item = Item(self, arrays, loop.create_future())
+        item = Item(self, arrays, loop.create_future(), loop.time())
         self.counts["items"] += 1
         self._waiting.append(item)
         self._live += 1
         if timeout is not None:
             item.timer = loop.call_later(timeout, self._expire, item)
-        if self._live >= self.size:
-            self.flush()
-        elif self._timer is None:
-            self._arm()
+        self._dispatch()
         return item
 
-    def _arm(self) -> None:
-        """Flush by ``max_delay`` from now: the first waiting item arrived now (a flush
-        takes every waiting item, since N waiting flush at once)."""
+    def _expire(self, item: Item) -> None:
+        item.timer = None
+        self._settle(
+            item,
+            "timed_out",
+            error=RequestTimeoutError("the item's timeout passed before its result was ready"),
+        )
+
+    # -- ending -------------------------------------------------------------------------------
+
+    def _settle(
+        self, item: Item, outcome: str, *, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        """Give ``item`` its outcome unless it has one. A future its caller cancelled
+        meanwhile (the caller's coroutine has not run its ``except`` yet) ends the
+        item as cancelled: a result is never set on it."""
+        if item.state is ItemState.DONE:
+            return
+        future = item.future
+        if future.cancelled():
+            outcome = "cancelled"
+        elif not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+        self.end(item, outcome)
+
+    def end(self, item: Item, outcome: str) -> None:
+        """Count the item's one outcome (once; a second is ignored). A waiting item
+        leaves the queue; the last item of a task to end withdraws the task."""
+        state = item.state
+        if state is ItemState.DONE:
+            return
+        item.state = ItemState.DONE
+        item.arrays = ()
+        self.counts[outcome] += 1
+        if outcome == "completed":
+            self.latency.add(time.monotonic() - item.started)
+        if state is ItemState.WAITING:
+            self._live -= 1
+            return
+        self.counts["running"] -= 1
+        batch = item.batch
+        if batch is not None:
+            batch.live -= 1
+            task = batch.task
+            if batch.live == 0 and task is not None and not task.done():
+                # Nobody waits for its rows: cancelled as a request is, so a task
+                # still queued in the engine never reaches the DLA.
+                self.counts["withdrawn"] += 1
+                task.cancel()
+
+    # -- assembling -----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Send what waits now, as if the first waiting item's delay had passed (up to
+        the engine's slots; the rest goes as tasks end)."""
+        self._due = bool(self._live)
+        self._dispatch()
+
+    def _on_delay(self) -> None:
+        self._timer = None
+        self._due = True
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """The one place that decides: hand the engine a task of the first N waiting
+        items while it has a slot for one and N wait, or the first has waited
+        ``max_delay``; then keep a timer for the first waiting item's delay."""
+        if self._closed:
+            return
+        while self._live and len(self._batches) < self._slots:
+            if self._live < self.size and not self._due:
+                break
+            self._send()
+        front = self._front()
+        if front is None:
+            self._due = False
+            self._disarm()
+        elif self._timer is None and not self._due:
+            self._arm(front)
+
+    def _front(self) -> Item | None:
+        """The first waiting item that has not ended (those that have are let go)."""
+        waiting = self._waiting
+        while waiting and waiting[0].state is not ItemState.WAITING:
+            waiting.popleft()
+        return waiting[0] if waiting else None
+
+    def _arm(self, front: Item) -> None:
+        """Look again when ``front`` (the first waiting item) has waited ``max_delay``."""
         loop = asyncio.get_running_loop()
         timers = self._timers
         if timers is None:
             # Early by at most half the delay: a lateness spike (a pause of the whole
             # process) must not make every later batch go nearly empty.
             timers = self._timers = DeadlineTimers(loop, cap=self._delay / 2)
-        self._timer = timers.call_at(loop.time() + self._delay, self.flush)
+        self._timer = timers.call_at(front.arrived + self._delay, self._on_delay)
 
-    def _expire(self, item: Item) -> None:
-        item.timer = None
-        if item.state is not ItemState.DONE and not item.future.done():
-            item.future.set_exception(
-                RequestTimeoutError("the item's timeout passed before its result was ready")
-            )
-            self.end(item, "timed_out")
-
-    def end(self, item: Item, outcome: str) -> None:
-        """Count the item's one outcome (once; a second is ignored)."""
-        state = item.state
-        if state is ItemState.DONE:
-            return
-        if state is ItemState.WAITING:
-            self._live -= 1
-        else:
-            self.counts["running"] -= 1
-        item.state = ItemState.DONE
-        item.arrays = ()
-        self.counts[outcome] += 1
-
-    # -- assembling -----------------------------------------------------------------------------
-
-    def flush(self) -> None:
-        """Send the first N waiting items (fewer, padded, when fewer wait) as one task;
-        the next waiting item's delay starts now."""
+    def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _send(self) -> None:
+        """Hand the first (up to) N waiting items to the engine as one task; the next
+        waiting item's delay counts from its own arrival."""
         taken: list[Item] = []
         waiting = self._waiting
         while waiting and len(taken) < self.size:
             item = waiting.popleft()
-            if item.state is ItemState.WAITING:
-                taken.append(item)
-        if taken:
-            self._live -= len(taken)
-            self.counts["running"] += len(taken)
-            self.counts["tasks"] += 1
-            self._sizes[len(taken)] += 1
-            for item in taken:
-                item.state = ItemState.RUNNING
-            batch = self._assemble(taken)
-            task = asyncio.get_running_loop().create_task(self._task(taken, batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        if self._live >= self.size:
-            self.flush()
-        elif self._live and self._timer is None:
-            self._arm()
+            if item.state is not ItemState.WAITING:
+                continue
+            if item.future.done():  # cancelled by its caller, who has not run since
+                self.end(item, "cancelled")
+                continue
+            taken.append(item)
+        self._due = False
+        self._disarm()
+        if not taken:
+            return
+        self._live -= len(taken)
+        self.counts["running"] += len(taken)
+        self.counts["tasks"] += 1
+        self._sizes[len(taken)] += 1
+        batch = Batch(taken)
+        for item in taken:
+            item.state = ItemState.RUNNING
+            item.batch = batch
+        arrays = self._assemble(taken)
+        task = asyncio.get_running_loop().create_task(self._task(batch, arrays))
+        batch.task = task
+        self._batches.add(batch)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._task_ended, batch))
+
+    def _task_ended(self, batch: Batch, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._batches.discard(batch)
+        self._dispatch()  # a slot for the next task
 
     def _assemble(self, items: list[Item]) -> Any:
         """The batch's arrays in the tensors' own dtypes (so the engine's check of the
@@ -254,37 +391,40 @@ class Batcher:
             return arrays[0]
         return {spec.name: a for spec, a in zip(self._inputs, arrays, strict=True)}
 
-    async def _task(self, items: list[Item], batch: Any) -> None:
+    async def _task(self, batch: Batch, arrays: Any) -> None:
         try:
-            result = await self._run(batch)
-        except Exception as exc:
-            for item in items:
+            result = await self._run(arrays)
+        except asyncio.CancelledError:
+            batch.task = None  # (its items' ends below must not withdraw it again)
+            # Withdrawn (its items had all ended), or the loop is shutting down: an
+            # item still waiting for its row ends as cancelled.
+            for item in batch.items:
                 if item.state is not ItemState.DONE:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                    self.end(item, "failed")
+                    item.future.cancel()
+                    self.end(item, "cancelled")
+            raise
+        except Exception as exc:
+            batch.task = None
+            for item in batch.items:
+                self._settle(item, "failed", error=exc)
             return
-        for row, item in enumerate(items):
-            if item.state is ItemState.DONE:
-                continue  # cancelled or timed out meanwhile: its row is dropped
-            item.future.set_result(_row(result, row))
-            self.end(item, "completed")
+        # Answered: the last row delivered must not withdraw (cancel) this very task.
+        batch.task = None
+        for row, item in enumerate(batch.items):
+            # An item cancelled or timed out meanwhile has ended: its row is dropped.
+            if item.state is not ItemState.DONE:
+                self._settle(item, "completed", result=_row(result, row))
 
     # -- closing and observing ------------------------------------------------------------------
 
     def close(self) -> None:
         """The engine closes: every waiting item fails; tasks running end with it."""
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         error = EngineClosedError("the engine was closed while the item waited for its batch")
         while self._waiting:
             item = self._waiting.popleft()
-            if item.state is ItemState.WAITING:
-                if not item.future.done():
-                    item.future.set_exception(error)
-                self.end(item, "failed")
+            self._settle(item, "failed", error=error)
 
     async def finished(self) -> None:
         """Wait until every task assembled here has delivered its rows."""
@@ -304,6 +444,10 @@ class Batcher:
             running=counts["running"],
             tasks=counts["tasks"],
             sizes=MappingProxyType(dict(sorted(self._sizes.items()))),
+            withdrawn=counts["withdrawn"],
+            rejected=counts["rejected"],
+            latency=self.latency.window.summary(),
+            latency_histogram=self.latency.histogram.snapshot(),
         )
 
 
@@ -320,6 +464,9 @@ def open_batcher(
     run: Callable[[Any], Awaitable[Any]],
     casting: Any,
     *,
+    slots: int,
+    max_queue: int,
+    latency_window: int,
     postprocess: object = None,
     preprocess: Mapping[str, Any] | None = None,
 ) -> Batcher | None:
@@ -338,4 +485,13 @@ def open_batcher(
         raise ConfigurationError(
             "batch=Batching(...) with postprocess= or preprocess=: not in this version"
         )
-    return Batcher(batching, inputs, outputs, run, casting)
+    return Batcher(
+        batching,
+        inputs,
+        outputs,
+        run,
+        casting,
+        slots=slots,
+        max_queue=max_queue,
+        latency_window=latency_window,
+    )

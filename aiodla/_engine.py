@@ -196,6 +196,9 @@ class Engine:
                 cores.outputs,
                 self.infer,
                 options.casting,
+                slots=len(cores.slots),
+                max_queue=options.max_queue,
+                latency_window=options.latency_window,
                 postprocess=postprocess,
                 preprocess=options.preprocess,
             )
@@ -406,7 +409,7 @@ class Engine:
         if batcher is not None and (item := batcher.item(inputs)) is not None:
             if output != "host":
                 raise ConfigurationError("output='device' takes whole batches, not items")
-            return batcher.admit(item, timeout)
+            return batcher.admit(item, timeout, wait)
         arrays = self._validated(inputs)
         sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler

@@ -198,8 +198,10 @@ class BatchStatistics:
     ``completed``, ``failed``, ``cancelled`` or ``timed_out``, or is still ``waiting``
     (for its task to be assembled) or ``running`` (in a task). ``tasks`` counts the
     tasks assembled; ``sizes`` maps a number of items to how many tasks held that many
-    (the batch-size histogram). Whole batches passed by a caller are requests of the
-    engine's own counts, not items.
+    (the batch-size histogram). A task is handed to the engine only while it has a
+    slot for it: until then items wait here, where a cancelled or timed-out item
+    leaves its batch and the next item takes its row. Whole batches passed by a caller
+    are requests of the engine's own counts, not items.
     """
 
     batch: int
@@ -212,6 +214,19 @@ class BatchStatistics:
     running: int
     tasks: int
     sizes: Mapping[int, int]
+    withdrawn: int
+    """Tasks assembled whose items had all ended (cancelled, timed out) before the
+    task's result: withdrawn as a cancelled request is, so one still queued in the
+    engine never ran (one already on the DLA ran, its rows dropped)."""
+    rejected: int
+    """Items ``infer_nowait`` refused because ``max_queue`` tasks' worth of items
+    (``max_queue × batch``, at least one task's) were waiting; never counted in
+    ``items``."""
+    latency: LatencySummary
+    """From ``infer`` to the item's row, completed items, recent window: the latency a
+    caller of a batched engine sees (``EngineStatistics.latency`` is per task, from
+    the task's hand-over to its result)."""
+    latency_histogram: Histogram
 
 
 @dataclasses.dataclass(frozen=True)

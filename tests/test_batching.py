@@ -7,6 +7,7 @@ Flushes are reached by count (N items admitted without yielding) or by a zero de
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from aiodla import (
     Engine,
     EngineClosedError,
     InputValueError,
+    QueueFullError,
     RequestTimeoutError,
     TaskError,
     TensorSpec,
@@ -114,7 +116,16 @@ class TestTheDelay:
             ran.append(batch)
             return np.zeros(YB.shape, np.float32)
 
-        return Batcher(Batching(max_delay=delay), (XB,), (YB,), run, "safe")
+        return Batcher(
+            Batching(max_delay=delay),
+            (XB,),
+            (YB,),
+            run,
+            "safe",
+            slots=4,
+            max_queue=16,
+            latency_window=64,
+        )
 
     @staticmethod
     def armed_after(batcher: Batcher, value: float) -> tuple[float, float, float]:
@@ -241,6 +252,218 @@ class TestEndingsOfOneItem:
         stats = batching(engine)
         assert (stats.completed, stats.failed) == (N, 3) and items_add_up(stats)
         assert counts_add_up(engine.statistics())
+
+
+def one_slot(controls: DLAControls, **options: Any) -> Engine:
+    """A batched engine of one slot (core 0, one stream): a second task waits."""
+    options.setdefault("batch", Batching(max_delay=0))
+    return Engine(batch_model(), runtime=controls.runtime, cores=[0], streams_per_core=1, **options)
+
+
+class TestEveryItemEndsOnce:
+    """Whatever ends first (the caller's cancellation, its timeout, the task's result),
+    each item ends once and the other items of its task are answered."""
+
+    @pytest.mark.asyncio
+    async def test_a_caller_cancelled_as_its_task_answers_harms_no_other_item(self) -> None:
+        # The task's result and one caller's cancellation land in the same loop
+        # iteration, the task's wake-up first: it finds that caller's future
+        # cancelled before the caller's own coroutine has run its except clause.
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        errors: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+
+        async def run(batch: Any) -> Any:
+            return await answer
+
+        batcher = Batcher(
+            Batching(max_delay=10.0), (XB,), (YB,), run, "safe",
+            slots=1, max_queue=4, latency_window=64,
+        )  # fmt: skip
+
+        async def caller(value: float) -> Any:
+            arrays = batcher.item(item(value))
+            assert arrays is not None
+            return await batcher.admit(arrays, None).result()
+
+        callers = [asyncio.ensure_future(caller(i)) for i in range(N)]
+        await wait_until(lambda: batcher.statistics().running == N)
+        answer.set_result(np.arange(N, dtype=np.float32).reshape(N, 1, 1, 1) * np.ones(YB.shape))
+        callers[3].cancel()
+        outcomes = await asyncio.gather(*callers, return_exceptions=True)
+        await batcher.finished()
+        assert isinstance(outcomes[3], asyncio.CancelledError)
+        for value, row in enumerate(outcomes):
+            if value != 3:
+                np.testing.assert_array_equal(row, row_of(value))
+        stats = batcher.statistics()
+        assert (stats.completed, stats.cancelled, stats.running) == (N - 1, 1, 0)
+        assert items_add_up(stats) and errors == []
+
+    @pytest.mark.asyncio
+    async def test_a_storm_of_cancellations_and_timeouts_ends_every_item_once(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        rng = random.Random(42)
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: errors.append(context))
+        async with Engine(
+            batch_model(latency=0.001),
+            runtime=aiodla_controls.runtime,
+            batch=Batching(max_delay=0.001),
+        ) as engine:
+            seen = {"rows": 0, "cancelled": 0, "timed_out": 0}
+            for _ in range(40):
+                calls = []
+                for i in range(rng.randrange(1, 3 * N)):
+                    timeout = rng.choice([None, None, 0.0, 0.001, 0.003])
+                    call = engine.infer_nowait(item(i), timeout=timeout)
+                    calls.append((i, call))
+                    if rng.random() < 0.3:  # cancelled at once, or as its task runs
+                        loop.call_later(rng.choice([0.0, 0.0005, 0.001, 0.002]), call.cancel)
+                # Every caller is answered: a lost item would hang here.
+                outcomes = await asyncio.wait_for(
+                    asyncio.gather(*(c for _, c in calls), return_exceptions=True), 5
+                )
+                for (value, _), outcome in zip(calls, outcomes, strict=True):
+                    if isinstance(outcome, asyncio.CancelledError):
+                        seen["cancelled"] += 1
+                    elif isinstance(outcome, RequestTimeoutError):
+                        seen["timed_out"] += 1
+                    else:
+                        np.testing.assert_array_equal(outcome, row_of(value))
+                        seen["rows"] += 1
+            await wait_until(lambda: batching(engine).running == 0)
+            stats = batching(engine)
+        assert errors == []
+        assert stats.items == sum(seen.values()) and items_add_up(stats)
+        assert (stats.waiting, stats.running, stats.failed) == (0, 0, 0)
+        # A caller cancelled after its row or its timeout was set sees the
+        # cancellation; its item counts as completed or timed out (as a request does).
+        assert stats.completed >= seen["rows"] and stats.timed_out >= seen["timed_out"]
+        assert stats.cancelled <= seen["cancelled"]
+        assert seen["rows"] and seen["cancelled"] and seen["timed_out"]
+
+
+class TestItemsThatEndBeforeTheirTask:
+    """A task is handed to the engine only while it has a slot for it; until then
+    items wait in the batcher, where one that ends leaves its batch."""
+
+    @pytest.mark.asyncio
+    async def test_items_that_time_out_waiting_for_a_slot_never_run(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with one_slot(aiodla_controls) as engine:
+            with aiodla_controls.hold(0) as gate:
+                first = [engine.infer_nowait(item(i)) for i in range(N)]
+                await gate.reached(1)
+                late = [engine.infer_nowait(item(i), timeout=0) for i in range(3)]
+                gone = [engine.infer_nowait(item(i)) for i in range(2)]
+                for call in gone:
+                    call.cancel()
+                for call in late:
+                    with pytest.raises(RequestTimeoutError):
+                        await call
+                await wait_until(lambda: batching(engine).cancelled == 2)
+                assert batching(engine).waiting == 0
+            await asyncio.gather(*first)
+            stats = batching(engine)
+            assert (stats.timed_out, stats.cancelled, stats.completed) == (3, 2, N)
+            assert stats.tasks == 1 and dict(stats.sizes) == {N: 1}
+            assert engine.statistics().completed == 1
+        assert aiodla_controls.runtime.core_tasks(0) == 1  # the DLA ran one task
+
+    @pytest.mark.asyncio
+    async def test_an_item_that_leaves_gives_its_row_to_the_next(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with one_slot(aiodla_controls) as engine:
+            with aiodla_controls.hold(0) as gate:
+                first = [engine.infer_nowait(item(i)) for i in range(N)]
+                await gate.reached(1)
+                second = [engine.infer_nowait(item(10 + i)) for i in range(N)]
+                second[0].cancel()
+                await wait_until(lambda: batching(engine).cancelled == 1)
+                second.append(engine.infer_nowait(item(99)))
+            rows = await asyncio.gather(*first, *second[1:])
+            expected = [*range(N), *range(11, 10 + N), 99]
+            for value, row in zip(expected, rows, strict=True):
+                np.testing.assert_array_equal(row, row_of(value))
+            assert dict(batching(engine).sizes) == {N: 2}
+        assert aiodla_controls.runtime.core_tasks(0) == 2
+
+    @pytest.mark.asyncio
+    async def test_a_queued_task_whose_items_all_ended_is_withdrawn(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        whole = np.ones((N, 3, 8, 8), np.float32)
+        async with one_slot(aiodla_controls) as engine:
+            with aiodla_controls.hold(0) as gate:
+                # A caller's whole batch holds the one slot: the items' task queues.
+                blocking = asyncio.ensure_future(engine.infer(whole))
+                await gate.reached(1)
+                items = [engine.infer_nowait(item(i)) for i in range(3)]
+                await wait_until(lambda: engine.statistics().queued == 1)
+                for call in items:
+                    call.cancel()
+                await asyncio.gather(*items, return_exceptions=True)
+                await wait_until(lambda: engine.statistics().queued == 0)
+            await blocking
+            stats = engine.statistics()
+            assert stats.batching is not None
+            assert (stats.batching.tasks, stats.batching.withdrawn) == (1, 1)
+            assert (stats.completed, stats.cancelled) == (1, 1) and counts_add_up(stats)
+        assert aiodla_controls.runtime.core_tasks(0) == 1  # the withdrawn task never ran
+
+
+class TestBackpressure:
+    @pytest.mark.asyncio
+    async def test_infer_nowait_refuses_items_beyond_max_queue_tasks(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with one_slot(aiodla_controls, max_queue=1) as engine:
+            with aiodla_controls.hold(0) as gate:
+                running = [engine.infer_nowait(item(i)) for i in range(N)]
+                await gate.reached(1)
+                queued = [engine.infer_nowait(item(i)) for i in range(N)]  # one task's worth
+                with pytest.raises(QueueFullError, match=r"max_queue=1 tasks of 8"):
+                    engine.infer_nowait(item(0))
+                with pytest.raises(QueueFullError):
+                    await engine.infer(item(0), wait=False)
+                awaiting = asyncio.ensure_future(engine.infer(item(7)))  # waits its turn
+                await wait_until(lambda: batching(engine).waiting == N + 1)
+                assert not awaiting.done()
+            await asyncio.gather(*running, *queued)
+            np.testing.assert_array_equal(await awaiting, row_of(7))
+            stats = batching(engine)
+            assert (stats.rejected, stats.items, stats.completed) == (2, 2 * N + 1, 2 * N + 1)
+
+
+class TestPerItemLatency:
+    @pytest.mark.asyncio
+    async def test_an_items_latency_counts_its_wait_for_a_task(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        hold = 0.1
+        async with one_slot(aiodla_controls) as engine:
+            loop = asyncio.get_running_loop()
+            with aiodla_controls.hold(0) as gate:
+                first = [engine.infer_nowait(item(i)) for i in range(N)]
+                await gate.reached(1)
+                second = [engine.infer_nowait(item(i)) for i in range(N)]
+                held_until = loop.time() + hold
+                while loop.time() < held_until:  # the second task's items wait meanwhile
+                    await asyncio.sleep(hold / 10)
+            await asyncio.gather(*first, *second)
+            stats = engine.statistics()
+        assert stats.batching is not None
+        per_item, per_task = stats.batching.latency, stats.latency
+        assert (per_item.count, per_task.count) == (2 * N, 2)
+        assert stats.batching.latency_histogram.count == 2 * N
+        # Every item waited out the hold; the second task itself ran after it.
+        assert per_item.p50 >= hold and per_item.max >= per_task.max
+        assert per_task.p50 < hold
 
 
 class TestConfiguration:
