@@ -24,9 +24,9 @@ import enum
 import functools
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sized
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -212,10 +212,18 @@ class Batcher:
                 f"{exc} (a batched engine takes one item, or a whole batch {whole})"
             ) from exc
 
-    def admit(self, arrays: tuple[Any, ...], timeout: float | None, wait: bool = True) -> Item:
+    def admit(
+        self,
+        arrays: tuple[Any, ...],
+        timeout: float | None,
+        wait: bool = True,
+        output: str = "host",
+    ) -> Item:
         """Queue one item; with ``wait=False``, a full queue (``capacity`` items
         waiting) raises :class:`QueueFullError` instead (an awaiting caller's item
         waits its turn, as an engine's request does)."""
+        if output != "host":
+            raise ConfigurationError("output='device' takes whole batches, not items")
         if self._closed:
             raise EngineClosedError("the engine is closed")
         if not wait and self._live >= self.capacity:
@@ -457,23 +465,34 @@ def _row(result: Any, row: int) -> Any:
     return result[row : row + 1].copy()
 
 
+class BatchedModel(Protocol):
+    """What the batcher reads of the engine's opened cores."""
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def slots(self) -> Sized: ...
+
+
 def open_batcher(
     batching: Batching | None,
-    inputs: tuple[TensorSpec, ...],
-    outputs: tuple[TensorSpec, ...],
+    cores: BatchedModel,
     run: Callable[[Any], Awaitable[Any]],
     casting: Any,
     *,
-    slots: int,
     max_queue: int,
     latency_window: int,
     postprocess: object = None,
     preprocess: Mapping[str, Any] | None = None,
 ) -> Batcher | None:
     """The engine's batcher for ``Engine(batch=...)``, or None; a model that cannot be
-    batched so is a :class:`ConfigurationError` at open, before anything is queued."""
+    batched so is a :class:`ConfigurationError` at open, before anything is queued.
+    ``run`` runs a whole batch as one of the engine's requests."""
     if batching is None:
         return None
+    inputs, outputs = cores.inputs, cores.outputs
     sizes = {spec.shape[0] for spec in (*inputs, *outputs)}
     if len(sizes) != 1 or min(sizes) < 2:
         shapes = {spec.name: spec.shape for spec in (*inputs, *outputs)}
@@ -491,7 +510,7 @@ def open_batcher(
         outputs,
         run,
         casting,
-        slots=slots,
+        slots=len(cores.slots),
         max_queue=max_queue,
         latency_window=latency_window,
     )

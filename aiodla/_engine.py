@@ -192,11 +192,9 @@ class Engine:
             postprocess = open_postprocess(options, cores.inputs, cores.outputs)
             self._batcher = open_batcher(
                 options.batch,
-                cores.inputs,
-                cores.outputs,
+                cores,
                 self.infer,
                 options.casting,
-                slots=len(cores.slots),
                 max_queue=options.max_queue,
                 latency_window=options.latency_window,
                 postprocess=postprocess,
@@ -407,9 +405,7 @@ class Engine:
             _check_device_output(output, self._cores, flow.postprocess)
         batcher = self._batcher
         if batcher is not None and (item := batcher.item(inputs)) is not None:
-            if output != "host":
-                raise ConfigurationError("output='device' takes whole batches, not items")
-            return batcher.admit(item, timeout, wait)
+            return batcher.admit(item, timeout, wait, output)
         arrays = self._validated(inputs)
         sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler
