@@ -102,7 +102,7 @@ async def verify(data: bytes, settings: VerifySettings) -> dict[str, Any]:
     assert specs is not None  # cores is never empty: the CLI and the settings say so
     inputs, outputs_specs = specs
     async with Engine(data, cores=list(settings.cores), **options) as engine:
-        rate = await _throughput(engine, samples[0], settings.throughput_requests)
+        rate, ran, concurrency = await _throughput(engine, samples[0], settings.throughput_requests)
         service = engine.stated_service_time
     precision = _precision(inputs, outputs_specs)
     first = settings.cores[0]
@@ -122,6 +122,8 @@ async def verify(data: bytes, settings: VerifySettings) -> dict[str, Any]:
     median = float(np.median([np.median(v) for v in latency.values()]))
     ideal = len(settings.cores) / median
     document["throughput"] = {
+        "requests": ran,
+        "concurrency": concurrency,
         "requests_per_second": rate,
         "ideal": ideal,
         "ratio": rate / ideal,
@@ -216,7 +218,11 @@ async def _latencies(engine: Engine, sample: Mapping[str, Any], count: int) -> l
     return values
 
 
-async def _throughput(engine: Engine, sample: Mapping[str, Any], count: int) -> float:
+async def _throughput(
+    engine: Engine, sample: Mapping[str, Any], count: int
+) -> tuple[float, int, int]:
+    """(requests a second, the requests timed, how many at a time): ``count`` requests,
+    counted by the engine as they complete (a warm-up request before them is not)."""
     concurrency = max(1, 2 * engine.options.streams_per_core * len(engine.options.cores))
     shares = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
 
@@ -225,9 +231,12 @@ async def _throughput(engine: Engine, sample: Mapping[str, Any], count: int) -> 
             await engine.infer(dict(sample))
 
     await engine.infer(dict(sample))
+    before = engine.statistics().completed
     started = time.perf_counter()
     await asyncio.gather(*(worker(n) for n in shares))
-    return count / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    ran = engine.statistics().completed - before
+    return ran / elapsed, ran, min(concurrency, count)
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["report_markdown", "summary_lines"]
+__all__ = ["THROUGHPUT_NOTE", "report_markdown", "summary_lines"]
+
+#: What the throughput ratio means, printed under it.
+THROUGHPUT_NOTE = (
+    "(cores / median latency: the rate of each core serving one request at a time; above "
+    "1 x, the engine overlaps each request's copies and conversion with the DLA's work on "
+    "the one before; well below 1 x, the host, not the DLA, is the limit)"
+)
 
 
 def _tensors(entries: list[dict[str, Any]]) -> str:
@@ -49,8 +56,10 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
     rate = document["throughput"]
     lines.append(
         f"throughput {rate['requests_per_second']:.0f} req/s on {len(document['cores'])} "
-        f"core(s) = {rate['ratio']:.2f} x cores / median latency ({rate['ideal']:.0f})"
+        f"core(s) = {rate['ratio']:.2f} x cores / median latency ({rate['ideal']:.0f}); "
+        f"{rate['requests']} requests, {rate['concurrency']} at a time"
     )
+    lines.append(f"{'':<11}{THROUGHPUT_NOTE}")
     versions = ", ".join(f"{k} {v}" for k, v in document["versions"].items() if v)
     lines.append(f"versions   {versions}")
     lines.append(f"verdict    {document['verdict'].upper()}")
@@ -101,8 +110,8 @@ def report_markdown(document: dict[str, Any]) -> str:
         "",
         f"Throughput on cores {document['cores']}: {rate['requests_per_second']:.0f} "
         f"requests/s, {rate['ratio']:.2f} x the cores / median latency figure "
-        f"({rate['ideal']:.0f}/s). Latency is one request at a time, so a pipelined "
-        "engine may exceed that figure.",
+        f"({rate['ideal']:.0f}/s), from {rate['requests']} requests, "
+        f"{rate['concurrency']} at a time. {THROUGHPUT_NOTE}",
         "",
         "## Versions",
         "",

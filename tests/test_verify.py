@@ -5,6 +5,7 @@ different one (a fail naming the output), and against one whose I/O names differ
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 import uuid
@@ -135,6 +136,107 @@ def test_the_onnx_model_it_was_built_from_passes(setup: Setup) -> None:
     assert "**Verdict: PASS**" in text
     assert "| `scores` |" in text and "| `features` |" in text
     assert "Cores [0, 1] gave identical bytes on every output." in text
+
+
+def tiled(dynamic_name: str | None = "N") -> bytes:
+    """An ONNX model with the loadable's I/O names whose 'features' output is 4 x 4
+    times too large, and declares no shape: only the inputs' shapes tell its size."""
+    rng = np.random.default_rng(1)
+    weights = helper.make_tensor(
+        "wc", TensorProto.FLOAT, (8, 3, 1, 1), rng.standard_normal(24).astype(np.float32)
+    )
+    nodes = [
+        helper.make_node("Tile", ["image", "repeats"], ["features"]),
+        helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
+        helper.make_node("Conv", ["pooled", "wc"], ["logits"]),
+        helper.make_node("Flatten", ["logits"], ["scores"]),
+    ]
+    batch = dynamic_name if dynamic_name is not None else 1
+    graph = helper.make_graph(
+        nodes,
+        "tiled",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch, 3, 16, 16])],
+        [
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [batch, 8]),
+        ],
+        initializer=[helper.make_tensor("repeats", TensorProto.INT64, [4], [1, 1, 4, 4]), weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+@pytest.mark.usefixtures("quick_doctor")
+class TestOutputShapes:
+    @pytest.mark.timeout(60)
+    def test_an_output_of_another_shape_is_refused_before_anything_runs(self, setup: Setup) -> None:
+        other = setup.dir / "tiled.onnx"
+        other.write_bytes(tiled())
+        # Checked before any measuring: a million requests would outlast the test.
+        result = setup.run("--onnx", str(other), "--requests", "1000000")
+        assert result.exit_code == 1, result.output
+        assert result.output.count("\n") == 1, result.output
+        assert "ONNX output 'features' has shape [1, 3, 64, 64]" in result.output
+        assert "does not fit the model's (1, 3, 16, 16)" in result.output
+
+    def test_an_output_of_another_size_found_at_run_time_is_a_model_error(self) -> None:
+        from aiodla import ModelError
+        from aiodla.emulator import onnx_compute
+
+        network = onnx_compute(tiled(dynamic_name=None))
+        # 'features' declares no shape; with no free dimension to fix, its size is
+        # known only once computed: a ModelError naming it, not numpy's reshape error.
+        network._plan = (
+            [("image", "image", np.float32)],
+            [("features", "features", (1, 3, 16, 16))],
+        )
+        network._checked = True
+        with pytest.raises(ModelError, match=r"'features' came out \[1, 3, 64, 64\]"):
+            network({"image": np.zeros((1, 3, 16, 16), np.float32)})
+
+
+@pytest.mark.usefixtures("quick_doctor")
+class TestRequests:
+    def test_requests_n_runs_n_a_core_and_4n_for_the_throughput(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """--requests' help: N one at a time per core for the latency, four times as
+        many for the throughput; counted by the tasks the emulated DLA ran."""
+        module = f"verify_count_{uuid.uuid4().hex}"
+        (tmp_path / f"{module}.py").write_text(
+            "import numpy as np\n"
+            "calls = []\n"
+            "def compute(inputs):\n"
+            "    calls.append(1)\n"
+            "    return {'features': np.zeros((1, 3, 16, 16), np.float32)}\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        model = tmp_path / "model.bin"
+        model.write_bytes(make_loadable([IMAGE], [FEATURES], latency=0.001,
+                                        compute=f"{module}:compute"))  # fmt: skip
+        n, samples = 7, 3
+        result = CliRunner().invoke(
+            _cli.cli,
+            ["verify", str(model), "--runtime", "emulated", "--trust-compute", "--json",
+             "--requests", str(n), "--samples", str(samples)],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.output)
+        assert [f["requests"] for f in document["latency"].values()] == [n, n]
+        assert document["throughput"]["requests"] == 4 * n
+        calls = len(importlib.import_module(module).calls)
+        # Per core: the samples, a warm-up and N; then a warm-up and 4N on both cores.
+        assert calls == 2 * (samples + 1 + n) + 1 + 4 * n
+
+    def test_the_ratio_is_explained_where_it_is_printed(self, setup: Setup) -> None:
+        result = setup.run("--cores", "0")
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        (at,) = [i for i, line in enumerate(lines) if line.startswith("throughput ")]
+        assert "x cores / median latency" in lines[at]
+        assert "80 requests, 4 at a time" in lines[at]  # --requests 20: 4 x 20
+        assert lines[at + 1].strip().startswith("(cores / median latency: the rate of each")
 
 
 @pytest.mark.usefixtures("quick_doctor")

@@ -64,26 +64,40 @@ class OnnxCompute:
         providers: Sequence[str] = ("CPUExecutionProvider",),
     ) -> None:
         try:
-            import onnxruntime
+            import onnxruntime  # noqa: F401  (here, for the clear error below)
         except ImportError as exc:
             raise ConfigurationError(
                 "onnx_compute needs onnxruntime: pip install 'aiodla[onnx]'"
             ) from exc
         source: Any = bytes(model) if isinstance(model, (bytes, bytearray)) else os.fspath(model)
         self.source = "<bytes>" if isinstance(source, bytes) else source
-        try:
-            self._session = onnxruntime.InferenceSession(source, providers=list(providers))
-        except Exception as exc:
-            raise ModelError(f"onnxruntime cannot load {self.source!r}: {exc}") from exc
+        self._model = source
+        self._providers = list(providers)
         self._names = dict(names or {})
-        self._onnx_inputs = {i.name: i for i in self._session.get_inputs()}
-        self._onnx_outputs = {o.name: o for o in self._session.get_outputs()}
+        self._load({})
         self._plan: tuple[list[tuple[str, str, Any]], list[tuple[str, str, tuple[int, ...]]]]
         self._plan = ([], [])
         self._checked = False
 
     def __repr__(self) -> str:
         return f"onnx_compute({self.source!r})"
+
+    def _load(self, dimensions: Mapping[str, int]) -> None:
+        """A session with the named free dimensions fixed, so that onnxruntime infers
+        the outputs' shapes from the inputs' before anything runs."""
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        for name, value in dimensions.items():
+            options.add_free_dimension_override_by_name(name, value)
+        try:
+            self._session = onnxruntime.InferenceSession(
+                self._model, options, providers=self._providers
+            )
+        except Exception as exc:
+            raise ModelError(f"onnxruntime cannot load {self.source!r}: {exc}") from exc
+        self._onnx_inputs = {i.name: i for i in self._session.get_inputs()}
+        self._onnx_outputs = {o.name: o for o in self._session.get_outputs()}
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -96,8 +110,18 @@ class OnnxCompute:
         return tuple(self._onnx_outputs)
 
     def check(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
-        """At the engine's open: every DLA tensor has an ONNX counterpart that fits."""
+        """At the engine's open: every DLA tensor has an ONNX counterpart that fits.
+
+        The ONNX inputs' named free dimensions (a batch ``N``) take the DLA inputs'
+        sizes first, so an output whose shape follows from them is checked too, before
+        the network ever runs (an output of the wrong size would otherwise be found
+        only after computing it, however large).
+        """
         feeds = [self._match(spec, self._onnx_inputs, "input") for spec in inputs]
+        dimensions = self._free_dimensions(inputs, feeds)
+        if dimensions:
+            self._load(dimensions)
+            feeds = [self._match(spec, self._onnx_inputs, "input") for spec in inputs]
         fetches = [self._match(spec, self._onnx_outputs, "output") for spec in outputs]
         self._plan = (
             [
@@ -107,6 +131,22 @@ class OnnxCompute:
             [(spec.name, arg.name, spec.shape) for spec, arg in zip(outputs, fetches, strict=True)],
         )
         self._checked = True
+
+    def _free_dimensions(
+        self, inputs: Sequence[TensorSpec], feeds: Sequence[Any]
+    ) -> dict[str, int]:
+        dimensions: dict[str, int] = {}
+        for spec, arg in zip(inputs, feeds, strict=True):
+            dims = list(arg.shape)
+            for dim, size in zip([*dims, *[1] * (4 - len(dims))], spec.shape, strict=True):
+                if not isinstance(dim, str):
+                    continue
+                if dimensions.setdefault(dim, size) != size:
+                    raise ModelError(
+                        f"onnx_compute({self.source!r}): ONNX dimension {dim!r} would be "
+                        f"both {dimensions[dim]} and {size} for the model's inputs"
+                    )
+        return dimensions
 
     def _match(self, spec: TensorSpec, found: Mapping[str, Any], kind: str) -> Any:
         name = self._names.get(spec.name, spec.name)
@@ -145,7 +185,13 @@ class OnnxCompute:
             feed[onnx_name] = array.reshape(array.shape[:rank]) if rank < 4 else array
         results = self._session.run([onnx for _, onnx, _ in fetch], feed)
         outputs: dict[str, Any] = {}
-        for (dla_name, _, shape), result in zip(fetch, results, strict=True):
+        for (dla_name, onnx_name, shape), result in zip(fetch, results, strict=True):
+            if shape is not None and np.size(result) != int(np.prod(shape)):
+                # (an output whose shape no free dimension fixed: known only now)
+                raise ModelError(
+                    f"onnx_compute({self.source!r}): ONNX output {onnx_name!r} came out "
+                    f"{list(np.shape(result))}, which does not fit the model's {shape}"
+                )
             outputs[dla_name] = result if shape is None else np.reshape(result, shape)
         return outputs
 
