@@ -128,7 +128,9 @@ class ImagePreprocess:
       must already have the model's height and width);
     - ``pad_value``: the letterbox canvas, an integer level 0..255 before normalization;
     - ``scale``, ``mean``, ``std``: ``y = (x * scale - mean[k]) / std[k]``; ``mean`` and
-      ``std`` are a number or one per channel in the model's ``order``;
+      ``std`` are a number or one per channel in the model's ``order``, each finite
+      (``std`` > 0) as the float32 the normalization computes in, and such that no
+      level 0..255 normalizes to inf (``std=1e-300`` is refused: it is 0 in float32);
     - ``max_frame``: the largest frame (height, width) accepted, in either orientation,
       each side at most 16384 (for nv12 and i420, the image's size, not the array's);
       the engine sizes staging buffers from it when it opens.
@@ -170,6 +172,7 @@ class ImagePreprocess:
         object.__setattr__(self, "scale", float(scale))
         mean = _per_channel("mean", self.mean, positive=False)
         std = _per_channel("std", self.std, positive=True)
+        _check_float32(scale, mean, std)
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
         object.__setattr__(self, "max_frame", _max_frame(self.max_frame))
@@ -369,6 +372,39 @@ class ImagePreprocess:
 
 def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_float32(
+    scale: float, mean: tuple[float, float, float], std: tuple[float, float, float]
+) -> None:
+    """ConfigurationError naming the value unless normalization, which computes in float32
+    (step 5), stays finite and tells pixels apart: a finite float64 such as ``std=1e-300``
+    or ``scale=1e300`` is 0 or inf as a float32, and would turn every input into inf
+    (or every pixel into one value)."""
+    f32 = np.float32
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        if not 0 < f32(scale) < np.inf:
+            raise ConfigurationError(
+                f"scale={scale!r} is {float(f32(scale))} as a float32 (normalization computes "
+                "in float32): it must be a finite number > 0 there"
+            )
+        for name, values in (("mean", mean), ("std", std)):
+            for value in values:
+                as_f32 = f32(value)
+                if not (np.isfinite(as_f32) and (name == "mean" or as_f32 > 0)):
+                    raise ConfigurationError(
+                        f"{name}={value!r} is {float(as_f32)} as a float32 (normalization "
+                        f"computes in float32): it must be finite{' and > 0' * (name == 'std')} "
+                        "there"
+                    )
+        for k in range(3):
+            for level in (0, 255):  # v lies within the levels (steps 3, 4): y at the ends
+                y = (f32(level) * f32(scale) - f32(mean[k])) / f32(std[k])
+                if not np.isfinite(y):
+                    raise ConfigurationError(
+                        f"scale={scale!r}, mean={mean[k]!r} and std={std[k]!r} normalize level "
+                        f"{level} to {float(y)} in float32: every input would hold inf"
+                    )
 
 
 def _per_channel(name: str, value: object, *, positive: bool) -> tuple[float, float, float]:
