@@ -440,7 +440,9 @@ class DevicePath:
         requests. Before: the reads (their types; a frame's size), or None when a
         device array's pointer and producer change with each request. After: None for
         device outputs (pool memory, new with each request)."""
-        after = None if device and self.runtime.has_device_memory else ()
+        after: Hashable | None = None if device and self.runtime.has_device_memory else ()
+        if after is not None and self.detect is not None:
+            after = self.detect.graph_key(slot)  # the detector's frame
         reads = slot.reads
         for read in reads:
             if type(read) is not FrameRead and read[3] is not None:  # a device array

@@ -25,6 +25,7 @@ from ._detect_math import (
     decode_cells,
     frame_boxes,
     gather,
+    inside_frame,
     merge,
     select,
 )
@@ -383,8 +384,15 @@ class DetectPlan:
         frame_size: tuple[int, int] | None = None,
     ) -> Detections:
         """The numpy path: heads (logical arrays, in the order of ``specs``) to
-        Detections, in frame pixels when ``geometry`` and ``frame_size`` are given."""
+        Detections, in frame pixels when ``geometry`` and ``frame_size`` are given (and
+        then without the boxes that have nothing inside the frame)."""
         found = self.candidates(heads)
+        frame = None
+        if geometry is not None and frame_size is not None:
+            frame = (geometry.top, geometry.left, geometry.scale_y, geometry.scale_x, *frame_size)
+            # before ranking and NMS: a box in the padding must neither take a place
+            # under max_candidates nor suppress a box of the frame (_detect_math, step 4)
+            found = inside_frame(found, *frame)
         detect = self.detect
         kept = select(
             found,
@@ -394,11 +402,15 @@ class DetectPlan:
             class_agnostic=detect.class_agnostic,
         )
         boxes = found.boxes[kept]
-        if geometry is not None and frame_size is not None:
-            boxes = frame_boxes(
-                boxes, geometry.top, geometry.left, geometry.scale_y, geometry.scale_x, *frame_size
-            )
-        return Detections(boxes, found.scores[kept], found.classes[kept])
+        if frame is not None:
+            boxes = frame_boxes(boxes, *frame)
+        return Detections(
+            boxes,
+            found.scores[kept],
+            found.classes[kept],
+            outside=found.outside,
+            not_finite=found.not_finite,
+        )
 
 
 class Detections:
@@ -409,14 +421,24 @@ class Detections:
     input with a geometry, else in model-input pixels. ``len(d)``; ``for box, score,
     cls in d``; ``d.to_dict()`` gives plain lists. With ``output="device"`` the three
     arrays are device arrays (see :class:`~aiodla.DeviceArray`).
+
+    Every kept box has an area inside the frame: candidates (cells whose score passed
+    ``conf``) dropped before ranking and NMS are counted, ``outside`` those whose box
+    has nothing inside the frame (in the letterbox padding; counted only when the boxes
+    are mapped into a frame) and ``not_finite`` those whose score or box was not finite
+    (an overflow in the model).
     """
 
-    __slots__ = ("boxes", "classes", "scores")
+    __slots__ = ("boxes", "classes", "not_finite", "outside", "scores")
 
-    def __init__(self, boxes: Any, scores: Any, classes: Any) -> None:
+    def __init__(
+        self, boxes: Any, scores: Any, classes: Any, *, outside: int = 0, not_finite: int = 0
+    ) -> None:
         self.boxes = boxes
         self.scores = scores
         self.classes = classes
+        self.outside = outside
+        self.not_finite = not_finite
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
@@ -435,4 +457,12 @@ class Detections:
         }
 
     def __repr__(self) -> str:
-        return f"<Detections [{len(self)} boxes]>"
+        dropped = "".join(
+            f", {count} {what}"
+            for count, what in (
+                (self.outside, "outside the frame"),
+                (self.not_finite, "not finite"),
+            )
+            if count
+        )
+        return f"<Detections [{len(self)} boxes{dropped}]>"

@@ -46,8 +46,21 @@ passes.
    e[j] * j) / (sum of e[j])`` with both sums taken in order of j from 0;
    ``x1 = ((gx + 0.5) - d_left) * stride``, ``y1 = ((gy + 0.5) - d_top) * stride``,
    ``x2 = ((gx + 0.5) + d_right) * stride``, ``y2 = ((gy + 0.5) + d_bottom) * stride``.
-   boxes: ``cx, cy, w, h = t[0], t[1], t[2], t[3]``. A cell whose box has a
-   coordinate that is not finite is no candidate.
+   boxes: ``cx, cy, w, h = t[0], t[1], t[2], t[3]``. A cell that passes step 3 but
+   whose score or a box coordinate is not finite (an overflow in the model: a
+   ``"boxes"`` or ``"yolox"`` score of +inf) is no candidate, and is counted
+   (``not_finite``): a score is a probability or a logit, so a non-finite one says the
+   model's numbers broke, but only in that cell; failing the whole frame for it would
+   lose the frame's real detections, and letting +inf through would put a score that
+   no threshold or sort handles at the top of every result.
+   **Inside the frame.** With a geometry (step 7), a candidate whose box, mapped into
+   the frame and clipped, has no area (``x2 <= x1`` or ``y2 <= y1`` after step 7's
+   arithmetic: a box wholly in the letterbox padding, or of no width) is no candidate
+   either, and is counted (``outside``). This comes before steps 5 and 6: such a box is
+   no object of the frame, so it must not take a place under ``max_candidates`` nor
+   suppress a box that is in the frame (a box in the padding may overlap one that
+   reaches into the picture by more than ``iou``). Without a geometry nothing is
+   dropped here.
 5. **Order and cap.** Candidates are sorted by score, highest first, ties broken by
    the lower candidate index. Only the first ``max_candidates`` go on: past the cap the
    best by score are kept, the rest dropped (never an error).
@@ -83,6 +96,7 @@ __all__ = [
     "exp32",
     "frame_boxes",
     "gather",
+    "inside_frame",
     "select",
     "sigmoid32",
 ]
@@ -153,6 +167,8 @@ class Candidates(NamedTuple):
     scores: _Array  # (n,) float32
     classes: _Array  # (n,) int32
     ids: _Array  # (n,) int64, the candidate index
+    not_finite: int = 0  # cells that passed but had a score or coordinate not finite
+    outside: int = 0  # candidates dropped with nothing inside the frame
 
     @classmethod
     def empty(cls) -> Candidates:
@@ -284,8 +300,16 @@ def decode_cells(kind: str, reg_max: int, cells: Cells, conf: float) -> Candidat
         score = best
         box = _corners(t[:, 0], t[:, 1], t[:, 2], t[:, 3])
     score = np.asarray(score, F32)
-    keep = (score > F32(conf)) & np.isfinite(box).all(axis=1)
-    return Candidates(np.ascontiguousarray(box[keep], F32), score[keep], cls[keep], cells.ids[keep])
+    passed = score > F32(conf)
+    finite = np.isfinite(box).all(axis=1) & np.isfinite(score)
+    keep = passed & finite
+    return Candidates(
+        np.ascontiguousarray(box[keep], F32),
+        score[keep],
+        cls[keep],
+        cells.ids[keep],
+        int(np.count_nonzero(passed & ~finite)),
+    )
 
 
 def _corners(cx: _Array, cy: _Array, w: _Array, h: _Array) -> _Array:
@@ -384,6 +408,32 @@ def select(
             break
         i += 1 + step
     return np.asarray(order[kept], np.int64)
+
+
+def inside_frame(
+    found: Candidates,
+    top: int,
+    left: int,
+    scale_y: float,
+    scale_x: float,
+    height: int,
+    width: int,
+) -> Candidates:
+    """Step 4's last rule: the candidates whose box keeps an area inside a ``height`` x
+    ``width`` frame once mapped and clipped (step 7), the others counted in ``outside``."""
+    mapped = frame_boxes(found.boxes, top, left, scale_y, scale_x, height, width)
+    keep = (mapped[:, 2] > mapped[:, 0]) & (mapped[:, 3] > mapped[:, 1])
+    dropped = len(keep) - int(np.count_nonzero(keep))
+    if not dropped:
+        return found._replace(outside=0)
+    return Candidates(
+        found.boxes[keep],
+        found.scores[keep],
+        found.classes[keep],
+        found.ids[keep],
+        found.not_finite,
+        dropped,
+    )
 
 
 def frame_boxes(

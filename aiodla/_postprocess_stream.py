@@ -9,13 +9,14 @@ IoU bitmask, the greedy pass and the compaction, into a small output buffer
 buffer (about 7 KB for ``max_det=300``; none at all with mapped staging on an
 integrated GPU). The engine returns :class:`~aiodla.Detections` from those bytes.
 
-Boxes reach the frame's pixels (step 7 of :mod:`aiodla._detect_math`) on the host for
-host results, so the work after the task is the same for every frame size and stays
-one captured graph; ``output="device"`` results are mapped on the device (their work
-is enqueued per request anyway: their output is pool memory), and their arrays stay
-there as :class:`~aiodla.DeviceTensor`, sharing one pool allocation that goes back once
-all three are gone. The count comes back to the host either way (it is the arrays'
-length).
+Boxes reach the frame's pixels (step 7 of :mod:`aiodla._detect_math`) on the device:
+the decode step needs the frame anyway, to drop the boxes that have nothing inside it
+before ranking and NMS (step 4), so the work after the task differs with the frame's
+size, and a slot captures one graph per frame size (:meth:`StreamDetect.graph_key`).
+``output="device"`` results keep their arrays on the device as
+:class:`~aiodla.DeviceTensor`, sharing one pool allocation that goes back once all
+three are gone. The count and the drop counts come back to the host either way (the
+count is the arrays' length).
 
 Every buffer is allocated when the slot opens: a scratch buffer and an output buffer
 in device memory and a pinned buffer for the copy back (or one mapped buffer).
@@ -31,10 +32,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._detect import Detections
-from ._detect_math import frame_boxes
 from ._device_arrays import DeviceTensor
 from ._errors import PostprocessError
-from .runtime._detect_output import HEADER, OutputLayout, read_count, read_output
+from .runtime._detect_output import HEADER, OutputLayout, read_count, read_dropped, read_output
 
 if TYPE_CHECKING:
     from ._detect import DetectPlan
@@ -147,21 +147,28 @@ class StreamDetect:
             host = allocate("detector output", runtime.host_alloc, runtime.host_free, nbytes)
         self._buffers[id(slot)] = _Buffers(work, out, host)
 
+    def graph_key(self, slot: Slot) -> tuple[int, ...]:
+        """What makes the slot's work after its task differ between requests of host
+        results: the frame's size (the geometry the kernels take), or nothing when the
+        boxes stay in model-input pixels."""
+        frame = self._frame(slot)
+        return () if frame is None else frame[1]
+
     def enqueue(self, slot: Slot, device: bool) -> None:
         """The slot's post-processing after its task, and the copy of what it kept."""
         runtime = self.runtime
         buffers = self._buffers[id(slot)]
         stream = slot.stream
         heads = [slot.outputs[index].device_ptr for index in self._heads]
+        frame = self._frame(slot)
+        geometry, size = (None, None) if frame is None else frame
         if device and runtime.has_device_memory:
             out = runtime.malloc_async(self.program.out_bytes, stream)
             slot.pooled.append(out)
-            frame = self._frame(slot)
-            geometry, size = (None, None) if frame is None else frame
             self._detect(self.program, heads, buffers.work, out, stream, geometry, size)
-            runtime.copy_to_host(buffers.host, out, HEADER, stream)  # the count only
+            runtime.copy_to_host(buffers.host, out, HEADER, stream)  # the counts only
             return
-        self._detect(self.program, heads, buffers.work, buffers.out, stream)
+        self._detect(self.program, heads, buffers.work, buffers.out, stream, geometry, size)
         if not self.zero_copy:
             runtime.copy_to_host(buffers.host, buffers.out, self.program.out_bytes, stream)
 
@@ -172,25 +179,16 @@ class StreamDetect:
         try:
             if slot.pooled:
                 (pointer,), slot.pooled = slot.pooled, []
-                return self._on_device(pointer, read_count(buffers.host.array, self.layout))
+                header = buffers.host.array
+                return self._on_device(pointer, read_count(header, self.layout), header)
             found = read_output(buffers.host.array[: self.layout.size], self.layout)
-            frame = self._frame(slot)
-            if frame is not None:
-                geometry, (height, width) = frame
-                found.boxes = frame_boxes(
-                    found.boxes,
-                    geometry.top,
-                    geometry.left,
-                    geometry.scale_y,
-                    geometry.scale_x,
-                    height,
-                    width,
-                )
         except Exception as exc:
             raise PostprocessError(f"post-processing failed: {exc}") from exc
         if device:  # a runtime without device memory: host-backed, as its outputs are
             found = Detections(
-                *(_host_backed(a) for a in (found.boxes, found.scores, found.classes))
+                *(_host_backed(a) for a in (found.boxes, found.scores, found.classes)),
+                outside=found.outside,
+                not_finite=found.not_finite,
             )
         return found
 
@@ -198,7 +196,7 @@ class StreamDetect:
         request = slot.request
         return self.postprocess.frame_of(request.arrays if request is not None else ())
 
-    def _on_device(self, pointer: int, count: int) -> Detections:
+    def _on_device(self, pointer: int, count: int, header: Any) -> Detections:
         runtime = self.runtime
         layout = self.layout
         release = _SharedRelease(3, functools.partial(runtime.free_async, pointer))
@@ -219,7 +217,8 @@ class StreamDetect:
                     to_host=functools.partial(runtime.read_device, at),
                 )
             )
-        return Detections(*arrays)
+        outside, not_finite = read_dropped(header)
+        return Detections(*arrays, outside=outside, not_finite=not_finite)
 
 
 def _host_backed(array: np.ndarray[Any, Any]) -> DeviceTensor:

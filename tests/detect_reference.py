@@ -44,8 +44,20 @@ def best_class(values: list[Any]) -> tuple[int, Any]:
     return best, value
 
 
-def decode(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]]:
-    """Candidates as (index, box, score, class), cell by cell."""
+Frame = tuple[Any, int, int]  # a geometry, the frame's height and width
+
+
+def decode(
+    plan: DetectPlan,
+    heads: list[Any],
+    frame: Frame | None = None,
+    dropped: dict[str, int] | None = None,
+) -> list[tuple[int, Any, Any, int]]:
+    """Candidates as (index, box, score, class), cell by cell; with a ``frame``, without
+    the boxes that have nothing inside it. ``dropped`` counts what step 4 dropped."""
+    counts = {"outside": 0, "not_finite": 0} if dropped is None else dropped
+    counts.setdefault("outside", 0)
+    counts.setdefault("not_finite", 0)
     conf = F(plan.detect.conf)
     out = []
     for layout, head in zip(plan.layouts, heads):
@@ -102,9 +114,18 @@ def decode(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]
                     objectness = t[4] if kind == "yolox" else sigmoid32(t[4])
                     if kind in ("yolov5", "yolox") and not objectness > conf:
                         continue
-                    if score > conf and all(math.isfinite(b) for b in box):
-                        index = layout.offset + (a * layout.height + y) * layout.width + x
-                        out.append((index, [F(b) for b in box], F(score), c))
+                    if not score > conf:
+                        continue
+                    if not (math.isfinite(score) and all(math.isfinite(b) for b in box)):
+                        counts["not_finite"] += 1
+                        continue
+                    if frame is not None:
+                        x1, y1, x2, y2 = to_frame(box, *frame)
+                        if not (x2 > x1 and y2 > y1):
+                            counts["outside"] += 1
+                            continue
+                    index = layout.offset + (a * layout.height + y) * layout.width + x
+                    out.append((index, [F(b) for b in box], F(score), c))
     return out
 
 
@@ -118,10 +139,17 @@ def iou(a: list[Any], b: list[Any]) -> Any:
         return F(inter / ((area_a + area_b) - inter))
 
 
-def run(plan: DetectPlan, heads: list[Any]) -> list[tuple[int, Any, Any, int]]:
-    """Kept candidates, in order: sort, cap, then greedy NMS, one pair at a time."""
+def run(
+    plan: DetectPlan,
+    heads: list[Any],
+    frame: Frame | None = None,
+    dropped: dict[str, int] | None = None,
+) -> list[tuple[int, Any, Any, int]]:
+    """Kept candidates, in order (boxes in model-input pixels): sort, cap, then greedy
+    NMS, one pair at a time; with a ``frame``, of the boxes with something inside it."""
     detect = plan.detect
-    found = sorted(decode(plan, heads), key=lambda c: (-c[2], c[0]))[: detect.max_candidates]
+    found = decode(plan, heads, frame, dropped)
+    found = sorted(found, key=lambda c: (-c[2], c[0]))[: detect.max_candidates]
     kept: list[tuple[int, Any, Any, int]] = []
     for candidate in found:
         if len(kept) == detect.max_det:

@@ -354,22 +354,127 @@ def test_iou_threshold_is_strict_and_plus_zero() -> None:
 
 @pytest.mark.parametrize("resize", ["letterbox", "stretch"])
 def test_boxes_in_frame_coordinates(resize: str) -> None:
+    """Mapped and clipped into the frame, without the boxes that have nothing inside it
+    (a 150 x 100 frame letterboxed into 64 x 96 leaves 26 columns of padding a side),
+    counted as the plain reference counts them; every kept box has an area."""
     plan = plan_for(DETECTORS["yolov5"])
     heads = heads_for(plan, np.random.default_rng(7), ties=False)
     pre = ImagePreprocess(source="bgr", order="rgb", resize=resize)
     geometry = pre.geometry(150, 100, 64, 96)
     result = plan.run(heads, geometry, (150, 100))
-    expected = reference_run(plan, heads)
+    dropped: dict[str, int] = {}
+    expected = reference_run(plan, heads, (geometry, 150, 100), dropped)
     assert len(result) == len(expected) > 0
+    assert result.outside == dropped["outside"] and result.not_finite == 0
+    assert (result.outside > 20) == (resize == "letterbox")  # stretch: no padding
     for k, (_, box, _, _) in enumerate(expected):
         want = np.array(reference_to_frame(box, geometry, 150, 100), F)
         assert result.boxes[k].tobytes() == want.tobytes()
     assert result.boxes.min() >= 0 and result.boxes[:, 0::2].max() <= 100
     assert result.boxes[:, 1::2].max() <= 150
+    assert (result.boxes[:, 2] > result.boxes[:, 0]).all()
+    assert (result.boxes[:, 3] > result.boxes[:, 1]).all()
     # the float64 mapping of Geometry.to_frame agrees to float32 rounding
-    model = plan.run(heads).boxes
+    model = np.array([box for _, box, _, _ in expected], F)
     mapped = np.clip(geometry.to_frame(model), 0, [100, 150, 100, 150])
     assert np.allclose(result.boxes, mapped, rtol=1e-6, atol=1e-4)
+
+
+def one_class_plan(detect: Detect, count: int) -> Any:
+    spec = TensorSpec("boxes", (1, 4 + detect.classes, 1, count), "float32", "nchw")
+    return detect.plan((64, 96), [spec])
+
+
+def boxes_heads(rows: list[list[float]]) -> list[Any]:
+    """One ``"boxes"`` head of one class: a row (cx, cy, w, h, score) per candidate."""
+    matrix = np.array(rows, F).T
+    return [matrix.reshape(1, 5, 1, len(rows))]
+
+
+# A 100 x 100 frame letterboxed into 64 x 96: the picture is columns 16..80.
+SQUARE = ImagePreprocess(source="bgr", order="rgb", resize="letterbox").geometry(100, 100, 64, 96)
+
+
+class TestInsideTheFrame:
+    """Step 4's last rule: a box with nothing inside the frame is dropped before the cap
+    and NMS, and counted."""
+
+    def test_a_box_in_the_padding_suppresses_nothing(self) -> None:
+        # the best box lies wholly in the left padding (x 2..16); the next one overlaps
+        # it by IoU 0.6 and reaches 2 pixels into the picture: it is kept
+        plan = one_class_plan(Detect(head="boxes", classes=1, iou=0.45), 2)
+        heads = boxes_heads([[9.0, 20.0, 14.0, 10.0, 0.9], [11.0, 20.0, 14.0, 10.0, 0.8]])
+        assert len(plan.run(heads)) == 1  # in model pixels: NMS suppresses the second
+        result = plan.run(heads, SQUARE, (100, 100))
+        assert result.scores.tolist() == [F(0.8)] and result.outside == 1
+        x1, y1, x2, y2 = result.boxes[0].tolist()
+        assert x1 == 0.0 and x2 > 0.0 and y2 > y1
+        assert "1 outside the frame" in repr(result)
+
+    def test_a_box_in_the_padding_takes_no_place_under_the_cap(self) -> None:
+        detect = Detect(head="boxes", classes=1, max_det=1, max_candidates=1)
+        plan = one_class_plan(detect, 3)
+        heads = boxes_heads(
+            [[5.0, 30.0, 4.0, 4.0, 0.9], [90.0, 30.0, 4.0, 4.0, 0.8], [40.0, 30.0, 4.0, 4.0, 0.7]]
+        )
+        result = plan.run(heads, SQUARE, (100, 100))
+        assert result.scores.tolist() == [F(0.7)] and result.outside == 2
+
+    def test_a_box_that_only_touches_the_frame_is_dropped(self) -> None:
+        # x2 exactly on the picture's left edge: clipped to [0, 0], no area; one of no
+        # height; one reaching a hundredth of a pixel in is kept
+        plan = one_class_plan(Detect(head="boxes", classes=1), 3)
+        heads = boxes_heads(
+            [[12.0, 30.0, 8.0, 4.0, 0.9], [40.0, 30.0, 4.0, 0.0, 0.8], [12.01, 30.0, 8.0, 4.0, 0.7]]
+        )
+        result = plan.run(heads, SQUARE, (100, 100))
+        assert result.scores.tolist() == [F(0.7)] and result.outside == 2
+        without = plan.run(heads)  # no frame: nothing dropped (the first suppresses the third)
+        assert without.scores.tolist() == [F(0.9), F(0.8)] and without.outside == 0
+
+    def test_no_frame_drops_nothing(self) -> None:
+        plan = plan_for(DETECTORS["yolov5"])
+        heads = heads_for(plan, np.random.default_rng(7), ties=False)
+        assert plan.run(heads).outside == 0
+        assert len(plan.run(heads)) == len(reference_run(plan, heads))
+
+
+class TestNotFinite:
+    """A score or box that is not finite (an overflow in the model) is no candidate and
+    is counted; the frame's other detections stand."""
+
+    def test_infinite_scores_are_dropped_and_counted(self) -> None:
+        plan = one_class_plan(Detect(head="boxes", classes=1), 4)
+        heads = boxes_heads(
+            [
+                [10.0, 10.0, 4.0, 4.0, np.inf],
+                [30.0, 10.0, 4.0, 4.0, 0.5],
+                [50.0, 10.0, np.inf, 4.0, 0.6],
+                [70.0, 10.0, 4.0, 4.0, -np.inf],
+            ]
+        )
+        result = plan.run(heads)
+        assert result.scores.tolist() == [F(0.5)]
+        assert result.not_finite == 2 and result.outside == 0  # -inf never passed conf
+        assert "2 not finite" in repr(result)
+        dropped: dict[str, int] = {}
+        reference_run(plan, heads, None, dropped)
+        assert dropped == {"outside": 0, "not_finite": 2}
+
+    def test_yolox_overflowing_objectness(self) -> None:
+        detect = DETECTORS["yolox"]
+        plan = plan_for(detect)
+        heads = heads_for(plan, np.random.default_rng(2), ties=False)
+        want = plan.run(heads)
+        cell = plan.candidates(heads).ids[0]  # a cell that passes
+        k = next(k for k, lay in enumerate(plan.layouts) if cell < lay.offset + lay.cells)
+        head, layout = heads[k], plan.layouts[k]
+        y, x = divmod(int(cell - layout.offset), layout.width)
+        head[0, 4, y, x] = np.inf
+        result = plan.run(heads)
+        assert np.isfinite(result.scores).all() and result.not_finite == 1
+        assert cell not in plan.candidates(heads).ids
+        assert len(result) >= len(want) - 1
 
 
 # -- torchvision, where installed ------------------------------------------------------------

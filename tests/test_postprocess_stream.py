@@ -29,7 +29,13 @@ from aiodla import (
 from aiodla._detect import DetectPlan
 from aiodla.emulator import make_loadable
 from aiodla.emulator._detector import PRESETS
-from aiodla.runtime._detect_output import FAILED, output_layout, read_count, write_output
+from aiodla.runtime._detect_output import (
+    FAILED,
+    output_layout,
+    read_count,
+    read_output,
+    write_output,
+)
 
 from support import counts_add_up
 
@@ -50,6 +56,7 @@ def frame(seed: int, shape: tuple[int, int] = (1080, 1920)) -> Any:
 
 def same(got: Detections, want: Detections) -> None:
     assert len(got) == len(want) > 10
+    assert (got.outside, got.not_finite) == (want.outside, want.not_finite)
     assert np.asarray(got.boxes).tobytes() == np.asarray(want.boxes).tobytes()
     assert np.asarray(got.scores).tobytes() == np.asarray(want.scores).tobytes()
     assert np.asarray(got.classes).tolist() == np.asarray(want.classes).tolist()
@@ -181,7 +188,9 @@ async def test_device_output_keeps_the_arrays_on_the_device(model: bytes) -> Non
             assert all(isinstance(a, DeviceTensor) and a.device == 0 for a in arrays)
             n = len(expected)
             assert [a.shape for a in arrays] == [(n, 4), (n,), (n,)]
-            host = Detections(*(a.to_host() for a in arrays))
+            host = Detections(
+                *(a.to_host() for a in arrays), outside=got.outside, not_finite=got.not_finite
+            )
             same(host, expected)  # mapped into the frame on the device
             assert runtime.live_handles()["device_memory"] == in_use + 1  # one allocation
             del arrays, host
@@ -204,7 +213,8 @@ async def test_device_output_on_a_runtime_without_device_memory(model: bytes) ->
     async with Engine(model, postprocess=YOLOV5, **options) as engine:
         got = await engine.infer(frame(1), output="device")
         assert isinstance(got.boxes, DeviceTensor) and got.boxes.device is None
-        same(Detections(*(np.asarray(a) for a in (got.boxes, got.scores, got.classes))),
+        arrays = (np.asarray(a) for a in (got.boxes, got.scores, got.classes))
+        same(Detections(*arrays, outside=got.outside, not_finite=got.not_finite),
              await engine.infer(frame(1)))  # fmt: skip
 
 
@@ -249,9 +259,80 @@ async def test_every_buffer_is_released_at_close(model: bytes) -> None:
     assert runtime.invalid_releases == 0
 
 
+def padding_heads() -> list[Any]:
+    """YOLOv5s heads holding two objects, one cell apart at stride 8 (anchor 10 x 13,
+    height logit 1.25: 31.4 pixels high): the better one (score 0.96) at model rows
+    108.3..139.7, the other (0.935) at 112.6..144.0, IoU 0.76. A 1920 x 1080 frame
+    letterboxed into 640 x 640 fills rows 140..500: the better box lies wholly in the
+    padding, the other reaches 4 rows into the picture."""
+    heads = []
+    for spec in HEADS:
+        values = np.zeros(spec.shape, np.float16)
+        values[0, 4::85] = -8.0  # no objectness anywhere
+        heads.append(values)
+    p8 = heads[0][0]
+    for gy, ty, objectness in ((15, 0.0, 4.0), (16, -1.0, 3.0)):
+        p8[1, gy, 40], p8[3, gy, 40], p8[4, gy, 40], p8[5, gy, 40] = ty, 1.25, objectness, 4.0
+    return heads
+
+
+@pytest.mark.parametrize(
+    ("convert", "output"),
+    [("host", "host"), ("device", "host"), ("device", "device")],
+    ids=["numpy on the host", "stream op", "stream op, device output"],
+)
+@pytest.mark.asyncio
+async def test_a_box_in_the_padding_is_dropped_before_nms(
+    model: bytes, monkeypatch: pytest.MonkeyPatch, convert: str, output: str
+) -> None:
+    """On every path the box in the padding is dropped and counted before NMS, so it
+    does not suppress the box that reaches into the picture. One slot serves a 16:9
+    frame, a square one (no padding: the better box is in the picture and suppresses
+    the other) and the 16:9 one again: the work after the task is captured per frame
+    size, never replayed with another frame's geometry."""
+    from aiodla.emulator import _ops
+
+    heads = padding_heads()
+    plan = YOLOV5.plan((640, 640), HEADS)
+    assert len(plan.run([h.astype(np.float32) for h in heads])) == 1  # model pixels
+    monkeypatch.setattr(_ops, "compute_outputs", lambda *args: heads)
+    options: dict[str, Any] = {
+        "preprocess": {"images": LETTERBOX}, "convert": convert, "cores": [0],
+        "streams_per_core": 1,
+    }  # fmt: skip
+    runtime = DeviceMemoryRuntime() if output == "device" else EmulatedRuntime()
+    async with Engine(model, runtime=runtime, postprocess=YOLOV5, **options) as engine:
+        assert (engine._cores.path.detect is not None) == (convert == "device")
+        for size in ((1080, 1920), (640, 640), (1080, 1920), (640, 640)):
+            got = await engine.infer(frame(0, size), output=output)
+            boxes, scores = np.asarray(got.boxes), np.asarray(got.scores)
+            assert output == "host" or isinstance(got.boxes, DeviceTensor)
+            if size == (640, 640):
+                assert scores.tolist() == [pytest.approx(0.964, abs=1e-3)]
+                assert got.outside == 0
+            else:
+                assert scores.tolist() == [pytest.approx(0.935, abs=1e-3)]
+                assert got.outside == 1 and got.not_finite == 0
+                # rows 140..144 of the model are the frame's rows 0..12
+                assert boxes[0, 1] == 0.0 and 11.0 < boxes[0, 3] < 13.0
+        assert counts_add_up(engine.statistics())
+
+
 def test_the_output_buffer_format() -> None:
     layout = output_layout(5)
     raw = np.full(layout.size, 0x5A, np.uint8)
+    kept = Detections(
+        np.arange(8, dtype=np.float32).reshape(2, 4),
+        np.array([0.5, 0.25], np.float32),
+        np.array([3, 1], np.int32),
+        outside=7,
+        not_finite=2,
+    )
+    write_output(kept, layout, raw)
+    assert raw[:12].view(np.int32).tolist() == [2, 7, 2]
+    back = read_output(raw, layout)
+    assert (back.outside, back.not_finite, len(back)) == (7, 2, 2)
+    assert back.boxes.tobytes() == kept.boxes.tobytes()
     write_output(None, layout, raw)
     assert int(raw[:4].view(np.int32)[0]) == FAILED
     with pytest.raises(ValueError, match="post-processing of this request failed"):

@@ -36,7 +36,7 @@ _ORDER = (
     "aiodla_detect_mask",
     "aiodla_detect_select",
 )
-_SELECT = struct.Struct("<QQ7Q")  # work, out, left, top, scale_x, scale_y, width, height, mapped
+_FRAME = struct.Struct("<7Q")  # left, top, scale_x, scale_y, width, height, mapped
 
 
 def detect_source(plan: DetectPlan) -> str:
@@ -64,8 +64,8 @@ class DetectKernels(CompiledKernels):
         self._launches = launches
         self.layout = layout
         self._one = _Params(1)
-        self._decode = _Params(program.heads + 1)
-        self._select = _Params(_SELECT.size // 8)
+        self._decode = _Params(program.heads + 1 + _FRAME.size // 8)
+        self._select = _Params(2 + _FRAME.size // 8)
 
     @classmethod
     def compile(
@@ -102,7 +102,8 @@ class DetectKernels(CompiledKernels):
         """Enqueue on ``stream`` the post-processing of the heads' DLA buffers (device
         pointers, in the plan's order) into ``out``, using ``work`` as scratch (both
         16-byte aligned). With ``geometry`` and ``frame_size`` (height, width) the boxes
-        are mapped into the frame and clipped. ValueError for the wrong number of heads
+        are mapped into the frame and clipped, and those with nothing inside it dropped
+        before ranking and NMS. ValueError for the wrong number of heads
         or an unaligned buffer; CudaCallError when a launch fails."""
         if len(heads) != self._program.heads:
             raise ValueError(f"{len(heads)} head buffers given, the plan has {self._program.heads}")
@@ -110,14 +111,16 @@ class DetectKernels(CompiledKernels):
             raise ValueError(f"detector buffers must be 16-byte aligned: {work:#x}, {out:#x}")
         one, decode, select = self._one, self._decode, self._select
         struct.pack_into("<Q", one.values, 0, work)
-        struct.pack_into(f"<{len(heads) + 1}Q", decode.values, 0, *heads, work)
         sizes: tuple[float, ...] = (0.0,) * 6
         mapped = geometry is not None and frame_size is not None
         if geometry is not None and frame_size is not None:
             sizes = (geometry.left, geometry.top, geometry.scale_x, geometry.scale_y)
             sizes += (frame_size[1], frame_size[0])
         bits = np.array(sizes, np.float32).view(np.uint32).tolist()
-        _SELECT.pack_into(select.values, 0, work, out, *bits, int(mapped))
+        struct.pack_into(f"<{len(heads) + 1}Q", decode.values, 0, *heads, work)
+        _FRAME.pack_into(decode.values, 8 * (len(heads) + 1), *bits, int(mapped))
+        struct.pack_into("<QQ", select.values, 0, work, out)
+        _FRAME.pack_into(select.values, 16, *bits, int(mapped))
         run = self._launches
         self._launch(run["aiodla_detect_reset"], stream, one.address)
         self._launch(run["aiodla_detect_decode"], stream, decode.address)

@@ -1,7 +1,9 @@
 """The detector's output buffer: what the post-processing on a slot's stream leaves for
 the host to copy back, and how either side reads and writes it.
 
-``count`` (int32, padded to 16 bytes so that what follows stays aligned), then
+``count`` (int32), the candidates dropped ``outside`` the frame and ``not_finite``
+(int32 each, :class:`~aiodla.Detections`' counts; padded to 16 bytes so that what
+follows stays aligned), then
 ``max_det`` boxes (4 float32 each: x1 y1 x2 y2), ``max_det`` scores (float32) and
 ``max_det`` classes (int32); only the first ``count`` of each are meaningful. The CUDA
 kernels' select step writes it (:mod:`._detect_source` prints these offsets into the
@@ -20,7 +22,15 @@ import numpy as np
 if TYPE_CHECKING:
     from .._detect import Detections
 
-__all__ = ["FAILED", "OutputLayout", "output_layout", "read_count", "read_output", "write_output"]
+__all__ = [
+    "FAILED",
+    "OutputLayout",
+    "output_layout",
+    "read_count",
+    "read_dropped",
+    "read_output",
+    "write_output",
+]
 
 HEADER = 16
 FAILED = -1  # the count a failed post-processing leaves
@@ -54,6 +64,12 @@ def read_count(raw: Any, layout: OutputLayout) -> int:
     return count
 
 
+def read_dropped(raw: Any) -> tuple[int, int]:
+    """The candidates dropped ``outside`` the frame and ``not_finite``, after the count."""
+    outside, not_finite = np.asarray(raw, np.uint8).reshape(-1)[4:12].view(np.int32).tolist()
+    return int(outside), int(not_finite)
+
+
 def read_output(raw: Any, layout: OutputLayout) -> Detections:
     """The Detections in an output buffer's bytes (a uint8 array of ``layout.size``),
     copied out of it; ValueError as :func:`read_count`."""
@@ -64,14 +80,17 @@ def read_output(raw: Any, layout: OutputLayout) -> Detections:
     boxes = data[layout.boxes : layout.boxes + 16 * count].view(np.float32).reshape(count, 4)
     scores = data[layout.scores : layout.scores + 4 * count].view(np.float32)
     classes = data[layout.classes : layout.classes + 4 * count].view(np.int32)
-    return Detections(boxes.copy(), scores.copy(), classes.copy())
+    outside, not_finite = read_dropped(data)
+    return Detections(
+        boxes.copy(), scores.copy(), classes.copy(), outside=outside, not_finite=not_finite
+    )
 
 
 def write_output(detections: Detections | None, layout: OutputLayout, raw: Any) -> None:
     """Write ``detections`` (at most ``max_det``) into an output buffer's bytes, as the
     kernels do; None writes the failed count."""
     data = np.asarray(raw, np.uint8).reshape(-1)
-    header = data[:4].view(np.int32)
+    header = data[:12].view(np.int32)
     if detections is None:
         header[0] = FAILED
         return
@@ -84,4 +103,5 @@ def write_output(detections: Detections | None, layout: OutputLayout, raw: Any) 
     data[layout.scores : layout.scores + 4 * count] = scores.view(np.uint8)
     classes = np.asarray(detections.classes, np.int32)
     data[layout.classes : layout.classes + 4 * count] = classes.view(np.uint8)
+    header[1:3] = detections.outside, detections.not_finite
     header[0] = count

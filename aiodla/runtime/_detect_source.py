@@ -5,10 +5,12 @@ Five kernels a frame, each following :mod:`aiodla._detect_math`'s definition ste
 step (every float operation rounded on its own: ``__fadd_rn`` and friends on the
 device, ``-ffp-contract=off`` in the host build the tests compare with numpy):
 
-1. ``reset``: the candidate counter to 0.
+1. ``reset``: the candidate counter and the two drop counters to 0.
 2. ``decode``: one thread per cell of every head (steps 2-4), reading the heads' DLA
    layout directly (the conversion kernels' traits and element rules, so no unpack
-   runs); a cell that passes takes a slot with an atomic counter. The candidate list
+   runs); a cell that passes takes a slot with an atomic counter, one dropped by step
+   4 (not finite; with a frame, nothing inside it) adds one to its drop counter
+   instead. The candidate list
    has a slot for every cell, so the counter can never pass its end: the cap of step
    5 is applied by rank, not by arrival order (which is not deterministic).
 3. ``rank``: one thread per candidate counts the candidates ahead of it (score, then
@@ -20,8 +22,9 @@ device, ``-ffp-contract=off`` in the host build the tests compare with numpy):
    CUDA NMS builds its mask.
 5. ``select``: one block runs the greedy pass over the sorted candidates, ORing each
    kept one's mask row into a removed set in shared memory, and writes the kept ones,
-   mapped into the frame (step 7) when asked, to the output: ``count`` (int32, padded
-   to 16 bytes), then ``max_det`` boxes (4 float32), scores (float32), classes (int32).
+   mapped into the frame (step 7) when asked, to the output: ``count`` and the two
+   drop counts (int32, padded to 16 bytes), then ``max_det`` boxes (4 float32), scores
+   (float32), classes (int32).
    The host copies the output only.
 """
 
@@ -43,12 +46,13 @@ if TYPE_CHECKING:
 __all__ = ["CANDIDATE_BYTES", "DetectProgram", "plan_detect"]
 
 CANDIDATE_BYTES = 32  # struct Cand
-_HEADER = 16  # the counter, padded so that what follows stays 16-byte aligned
+_HEADER = 16  # the three counters, padded so that what follows stays 16-byte aligned
 _KINDS = {"yolov5": 0, "yolov8": 1, "yolox": 2, "boxes": 3}
 
-#: The select kernel's arguments after ``work`` and ``out``, every one 8 bytes: the
-#: geometry as float32 bits (left, top, scale_x, scale_y), the frame's width and
-#: height, and whether to map (0: boxes stay in model-input pixels).
+#: The decode kernel's arguments after ``work``, and the select kernel's after ``work``
+#: and ``out``, every one 8 bytes: the geometry as float32 bits (left, top, scale_x,
+#: scale_y), the frame's width and height, and whether there is a frame (0: boxes stay
+#: in model-input pixels, none is dropped as outside).
 SELECT_PARAMETERS = ("left", "top", "scale_x", "scale_y", "width", "height", "mapped")
 
 
@@ -125,8 +129,25 @@ template <class R> AIODLA_FN i32 best_class(R read, u32 classes, float* best) {
     return cls;
 }
 
+struct Frame { float left, top, scale_x, scale_y, width, height; bool mapped; };
+
+// Step 7 on one coordinate.
+AIODLA_FN float to_frame(float v, float origin, float scale, float limit) {
+    const float m = div(sub(v, origin), scale);
+    return m < 0.0f ? 0.0f : (m > limit ? limit : m);
+}
+
+// Step 4's last rule: the box keeps an area once mapped into the frame and clipped.
+AIODLA_FN bool inside(const float* b, const Frame& fr) {
+    return to_frame(b[2], fr.left, fr.scale_x, fr.width) > to_frame(b[0], fr.left, fr.scale_x,
+                                                                     fr.width)
+           && to_frame(b[3], fr.top, fr.scale_y, fr.height) > to_frame(b[1], fr.top, fr.scale_y,
+                                                                       fr.height);
+}
+
 // Steps 2-4 for cell `local` of head H (tensor traits T); a passing cell takes a slot.
-template <class T, class H> AIODLA_FN void decode_cell(const u8* src, u32 local, u8* work) {
+template <class T, class H>
+AIODLA_FN void decode_cell(const u8* src, u32 local, u8* work, const Frame& fr) {
     const u32 plane = H::HEIGHT * H::WIDTH;
     const u32 a = local / plane, rest = local % plane;
     const u64 y = rest / H::WIDTH, x = rest % H::WIDTH;
@@ -195,8 +216,18 @@ template <class T, class H> AIODLA_FN void decode_cell(const u8* src, u32 local,
         b[0] = sub(cx, mul(w, 0.5f)); b[1] = sub(cy, mul(h, 0.5f));
         b[2] = add(cx, mul(w, 0.5f)); b[3] = add(cy, mul(h, 0.5f));
     }
-    if (!(finite(b[0]) && finite(b[1]) && finite(b[2]) && finite(b[3]))) return;
-    const u32 slot = take_slot(reinterpret_cast<u32*>(work));
+    u32* counters = reinterpret_cast<u32*>(work);  // passed, outside, not finite
+    if (!(finite(score) && finite(b[0]) && finite(b[1]) && finite(b[2]) && finite(b[3]))) {
+        take_slot(counters + 2);
+        return;
+    }
+    // Before ranking and NMS: a box in the padding is no object of the frame, and must
+    // neither take a place under the cap nor suppress a box that reaches into the frame.
+    if (fr.mapped && !inside(b, fr)) {
+        take_slot(counters + 1);
+        return;
+    }
+    const u32 slot = take_slot(counters);
     if (slot >= CELLS) return;  // cannot happen (a slot per cell); never write past the list
     Cand* out = reinterpret_cast<Cand*>(work + CANDIDATES) + slot;
     *out = Cand{b[0], b[1], b[2], b[3], score, cls, H::OFFSET + local, 0u};
@@ -250,14 +281,6 @@ AIODLA_FN void mask_word(u8* work, u32 t) {
     reinterpret_cast<u64*>(work + MASK)[(u64)i * WORDS + w] = bits;
 }
 
-struct Frame { float left, top, scale_x, scale_y, width, height; bool mapped; };
-
-// Step 7 on one coordinate.
-AIODLA_FN float to_frame(float v, float origin, float scale, float limit) {
-    const float m = div(sub(v, origin), scale);
-    return m < 0.0f ? 0.0f : (m > limit ? limit : m);
-}
-
 // Steps 6 (the greedy pass) and 7, by one block: removed[] lives in shared memory. Every
 // thread walks the same candidates; `gone` is read between the same barriers by all of
 // them, so they agree on which are kept and meet at the same __syncthreads.
@@ -293,7 +316,13 @@ __device__ __forceinline__ void select_body(const u8* work, u8* out, const Frame
         ++kept;
         __syncthreads();  // the ORs are done before anyone reads removed[] again
     }
-    if (t == 0) *reinterpret_cast<i32*>(out) = (i32)kept;
+    if (t == 0) {
+        i32* header = reinterpret_cast<i32*>(out);
+        const u32* counters = reinterpret_cast<const u32*>(work);
+        header[1] = (i32)counters[1];  // dropped outside the frame
+        header[2] = (i32)counters[2];  // dropped as not finite
+        header[0] = (i32)kept;
+    }
 }
 }  // namespace det
 """
@@ -360,26 +389,37 @@ def plan_detect(plan: DetectPlan) -> DetectProgram:
         last = layout.offset + layout.cells
         branches.append(
             f"    if (i >= {first}u && i < {last}u) "
-            f"det::decode_cell<T{index}, H{index}>((const u8*)h{index}, i - {first}u, (u8*)work);\n"
+            f"det::decode_cell<T{index}, H{index}>((const u8*)h{index}, i - {first}u, (u8*)work, "
+            "fr);\n"
         )
     heads = ", ".join(f"const void* h{index}" for index in range(len(plan.specs)))
     kernel = 'extern "C" __global__ void __launch_bounds__(BLOCK) '
-    parts += [
-        f"{kernel}aiodla_detect_reset(void* work) {{\n"
-        "    if (blockIdx.x == 0 && threadIdx.x == 0) *(u32*)work = 0;\n}\n",
-        f"{kernel}aiodla_detect_decode({heads}, void* work) {{\n"
-        "    const u32 i = blockIdx.x * BLOCK + threadIdx.x;\n" + "".join(branches) + "}\n",
-        f"{kernel}aiodla_detect_rank(void* work) {{\n"
-        "    det::rank_one((u8*)work, blockIdx.x * BLOCK + threadIdx.x);\n}\n",
-        f"{kernel}aiodla_detect_mask(void* work) {{\n"
-        "    det::mask_word((u8*)work, blockIdx.x * BLOCK + threadIdx.x);\n}\n",
-        f"{kernel}aiodla_detect_select(const void* work, void* out, u64 left, u64 top, "
-        "u64 scale_x, u64 scale_y, u64 width, u64 height, u64 mapped) {\n"
+    frame_parameters = (
+        "u64 left, u64 top, u64 scale_x, u64 scale_y, u64 width, u64 height, u64 mapped"
+    )
+    frame = (
         "    const det::Frame fr = {f32_bits((u32)left), f32_bits((u32)top), "
         "f32_bits((u32)scale_x),\n"
         "                          f32_bits((u32)scale_y), f32_bits((u32)width), "
         "f32_bits((u32)height), mapped != 0};\n"
-        "    det::select_body((const u8*)work, (u8*)out, fr);\n}\n",
+    )
+    parts += [
+        f"{kernel}aiodla_detect_reset(void* work) {{\n"
+        "    if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
+        "        u32* counters = (u32*)work;  // passed, outside, not finite\n"
+        "        counters[0] = counters[1] = counters[2] = 0;\n    }\n}\n",
+        f"{kernel}aiodla_detect_decode({heads}, void* work, {frame_parameters}) {{\n"
+        + frame
+        + "    const u32 i = blockIdx.x * BLOCK + threadIdx.x;\n"
+        + "".join(branches)
+        + "}\n",
+        f"{kernel}aiodla_detect_rank(void* work) {{\n"
+        "    det::rank_one((u8*)work, blockIdx.x * BLOCK + threadIdx.x);\n}\n",
+        f"{kernel}aiodla_detect_mask(void* work) {{\n"
+        "    det::mask_word((u8*)work, blockIdx.x * BLOCK + threadIdx.x);\n}\n",
+        f"{kernel}aiodla_detect_select(const void* work, void* out, {frame_parameters}) {{\n"
+        + frame
+        + "    det::select_body((const u8*)work, (u8*)out, fr);\n}\n",
     ]
     grids = {
         "aiodla_detect_reset": 1,

@@ -77,9 +77,10 @@ def dla_plan(
 def host_build(tmp_path: Path, source: str, heads: int) -> ctypes.CDLL:
     pointers = ", ".join(f"*(const void**)p[{k}]" for k in range(heads))
     one = "*(void**)p[0]"
+    frame = ", ".join(f"*(u64*)p[{heads + 1 + k}]" for k in range(7))
     serial = {
         "aiodla_detect_reset": one,
-        "aiodla_detect_decode": f"{pointers}, *(void**)p[{heads}]",
+        "aiodla_detect_decode": f"{pointers}, *(void**)p[{heads}], {frame}",
         "aiodla_detect_rank": one,
         "aiodla_detect_mask": one,
     }
@@ -136,6 +137,7 @@ def aligned(size: int, fill: int) -> Any:
 
 def assert_equal(got: Any, expected: Any) -> None:
     assert len(got) == len(expected)
+    assert (got.outside, got.not_finite) == (expected.outside, expected.not_finite)
     assert got.boxes.tobytes() == expected.boxes.tobytes()
     assert got.scores.tobytes() == expected.scores.tobytes()
     assert got.classes.tolist() == expected.classes.tolist()
@@ -206,7 +208,46 @@ def test_host_build_maps_into_the_frame(detectors: Detectors, resize: str) -> No
     geometry = ImagePreprocess(source="bgr", order="rgb", resize=resize).geometry(150, 100, 64, 96)
     expected = plan.run(logical, geometry, (150, 100))
     assert expected.boxes.min() == 0.0  # clipping is exercised
+    assert (expected.outside > 10) == (resize == "letterbox")  # and dropping, with padding
     assert_equal(detector.run(heads, geometry, (150, 100)), expected)
+
+
+def test_host_build_drops_before_nms_what_lies_outside(detectors: Detectors) -> None:
+    """A box wholly in the letterbox padding is dropped at decode: it neither suppresses
+    the box beside it that reaches into the picture (IoU 0.6 > 0.3) nor is kept; its
+    count reaches the output. Without a frame the kernels drop nothing."""
+    detector = detectors["boxes_chw16"]
+    plan = detector.plan
+    # a 100 x 100 frame letterboxed into 64 x 96: the picture is columns 16..80
+    geometry = ImagePreprocess(source="bgr", order="rgb", resize="letterbox").geometry(
+        100, 100, 64, 96
+    )
+    matrix = np.zeros((7, 150), F)  # every other candidate below conf
+    # (values exact in float16)
+    matrix[:, 0] = [9.0, 20.0, 14.0, 10.0, 0.0, 0.875, 0.0]  # x 2..16: in the padding
+    matrix[:, 1] = [11.0, 20.0, 14.0, 10.0, 0.0, 0.75, 0.0]  # x 4..18: 2 pixels in
+    matrix[:, 2] = [12.0, 40.0, 8.0, 4.0, 0.0, 0.0, 0.625]  # x 8..16: touches the edge
+    heads = [matrix.reshape(plan.specs[0].shape)]
+    got = detector.run(heads, geometry, (100, 100))
+    assert got.scores.tolist() == [0.75] and got.outside == 2
+    assert_equal(got, plan.run(heads, geometry, (100, 100)))
+    unmapped = detector.run(heads)
+    assert unmapped.scores.tolist() == [0.875, 0.625] and unmapped.outside == 0
+
+
+def test_host_build_counts_what_is_not_finite(detectors: Detectors) -> None:
+    """A score of +inf (float16 overflow) or a box coordinate of inf: no candidate, and
+    counted, as the numpy path counts them."""
+    detector = detectors["boxes_chw16"]
+    plan = detector.plan
+    heads = heads_for(plan, np.random.default_rng(23), ties=False)
+    matrix = heads[0].reshape(7, 150)
+    matrix[4, :5] = np.inf  # class 0's score of five candidates
+    matrix[2, 5:8] = np.inf  # three widths
+    matrix[4:, 5:8] = 0.9
+    expected = plan.run([h.astype(F) for h in heads])
+    assert expected.not_finite == 8 and np.isfinite(expected.scores).all()
+    assert_equal(detector.run(heads), expected)
 
 
 @pytest.mark.parametrize(
