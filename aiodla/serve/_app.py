@@ -74,6 +74,14 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def front_address(text: str | None, what: str) -> tuple[str, int] | None:
+    """A front's address: None for None or ``"off"`` (that front left out, as the command
+    line's ``--grpc off``), else :func:`parse_address`'s (host, port)."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == "off"):
+        return None
+    return parse_address(text, what)
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -114,9 +122,10 @@ class Server:
     """The KServe v2 protocol over HTTP and gRPC for open engines, one per model name.
 
     ``http`` and ``grpc`` are ``HOST:PORT`` addresses (port 0: any free port, read it
-    from :attr:`http_port` / :attr:`grpc_port` once started), or None to leave that
-    front out. An HTTP request body must arrive within ``body_timeout`` seconds a MiB
-    (at least one MiB's worth), else it is answered 408.
+    from :attr:`http_port` / :attr:`grpc_port` once started), or None (or ``"off"``, as
+    on the command line) to leave that front out. An HTTP request body must arrive
+    within ``body_timeout`` seconds a MiB (at least one MiB's worth), else it is
+    answered 408.
 
     ``tls_cert`` and ``tls_key`` (PEM files) make both fronts serve TLS only;
     ``tls_client_ca`` then requires a client certificate signed by that CA. There is
@@ -141,15 +150,17 @@ class Server:
     ) -> None:
         if not engines:
             raise ConfigurationError("serve at least one model")
-        if http is None and grpc is None:
+        http_address = front_address(http, "HTTP")
+        grpc_address = front_address(grpc, "gRPC")
+        if http_address is None and grpc_address is None:
             raise ConfigurationError("give an HTTP or a gRPC address, or both")
         if not drain_timeout >= 0:
             raise ConfigurationError(f"{drain_timeout=} must be >= 0 seconds")
         if not body_timeout > 0:
             raise ConfigurationError(f"{body_timeout=} must be > 0 seconds a MiB")
         self._engines = dict(engines)
-        self._http_address = None if http is None else parse_address(http, "HTTP")
-        self._grpc_address = None if grpc is None else parse_address(grpc, "gRPC")
+        self._http_address = http_address
+        self._grpc_address = grpc_address
         self._drain_timeout = drain_timeout
         self._body_timeout = body_timeout
         self._tls = Tls.load(tls_cert, tls_key, tls_client_ca)
@@ -255,7 +266,7 @@ class Server:
         ]
         if exposed and self._tls is None:
             logger.warning(
-                "aiodla serve: %s, in cleartext and with no authentication: anyone who "
+                "%s, in cleartext and with no authentication: anyone who "
                 "reaches it may infer (see the README on TLS and putting a proxy in front)",
                 " and ".join(exposed),
             )
@@ -279,7 +290,7 @@ class Server:
         if self._grpc is not None:
             self._grpc.stop_accepting(self._drain_timeout + 1.0)
         if self._in_flight:
-            logger.info("aiodla serve: draining %d request(s)", self._in_flight)
+            logger.info("draining %d request(s)", self._in_flight)
             self._idle.clear()
             try:
                 await asyncio.wait_for(self._idle.wait(), self._drain_timeout)
@@ -290,7 +301,7 @@ class Server:
     def _force_answers(self) -> None:
         """The drain is over: requests still running are answered UNAVAILABLE."""
         logger.warning(
-            "aiodla serve: %d request(s) still running after the drain timeout of %g s; "
+            "%d request(s) still running after the drain timeout of %g s; "
             "they are answered UNAVAILABLE",
             self._in_flight,
             self._drain_timeout,
@@ -414,8 +425,7 @@ async def serve(
     ``started(server)`` is called once the server listens.
     """
     for address, what in ((http, "HTTP"), (grpc, "gRPC")):
-        if address is not None:
-            parse_address(address, what)  # a typo fails before any engine opens
+        front_address(address, what)  # a typo fails before any engine opens
     Tls.load(tls_cert, tls_key, tls_client_ca)  # and so does a TLS file
     named: dict[str, str] = {}
     for text in models:
@@ -464,7 +474,7 @@ async def serve(
             if started is not None:
                 started(server)
             await stop.wait()
-            logger.info("aiodla serve: stopping")
+            logger.info("stopping")
         finally:
             await server.stop()
         return server.statistics()

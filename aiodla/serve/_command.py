@@ -57,6 +57,21 @@ def _by_name(kind: type) -> Callable[[click.Context, click.Parameter, tuple[str,
     return parse
 
 
+class _Prefixed(logging.Formatter):
+    """Each line once prefixed: ``aiodla serve: ...`` for the server's own records (as
+    the lines it prints), the logger's name for a library's (``aiohttp.server: ...``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = "aiodla serve" if record.name == "aiodla.serve" else record.name
+        return f"{prefix}: {super().format(record)}"
+
+
+def _log_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Prefixed("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
 def _announce(server: Server) -> None:
     # One line on stderr once both fronts listen: with port 0 it says which ports
     # were picked (scripts and tests read it).
@@ -167,7 +182,7 @@ def serve_command(
         from ._app import serve
     except ImportError as exc:
         raise CommandError(str(exc)) from exc
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    _log_to_stderr()
     asyncio.run(
         serve(
             models,

@@ -84,7 +84,7 @@ async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamRes
             raise
         return _http_error(exc, request)
     except Exception as exc:
-        logger.exception("aiodla serve: %s %s failed", request.method, request.path)
+        logger.exception("%s %s failed", request.method, request.path)
         return _error(error_of(exc))
 
 

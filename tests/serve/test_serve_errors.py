@@ -16,7 +16,7 @@ import pytest_asyncio
 from clients import Client, failure, until
 from conftest import int8_model, sample
 
-from aiodla import Engine
+from aiodla import ConfigurationError, Engine
 from aiodla.serve import Server
 from aiodla.testing import DLAControls, EngineFactory
 
@@ -245,3 +245,16 @@ async def test_dead_engine(
 async def test_unimplemented_grpc_calls_say_so(server: Server) -> None:
     exc = await failure(Client("grpc_aio", server).call("get_model_config", "affine"))
     assert status_of("grpc_aio", exc) == "UNIMPLEMENTED"
+
+
+@pytest.mark.parametrize("off", ["off", "OFF"])
+async def test_a_front_turned_off_by_name(engines: dict[str, Any], off: str) -> None:
+    """``Server(grpc="off")`` leaves gRPC out, as the command line's ``--grpc off`` does."""
+    async with Server(engines, http="127.0.0.1:0", grpc=off) as server:
+        assert server.grpc_port is None and server.http_port
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+    with pytest.raises(ConfigurationError, match="give an HTTP or a gRPC address"):
+        Server(engines, http=off, grpc="off")

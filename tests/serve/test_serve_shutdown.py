@@ -192,6 +192,8 @@ async def test_the_command_stops_on_sigterm_and_exits_0(model: Path) -> None:
         rest = (await asyncio.wait_for(process.stderr.read(), 60)).decode()
         assert await process.wait() == 0, rest
         assert "aiodla serve: stopped" in rest
+        # The server's log lines carry the command's prefix once (not the logger's too).
+        assert "aiodla serve: stopping\n" in rest and "aiodla.serve" not in rest, rest
     finally:
         if process.returncode is None:
             process.kill()
