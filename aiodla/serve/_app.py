@@ -31,15 +31,16 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from .._detect import Detect
 from .._engine import Engine
 from .._errors import ConfigurationError
+from .._preprocess import ImagePreprocess
 from .._shared_cores import Cores
-from .._tensors import TensorSpec
 from ..runtime import Runtime
 from ._deps import MISSING_EXTRA
 from ._grpc import GrpcFront
 from ._http import HttpFront
-from ._kserve import ProtocolError, Status, error_of, request_limit
+from ._kserve import ProtocolError, Status, WireTensor, error_of, request_limit
 from ._served import VERSION, ServedModel
 from ._tls import Tls
 
@@ -195,7 +196,7 @@ class Server:
     def max_request_bytes(self) -> int:
         """The largest request body (HTTP) or message (gRPC) taken: the served models'
         largest inputs as JSON (:func:`~._kserve.request_limit`); known once started."""
-        return request_limit([m.engine.inputs for m in self._models.values()])
+        return request_limit([list(m.inputs.values()) for m in self._models.values()])
 
     @property
     def body_timeout(self) -> float:
@@ -355,7 +356,7 @@ class Server:
         self,
         model: ServedModel,
         inputs: Mapping[str, _Array],
-        outputs: Sequence[TensorSpec],
+        outputs: Sequence[WireTensor],
         timeout: float | None,
     ) -> list[_Array]:
         """Run ``model`` on ``inputs``; return the ``outputs`` asked for, in that order.
@@ -394,9 +395,22 @@ class Server:
         finally:
             self._futures.discard(future)
             self._forced.discard(future)
-        if not isinstance(result, dict):
-            result = {next(iter(model.outputs)): result}
-        return [result[spec.name] for spec in outputs]
+        answer = model.answer(result)
+        return [answer[tensor.name] for tensor in outputs]
+
+
+def _the_only_one(given: dict[str, Any], named: Mapping[str, str], option: str) -> dict[str, Any]:
+    """Settings given for the model ``""`` belong to the only model served."""
+    if "" not in given:
+        return given
+    if len(named) != 1:
+        raise ConfigurationError(
+            f"--{option} must name its model when several are served ({sorted(named)})"
+        )
+    (only,) = named
+    if only in given:
+        raise ConfigurationError(f"--{option} given twice for model {only!r}")
+    return {only: given.pop("")} | given
 
 
 async def serve(
@@ -413,6 +427,8 @@ async def serve(
     started: Any = None,
     priorities: Mapping[str, int] | None = None,
     weights: Mapping[str, float] | None = None,
+    preprocess: Mapping[str, Mapping[str, ImagePreprocess]] | None = None,
+    postprocess: Mapping[str, Detect] | None = None,
     **options: Any,
 ) -> ServeStatistics:
     """Open an engine per model (``PATH`` or ``NAME=PATH``), serve them until SIGTERM
@@ -422,6 +438,9 @@ async def serve(
     or instance; ``cores``, ``max_queue``, ...), the rest to :class:`Server`.
     Several models share their cores (one :class:`~aiodla.Cores`), each with its
     ``priorities[name]`` (default 0) and ``weights[name]`` (default 1).
+    ``preprocess[name]`` (input name -> :class:`~aiodla.ImagePreprocess`) and
+    ``postprocess[name]`` (a :class:`~aiodla.Detect`) make that model a detector served
+    as one: camera frames in, detections out; the name ``""`` means the only model.
     ``started(server)`` is called once the server listens.
     """
     for address, what in ((http, "HTTP"), (grpc, "gRPC")):
@@ -436,11 +455,14 @@ async def serve(
     shares: dict[str, dict[str, Any]] = {
         "priority": dict(priorities or {}),
         "weight": dict(weights or {}),
+        "preprocess": _the_only_one(dict(preprocess or {}), named, "preprocess"),
+        "postprocess": _the_only_one(dict(postprocess or {}), named, "detect"),
     }
     for what, given in shares.items():
         unknown = sorted(set(given) - set(named))
         if unknown:
-            raise ConfigurationError(f"--{what} names {unknown}; the models are {sorted(named)}")
+            option = "detect" if what == "postprocess" else what
+            raise ConfigurationError(f"--{option} names {unknown}; the models are {sorted(named)}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:

@@ -72,6 +72,128 @@ def _log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
+def _floats(text: str) -> float | tuple[float, ...]:
+    values = tuple(float(v) for v in text.split("/"))
+    return values[0] if len(values) == 1 else values
+
+
+def _size(text: str) -> tuple[int, int]:
+    height, x, width = text.lower().partition("x")
+    if not x:
+        raise ValueError
+    return int(height), int(width)
+
+
+def _flag(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError
+    return text.lower() in ("true", "1", "yes")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(text.split("/"))
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split("/"))
+
+
+# The settings each option takes, as KEY=VALUE: ImagePreprocess's and Detect's fields of
+# the same names (a list joined by "/": mean=0.485/0.456/0.406, strides=8/16/32).
+_FRAME_SETTINGS: dict[str, Callable[[str], Any]] = {
+    "source": str,
+    "order": str,
+    "resize": lambda text: None if text.lower() == "none" else text,
+    "pad_value": int,
+    "scale": float,
+    "mean": _floats,
+    "std": _floats,
+    "max_frame": _size,
+}
+_DETECT_SETTINGS: dict[str, Callable[[str], Any]] = {
+    "head": str,
+    "classes": int,
+    "conf": float,
+    "iou": float,
+    "max_det": int,
+    "class_agnostic": _flag,
+    "strides": _ints,
+    "reg_max": int,
+    "outputs": _names,
+    "max_candidates": int,
+    "layout": str,
+}
+
+
+def _settings(
+    text: str, known: dict[str, Callable[[str], Any]], ctx: click.Context, param: click.Parameter
+) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for part in text.split(","):
+        key, equals, value = part.partition("=")
+        key = key.strip()
+        if not equals or key not in known:
+            raise click.BadParameter(
+                f"{part!r} must be KEY=VALUE with KEY one of {', '.join(known)}", ctx, param
+            )
+        try:
+            found[key] = known[key](value.strip())
+        except ValueError:
+            message = f"{part!r}: {value!r} is not a value of {key}"
+            raise click.BadParameter(message, ctx, param) from None
+    return found
+
+
+def _build(kind: Callable[..., Any], settings: dict[str, Any], ctx: Any, param: Any) -> Any:
+    from .._errors import ConfigurationError
+
+    try:
+        return kind(**settings)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    except TypeError as exc:  # a setting with no default left out
+        missing = str(exc).partition("argument")[2].strip(": ") or str(exc)
+        raise click.BadParameter(f"{kind.__name__} needs {missing}", ctx, param) from None
+
+
+def _preprocess(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """``[MODEL/]INPUT:KEY=VALUE,...`` -> {model ("" for the only one): {input:
+    ImagePreprocess}}."""
+    from .._preprocess import ImagePreprocess
+
+    found: dict[str, dict[str, Any]] = {}
+    for text in values:
+        where, colon, rest = text.partition(":")
+        model, slash, name = where.rpartition("/")
+        if not colon or not name or (slash and not model):
+            raise click.BadParameter(
+                f"{text!r} must be [MODEL/]INPUT:KEY=VALUE,... e.g. "
+                "images:source=bgr,order=rgb,resize=letterbox",
+                ctx,
+                param,
+            )
+        settings = _settings(rest, _FRAME_SETTINGS, ctx, param)
+        found.setdefault(model, {})[name] = _build(ImagePreprocess, settings, ctx, param)
+    return found
+
+
+def _detect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    """``[MODEL:]KEY=VALUE,...`` -> {model ("" for the only one): Detect}."""
+    from .._detect import Detect
+
+    found: dict[str, Any] = {}
+    for text in values:
+        model, colon, rest = text.partition(":")
+        if not colon:
+            model, rest = "", text
+        if model in found:
+            raise click.BadParameter(f"{text!r}: a second --detect for the same model", ctx, param)
+        found[model] = _build(Detect, _settings(rest, _DETECT_SETTINGS, ctx, param), ctx, param)
+    return found
+
+
 def _announce(server: Server) -> None:
     # One line on stderr once both fronts listen: with port 0 it says which ports
     # were picked (scripts and tests read it).
@@ -147,6 +269,28 @@ def _announce(server: Server) -> None:
     callback=_by_name(float),
     help="Model NAME's share of core time within its priority (default 1). Repeatable.",
 )
+@click.option(
+    "--preprocess",
+    multiple=True,
+    metavar="[MODEL/]INPUT:KEY=VALUE,...",
+    callback=_preprocess,
+    help="Serve INPUT as camera frames (UINT8 HxWx3, or NV12), pre-processed by the engine: "
+    "ImagePreprocess's settings source, order, resize (letterbox, stretch or none), "
+    "pad_value, scale, mean, std (one or three joined by /), max_frame (HxW, default "
+    "1080x1920). E.g. images:source=bgr,order=rgb,resize=letterbox. MODEL/ names the "
+    "model when several are served. Repeatable.",
+)
+@click.option(
+    "--detect",
+    multiple=True,
+    metavar="[MODEL:]KEY=VALUE,...",
+    callback=_detect,
+    help="Answer with detections (boxes, scores, classes, count) of the engine's Detect: "
+    "head (yolov5, yolov7, yolov8, yolo11, yolox, boxes), classes, conf, iou, max_det, "
+    "class_agnostic, strides (joined by /), reg_max, outputs (joined by /), "
+    "max_candidates, layout. E.g. head=yolov5,classes=80,conf=0.25. MODEL: names the "
+    "model when several are served.",
+)
 @runtime_option("Which runtime runs the models.")
 @trust_compute_option
 @debug_option
@@ -164,6 +308,8 @@ def serve_command(
     tls_client_ca: str | None,
     priorities: dict[str, int],
     weights: dict[str, float],
+    preprocess: dict[str, dict[str, Any]],
+    detect: dict[str, Any],
     runtime: str,
     trust_compute: bool,
 ) -> int:
@@ -171,7 +317,8 @@ def serve_command(
 
     Each MODEL is PATH (named after the file: det.bin serves as det) or NAME=PATH,
     with an engine of its own; several models share the cores, one feed per core
-    choosing the next request by --priority, then --weight. Triton's clients
+    choosing the next request by --priority, then --weight. With --preprocess and
+    --detect a detector takes camera frames and answers its detections. Triton's clients
     (tritonclient.http, tritonclient.grpc) work unchanged; Prometheus metrics, per
     model, are at /metrics on the HTTP port. SIGTERM or Ctrl-C stops accepting, lets
     accepted requests finish within --drain-timeout, then exits.
@@ -201,6 +348,8 @@ def serve_command(
             trust_compute=trust_compute,
             priorities=priorities,
             weights=weights,
+            preprocess=preprocess,
+            postprocess=detect,
         )
     )
     print("aiodla serve: stopped", file=sys.stderr, flush=True)

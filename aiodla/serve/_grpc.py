@@ -156,10 +156,11 @@ class GrpcFront:
             versions=["1"],
             platform="aiodla",
             inputs=[
-                meta(name=t.name, datatype=t.datatype, shape=t.shape) for t in model.input_metadata
+                meta(name=t.name, datatype=t.datatype, shape=t.shape) for t in model.inputs.values()
             ],
             outputs=[
-                meta(name=t.name, datatype=t.datatype, shape=t.shape) for t in model.output_metadata
+                meta(name=t.name, datatype=t.datatype, shape=t.shape)
+                for t in model.outputs.values()
             ],
         )
 
@@ -171,7 +172,7 @@ class GrpcFront:
                 request = _parsed(message)
                 model = self._server.model(request.model_name, request.model_version)
                 inputs = _inputs(model, request)
-                outputs = model.output_specs([o.name for o in request.outputs])
+                outputs = model.output_tensors([o.name for o in request.outputs])
                 for asked in request.outputs:
                     if "classification" in asked.parameters:
                         raise ProtocolError(
@@ -183,13 +184,9 @@ class GrpcFront:
                 response = pb.ModelInferResponse(
                     model_name=model.name, model_version="1", id=request.id
                 )
-                for spec, value in zip(outputs, values, strict=True):
+                for tensor, value in zip(outputs, values, strict=True):
                     response.outputs.add(
-                        name=spec.name,
-                        datatype=next(
-                            t.datatype for t in model.output_metadata if t.name == spec.name
-                        ),
-                        shape=value.shape,
+                        name=tensor.name, datatype=tensor.datatype, shape=value.shape
                     )
                     response.raw_output_contents.append(raw_bytes(value))
                 return response
@@ -220,22 +217,22 @@ def _inputs(model: ServedModel, request: Any) -> dict[str, _Array]:
         )
     arrays: dict[str, _Array] = {}
     for index, tensor in enumerate(request.inputs):
-        spec = model.input_spec(tensor.name)
-        if spec.name in arrays:
-            raise ProtocolError(Status.INVALID_ARGUMENT, f"input {spec.name!r} given twice")
+        wire = model.input_tensor(tensor.name)
+        if wire.name in arrays:
+            raise ProtocolError(Status.INVALID_ARGUMENT, f"input {wire.name!r} given twice")
         shape = list(tensor.shape)
         if raw:
-            arrays[spec.name] = decode_raw(spec, tensor.datatype, shape, raw[index])
+            arrays[wire.name] = decode_raw(wire, tensor.datatype, shape, raw[index])
             continue
         field = _CONTENTS.get(tensor.datatype)
         if field is None:
             raise ProtocolError(
                 Status.INVALID_ARGUMENT,
-                f"input {spec.name!r}: {tensor.datatype or 'no datatype'} values must come "
+                f"input {wire.name!r}: {tensor.datatype or 'no datatype'} values must come "
                 "in raw_input_contents",
             )
         values = list(getattr(tensor.contents, field))
-        arrays[spec.name] = decode_json(spec, tensor.datatype, shape, values)
+        arrays[wire.name] = decode_json(wire, tensor.datatype, shape, values)
     return arrays
 
 

@@ -293,7 +293,7 @@ class HttpFront:
         else:
             parsed = _parse(model, body, length, _loads_small)
         header, inputs, outputs, as_binary, timeout = parsed
-        values = await self._server.infer(model, inputs, [spec for spec, _ in outputs], timeout)
+        values = await self._server.infer(model, inputs, [t for t, _ in outputs], timeout)
         in_json = sum(v.size for (_, binary), v in zip(outputs, values, strict=True) if not binary)
         if in_json * 16 > OFFLOAD_BYTES:
             text, chunks = await asyncio.to_thread(_answer, model, header, outputs, values)
@@ -408,25 +408,25 @@ def _inputs(model: ServedModel, header: Mapping[str, Any], binary: memoryview) -
     offset = 0
     for tensor in tensors:
         tensor = _mapping(tensor, "inputs[]")
-        spec = model.input_spec(tensor.get("name"))
-        if spec.name in arrays:
-            raise _bad(f"input {spec.name!r} given twice")
+        wire = model.input_tensor(tensor.get("name"))
+        if wire.name in arrays:
+            raise _bad(f"input {wire.name!r} given twice")
         datatype, shape = tensor.get("datatype"), tensor.get("shape")
         size = _mapping(tensor.get("parameters", {}), "parameters").get("binary_data_size")
         if size is None:
             if "data" not in tensor:
-                raise _bad(f"input {spec.name!r} has neither 'data' nor 'binary_data_size'")
-            array = decode_json(spec, datatype, shape, tensor["data"])
+                raise _bad(f"input {wire.name!r} has neither 'data' nor 'binary_data_size'")
+            array = decode_json(wire, datatype, shape, tensor["data"])
             if array.dtype.kind == "f" and array.size:
-                _refuse_non_finite(spec.name, array)
-            arrays[spec.name] = array
+                _refuse_non_finite(wire.name, array)
+            arrays[wire.name] = array
             continue
         if type(size) is not int or size < 0 or offset + size > len(binary):
             raise _bad(
-                f"input {spec.name!r}: binary_data_size {size!r} runs past the "
+                f"input {wire.name!r}: binary_data_size {size!r} runs past the "
                 f"{len(binary)} bytes of binary data"
             )
-        arrays[spec.name] = decode_raw(spec, datatype, shape, binary[offset : offset + size])
+        arrays[wire.name] = decode_raw(wire, datatype, shape, binary[offset : offset + size])
         offset += size
     if offset != len(binary):
         raise _bad(
@@ -454,7 +454,7 @@ def _outputs(
         raise _bad("parameter 'binary_data_output' must be true or false")
     asked = header.get("outputs")
     if not asked:  # none, or an empty list: all of them
-        return [(spec, default) for spec in model.output_specs(None)], default
+        return [(t, default) for t in model.output_tensors(None)], default
     if not isinstance(asked, list):
         raise _bad("'outputs' must be a list")
     names, flags = [], []
@@ -468,8 +468,8 @@ def _outputs(
             raise _bad("output parameter 'binary_data' must be true or false")
         names.append(tensor.get("name"))
         flags.append(flag)
-    specs = model.output_specs([str(n) for n in names])
-    return list(zip(specs, flags, strict=True)), any(flags)
+    wires = model.output_tensors([str(n) for n in names])
+    return list(zip(wires, flags, strict=True)), any(flags)
 
 
 def _timeout(parameters: Mapping[str, Any]) -> float | None:
@@ -494,10 +494,10 @@ def _answer(
         answer["id"] = header["id"]
     tensors = []
     chunks = []
-    for (spec, binary), value in zip(outputs, values, strict=True):
+    for (wire, binary), value in zip(outputs, values, strict=True):
         tensor: dict[str, Any] = {
-            "name": spec.name,
-            "datatype": _datatype(model, spec.name),
+            "name": wire.name,
+            "datatype": wire.datatype,
             "shape": list(value.shape),
         }
         if binary:
@@ -518,10 +518,6 @@ def _answer(
 
 def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
-
-
-def _datatype(model: ServedModel, name: str) -> str:
-    return next(t.datatype for t in model.output_metadata if t.name == name)
 
 
 def _json_values(value: _Array) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ __all__ = [
     "DATATYPES",
     "ProtocolError",
     "Status",
+    "WireTensor",
     "decode_json",
     "decode_raw",
     "error_of",
@@ -44,7 +46,8 @@ __all__ = [
     "output_datatype",
     "raw_bytes",
     "request_limit",
-    "tensor_metadata",
+    "wire_input",
+    "wire_output",
 ]
 
 _Array = np.ndarray[Any, Any]
@@ -149,18 +152,40 @@ def output_datatype(spec: TensorSpec) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorMetadata:
+class WireTensor:
+    """A tensor as the protocol carries it: its name, the datatypes it takes (its own
+    first), its shape (-1: any size in that dimension) and the most elements it may
+    hold. ``spec`` is the engine's tensor when the wire carries that tensor as is (its
+    values are range-checked and quantized as ``Engine.infer`` does); None for a camera
+    frame or a detection output, which have no tensor of the model's."""
+
     name: str
-    datatype: str
+    datatypes: tuple[str, ...]
     shape: tuple[int, ...]
+    max_elements: int
+    spec: TensorSpec | None = None
+
+    @property
+    def datatype(self) -> str:
+        return self.datatypes[0]
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
-def tensor_metadata(spec: TensorSpec, *, output: bool) -> TensorMetadata:
-    datatype = output_datatype(spec) if output else input_datatypes(spec)[0]
-    return TensorMetadata(spec.name, datatype, tuple(spec.shape))
+def wire_input(spec: TensorSpec) -> WireTensor:
+    """A model input taken as it is: its logical shape, its datatype (and floats too
+    for an integer input with a scale)."""
+    return WireTensor(spec.name, input_datatypes(spec), tuple(spec.shape), _count(spec), spec)
+
+
+def wire_output(spec: TensorSpec) -> WireTensor:
+    """A model output, in the type ``Engine.infer`` returns it."""
+    return WireTensor(spec.name, (output_datatype(spec),), tuple(spec.shape), _count(spec), spec)
+
+
+def _count(spec: TensorSpec) -> int:
+    return math.prod(spec.shape)
 
 
 #: JSON bytes per tensor element a request may spend: a float's 17 significant digits,
@@ -174,50 +199,67 @@ HEADER_SLACK = 64 * 1024
 MIN_REQUEST_BYTES = 1024 * 1024
 
 
-def request_limit(models: Sequence[Sequence[TensorSpec]]) -> int:
+#: JSON bytes per element of a one-byte integer datatype (a camera frame's UINT8): at
+#: most "-128" and a separator, nesting and indentation within 12.
+JSON_BYTES_PER_BYTE_ELEMENT = 12
+
+
+def request_limit(models: Sequence[Sequence[WireTensor]]) -> int:
     """The largest request body (HTTP) or message (gRPC) taken, in bytes: the inputs of
-    the model whose inputs hold the most elements, written as JSON, plus slack."""
-    elements = max((sum(int(np.prod(s.shape)) for s in inputs) for inputs in models), default=0)
-    return max(MIN_REQUEST_BYTES, elements * JSON_BYTES_PER_ELEMENT + HEADER_SLACK)
+    the model whose inputs take the most, written as JSON, plus slack."""
+    largest = max((sum(map(_json_bytes, inputs)) for inputs in models), default=0)
+    return max(MIN_REQUEST_BYTES, largest + HEADER_SLACK)
+
+
+def _json_bytes(tensor: WireTensor) -> int:
+    if all(DATATYPES[d].itemsize == 1 and d != "BOOL" for d in tensor.datatypes):
+        return tensor.max_elements * JSON_BYTES_PER_BYTE_ELEMENT
+    return tensor.max_elements * JSON_BYTES_PER_ELEMENT
 
 
 # -- inputs -------------------------------------------------------------------------------------
 
 
-def _checked_header(spec: TensorSpec, datatype: object, shape: object) -> np.dtype[Any]:
-    """The dtype of an input's values, after checking its datatype and shape."""
-    allowed = input_datatypes(spec)
+def _checked_header(
+    tensor: WireTensor, datatype: object, shape: object
+) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    """The dtype and shape of an input's values, after checking its datatype and its
+    shape against the tensor's (-1: any size >= 1 there)."""
+    allowed = tensor.datatypes
     if datatype not in allowed:
         expected = allowed[0] if len(allowed) == 1 else f"one of {', '.join(allowed)}"
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
-            f"input {spec.name!r}: datatype {datatype!r}, expected {expected}",
+            f"input {tensor.name!r}: datatype {datatype!r}, expected {expected}",
         )
     if (
         not isinstance(shape, Sequence)
         or isinstance(shape, (str, bytes))
         or not all(type(d) is int for d in shape)
-        or tuple(shape) != spec.shape
+        or len(shape) != len(tensor.shape)
+        or not all(d == w or (w == -1 and d >= 1) for d, w in zip(shape, tensor.shape, strict=True))
     ):
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
-            f"input {spec.name!r}: shape {_shown(shape)}, expected {list(spec.shape)}",
+            f"input {tensor.name!r}: shape {_shown(shape)}, expected {list(tensor.shape)}"
+            + (" (-1: any size)" if -1 in tensor.shape else ""),
         )
-    return DATATYPES[str(datatype)]
+    return DATATYPES[str(datatype)], tuple(shape)
 
 
 def _shown(shape: object) -> str:
     return str(list(shape)) if isinstance(shape, (list, tuple)) else repr(shape)
 
 
-def decode_json(spec: TensorSpec, datatype: object, shape: object, data: object) -> _Array:
+def decode_json(tensor: WireTensor, datatype: object, shape: object, data: object) -> _Array:
     """An input from JSON values (nested lists or one flat list, row-major) or a gRPC
     ``contents`` field's values."""
-    dtype = _checked_header(spec, datatype, shape)
+    dtype, shape = _checked_header(tensor, datatype, shape)
     if isinstance(data, (str, bytes, Mapping)) or data is None:
         raise ProtocolError(
-            Status.INVALID_ARGUMENT, f"input {spec.name!r}: 'data' must be a list of numbers"
+            Status.INVALID_ARGUMENT, f"input {tensor.name!r}: 'data' must be a list of numbers"
         )
+    spec = tensor.spec
     try:
         # The values' own types first (ints, floats, bools, strings), then the datatype's.
         array = _typed(np.asarray(data), dtype, data, spec)
@@ -226,15 +268,15 @@ def decode_json(spec: TensorSpec, datatype: object, shape: object, data: object)
     except (ValueError, TypeError, OverflowError) as exc:
         # Ragged lists, values of the wrong kind or out of the datatype's range.
         raise ProtocolError(
-            Status.INVALID_ARGUMENT, f"input {spec.name!r}: bad {datatype} data: {exc}"
+            Status.INVALID_ARGUMENT, f"input {tensor.name!r}: bad {datatype} data: {exc}"
         ) from None
-    count = int(np.prod(spec.shape))
+    count = math.prod(shape)
     if array.size != count:
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
-            f"input {spec.name!r}: {array.size} values, shape {list(spec.shape)} holds {count}",
+            f"input {tensor.name!r}: {array.size} values, shape {list(shape)} holds {count}",
         )
-    return array.reshape(spec.shape)
+    return array.reshape(shape)
 
 
 def _typed(
@@ -270,7 +312,7 @@ def _typed(
     elif kind not in "iuf":
         raise ValueError(f"the values must be JSON numbers, got {_first(values)}")
     elif spec is not None:
-        if values.size == int(np.prod(spec.shape)):
+        if values.size == math.prod(spec.shape):
             values = values.reshape(spec.shape)  # the message gives the tensor's index
         refuse_overflow(spec.name, values, dtype)
     return values.astype(dtype, copy=False)
@@ -303,20 +345,20 @@ def _first(values: _Array) -> str:
 
 
 def decode_raw(
-    spec: TensorSpec, datatype: object, shape: object, raw: bytes | memoryview
+    tensor: WireTensor, datatype: object, shape: object, raw: bytes | memoryview
 ) -> _Array:
     """An input from raw little-endian bytes, row-major."""
-    dtype = _checked_header(spec, datatype, shape)
-    count = int(np.prod(spec.shape))
+    dtype, shape = _checked_header(tensor, datatype, shape)
+    count = math.prod(shape)
     if len(raw) != count * dtype.itemsize:
         raise ProtocolError(
             Status.INVALID_ARGUMENT,
-            f"input {spec.name!r}: {len(raw)} bytes of {datatype}, shape "
-            f"{list(spec.shape)} needs {count * dtype.itemsize}",
+            f"input {tensor.name!r}: {len(raw)} bytes of {datatype}, shape "
+            f"{list(shape)} needs {count * dtype.itemsize}",
         )
     # A read-only view of the request's bytes: the engine copies it into staging and
     # never writes into an input.
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(spec.shape)
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
 
 
 # -- outputs ------------------------------------------------------------------------------------

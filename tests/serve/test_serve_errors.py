@@ -89,7 +89,7 @@ class TestBadInput:
         assert status_of(kind, exc) == code and "missing ['b']" in exc.message()
         exc = await failure(Client(kind, server).infer("affine", {"z": a}))
         assert status_of(kind, exc) == code and "'z'" in exc.message()
-        x = sample(server.models["affine"].inputs["x"])
+        x = sample(server.models["affine"].engine.inputs[0])
         exc = await failure(Client(kind, server).infer("affine", {"x": x}, outputs=["nope"]))
         assert status_of(kind, exc) == code and "'nope'" in exc.message()
 

@@ -94,15 +94,19 @@ class TestChunkedJson:
 
 
 def test_request_limit_follows_the_models() -> None:
-    small = [TensorSpec("a", (1, 4, 6, 6), "float16", "chw16")]
+    wire = _kserve.wire_input
+    small = [wire(TensorSpec("a", (1, 4, 6, 6), "float16", "chw16"))]
     assert _kserve.request_limit([small]) == 1024 * 1024  # the floor
     two = [
-        TensorSpec("x", (1, 3, 320, 320), "float32", "nchw"),
-        TensorSpec("b", (1, 1, 320, 320), "uint8", "nchw"),
+        wire(TensorSpec("x", (1, 3, 320, 320), "float32", "nchw")),
+        wire(TensorSpec("b", (1, 1, 320, 320), "float16", "nchw")),
     ]
     limit = _kserve.request_limit([small, two])
     elements = 4 * 320 * 320
     assert elements * 24 < limit < elements * 40  # JSON's bytes per value, and slack
+    # A one-byte datatype's values are short ("255, "): a UINT8 frame takes 12 a value.
+    frame = [_kserve.WireTensor("f", ("UINT8",), (-1, -1, 3), 1080 * 1920 * 3)]
+    assert _kserve.request_limit([frame]) == 1080 * 1920 * 3 * 12 + _kserve.HEADER_SLACK
 
 
 @pytest.mark.asyncio
@@ -124,7 +128,8 @@ async def test_json_values_of_the_wrong_type_are_refused(
 ) -> None:
     """As Triton: integers for an integer datatype, numbers for a float one; 400 naming
     the input, never a silent cast (1.7 to 1, "5" to 5)."""
-    spec = server.models[model].inputs[name]
+    spec = server.models[model].inputs[name].spec
+    assert spec is not None
     data: list[Any] = sample(spec).ravel().tolist()
     data[3] = bad
     request = {"inputs": [{"name": name, "datatype": datatype, "shape": spec.shape, "data": data}]}
@@ -152,7 +157,7 @@ def test_bool_takes_only_booleans() -> None:
         with pytest.raises(ValueError, match="true or false"):
             _kserve._typed(np.asarray(bad), np.dtype(bool))
     with pytest.raises(_kserve.ProtocolError, match=r"'b'.*UINT8.*integers"):
-        _kserve.decode_json(spec, "UINT8", [1, 4, 1, 1], [1, 2, 3, 4.5])
+        _kserve.decode_json(_kserve.wire_input(spec), "UINT8", [1, 4, 1, 1], [1, 2, 3, 4.5])
 
 
 # -- outputs, errors, configuration ------------------------------------------------------------
