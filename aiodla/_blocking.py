@@ -7,6 +7,12 @@ any thread is carried into that loop by the portal, so the engine's own rule (on
 its loop's thread touches futures and scheduler state) holds whatever thread calls.
 Nothing here decides about a request: admission, queueing, cancellation and close
 are the async engine's, with its error classes.
+
+A forked child inherits the engine's object but not its loop thread (``fork`` copies
+only the calling thread), nor a DLA context it may use: every call there raises at
+once, naming the process that owns the engine, where a request would wait forever for
+a loop that does not run. ``close`` there lets the child's copy go without touching
+the parent's loop.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -53,6 +60,17 @@ class _Running:
     portal: BlockingPortal
     loop: asyncio.AbstractEventLoop
     thread: int  # the loop thread's ident
+    pid: int  # the process the loop thread runs in
+
+    def check_process(self) -> None:
+        """Raise in a process forked from the one that runs the loop thread."""
+        if os.getpid() != self.pid:
+            raise AiodlaError(
+                f"this BlockingEngine was opened in process {self.pid}; a forked child "
+                f"(process {os.getpid()}) has no copy of its event-loop thread or of the "
+                "DLA context, so it cannot run requests: open a new BlockingEngine in "
+                "the child, or start the child with the 'spawn' method"
+            )
 
 
 class BlockingEngine:
@@ -74,6 +92,10 @@ class BlockingEngine:
     event loop is running, which they would block (and deadlock, on the engine's own
     loop): async code uses :class:`~aiodla.Engine`. ``infer_future`` never blocks and
     may be called anywhere; ``asyncio.wrap_future`` awaits its result.
+
+    An open engine belongs to its process: in a child made by ``os.fork`` (or
+    ``multiprocessing``'s ``fork`` start method) its calls raise
+    :class:`~aiodla.AiodlaError` at once; ``close`` there only drops the child's copy.
     """
 
     def __init__(
@@ -112,6 +134,9 @@ class BlockingEngine:
     def open(self) -> None:
         """Start the loop thread and open the engine on it (as ``Engine.open``)."""
         _refuse_in_event_loop("opening a BlockingEngine")
+        running = self._running
+        if running is not None:
+            running.check_process()
         with self._lock:
             if self._state is _State.CLOSED:
                 raise EngineClosedError("Cannot reopen an engine once it has been closed.")
@@ -125,7 +150,7 @@ class BlockingEngine:
                 self._stack.close()
                 raise
             loop, thread = portal.call(_loop_and_thread)
-            self._running = _Running(portal, loop, thread)
+            self._running = _Running(portal, loop, thread, os.getpid())
             self._state = _State.OPEN
 
     def close(self) -> None:
@@ -134,11 +159,21 @@ class BlockingEngine:
 
         Requests that are queued or still running when the drain ends fail with
         :class:`~aiodla.EngineClosedError`, in their own threads.
+
+        In a forked child it only drops the child's copy: the engine, its loop thread
+        and its DLA handles are the parent's, which closes them.
         """
         _refuse_in_event_loop("closing a BlockingEngine")
         self._close()
 
     def _close(self) -> None:
+        running = self._running
+        if running is not None and os.getpid() != running.pid:
+            # The child's copy of a lock another thread held at the fork stays held:
+            # touch neither it nor the portal, whose thread is not in this process.
+            self._running = None
+            self._state = _State.CLOSED
+            return
         with self._lock:
             running, self._running = self._running, None
             self._state = _State.CLOSED
@@ -184,6 +219,9 @@ class BlockingEngine:
         # scope: that cost twice the async engine's CPU per request, and
         # run_coroutine_threadsafe 1.5 to 1.8 times (benchmarks/bench_blocking.py).
         future: Future[Any] = Future()
+        running = self._running
+        if running is not None:
+            running.check_process()  # (before the lock: a fork may have copied it held)
         # Under the lock, so that close() carries aclose into the loop after every
         # request that got through here: each reaches the loop before aclose does.
         with self._lock:
@@ -272,6 +310,7 @@ class BlockingEngine:
         running = self._running
         if running is None:  # no loop runs: the engine's state is still
             return function()
+        running.check_process()
         try:
             return running.portal.call(function)
         except RuntimeError:
@@ -284,7 +323,7 @@ class BlockingEngine:
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         running = getattr(self, "_running", None)
-        if running is None:
+        if running is None or os.getpid() != running.pid:  # (a fork's copy: the parent's)
             return
         _warn(
             f"unclosed {self!r}; use 'with BlockingEngine(...)' or engine.close()",

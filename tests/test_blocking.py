@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -213,6 +216,52 @@ class TestClose:
         assert controls.runtime.core_tasks(0) == 2  # the cancelled one never ran
         controls.close()
 
+    def test_a_request_running_at_close_ends_closed_not_cancelled(self) -> None:
+        controls = DLAControls(2)
+        engine = BlockingEngine(
+            affine_model(), cores=[0], streams_per_core=1, close_timeout=0.05,
+            runtime=controls.runtime,
+        )  # fmt: skip
+        engine.open()
+        with controls.hold(0) as gate:
+            running = engine.infer_future(frame(0))
+            asyncio.run(gate.reached(1))
+            engine.close()  # the drain gives up after close_timeout, the task still held
+            # The engine failed the request as closed; its outcome reached the caller
+            # before the loop thread ended (which would have cancelled it).
+            assert not running.cancelled()
+            assert isinstance(running.exception(timeout=0), EngineClosedError)
+        stats = engine.statistics()
+        assert (stats.failed, stats.failures["closed"], stats.cancelled) == (1, 1, 0)
+        assert counts_add_up(stats)
+        # The held core kept its handles past the close; they go once its task ends.
+        settle(lambda: controls.leak_report() is None)
+        controls.close()
+
+    def test_a_call_cancelled_before_it_reaches_the_loop_is_never_admitted(self) -> None:
+        controls = DLAControls(2)
+        with BlockingEngine(affine_model(), cores=[0], runtime=controls.runtime) as engine:
+            # Keep the loop thread busy so the call waits in the hand-over to it.
+            loop = engine._running.loop  # type: ignore[union-attr]
+            busy, free = threading.Event(), threading.Event()
+
+            def hold_the_loop() -> None:
+                busy.set()
+                free.wait(10)
+
+            loop.call_soon_threadsafe(hold_the_loop)
+            assert busy.wait(10)
+            cancelled = engine.infer_future(frame(0))
+            assert cancelled.cancel()
+            free.set()
+            # Handed over after the cancelled one: once answered, the loop has seen both.
+            np.testing.assert_array_equal(engine.infer(frame(1)), expected_affine(frame(1)))
+            stats = engine.statistics()
+        assert (stats.submitted, stats.completed, stats.cancelled) == (1, 1, 0)
+        assert controls.runtime.core_tasks(0) == 1
+        controls.close()
+        assert controls.leak_report() is None
+
     def test_health_and_repr(self) -> None:
         with BlockingEngine(affine_model(), cores=[0, 1]) as engine:
             assert engine.health().status == "ok"
@@ -252,3 +301,76 @@ def test_an_engine_dropped_open_warns_and_closes_first() -> None:
         del engine  # no cycle holds it: collected here
     assert threads_left(before) == set()
     assert inner.state.value == "closed"
+
+
+def in_a_forked_child(work: Callable[[], str], timeout: float = 20.0) -> tuple[int, str]:
+    """Run ``work`` in a child made by ``os.fork`` of this (multi-threaded) process;
+    return its exit status and what ``work`` returned. A child still running after
+    ``timeout`` is killed (status -SIGKILL): a hang fails the test instead of the run."""
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns that forking a multi-threaded process may deadlock: the
+        # case this test is about.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        os.close(read)
+        code = 1
+        try:
+            os.write(write, work().encode())
+            code = 0
+        except BaseException as exc:
+            os.write(write, f"{type(exc).__name__}: {exc}".encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read)
+            return -signal.SIGKILL, "the child hung"
+        time.sleep(0.01)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    return os.waitstatus_to_exitcode(status), said
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+class TestFork:
+    def test_a_forked_child_is_refused_at_once_and_the_parent_serves_on(self) -> None:
+        controls = DLAControls(2)
+        with BlockingEngine(affine_model(), cores=[0], runtime=controls.runtime) as engine:
+            engine.infer(frame(0))
+
+            def child() -> str:
+                said = []
+                for call in (
+                    lambda: engine.infer(frame(1), timeout=3),
+                    lambda: engine.infer_future(frame(1)),
+                    engine.statistics,
+                ):
+                    try:
+                        call()
+                    except AiodlaError as exc:
+                        said.append(str(exc))
+                engine.close()  # drops the child's copy; the parent's loop is untouched
+                assert engine.closed
+                return "\n".join(said)
+
+            status, said = in_a_forked_child(child)
+            assert status == 0, said
+            lines = said.splitlines()
+            assert len(lines) == 3, said
+            assert all(
+                re.search(rf"opened in process {os.getpid()}.*forked child", line) for line in lines
+            ), said
+            np.testing.assert_array_equal(engine.infer(frame(2)), expected_affine(frame(2)))
+            stats = engine.statistics()
+        assert stats.submitted == stats.completed == 2  # nothing of the child's counted
+        controls.close()
+        assert controls.leak_report() is None
