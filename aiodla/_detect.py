@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -169,6 +170,37 @@ class Detect:
                     f"head={head!r} with strides={self.strides} has {heads}"
                 )
             object.__setattr__(self, "outputs", tuple(outputs))
+
+    @classmethod
+    def for_model(cls, model: str | os.PathLike[str], **thresholds: Any) -> Detect:
+        """The Detect that ``aiodla compile`` wrote beside the loadable ``model``
+        (``MODEL.bin.detect.json``): the head, classes, strides, anchors, ``reg_max`` and
+        output names of the tail the compiler cut. ``thresholds`` set ``conf``, ``iou``,
+        ``max_det``, ``max_candidates`` and ``class_agnostic``; ConfigurationError for
+        any other keyword, or a missing or malformed settings file."""
+        from ._compiled import THRESHOLDS, read_settings
+
+        unknown = sorted(set(thresholds) - set(THRESHOLDS))
+        if unknown:
+            raise ConfigurationError(
+                f"Detect.for_model takes the thresholds {', '.join(THRESHOLDS)}; "
+                f"{', '.join(unknown)} come from the compiled model"
+            )
+        document = read_settings(model)
+        settings = dict(document["detect"])
+        for key in ("strides", "outputs"):
+            if isinstance(settings.get(key), list):
+                settings[key] = tuple(settings[key])
+        if isinstance(settings.get("anchors"), list):
+            settings["anchors"] = tuple(
+                tuple(row) if isinstance(row, list) else row for row in settings["anchors"]
+            )
+        try:
+            return cls(**{**settings, **thresholds})
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"{os.fspath(model)}.detect.json: its detect settings do not fit Detect ({exc})"
+            ) from None
 
     def _check_strides(self, kind: str) -> None:
         strides: object = self.strides

@@ -42,9 +42,13 @@ Bytes 81..87 and 133..135 are padding and are written as zero.
 ``total_size == header_size + 8 * param_count + 168 * (num_inputs + num_outputs)
 + compute_size``.
 
-The compute reference (optional, the last ``compute_size`` bytes, 1..1024 of them) is
-the ASCII text ``module:function`` naming a Python callable that computes the outputs
-instead of the op (``aiodla emulate --compute``). Only the emulated runtime runs it: it
+The compute piece (optional, the last ``compute_size`` bytes) is either a compute
+reference, 1..1024 bytes of ASCII text ``module:function`` naming a Python callable
+that computes the outputs instead of the op (``aiodla emulate --compute``), or an
+ONNX network: the five bytes ``\0ONNX`` then the serialized ModelProto (at most 1 GiB
+in all), which onnxruntime runs instead of the op (``aiodla compile --emulate``; see
+``aiodla.emulator._onnx``). An ONNX network is data that onnxruntime interprets, so it
+needs no trust, but it must hold its weights (no external data files). Only the emulated runtime runs it: it
 imports the callable when it loads the module (see ``aiodla.emulator._compute``), and
 only when the user trusts the file (``trust_compute=True``): a loadable is data, and
 importing a module runs its code, so an untrusted one is refused. The
@@ -195,6 +199,7 @@ class EmulatorModel:
     scale: float = 1.0
     bias: float = 0.0
     compute: str | None = None  # the compute reference, "module:function"
+    onnx: bytes | None = dataclasses.field(default=None, repr=False)  # an ONNX network
 
     @property
     def descriptors(self) -> tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]]:
@@ -265,6 +270,7 @@ def make_loadable(
     scale: float = 1.0,
     bias: float = 0.0,
     compute: str | None = None,
+    onnx: bytes | None = None,
 ) -> bytes:
     """Build emulator loadable bytes (see the module docstring for the format).
 
@@ -273,7 +279,8 @@ def make_loadable(
     shapes fit (:func:`fitting_op`). ``latency`` is the seconds one task occupies one
     core; ``scale`` and ``bias`` parametrize the op. ``compute`` (``"module:function"``)
     is a compute reference: the emulated runtime imports that callable and lets it
-    compute the outputs (the op is then unused).
+    compute the outputs (the op is then unused); ``onnx`` (a serialized ONNX model)
+    instead makes onnxruntime compute them.
     """
     inputs, outputs = tuple(inputs), tuple(outputs)
     for spec in (*inputs, *outputs):
@@ -290,7 +297,9 @@ def make_loadable(
         if not math.isfinite(value):
             raise ModelError(f"{name}={value!r} must be finite")
     count = len(inputs) + len(outputs)
-    reference = _compute_piece(compute)
+    if compute is not None and onnx is not None:
+        raise ModelError("a loadable carries a compute reference or an ONNX network, not both")
+    reference = _compute_piece(compute) if onnx is None else _onnx_piece(onnx)
     total = HEADER_SIZE + 8 * len(params) + RECORD_SIZE * count + len(reference)
     header = _HEADER.pack(
         MAGIC,
@@ -404,8 +413,8 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
         raise _fail(f"header_size {header_size}, expected {HEADER_SIZE}")
     if reserved1:
         raise _fail("reserved header fields must be zero")
-    if compute_size > MAX_COMPUTE_REFERENCE:
-        raise _fail(f"compute_size {compute_size} is beyond {MAX_COMPUTE_REFERENCE} bytes")
+    if compute_size > MAX_ONNX_PIECE:
+        raise _fail(f"compute_size {compute_size} is beyond {MAX_ONNX_PIECE} bytes")
     if not (1 <= num_inputs <= MAX_TENSORS and 1 <= num_outputs <= MAX_TENSORS):
         raise _fail(
             f"tensor counts {num_inputs} inputs / {num_outputs} outputs must each be "
@@ -444,15 +453,38 @@ def parse_loadable(data: bytes | bytearray | memoryview) -> EmulatorModel:
         _check_op(op, inputs, outputs)
     except ModelError as exc:
         raise _fail(str(exc)) from None
-    compute = _read_compute(data[records_end:]) if compute_size else None
+    piece = data[records_end:]
+    compute = network = None
+    if piece.startswith(ONNX_MARK):
+        network = piece[len(ONNX_MARK) :]
+        if not network:
+            raise _fail("the ONNX piece is empty")
+    elif compute_size:
+        if compute_size > MAX_COMPUTE_REFERENCE:
+            raise _fail(
+                f"compute reference of {compute_size} bytes is beyond {MAX_COMPUTE_REFERENCE}"
+            )
+        compute = _read_compute(piece)
     return EmulatorModel(
-        inputs, outputs, op, float(latency), float(scale), float(bias), compute=compute
-    )
+        inputs, outputs, op, float(latency), float(scale), float(bias), compute=compute,
+        onnx=network,
+    )  # fmt: skip
 
 
 # -- the compute reference: the loadable's one optional trailing piece -----------------------
 
 MAX_COMPUTE_REFERENCE = 1024
+ONNX_MARK = b"\0ONNX"  # a reference is printable ASCII: it never starts with NUL
+MAX_ONNX_PIECE = 1 << 30
+
+
+def _onnx_piece(network: bytes) -> bytes:
+    """The trailing bytes that carry an ONNX network."""
+    if not isinstance(network, (bytes, bytearray)) or not network:
+        raise ModelError("onnx= must be the non-empty bytes of a serialized ONNX model")
+    if len(ONNX_MARK) + len(network) > MAX_ONNX_PIECE:
+        raise ModelError(f"an ONNX network of {len(network)} bytes is beyond the format's 1 GiB")
+    return ONNX_MARK + bytes(network)
 
 
 def _compute_piece(compute: str | None) -> bytes:

@@ -54,7 +54,11 @@ def onnx_compute(
 
 
 class OnnxCompute:
-    """The compute function :func:`onnx_compute` returns."""
+    """The compute function :func:`onnx_compute` returns.
+
+    ``external_data=False`` (an emulator loadable's own network) refuses a model whose
+    weights point at files: a loadable is data, and must not make the runtime read
+    other files."""
 
     def __init__(
         self,
@@ -62,6 +66,7 @@ class OnnxCompute:
         *,
         names: Mapping[str, str] | None = None,
         providers: Sequence[str] = ("CPUExecutionProvider",),
+        external_data: bool = True,
     ) -> None:
         try:
             import onnxruntime  # noqa: F401  (here, for the clear error below)
@@ -71,6 +76,8 @@ class OnnxCompute:
             ) from exc
         source: Any = bytes(model) if isinstance(model, (bytes, bytearray)) else os.fspath(model)
         self.source = "<bytes>" if isinstance(source, bytes) else source
+        if not external_data:
+            _refuse_external_data(source)
         self._model = source
         self._providers = list(providers)
         self._names = dict(names or {})
@@ -194,6 +201,32 @@ class OnnxCompute:
                 )
             outputs[dla_name] = result if shape is None else np.reshape(result, shape)
         return outputs
+
+
+def _refuse_external_data(source: Any) -> None:
+    """ModelError when the network (bytes) keeps any weights in external files."""
+    try:
+        import onnx
+        from onnx.external_data_helper import uses_external_data
+    except ImportError as exc:
+        raise ConfigurationError(
+            "a loadable's own ONNX network is checked with onnx: pip install 'aiodla[onnx]'"
+        ) from exc
+    try:
+        model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(
+            source, load_external_data=False
+        )
+    except Exception as exc:
+        raise ModelError(f"the ONNX network is not a readable model: {exc}") from exc
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
+    for tensor in tensors:
+        if uses_external_data(tensor):
+            raise ModelError(
+                f"the ONNX network keeps tensor {tensor.name!r} in an external file; a "
+                "loadable's network must hold its weights"
+            )
 
 
 def _numpy_type(arg: Any) -> Any:

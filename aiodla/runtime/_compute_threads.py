@@ -90,9 +90,14 @@ class ComputeThreads:
 
     def module_compute(self, loadable: bytes, model: EmulatorModel) -> ComputeFunction | None:
         """The compute function of a module being loaded, checked against its model:
-        bound to the loadable, else the runtime's, else the loadable's reference (only
-        when trusted: importing it runs code that a file chose)."""
+        bound to the loadable, else the runtime's, else the loadable's ONNX network, else
+        its reference (only when trusted: importing it runs code that a file chose)."""
         compute = self._bound.get(bytes(loadable), self._compute)
+        if compute is None and model.onnx is not None:
+            # data that onnxruntime interprets, not code a file chose: no trust needed
+            from ..emulator._onnx import OnnxCompute
+
+            compute = OnnxCompute(model.onnx, external_data=False)
         if compute is None and model.compute is not None:
             if not self.trust_compute:
                 raise ModelError(untrusted_reference(model.compute))
