@@ -70,11 +70,11 @@ class _Builder:
 
     def backbone(self, image: str) -> list[str]:
         """P3, P4, P5 (strides 8, 16, 32) of a 64x64 image, WIDTH channels each."""
-        x = self.silu(self.conv(image, 3, WIDTH, s=2, gain=2.0))  # 32
-        x = self.silu(self.conv(x, WIDTH, WIDTH, s=2, gain=2.0))  # 16
-        p3 = self.silu(self.conv(x, WIDTH, WIDTH, s=2, gain=2.0))  # 8
-        p4 = self.silu(self.conv(p3, WIDTH, WIDTH, s=2, gain=2.0))  # 4
-        p5 = self.silu(self.conv(p4, WIDTH, WIDTH, s=2, gain=2.0))  # 2
+        x = self.silu(self.conv(image, 3, WIDTH, s=2, gain=1.5))  # 32
+        x = self.silu(self.conv(x, WIDTH, WIDTH, s=2, gain=1.5))  # 16
+        p3 = self.silu(self.conv(x, WIDTH, WIDTH, s=2, gain=1.5))  # 8
+        p4 = self.silu(self.conv(p3, WIDTH, WIDTH, s=2, gain=1.5))  # 4
+        p5 = self.silu(self.conv(p4, WIDTH, WIDTH, s=2, gain=1.5))  # 2
         up = self.node(
             "Resize", [p5, self.const([], "roi"), self.const([1, 1, 2, 2], "scales")],
             mode="nearest",
@@ -120,7 +120,7 @@ def yolov5(seed: int = 5) -> bytes:
     rows = []
     for k, (p, stride) in enumerate(zip(b.backbone("images"), STRIDES)):
         bias = b.rng.standard_normal(na * no) * 0.5
-        bias[4::no] -= 0.5  # objectness
+        bias[4::no] -= 2.0  # objectness
         head = b.conv(p, WIDTH, na * no, k=1, bias=bias, gain=3.0)
         n, xv, yv = _grids(stride)
         x = b.node("Reshape", [head, b.const([1, na, no, n, n], "shape", np.int64)])
@@ -165,7 +165,7 @@ def yolov8(seed: int = 8, *, variant: str = "yolov8") -> bytes:
         else:
             cls = b.silu(b.conv(p, WIDTH, WIDTH))
         bias = b.rng.standard_normal(CLASSES) * 0.3 - 0.7
-        cls = b.conv(cls, WIDTH, CLASSES, k=1, bias=bias, gain=3.0)
+        cls = b.conv(cls, WIDTH, CLASSES, k=1, bias=bias, gain=5.0)
         head = b.node("Concat", [box, cls], axis=1)
         columns.append(b.node("Reshape", [head, b.const([1, no, -1], "shape", np.int64)]))
         n, xv, yv = _grids(stride)
@@ -205,8 +205,8 @@ def yolox(seed: int = 10) -> bytes:
     for p, stride in zip(b.backbone("images"), STRIDES):
         stem = b.silu(b.conv(p, WIDTH, WIDTH, k=1))
         reg = b.conv(b.silu(b.conv(stem, WIDTH, WIDTH)), WIDTH, 4, k=1, gain=0.5)
-        obj = b.conv(stem, WIDTH, 1, k=1, bias=np.array([-0.3]), gain=3.0)
-        cls = b.conv(b.silu(b.conv(stem, WIDTH, WIDTH)), WIDTH, CLASSES, k=1, gain=3.0)
+        obj = b.conv(stem, WIDTH, 1, k=1, bias=np.array([0.5]), gain=12.0)
+        cls = b.conv(b.silu(b.conv(stem, WIDTH, WIDTH)), WIDTH, CLASSES, k=1, gain=12.0)
         head = b.node(
             "Concat", [reg, b.node("Sigmoid", [obj]), b.node("Sigmoid", [cls])], axis=1
         )
