@@ -32,6 +32,7 @@ import click
 
 from . import __version__
 from ._bench import failure_message, progress_bar, run_bench, summary_lines
+from ._cli_compile import compile_command
 from ._cli_doctor import doctor_command
 from ._cli_frame import (
     EXIT_FAILURE,
@@ -585,5 +586,5 @@ def bench(
     return 0
 
 
-for _command in (serve_command, doctor_command, verify_command, trace_plot):
+for _command in (serve_command, doctor_command, verify_command, trace_plot, compile_command):
     cli.add_command(_command)  # (serve imports its extra on use)
