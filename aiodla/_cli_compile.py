@@ -87,7 +87,8 @@ def compile_command(
     lines.append(("settings", result.settings))
     failed = False
     if result.emulated:
-        lines.append(("loadable", f"{result.loadable} (emulator loadable, the trimmed network)"))
+        network = "quantized" if result.quantized else "trimmed"
+        lines.append(("loadable", f"{result.loadable} (emulator loadable: the {network} network)"))
     elif result.build is not None:
         if result.build.built:
             lines.append(("loadable", f"{result.loadable} (built by trtexec)"))

@@ -117,6 +117,11 @@ def compile_model(
     findings = tuple(check_layers(trimmed))
     if findings:
         raise CompileError(_findings_message(source, findings), findings)
+    if int8 and _opset(trimmed) < _QDQ_OPSET:
+        # per-channel Q/DQ (TensorRT's explicit quantization of weights) needs opset 13
+        from onnx import version_converter
+
+        trimmed = version_converter.convert_version(trimmed, _QDQ_OPSET)
     onnx.save(trimmed, trimmed_path)
     settings = cut.detect_settings()
     height, width = cut.input_size
@@ -200,6 +205,13 @@ def compile_model(
         agreement=agreement_report,
         calibration=calibrated,
     )
+
+
+_QDQ_OPSET = 13
+
+
+def _opset(model: Any) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
 def _detect_keywords(settings: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,9 @@ class _Graph:
                 for a in node.attribute:
                     if a.name == "value":
                         self.constants[node.output[0]] = numpy_helper.to_array(a.t)
+        for node in graph.node:  # explicit quantization: dequantized weights are constants
+            if node.op_type == "DequantizeLinear" and node.input[0] in self.constants:
+                self.constants.setdefault(node.output[0], self.constants[node.input[0]])
         self.shapes: dict[str, tuple[int | None, ...]] = {}
         for value in [*graph.input, *graph.value_info, *graph.output]:
             dims = value.type.tensor_type.shape.dim
