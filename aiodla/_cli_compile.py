@@ -56,7 +56,9 @@ def compile_command(
     try:
         from .compile import CompileError, compile_model
     except ImportError as exc:  # pragma: no cover (the extra's own modules import lazily)
-        raise CommandError(f"aiodla compile needs its extra: pip install 'aiodla[compile]' ({exc})")
+        raise CommandError(
+            f"aiodla compile needs its extra: pip install 'aiodla[compile]' ({exc})"
+        ) from exc
     try:
         result = compile_model(
             model, output, head=head, emulate=emulate, int8=int8, calib=calib, core=core
@@ -71,7 +73,8 @@ def compile_command(
         raise CommandError(f"{model!r}: {exc}") from exc
     cut = result.cut
     heads = ", ".join(
-        f"{name} {'x'.join(map(str, shape[1:]))}" for name, shape in zip(cut.names, cut.shapes)
+        f"{name} {'x'.join(map(str, shape[1:]))}"
+        for name, shape in zip(cut.names, cut.shapes, strict=True)
     )
     lines = [
         ("family", f"{cut.family}: {cut.classes} classes, strides {list(cut.strides)}"

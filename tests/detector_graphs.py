@@ -48,16 +48,28 @@ class _Builder:
         return names[0] if outputs == 1 else names
 
     def conv(
-        self, x: str, cin: int, cout: int, k: int = 3, s: int = 1, *, bias: Any = None,
-        group: int = 1, gain: float = 1.0,
-    ) -> str:  # fmt: skip
+        self,
+        x: str,
+        cin: int,
+        cout: int,
+        k: int = 3,
+        s: int = 1,
+        *,
+        bias: Any = None,
+        group: int = 1,
+        gain: float = 1.0,
+    ) -> str:
         fan = cin // group * k * k
         w = self.rng.standard_normal((cout, cin // group, k, k)) * gain / np.sqrt(fan)
         b = self.rng.standard_normal(cout) * 0.1 if bias is None else bias
         return self.node(
-            "Conv", [x, self.const(w, "w"), self.const(b, "b")], kernel_shape=[k, k],
-            strides=[s, s], pads=[k // 2] * 4, group=group,
-        )  # fmt: skip
+            "Conv",
+            [x, self.const(w, "w"), self.const(b, "b")],
+            kernel_shape=[k, k],
+            strides=[s, s],
+            pads=[k // 2] * 4,
+            group=group,
+        )
 
     def split(self, x: str, sizes: list[int], axis: int) -> Any:
         """Split: sizes as an attribute before opset 13, as an input from it."""
@@ -76,10 +88,12 @@ class _Builder:
         p4 = self.silu(self.conv(p3, WIDTH, WIDTH, s=2, gain=1.5))  # 4
         p5 = self.silu(self.conv(p4, WIDTH, WIDTH, s=2, gain=1.5))  # 2
         up = self.node(
-            "Resize", [p5, self.const([], "roi"), self.const([1, 1, 2, 2], "scales")],
+            "Resize",
+            [p5, self.const([], "roi"), self.const([1, 1, 2, 2], "scales")],
             mode="nearest",
-            coordinate_transformation_mode="asymmetric", nearest_mode="floor",
-        )  # fmt: skip
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+        )
         p4 = self.silu(self.conv(self.node("Concat", [p4, up], axis=1), 2 * WIDTH, WIDTH, k=1))
         return [p3, p4, p5]
 
@@ -207,9 +221,7 @@ def yolox(seed: int = 10) -> bytes:
         reg = b.conv(b.silu(b.conv(stem, WIDTH, WIDTH)), WIDTH, 4, k=1, gain=0.5)
         obj = b.conv(stem, WIDTH, 1, k=1, bias=np.array([0.5]), gain=12.0)
         cls = b.conv(b.silu(b.conv(stem, WIDTH, WIDTH)), WIDTH, CLASSES, k=1, gain=12.0)
-        head = b.node(
-            "Concat", [reg, b.node("Sigmoid", [obj]), b.node("Sigmoid", [cls])], axis=1
-        )
+        head = b.node("Concat", [reg, b.node("Sigmoid", [obj]), b.node("Sigmoid", [cls])], axis=1)
         columns.append(b.node("Reshape", [head, b.const([1, no, -1], "shape", np.int64)]))
         n, xv, yv = _grids(stride)
         grids.append(np.stack([xv.ravel(), yv.ravel()], 1))
@@ -219,9 +231,13 @@ def yolox(seed: int = 10) -> bytes:
     def part(start: int, end: int) -> str:
         return b.node(
             "Slice",
-            [x, b.const([start], "s", np.int64), b.const([end], "e", np.int64),
-             b.const([2], "a", np.int64)],
-        )  # fmt: skip
+            [
+                x,
+                b.const([start], "s", np.int64),
+                b.const([end], "e", np.int64),
+                b.const([2], "a", np.int64),
+            ],
+        )
 
     stride = b.const(np.concatenate(strides)[None], "strides")
     xy = b.node("Mul", [b.node("Add", [part(0, 2), b.const(np.concatenate(grids)[None])]), stride])
@@ -240,8 +256,13 @@ FAMILIES = {
     "yolox": yolox,
 }
 # The Detect head each family decodes as.
-HEADS = {"yolov5": "yolov5", "yolov5u": "yolov8", "yolov8": "yolov8", "yolo11": "yolov8",
-         "yolox": "yolox"}  # fmt: skip
+HEADS = {
+    "yolov5": "yolov5",
+    "yolov5u": "yolov8",
+    "yolov8": "yolov8",
+    "yolo11": "yolov8",
+    "yolox": "yolox",
+}
 
 
 def images(count: int, seed: int = 0) -> list[np.ndarray[Any, Any]]:

@@ -133,7 +133,8 @@ def compile_model(
     if int8:
         from ._quantize import agreement, calibration_inputs, quantize, read_images, split
 
-        assert calib is not None and quantized_path is not None
+        assert calib is not None
+        assert quantized_path is not None
         frames = read_images(calib)
         pre = ImagePreprocess(source="rgb", **pre_settings)
         inputs = calibration_inputs([frame for _, frame in frames], pre, spec)

@@ -102,6 +102,7 @@ def _is_grid(shape: tuple[int, ...] | None, size: tuple[int, int]) -> bool:
     (h, w), (height, width) = shape[2:], size
     return height % h == 0 and width % w == 0 and height // h == width // w
 
+
 def _walk_tail(graph: Any, output: Any, size: tuple[int, int]) -> tuple[list[Any], list[Any]]:
     """The tail's nodes and the head tensors it starts from (in no order)."""
     gs = _gs()
@@ -247,8 +248,11 @@ def _read_parameters(model: Any, cut: HeadCut, where: str) -> HeadCut:
         per = out_shape[2]
         anchors_per = out_shape[1] // cells if out_shape[1] % cells == 0 else 0
         expected = anchors_per * per if cut.family == "yolov5" else per
-        if per < 6 or anchors_per < 1 or any(c != expected for c in channels) or (
-            cut.family == "yolox" and anchors_per != 1
+        if (
+            per < 6
+            or anchors_per < 1
+            or any(c != expected for c in channels)
+            or (cut.family == "yolox" and anchors_per != 1)
         ):
             raise ModelError(
                 f"{where}: a {cut.family} output (1, N, 5 + classes) of {shape_text} does not "
@@ -302,9 +306,7 @@ def _hold_against(session: Any, cut: HeadCut, where: str) -> HeadCut:
         for h in heads:
             h[:, 4:] = 1 / (1 + np.exp(-h[:, 4:]))
     got = _run_tail(session, cut, heads)
-    want = export_output(
-        cut.family, heads, cut.strides, anchors=cut.anchors, reg_max=cut.reg_max
-    )
+    want = export_output(cut.family, heads, cut.strides, anchors=cut.anchors, reg_max=cut.reg_max)
     if got.shape != want.shape:
         raise ModelError(
             f"{where}: the tail gives {got.shape}, a {cut.family} tail would give {want.shape}"

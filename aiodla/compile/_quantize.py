@@ -79,9 +79,7 @@ def calibration_inputs(
 ) -> list[_Array]:
     """What the engine feeds the DLA for each frame: ``preprocess.apply`` rounded to
     the input tensor's FP16, as float32 (1, 3, H, W)."""
-    return [
-        preprocess.apply(frame, spec).astype(np.float16).astype(np.float32) for frame in frames
-    ]
+    return [preprocess.apply(frame, spec).astype(np.float16).astype(np.float32) for frame in frames]
 
 
 class _Reader:
@@ -160,10 +158,7 @@ def agreement(
         results = []
         for network in networks:
             heads = network({input_name: x})
-            shaped = [
-                TensorSpec(n, tuple(np.shape(heads[n])))  # type: ignore[arg-type]
-                for n in names
-            ]
+            shaped = [TensorSpec(n, tuple(np.shape(heads[n]))) for n in names]
             plan = detect.plan((height, width), shaped)
             results.append(plan.run([heads[s.name] for s in plan.specs]))
         want, got = results

@@ -312,9 +312,11 @@ def _general(
         elif any((d or 0) > general["max_dimension"] for d in shape[1:]):
             found.append(
                 Finding(
-                    name, op, "max_dimension",
+                    name,
+                    op,
+                    "max_dimension",
                     f"{texts['max_dimension']} ({tensor!r} has shape {list(shape)})",
-                )  # fmt: skip
+                )
             )
         else:
             continue

@@ -48,11 +48,12 @@ that computes the outputs instead of the op (``aiodla emulate --compute``), or a
 ONNX network: the five bytes ``\0ONNX`` then the serialized ModelProto (at most 1 GiB
 in all), which onnxruntime runs instead of the op (``aiodla compile --emulate``; see
 ``aiodla.emulator._onnx``). An ONNX network is data that onnxruntime interprets, so it
-needs no trust, but it must hold its weights (no external data files). Only the emulated runtime runs it: it
-imports the callable when it loads the module (see ``aiodla.emulator._compute``), and
-only when the user trusts the file (``trust_compute=True``): a loadable is data, and
-importing a module runs its code, so an untrusted one is refused. The
-GPU stand-in, written for loadables without one, refuses a loadable that has one.
+needs no trust, but it must hold its weights (no external data files). Only the
+emulated runtime runs a compute piece. It imports a reference's callable when it loads
+the module (see ``aiodla.emulator._compute``), and only when the user trusts the file
+(``trust_compute=True``): a loadable is data, and importing a module runs its code, so
+an untrusted one is refused. The GPU stand-in, written for loadables without one,
+refuses a loadable that has one.
 Element addressing inside a tensor's buffer is the one formula of ``aiodla._tensors``::
 
     offset(n, c, h, w) = n*stride[3] + (c / L)*stride[2] + h*stride[1] + w*stride[0]

@@ -213,8 +213,10 @@ def _refuse_external_data(source: Any) -> None:
             "a loadable's own ONNX network is checked with onnx: pip install 'aiodla[onnx]'"
         ) from exc
     try:
-        model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(
-            source, load_external_data=False
+        model = (
+            onnx.load_from_string(source)
+            if isinstance(source, bytes)
+            else onnx.load(source, load_external_data=False)
         )
     except Exception as exc:
         raise ModelError(f"the ONNX network is not a readable model: {exc}") from exc

@@ -18,16 +18,17 @@ pytest.importorskip("onnx", reason="needs onnx (aiodla[compile])")
 pytest.importorskip("onnxruntime", reason="needs onnxruntime (aiodla[compile])")
 pytest.importorskip("onnx_graphsurgeon", reason="needs onnx-graphsurgeon (aiodla[compile])")
 
-import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
+import onnx
+import onnxruntime as ort
+from click.testing import CliRunner
 
-import detector_graphs as graphs  # noqa: E402
-from aiodla import ConfigurationError, Detect, Engine, ModelError  # noqa: E402
-from aiodla._cli import cli  # noqa: E402
-from aiodla.compile import CompileError, compile_model, exporter_detections  # noqa: E402
-from aiodla.compile._build import io_formats, trtexec_command  # noqa: E402
-from aiodla.emulator import parse_loadable  # noqa: E402
+from aiodla import ConfigurationError, Detect, Engine, ModelError
+from aiodla._cli import cli
+from aiodla.compile import CompileError, compile_model, exporter_detections
+from aiodla.compile._build import io_formats, trtexec_command
+from aiodla.emulator import parse_loadable
+
+import detector_graphs as graphs
 
 
 def full_graph(model: bytes, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -57,8 +58,9 @@ async def test_emulated_chain_gives_the_full_graphs_detections(tmp_path: Path, f
         for x in graphs.images(4, seed=3):
             got = await engine.infer(x)
             seen_fp16 = x.astype(np.float16).astype(np.float32)
-            want = exporter_detections(result.cut.family, full_graph(graphs.FAMILIES[family](),
-                                                                     seen_fp16))  # fmt: skip
+            want = exporter_detections(
+                result.cut.family, full_graph(graphs.FAMILIES[family](), seen_fp16)
+            )
             _match(got, want, conf=detect.conf)
             seen += len(got)
     assert seen > 10
@@ -113,8 +115,11 @@ class TestForModel:
         detect = Detect.for_model(compiled, conf=0.4, iou=0.6, max_det=10, class_agnostic=True)
         assert (detect.head, detect.classes, detect.reg_max) == ("yolov8", 2, 16)
         assert (detect.conf, detect.iou, detect.max_det, detect.class_agnostic) == (
-            0.4, 0.6, 10, True,
-        )  # fmt: skip
+            0.4,
+            0.6,
+            10,
+            True,
+        )
         assert detect.strides == (8, 16, 32)
         assert detect.outputs == ("head_stride8", "head_stride16", "head_stride32")
 
@@ -138,8 +143,14 @@ class TestForModel:
         with pytest.raises(ConfigurationError, match="cannot read"):
             Detect.for_model(compiled)
         Path(compiled + ".detect.json").write_text(
-            json.dumps({"schema": "aiodla-compiled/1", "detect": {"head": "yolov8", "x": 1},
-                        "preprocess": {}, "input": {}})  # fmt: skip
+            json.dumps(
+                {
+                    "schema": "aiodla-compiled/1",
+                    "detect": {"head": "yolov8", "x": 1},
+                    "preprocess": {},
+                    "input": {},
+                }
+            )
         )
         with pytest.raises(ConfigurationError, match="do not fit Detect"):
             Detect.for_model(compiled)
@@ -152,15 +163,22 @@ class TestForModel:
 class TestBuild:
     def test_the_command_and_io_formats(self) -> None:
         shapes = [(1, 21, 8, 8), (1, 21, 4, 4)]
-        fp16 = trtexec_command("m.onnx", "m.bin", inputs=[(1, 3, 64, 64)], outputs=shapes,
-                               int8=False)  # fmt: skip
+        fp16 = trtexec_command(
+            "m.onnx", "m.bin", inputs=[(1, 3, 64, 64)], outputs=shapes, int8=False
+        )
         assert fp16 == (
-            "trtexec", "--onnx=m.onnx", "--saveEngine=m.bin", "--useDLACore=0",
-            "--buildDLAStandalone", "--fp16", "--inputIOFormats=fp16:chw16",
+            "trtexec",
+            "--onnx=m.onnx",
+            "--saveEngine=m.bin",
+            "--useDLACore=0",
+            "--buildDLAStandalone",
+            "--fp16",
+            "--inputIOFormats=fp16:chw16",
             "--outputIOFormats=fp16:chw16,fp16:chw16",
-        )  # fmt: skip
-        int8 = trtexec_command("q.onnx", "q.bin", inputs=[(1, 3, 64, 64)], outputs=shapes[:1],
-                               int8=True, core=1)  # fmt: skip
+        )
+        int8 = trtexec_command(
+            "q.onnx", "q.bin", inputs=[(1, 3, 64, 64)], outputs=shapes[:1], int8=True, core=1
+        )
         assert "--int8" in int8 and "--fp16" in int8 and "--useDLACore=1" in int8
         assert not any("Fallback" in part for part in (*fp16, *int8))
         assert int8[-2:] == ("--inputIOFormats=fp16:chw16", "--outputIOFormats=fp16:chw16")

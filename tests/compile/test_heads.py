@@ -12,14 +12,15 @@ pytest.importorskip("onnx", reason="needs onnx (aiodla[compile])")
 pytest.importorskip("onnxruntime", reason="needs onnxruntime (aiodla[compile])")
 pytest.importorskip("onnx_graphsurgeon", reason="needs onnx-graphsurgeon (aiodla[compile])")
 
-import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
 
-import detector_graphs as graphs  # noqa: E402
-from aiodla import Detect, ModelError, TensorSpec  # noqa: E402
-from aiodla.compile import export_output, exporter_detections  # noqa: E402
-from aiodla.compile._heads import find_heads, load, trim  # noqa: E402
+from aiodla import Detect, ModelError, TensorSpec
+from aiodla.compile import export_output, exporter_detections
+from aiodla.compile._heads import find_heads, load, trim
+
+import detector_graphs as graphs
 
 
 def run(model: Any, x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
@@ -35,8 +36,9 @@ def detections_of(detect: Detect, heads: dict[str, np.ndarray[Any, Any]]) -> Any
     return plan.run([heads[spec.name] for spec in plan.specs])
 
 
-def assert_same_detections(got: Any, want: tuple[Any, Any, Any], *, score_tol: float = 1e-4,
-                           box_tol: float = 0.5) -> None:  # fmt: skip
+def assert_same_detections(
+    got: Any, want: tuple[Any, Any, Any], *, score_tol: float = 1e-4, box_tol: float = 0.5
+) -> None:
     """One to one: every reference detection has its own detection of the same class,
     the box within ``box_tol`` pixels and the score within ``score_tol`` (in any order:
     two scores within rounding of each other may come in either order)."""
@@ -108,18 +110,25 @@ class TestCut:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
-def _tiny(nodes: list[Any], inits: list[Any], out_shape: list[int], *, in_shape: Any = None,
-          inputs: int = 1) -> Any:  # fmt: skip
+def _tiny(
+    nodes: list[Any],
+    inits: list[Any],
+    out_shape: list[int],
+    *,
+    in_shape: Any = None,
+    inputs: int = 1,
+) -> Any:
     graph = helper.make_graph(
         nodes,
         "t",
         [
             helper.make_tensor_value_info(
-                "images" if i == 0 else f"extra{i}", TensorProto.FLOAT,
+                "images" if i == 0 else f"extra{i}",
+                TensorProto.FLOAT,
                 in_shape or [1, 3, 64, 64],
             )
             for i in range(inputs)
-        ],  # fmt: skip
+        ],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)],
         initializer=inits,
     )
@@ -143,7 +152,7 @@ def _conv_tail(tail: str) -> Any:
 
 class TestRefusals:
     def test_a_tail_of_no_known_family_asks_for_head(self) -> None:
-        with pytest.raises(ModelError, match="cannot tell the detector family.*--head"):
+        with pytest.raises(ModelError, match=r"cannot tell the detector family.*--head"):
             find_heads(_conv_tail("Relu"))
 
     def test_a_named_family_whose_arithmetic_the_tail_lacks_is_refused(self) -> None:
@@ -158,7 +167,7 @@ class TestRefusals:
 
     def test_the_wrong_family_named_is_caught_by_the_check(self, family: str, export: Any) -> None:
         wrong = "yolox" if graphs.HEADS[family] != "yolox" else "yolov8"
-        with pytest.raises(ModelError, match="does not|does not fit"):
+        with pytest.raises(ModelError, match=r"does not|does not fit"):
             find_heads(export, head=wrong)
 
     def test_a_graph_without_heads_is_refused(self) -> None:

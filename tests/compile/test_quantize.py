@@ -19,11 +19,14 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-import detector_graphs as graphs  # noqa: E402
 from aiodla import ConfigurationError, Detect, EmulatedRuntime, Engine, ImagePreprocess  # noqa: E402
 from aiodla._cli import cli  # noqa: E402
-from aiodla.compile import compile_model  # noqa: E402
-from aiodla.compile import _quantize  # noqa: E402
+from aiodla.compile import (  # noqa: E402
+    _quantize,
+    compile_model,
+)
+
+import detector_graphs as graphs  # noqa: E402
 
 COUNT = 24  # images: 18 calibrate, 6 are held out
 
@@ -98,8 +101,10 @@ def test_calibration_sees_bit_for_bit_what_the_engine_feeds(compiled: dict[str, 
 
     def recorder(inputs: Any) -> dict[str, Any]:
         seen.append(np.array(inputs["images"]))
-        return {f"head_stride{s}": np.zeros((1, 66, 64 // s, 64 // s), np.float32)
-                for s in graphs.STRIDES}  # fmt: skip
+        return {
+            f"head_stride{s}": np.zeros((1, 66, 64 // s, 64 // s), np.float32)
+            for s in graphs.STRIDES
+        }
 
     async def run() -> None:
         async with Engine(
@@ -157,9 +162,18 @@ def test_the_cli_prints_the_agreement(tmp_path: Path) -> None:
     source = tmp_path / "yolox.onnx"
     source.write_bytes(graphs.yolox())
     result = CliRunner().invoke(
-        cli, ["compile", str(source), "-o", str(tmp_path / "x.bin"), "--int8",
-              "--calib", str(tmp_path / "calib"), "--emulate"],
-    )  # fmt: skip
+        cli,
+        [
+            "compile",
+            str(source),
+            "-o",
+            str(tmp_path / "x.bin"),
+            "--int8",
+            "--calib",
+            str(tmp_path / "calib"),
+            "--emulate",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "int8       " in result.output and "(6 images calibrated)" in result.output
     assert "held-out image(s)" in result.output

@@ -12,17 +12,22 @@ pytest.importorskip("onnx", reason="needs onnx (aiodla[compile])")
 pytest.importorskip("onnxruntime", reason="needs onnxruntime (aiodla[compile])")
 pytest.importorskip("onnx_graphsurgeon", reason="needs onnx-graphsurgeon (aiodla[compile])")
 
-import onnx  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
-import detector_graphs as graphs  # noqa: E402
-from aiodla.compile import check_layers  # noqa: E402
-from aiodla.compile._heads import find_heads, load, trim  # noqa: E402
-from aiodla.compile._rules import rules  # noqa: E402
+from aiodla.compile import check_layers
+from aiodla.compile._heads import find_heads, load, trim
+from aiodla.compile._rules import rules
+
+import detector_graphs as graphs
 
 
-def graph(nodes: list[Any], consts: dict[str, Any], out_shape: list[Any],
-          in_shape: list[Any] | None = None) -> Any:  # fmt: skip
+def graph(
+    nodes: list[Any],
+    consts: dict[str, Any],
+    out_shape: list[Any],
+    in_shape: list[Any] | None = None,
+) -> Any:
     """A model of ``nodes`` from input ``x`` (1x16x32x32 unless said) to output ``y``."""
     model = helper.make_model(
         helper.make_graph(
@@ -46,8 +51,14 @@ def conv(**attrs: Any) -> Any:
     return graph([node], {"w": w}, [1, out, None, None])
 
 
-def single(op: str, inputs: list[str], consts: dict[str, Any], out_shape: list[Any],
-           in_shape: list[Any] | None = None, **attrs: Any) -> Any:  # fmt: skip
+def single(
+    op: str,
+    inputs: list[str],
+    consts: dict[str, Any],
+    out_shape: list[Any],
+    in_shape: list[Any] | None = None,
+    **attrs: Any,
+) -> Any:
     return graph([helper.make_node(op, inputs, ["y"], **attrs)], consts, out_shape, in_shape)
 
 
@@ -56,10 +67,14 @@ F32 = np.float32
 # kind -> (the model, the rule it breaks)
 UNSUPPORTED = {
     "exp": (lambda: single("Exp", ["x"], {}, [1, 16, 32, 32]), "unsupported"),
-    "gather": (lambda: single("Gather", ["x", "i"], {"i": np.array([0, 1], I64)},
-                              [1, 2, 32, 32], axis=1), "unsupported"),  # fmt: skip
-    "matmul": (lambda: single("MatMul", ["x", "m"], {"m": np.ones((32, 32), F32)},
-                              [1, 16, 32, 32]), "unsupported"),  # fmt: skip
+    "gather": (
+        lambda: single("Gather", ["x", "i"], {"i": np.array([0, 1], I64)}, [1, 2, 32, 32], axis=1),
+        "unsupported",
+    ),
+    "matmul": (
+        lambda: single("MatMul", ["x", "m"], {"m": np.ones((32, 32), F32)}, [1, 16, 32, 32]),
+        "unsupported",
+    ),
     "unknown op": (lambda: single("Hardmax", ["x"], {}, [1, 16, 32, 32]), "unknown"),
     "hard swish": (lambda: single("HardSwish", ["x"], {}, [1, 16, 32, 32]), "unsupported"),
     "conv kernel 33": (lambda: conv(k=33, pads=[16] * 4, strides=[1, 1]), "kernel"),
@@ -70,69 +85,112 @@ UNSUPPORTED = {
     "conv dilation 33": (lambda: conv(dilations=[33, 33], pads=[1] * 4), "dilation"),
     "conv weights not constant": (
         lambda: graph(
-            [helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("Conv", ["x", "r"], ["y"], kernel_shape=[32, 32])],
-            {}, [1, 1, 1, 1], in_shape=[1, 16, 32, 32],
+            [
+                helper.make_node("Relu", ["x"], ["r"]),
+                helper.make_node("Conv", ["x", "r"], ["y"], kernel_shape=[32, 32]),
+            ],
+            {},
+            [1, 1, 1, 1],
+            in_shape=[1, 16, 32, 32],
         ),
         "weights",
-    ),  # fmt: skip
+    ),
     "deconv padding": (
-        lambda: single("ConvTranspose", ["x", "w"], {"w": np.zeros((16, 4, 2, 2), F32)},
-                       [1, 4, None, None], pads=[1, 1, 1, 1], strides=[2, 2]),
+        lambda: single(
+            "ConvTranspose",
+            ["x", "w"],
+            {"w": np.zeros((16, 4, 2, 2), F32)},
+            [1, 4, None, None],
+            pads=[1, 1, 1, 1],
+            strides=[2, 2],
+        ),
         "padding",
-    ),  # fmt: skip
+    ),
     "max pool window 9": (
         lambda: single("MaxPool", ["x"], {}, [1, 16, None, None], kernel_shape=[9, 9]),
         "window",
     ),
     "avg pool stride 17": (
-        lambda: single("AveragePool", ["x"], {}, [1, 16, None, None], kernel_shape=[2, 2],
-                       strides=[17, 17]),
+        lambda: single(
+            "AveragePool", ["x"], {}, [1, 16, None, None], kernel_shape=[2, 2], strides=[17, 17]
+        ),
         "stride",
-    ),  # fmt: skip
+    ),
     "global pool over 32x32": (
-        lambda: single("GlobalAveragePool", ["x"], {}, [1, 16, 1, 1]), "window"
+        lambda: single("GlobalAveragePool", ["x"], {}, [1, 16, 1, 1]),
+        "window",
     ),
-    "concat on height": (
-        lambda: single("Concat", ["x", "x"], {}, [1, 16, 64, 32], axis=2), "axis"
-    ),
+    "concat on height": (lambda: single("Concat", ["x", "x"], {}, [1, 16, 64, 32], axis=2), "axis"),
     "resize by 64": (
-        lambda: single("Resize", ["x", "", "s"], {"s": np.array([1, 1, 64, 64], F32)},
-                       [1, 16, None, None], mode="nearest"),
+        lambda: single(
+            "Resize",
+            ["x", "", "s"],
+            {"s": np.array([1, 1, 64, 64], F32)},
+            [1, 16, None, None],
+            mode="nearest",
+        ),
         "nearest",
-    ),  # fmt: skip
+    ),
     "resize by 1.5": (
-        lambda: single("Resize", ["x", "", "s"], {"s": np.array([1, 1, 1.5, 1.5], F32)},
-                       [1, 16, None, None], mode="nearest"),
+        lambda: single(
+            "Resize",
+            ["x", "", "s"],
+            {"s": np.array([1, 1, 1.5, 1.5], F32)},
+            [1, 16, None, None],
+            mode="nearest",
+        ),
         "scales",
-    ),  # fmt: skip
+    ),
     "resize cubic": (
-        lambda: single("Resize", ["x", "", "s"], {"s": np.array([1, 1, 2, 2], F32)},
-                       [1, 16, None, None], mode="cubic"),
+        lambda: single(
+            "Resize",
+            ["x", "", "s"],
+            {"s": np.array([1, 1, 2, 2], F32)},
+            [1, 16, None, None],
+            mode="cubic",
+        ),
         "mode",
-    ),  # fmt: skip
+    ),
     "softmax on width": (lambda: single("Softmax", ["x"], {}, [1, 16, 32, 32], axis=3), "axis"),
     "clip to 200": (
-        lambda: single("Clip", ["x", "lo", "hi"], {"lo": np.array(0, F32),
-                       "hi": np.array(200, F32)}, [1, 16, 32, 32]),
+        lambda: single(
+            "Clip",
+            ["x", "lo", "hi"],
+            {"lo": np.array(0, F32), "hi": np.array(200, F32)},
+            [1, 16, 32, 32],
+        ),
         "clip",
-    ),  # fmt: skip
+    ),
     "slice with step 2": (
-        lambda: single("Slice", ["x", "s", "e", "a", "t"],
-                       {"s": np.array([0], I64), "e": np.array([16], I64),
-                        "a": np.array([1], I64), "t": np.array([2], I64)}, [1, 8, 32, 32]),
+        lambda: single(
+            "Slice",
+            ["x", "s", "e", "a", "t"],
+            {
+                "s": np.array([0], I64),
+                "e": np.array([16], I64),
+                "a": np.array([1], I64),
+                "t": np.array([2], I64),
+            },
+            [1, 8, 32, 32],
+        ),
         "step",
-    ),  # fmt: skip
+    ),
     "transpose of the batch": (
-        lambda: single("Transpose", ["x"], {}, [16, 1, 32, 32], perm=[1, 0, 2, 3]), "batch"
+        lambda: single("Transpose", ["x"], {}, [16, 1, 32, 32], perm=[1, 0, 2, 3]),
+        "batch",
     ),
     "quantize with a zero point": (
-        lambda: single("QuantizeLinear", ["x", "s", "z"],
-                       {"s": np.array(0.1, F32), "z": np.array(3, np.int8)}, [1, 16, 32, 32]),
+        lambda: single(
+            "QuantizeLinear",
+            ["x", "s", "z"],
+            {"s": np.array(0.1, F32), "z": np.array(3, np.int8)},
+            [1, 16, 32, 32],
+        ),
         "symmetric",
-    ),  # fmt: skip
+    ),
     "five dimensions": (
-        lambda: single("Relu", ["x"], {}, [1, 2, 8, 32, 32], in_shape=[1, 2, 8, 32, 32]), "rank"
+        lambda: single("Relu", ["x"], {}, [1, 2, 8, 32, 32], in_shape=[1, 2, 8, 32, 32]),
+        "rank",
     ),
     "dimension over 8192": (
         lambda: single("Relu", ["x"], {}, [1, 16, 1, 9000], in_shape=[1, 16, 1, 9000]),

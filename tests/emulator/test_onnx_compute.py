@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiodla import EmulatedRuntime, Engine, ModelError, TensorSpec
-from aiodla.emulator import make_loadable, onnx_compute
+from aiodla import EmulatedRuntime, Engine, LoadableFormatError, ModelError, TensorSpec
+from aiodla.emulator import make_loadable, onnx_compute, parse_loadable
 
 onnx = pytest.importorskip("onnx", reason="needs onnx (the 'test' extra; no wheel here)")
 ort = pytest.importorskip(
@@ -154,3 +154,57 @@ def test_called_directly_it_runs_by_onnx_names() -> None:
     x = images(1)[0]
     result = onnx_compute(data)({"image": x})
     np.testing.assert_allclose(result["features"], reference(data, x.astype(np.float32)), rtol=1e-2)
+
+
+class TestCarriedByTheLoadable:
+    """An emulator loadable that carries its ONNX network computes with it, untrusted."""
+
+    def test_the_piece_round_trips(self) -> None:
+        data = network()
+        model = parse_loadable(make_loadable([IMAGE], [FEATURES], "mix", onnx=data))
+        assert model.onnx == data
+        assert model.compute is None
+
+    @pytest.mark.asyncio
+    async def test_the_engine_runs_it_without_trust(self) -> None:
+        data = network()
+        x = images(1)[0]
+        async with Engine(make_loadable([IMAGE], [FEATURES], "mix", onnx=data)) as engine:
+            assert_fp16_close(await engine.infer(x), reference(data, x))
+
+    def test_a_reference_and_a_network_together_are_refused(self) -> None:
+        with pytest.raises(ModelError, match="not both"):
+            make_loadable([IMAGE], [FEATURES], "mix", compute="m:f", onnx=network())
+
+    def test_an_empty_network_is_refused(self) -> None:
+        with pytest.raises(ModelError, match="non-empty bytes"):
+            make_loadable([IMAGE], [FEATURES], "mix", onnx=b"")
+        good = make_loadable([IMAGE], [FEATURES], "mix", onnx=network())
+        header = bytearray(good[:64])
+        bare = len(good) - len(network())  # records plus the 5-byte mark
+        header[40:48] = bare.to_bytes(8, "little")
+        header[48:56] = (5).to_bytes(8, "little")
+        with pytest.raises(LoadableFormatError, match="the ONNX piece is empty"):
+            parse_loadable(bytes(header) + good[64:bare])
+
+    @pytest.mark.asyncio
+    async def test_weights_in_an_external_file_are_refused(self) -> None:
+        from onnx.external_data_helper import set_external_data
+
+        model = onnx.load_from_string(network())
+        weight = model.graph.initializer[0]
+        weight.raw_data = np.asarray(weight.float_data, np.float32).tobytes()
+        del weight.float_data[:]
+        set_external_data(weight, location="w.bin")
+        weight.data_location = onnx.TensorProto.EXTERNAL
+        weight.ClearField("raw_data")
+        data = model.SerializeToString()
+        with pytest.raises(ModelError, match="external file"):
+            async with Engine(make_loadable([IMAGE], [FEATURES], "mix", onnx=data)):
+                pass
+
+    @pytest.mark.asyncio
+    async def test_bytes_that_are_not_onnx_fail_the_open(self) -> None:
+        with pytest.raises(ModelError, match="not a readable model"):
+            async with Engine(make_loadable([IMAGE], [FEATURES], "mix", onnx=b"junk")):
+                pass
