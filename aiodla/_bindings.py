@@ -31,6 +31,9 @@ class FrameRead(NamedTuple):
     # The engine frame buffer (its address) to copy from instead of the slot's staging:
     # 0 for the staging (see aiodla._frame_buffers)
     source: int = 0
+    # A frame in device memory, read in place: the stream its producer's work is ordered
+    # on (0: the ingest stream, as for DLPack exports); None for a frame the host staged
+    wait: int | None = None
 
 
 #: What a slot's pack step reads: (pointer, dtype, element strides, stream to wait for or

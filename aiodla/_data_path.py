@@ -7,9 +7,10 @@ Two paths, chosen once when the engine opens (``Engine(convert=...)``):
   it to the registered buffer, runs the task and copies the DLA bytes back; the loop
   unpacks them.
 - **device conversion** (cuDLA hybrid mode as meant): the host copies only the
-  caller's bytes (or none: a device array is read where it lies), and the runtime's
-  conversion kernels pack them into the DLA buffer and unpack the outputs into the
-  logical layout *on the slot's stream*, around the task. With ``zero_copy`` (an
+  caller's bytes (or none: a device array, or a camera frame in device memory, is read
+  where it lies), and the runtime's conversion kernels pack them into the DLA buffer
+  and unpack the outputs into the logical layout *on the slot's stream*, around the
+  task. With ``zero_copy`` (an
   integrated GPU), staging buffers are mapped: the kernels read and write them in
   place and no copy is enqueued at all. ``output="device"`` leaves the outputs in
   stream-ordered pool memory, handed out as :class:`~aiodla.DeviceTensor`.
@@ -203,6 +204,8 @@ class DevicePath:
         self.fused = False  # camera frames go to the GPU raw, pre-processed by one kernel
         self.frame_buffers: FrameSource | None = None  # the engine's, once it makes some
         self.detect: StreamDetect | None = None  # post-processing on the slot's stream
+        # input name -> its pre-processing, for the inputs that take camera frames
+        self.frames: dict[str, ImagePreprocess] = {}
 
     def use_frame_buffers(self, frames: FrameSource) -> None:
         """Read frames lying in these engine frame buffers in place (or by one copy)."""
@@ -210,7 +213,11 @@ class DevicePath:
 
     def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec``: checked, and its export ordered before the
-        ingest stream (raises an InputError, before anything is queued)."""
+        ingest stream (raises an InputError, before anything is queued). For an input
+        with an ``ImagePreprocess``, a camera frame (:meth:`_import_frame`)."""
+        pre = self.frames.get(spec.name)
+        if pre is not None:
+            return self._import_frame(spec, pre, value)
         source = self._import(spec, value)
         pointer, itemsize = source.pointer, source.dtype.itemsize
         if pointer == 0 or pointer % itemsize:
@@ -220,6 +227,49 @@ class DevicePath:
                 f"input {spec.name!r}: the device array's data pointer {pointer:#x} is "
                 f"{'null' if pointer == 0 else f'not aligned to its {itemsize}-byte elements'}"
             )
+        return source
+
+    def _import_frame(self, spec: TensorSpec, pre: ImagePreprocess, value: Any) -> DeviceSource:
+        """A camera frame in device memory (NVDEC's, say), read where it lies by the
+        pre-processing kernel on the slot's stream: uint8, shaped as ``pre.source``
+        says, pixels packed within a row and rows ascending (any pitch)."""
+        name = spec.name
+        if not self.fused:
+            raise InputTypeError(
+                f"input {name!r}: a camera frame in device memory needs the GPU "
+                "pre-processing kernel, which this engine could not prepare when it opened "
+                "(the warning logged then says why); pass the frame as a host array"
+            )
+
+        def uint8_only(dtype: np.dtype[Any]) -> None:
+            if dtype != np.uint8:
+                raise InputTypeError(
+                    f"input {name!r}: a {pre.source} frame must be uint8, got {dtype}"
+                )
+
+        source = import_device_array(
+            value,
+            name=name,
+            shape=functools.partial(pre.check_frame_shape, spec=spec),
+            accepts=uint8_only,
+            device=self.runtime.device,
+            stream=self.ingest_stream,
+            locate=self.runtime.pointer_device,
+        )
+        shape, strides = source.shape, source.strides  # (uint8: strides are bytes)
+        row = shape[1] * (shape[2] if len(shape) == 3 else 1)
+        dense = strides[-1] == 1 and (len(shape) == 2 or strides[1] == shape[2])
+        problem = None
+        if not dense or strides[0] < row:
+            problem = (
+                f"its strides {strides} (bytes) are not a frame's: pixels packed within a "
+                f"row and rows at least {row} bytes apart"
+            )
+        elif source.pointer == 0:
+            problem = "its data pointer is null"
+        if problem is not None:
+            source.release()  # a kernel following such a frame would read out of it
+            raise InputValueError(f"input {name!r}: the device frame cannot be read: {problem}")
         return source
 
     def _import(self, spec: TensorSpec, value: Any) -> DeviceSource:
@@ -246,6 +296,7 @@ class DevicePath:
         self.runtime.prepare_conversions(packs, unpacks)
         if any(frames):
             targets = [(s, pre) for s, pre in zip(inputs, frames, strict=True) if pre is not None]
+            self.frames = {spec.name: pre for spec, pre in targets}
             try:
                 self.runtime.prepare_preprocess(targets)
             except RuntimeUnavailableError as exc:
@@ -326,7 +377,9 @@ class DevicePath:
         arrays stay where they are. Records what each pack kernel reads."""
         reads: list[Read] = []
         for binding, value in zip(slot.inputs, arrays, strict=True):
-            if isinstance(value, DeviceSource):
+            if isinstance(value, DeviceSource) and binding.frames is not None:
+                reads.append(_device_frame_read(binding.frames, value))
+            elif isinstance(value, DeviceSource):
                 n, c, h, w = value.strides
                 # 0: after the ingest stream (DLPack); else the interface's own stream
                 reads.append((value.pointer, value.dtype, (n, c, h, w), value.wait_stream or 0))
@@ -445,7 +498,8 @@ class DevicePath:
             after = self.detect.graph_key(slot)  # the detector's frame
         reads = slot.reads
         for read in reads:
-            if type(read) is not FrameRead and read[3] is not None:  # a device array
+            # a device array or frame
+            if (read.wait if type(read) is FrameRead else read[3]) is not None:
                 return None, after
         return tuple(reads), after
 
@@ -455,7 +509,10 @@ class DevicePath:
         stream = slot.stream
         for binding, read in zip(slot.inputs, slot.reads, strict=True):
             if isinstance(read, FrameRead):
-                if read.source:  # an engine frame buffer, from its start
+                if read.wait is not None:  # a device frame: its producer's work first
+                    runtime.record_event(slot.ingest_event, read.wait or ingest_stream)
+                    runtime.wait_event(stream, slot.ingest_event)
+                elif read.source:  # an engine frame buffer, from its start
                     assert self.frame_buffers is not None
                     source = self.frame_buffers.buffer_at(read.source)
                     runtime.copy_to_device(binding.raw, source, read.nbytes, stream)
@@ -547,6 +604,17 @@ class DevicePath:
         pooled, slot.pooled = slot.pooled, []
         for pointer in pooled:
             self.runtime.free_async(pointer)
+
+
+def _device_frame_read(pre: ImagePreprocess, source: DeviceSource) -> FrameRead:
+    """The pre-processing kernel's read of a device frame that ``_import_frame`` took:
+    in place, after its producer's stream (0: the ingest stream, for DLPack)."""
+    shape, pitch = source.shape, source.strides[0]
+    height, width = shape[0], shape[1]
+    if pre.source in _PLANAR:
+        height = height * 2 // 3
+    span = (shape[0] - 1) * pitch + width * (shape[2] if len(shape) == 3 else 1)
+    return FrameRead(source.pointer, height, width, pitch, span, wait=source.wait_stream or 0)
 
 
 #: The data path of an engine: chosen once, at open.

@@ -28,7 +28,7 @@ from ._errors import InputTypeError, InputValueError
 if TYPE_CHECKING:
     from typing_extensions import CapsuleType
 
-__all__ = ["DeviceSource", "DeviceTensor", "import_device_array", "is_device_array"]
+__all__ = ["DeviceSource", "DeviceTensor", "ShapeRule", "import_device_array", "is_device_array"]
 
 _Array = np.ndarray[Any, Any]
 
@@ -48,6 +48,12 @@ _CONSUMER_VERSION = (1, 0)
 _void_p = ctypes.c_void_p
 _Accepts = Callable[[np.dtype[Any]], None]
 _Shape = tuple[int, ...]
+#: What a device array's shape must be: one shape, or a check that raises the
+#: InputValueError for a shape it refuses (a camera frame's size is the caller's choice).
+ShapeRule = _Shape | Callable[[_Shape], object]
+#: Dimensions read from a capsule whose shape is checked by a rule: a frame has two or
+#: three, and a bound keeps a bogus ndim from walking its shape array out of bounds.
+_MAX_RULED_NDIM = 4
 _Malformed = Callable[[str], InputTypeError]
 
 
@@ -196,13 +202,16 @@ def import_device_array(
     value: object,
     *,
     name: str,
-    shape: tuple[int, ...],
+    shape: ShapeRule,
     accepts: Callable[[np.dtype[Any]], None],
     device: int,
     stream: int,
     locate: Callable[[int], int] | None = None,
 ) -> DeviceSource:
     """Validate a CUDA array for the input ``name`` and describe it, without a copy.
+
+    ``shape`` is the shape the array must have, or a callable that raises the
+    InputValueError for a shape it refuses (a camera frame, whose size may vary).
 
     DLPack first, when the object has it: ``__dlpack__(stream=stream)``, so the producer
     orders its pending work before ``stream`` (the consumer's); else the CUDA array
@@ -229,7 +238,10 @@ def _check_device(name: str, kind: int, ordinal: int, device: int) -> None:
         )
 
 
-def _check_layout(name: str, got: tuple[int, ...], shape: tuple[int, ...]) -> None:
+def _check_layout(name: str, got: tuple[int, ...], shape: ShapeRule) -> None:
+    if callable(shape):
+        shape(got)
+        return
     if len(got) != len(shape):
         raise InputValueError(
             f"input {name!r}: expected {len(shape)} dimensions (shape {shape}), got "
@@ -240,7 +252,7 @@ def _check_layout(name: str, got: tuple[int, ...], shape: tuple[int, ...]) -> No
 
 
 def _from_dlpack(
-    value: Any, name: str, shape: _Shape, accepts: _Accepts, device: int, stream: int
+    value: Any, name: str, shape: ShapeRule, accepts: _Accepts, device: int, stream: int
 ) -> DeviceSource:
     try:
         kind, ordinal = (int(part) for part in value.__dlpack_device__())
@@ -293,16 +305,23 @@ def _call_deleter(deleter: int, managed: int) -> None:
 
 
 def _describe_dlpack(
-    tensor: _DLTensor, name: str, shape: _Shape, accepts: _Accepts, device: int
+    tensor: _DLTensor, name: str, shape: ShapeRule, accepts: _Accepts, device: int
 ) -> DeviceSource:
     # The capsule's own device, too: __dlpack_device__ and the export may disagree.
     _check_device(name, int(tensor.device.device_type), int(tensor.device.device_id), device)
     dtype = _dlpack_dtype(name, int(tensor.dtype.code), int(tensor.dtype.bits), tensor.dtype.lanes)
-    if (ndim := int(tensor.ndim)) != len(shape) or (ndim and not tensor.shape):
+    ndim = int(tensor.ndim)
+    fits = 1 <= ndim <= _MAX_RULED_NDIM if callable(shape) else ndim == len(shape)
+    if not fits or (ndim and not tensor.shape):
         # ndim is the length of the shape and strides arrays: checked before they are read
+        wanted = (
+            f"1 to {_MAX_RULED_NDIM} dimensions"
+            if callable(shape)
+            else f"{len(shape)} dimensions (shape {shape})"
+        )
         raise InputValueError(
-            f"input {name!r}: expected {len(shape)} dimensions (shape {shape}), its DLPack "
-            f"capsule has ndim {ndim}{'' if tensor.shape else ' and no shape'}"
+            f"input {name!r}: expected {wanted}, its DLPack capsule has ndim "
+            f"{ndim}{'' if tensor.shape else ' and no shape'}"
         )
     got = tuple(int(tensor.shape[axis]) for axis in range(ndim))
     _check_layout(name, got, shape)
@@ -331,7 +350,7 @@ def _dlpack_dtype(name: str, code: int, bits: int, lanes: int) -> np.dtype[Any]:
 def _from_interface(
     value: Any,
     name: str,
-    shape: _Shape,
+    shape: ShapeRule,
     accepts: _Accepts,
     device: int,
     locate: Callable[[int], int] | None,
@@ -339,9 +358,10 @@ def _from_interface(
     try:
         interface = value.__cuda_array_interface__
     except AttributeError:
+        of_shape = "" if callable(shape) else f" of shape {shape}"
         raise InputTypeError(
-            f"input {name!r}: expected a CUDA array (DLPack or __cuda_array_interface__) of "
-            f"shape {shape}, got {type(value).__name__}"
+            f"input {name!r}: expected a CUDA array (DLPack or __cuda_array_interface__)"
+            f"{of_shape}, got {type(value).__name__}"
         ) from None
     except Exception as exc:
         raise InputTypeError(

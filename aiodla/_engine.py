@@ -41,7 +41,7 @@ from ._errors import (
     ConfigurationError,
     EngineClosedError,
     EngineDeadError,
-    InputTypeError,
+    InputValueError,
     QueueFullError,
 )
 from ._flow import Flow
@@ -51,7 +51,7 @@ from ._observation import engine_statistics
 from ._offload import drive
 from ._options import EngineKeywords, EngineOptions, check_timeout
 from ._postprocess import open_postprocess
-from ._preprocess import ImagePreprocess
+from ._preprocess import ImagePreprocess, video_frame_pixels
 from ._scheduler import Request
 from ._shared_cores import Cores, shared_cores
 from ._statistics import (
@@ -60,6 +60,7 @@ from ._statistics import (
 )
 from ._tensors import TensorSpec, inputs_in_order
 from ._trace import TraceFile, engine_trace
+from ._video_frame import VideoFrame
 from .runtime._protocol import Runtime
 
 if TYPE_CHECKING:
@@ -338,8 +339,13 @@ class Engine:
         safely to the tensor's (float arrays into integer tensors need a scale). With
         device conversion (``Engine(convert=...)``), an array may also live on the GPU:
         any object that exports DLPack on a CUDA device or ``__cuda_array_interface__``
-        (a torch CUDA tensor, a CuPy array), read where it lies, in any strides. The
-        result is a fresh array for a single-output model, else a dict name → array;
+        (a torch CUDA tensor, a CuPy array), read where it lies, in any strides. An
+        input with an ``ImagePreprocess`` takes camera frames of any size up to its
+        ``max_frame``: an array or a :class:`VideoFrame` whose ``format`` is the
+        pre-processing's ``source``, on the host (read in place from the engine's frame
+        buffers) or, with device conversion, on the GPU (NVDEC's, say: read where it
+        lies by the pre-processing kernel on the slot's stream). The result is a fresh
+        array for a single-output model, else a dict name → array;
         ``output="device"`` returns :class:`DeviceTensor` instead: GPU memory that
         ``torch.from_dlpack`` and ``cupy.from_dlpack`` take without a copy (host
         memory with the same interface on a runtime without GPU memory).
@@ -511,13 +517,20 @@ def _validated(
     try:
         values = inputs_in_order(specs, names, inputs)
         for spec, value, pre in zip(specs, values, frames or (None,) * len(specs), strict=True):
+            planes = None
+            if type(value) is VideoFrame:
+                value, planes = video_frame_pixels(value, spec, pre)
             if pre is not None:
                 if type(value) is not np.ndarray and is_device_array(value):
-                    raise InputTypeError(
-                        f"input {spec.name!r}: camera frames are pre-processed on the host "
-                        "in this version: pass the frame as a numpy array"
-                    )
-                taken.append(pre.check_frame(value, spec))
+                    # read in place by the pre-processing kernel, on the slot's stream
+                    taken.append(import_device(spec, value))
+                    if planes is not None and taken[-1].shape != planes:
+                        raise InputValueError(
+                            f"input {spec.name!r}: the VideoFrame's device array has shape "
+                            f"{taken[-1].shape}, and its size says {planes}"
+                        )
+                else:
+                    taken.append(pre.check_frame(value, spec))
             elif type(value) is not np.ndarray and is_device_array(value):
                 taken.append(import_device(spec, value))
             else:

@@ -79,8 +79,9 @@ from ._errors import ConfigurationError, InputTypeError, InputValueError
 from ._frame_plan import _ORDERS, _PACKED, _PLANAR, Geometry, _geometry, _Plan, _plan
 from ._frame_plan import _axis as _axis  # (the kernels' tests compare with it here)
 from ._tensors import TensorSpec
+from ._video_frame import VideoFrame
 
-__all__ = ["Geometry", "ImagePreprocess", "frames_for"]
+__all__ = ["Geometry", "ImagePreprocess", "frames_for", "video_frame_pixels"]
 
 _Array = np.ndarray[Any, Any]
 
@@ -514,6 +515,44 @@ def _interpolate(frame: _Array, plan: _Plan, block: slice) -> _Array:
     lower *= plan.fy[block]
     upper += lower
     return upper
+
+
+def video_frame_pixels(
+    frame: VideoFrame, spec: TensorSpec, pre: ImagePreprocess | None
+) -> tuple[Any, tuple[int, int]]:
+    """The array of a :class:`~aiodla.VideoFrame` given for input ``spec``, and the
+    shape its array must have, once the frame is checked against the input's
+    pre-processing ``pre``: an InputError when the input takes no frames, when the
+    frame's format is not the one ``pre`` reads, or when its array does not hold the
+    planes its width and height say (the array itself is then checked as any frame)."""
+    name = spec.name
+    if pre is None:
+        raise InputTypeError(
+            f"input {name!r}: a VideoFrame goes to an input with an ImagePreprocess; this "
+            f"input takes tensors of shape {spec.shape} ({spec.dtype})"
+        )
+    if frame.format != pre.source:
+        raise InputValueError(
+            f"input {name!r}: the frame is {frame.format}, and this engine pre-processes "
+            f"{pre.source} frames (ImagePreprocess(source={pre.source!r})); open the engine "
+            f"with ImagePreprocess(source={frame.format!r}) for this source's frames"
+        )
+    array = frame.array
+    expected = (frame.height * 3 // 2, frame.width)
+    is_host = isinstance(array, np.ndarray)
+    if is_host == frame.on_device:
+        where = "a host numpy array" if is_host else f"a {type(array).__name__}"
+        raise InputValueError(
+            f"input {name!r}: the VideoFrame says on_device={frame.on_device}, and its "
+            f"array is {where}"
+        )
+    if is_host and (array.shape != expected or array.dtype != np.uint8):
+        raise InputValueError(
+            f"input {name!r}: the {frame.format} VideoFrame of {frame.width}x{frame.height} "
+            f"holds planes of uint8 shape {expected}, its array is {array.dtype} "
+            f"{array.shape}"
+        )
+    return array, expected
 
 
 def frames_for(

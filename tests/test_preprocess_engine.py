@@ -128,7 +128,10 @@ class TestBadFrames:
                 await engine.infer(good), expected(LETTERBOX, IMAGES, good)
             )
 
-    async def test_a_device_frame_is_refused_clearly(self) -> None:
+    async def test_a_device_frame_needs_device_conversion(self) -> None:
+        """Host conversion pre-processes on the host: a frame in device memory is refused
+        (tests/test_video_frames.py reads them with device conversion)."""
+
         class DeviceFrame:
             __cuda_array_interface__ = {  # noqa: RUF012
                 "shape": (48, 64, 3),
@@ -138,9 +141,9 @@ class TestBadFrames:
             }
 
         async with Engine(
-            identity_model(), runtime="emulated", preprocess={"images": LETTERBOX}
+            identity_model(), runtime="emulated", convert="host", preprocess={"images": LETTERBOX}
         ) as engine:
-            with pytest.raises(InputTypeError, match="numpy array"):
+            with pytest.raises(InputTypeError, match="needs device conversion"):
                 await engine.infer(DeviceFrame())
 
 
