@@ -31,6 +31,7 @@ import numpy as np
 
 from ._bindings import FrameRead, Read, Staging, TensorBinding
 from ._device_arrays import DeviceSource, DeviceTensor, import_device_array
+from ._device_frames import device_frame_read, import_device_frame
 from ._errors import InputTypeError, InputValueError, RuntimeUnavailableError
 from ._frame_buffers import read_in_buffer
 from ._frame_plan import _PLANAR
@@ -214,10 +215,19 @@ class DevicePath:
     def import_array(self, spec: TensorSpec, value: Any) -> DeviceSource:
         """A device array as input ``spec``: checked, and its export ordered before the
         ingest stream (raises an InputError, before anything is queued). For an input
-        with an ``ImagePreprocess``, a camera frame (:meth:`_import_frame`)."""
+        with an ``ImagePreprocess``, a camera frame (:func:`import_device_frame`)."""
         pre = self.frames.get(spec.name)
         if pre is not None:
-            return self._import_frame(spec, pre, value)
+            if not self.fused:
+                raise InputTypeError(
+                    f"input {spec.name!r}: a camera frame in device memory needs the GPU "
+                    "pre-processing kernel, which this engine could not prepare when it "
+                    "opened (the warning logged then says why); pass the frame as a host array"
+                )
+            runtime = self.runtime
+            return import_device_frame(
+                value, spec, pre, runtime.device, self.ingest_stream, runtime.pointer_device
+            )
         source = self._import(spec, value)
         pointer, itemsize = source.pointer, source.dtype.itemsize
         if pointer == 0 or pointer % itemsize:
@@ -227,49 +237,6 @@ class DevicePath:
                 f"input {spec.name!r}: the device array's data pointer {pointer:#x} is "
                 f"{'null' if pointer == 0 else f'not aligned to its {itemsize}-byte elements'}"
             )
-        return source
-
-    def _import_frame(self, spec: TensorSpec, pre: ImagePreprocess, value: Any) -> DeviceSource:
-        """A camera frame in device memory (NVDEC's, say), read where it lies by the
-        pre-processing kernel on the slot's stream: uint8, shaped as ``pre.source``
-        says, pixels packed within a row and rows ascending (any pitch)."""
-        name = spec.name
-        if not self.fused:
-            raise InputTypeError(
-                f"input {name!r}: a camera frame in device memory needs the GPU "
-                "pre-processing kernel, which this engine could not prepare when it opened "
-                "(the warning logged then says why); pass the frame as a host array"
-            )
-
-        def uint8_only(dtype: np.dtype[Any]) -> None:
-            if dtype != np.uint8:
-                raise InputTypeError(
-                    f"input {name!r}: a {pre.source} frame must be uint8, got {dtype}"
-                )
-
-        source = import_device_array(
-            value,
-            name=name,
-            shape=functools.partial(pre.check_frame_shape, spec=spec),
-            accepts=uint8_only,
-            device=self.runtime.device,
-            stream=self.ingest_stream,
-            locate=self.runtime.pointer_device,
-        )
-        shape, strides = source.shape, source.strides  # (uint8: strides are bytes)
-        row = shape[1] * (shape[2] if len(shape) == 3 else 1)
-        dense = strides[-1] == 1 and (len(shape) == 2 or strides[1] == shape[2])
-        problem = None
-        if not dense or strides[0] < row:
-            problem = (
-                f"its strides {strides} (bytes) are not a frame's: pixels packed within a "
-                f"row and rows at least {row} bytes apart"
-            )
-        elif source.pointer == 0:
-            problem = "its data pointer is null"
-        if problem is not None:
-            source.release()  # a kernel following such a frame would read out of it
-            raise InputValueError(f"input {name!r}: the device frame cannot be read: {problem}")
         return source
 
     def _import(self, spec: TensorSpec, value: Any) -> DeviceSource:
@@ -378,7 +345,7 @@ class DevicePath:
         reads: list[Read] = []
         for binding, value in zip(slot.inputs, arrays, strict=True):
             if isinstance(value, DeviceSource) and binding.frames is not None:
-                reads.append(_device_frame_read(binding.frames, value))
+                reads.append(device_frame_read(binding.frames, value))
             elif isinstance(value, DeviceSource):
                 n, c, h, w = value.strides
                 # 0: after the ingest stream (DLPack); else the interface's own stream
@@ -604,17 +571,6 @@ class DevicePath:
         pooled, slot.pooled = slot.pooled, []
         for pointer in pooled:
             self.runtime.free_async(pointer)
-
-
-def _device_frame_read(pre: ImagePreprocess, source: DeviceSource) -> FrameRead:
-    """The pre-processing kernel's read of a device frame that ``_import_frame`` took:
-    in place, after its producer's stream (0: the ingest stream, for DLPack)."""
-    shape, pitch = source.shape, source.strides[0]
-    height, width = shape[0], shape[1]
-    if pre.source in _PLANAR:
-        height = height * 2 // 3
-    span = (shape[0] - 1) * pitch + width * (shape[2] if len(shape) == 3 else 1)
-    return FrameRead(source.pointer, height, width, pitch, span, wait=source.wait_stream or 0)
 
 
 #: The data path of an engine: chosen once, at open.

@@ -6,15 +6,14 @@ layer reads in place; ``infer(x, output="device")`` returns :class:`DeviceTensor
 objects, which export both protocols, so torch and CuPy take them without a copy.
 
 No array library is imported: the DLPack structs (dlpack.h, 1.x) are read and written
-with ctypes. Exported capsules are made by numpy's ``__dlpack__`` over a view of the
-tensor's memory, with the device then set: numpy's capsule destructor and deleter are C
-code that keeps an in-flight exception intact, which a ctypes callback cannot do (a
-capsule freed while an exception unwinds would turn it into a SystemError).
+with ctypes (:mod:`aiodla._dlpack`). Exported capsules are made by numpy's ``__dlpack__``
+over a view of the tensor's memory, with the device then set: numpy's capsule destructor
+and deleter are C code that keeps an in-flight exception intact, which a ctypes callback
+cannot do (a capsule freed while an exception unwinds would turn it into a SystemError).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
 import weakref
@@ -23,6 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._dlpack import (
+    _LEGACY,
+    _USED,
+    _VERSIONED,
+    _call_deleter,
+    _capsule_set_name,
+    _dl_tensor,
+    _DLManagedTensor,
+    _DLManagedTensorVersioned,
+    _DLTensor,
+    _unused_capsule,
+)
 from ._errors import InputTypeError, InputValueError
 
 if TYPE_CHECKING:
@@ -45,7 +56,6 @@ _NOT_REAL = (
 )
 _IS_COPIED = 1 << 1  # DLPACK_FLAG_BITMASK_IS_COPIED
 _CONSUMER_VERSION = (1, 0)
-_void_p = ctypes.c_void_p
 _Accepts = Callable[[np.dtype[Any]], None]
 _Shape = tuple[int, ...]
 #: What a device array's shape must be: one shape, or a check that raises the
@@ -55,85 +65,6 @@ ShapeRule = _Shape | Callable[[_Shape], object]
 #: three, and a bound keeps a bogus ndim from walking its shape array out of bounds.
 _MAX_RULED_NDIM = 4
 _Malformed = Callable[[str], InputTypeError]
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = (("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32))
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = (("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16))
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = (
-        ("data", _void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    )
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = (("dl_tensor", _DLTensor), ("manager_ctx", _void_p), ("deleter", _void_p))
-
-
-class _DLPackVersion(ctypes.Structure):
-    _fields_ = (("major", ctypes.c_uint32), ("minor", ctypes.c_uint32))
-
-
-class _DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = (
-        ("version", _DLPackVersion),
-        ("manager_ctx", _void_p),
-        ("deleter", _void_p),
-        ("flags", ctypes.c_uint64),
-        ("dl_tensor", _DLTensor),
-    )
-
-
-def _capi(name: str, restype: Any, *argtypes: Any) -> Any:
-    # Private function objects (argtypes set on ctypes.pythonapi.<name> would change them
-    # for the whole process); PYFUNCTYPE keeps the GIL and raises the error a call sets.
-    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
-
-
-_capsule_is_valid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-_capsule_pointer = _capi("PyCapsule_GetPointer", _void_p, ctypes.py_object, ctypes.c_char_p)
-_capsule_set_name = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, _void_p)
-_raw_malloc = _capi("PyMem_RawMalloc", _void_p, ctypes.c_size_t)
-# A producer's deleter, called with the GIL held: correct both for deleters that take
-# the GIL themselves (as the spec asks) and for older ones that assume it.
-_Deleter = ctypes.PYFUNCTYPE(None, _void_p)
-
-
-def _static_name(name: bytes) -> int:
-    """A C string never freed: PyCapsule_SetName keeps the pointer, not a copy, and a
-    renamed capsule's destructor compares its name even at interpreter exit."""
-    address = _raw_malloc(len(name) + 1)
-    if not address:
-        raise MemoryError("PyMem_RawMalloc failed for a capsule name")
-    return int(ctypes.memmove(address, name + b"\0", len(name) + 1))
-
-
-_LEGACY, _VERSIONED = b"dltensor", b"dltensor_versioned"
-_USED = {name: _static_name(b"used_" + name) for name in (_LEGACY, _VERSIONED)}
-_VERSIONED_TENSOR_OFFSET: int = _DLManagedTensorVersioned.dl_tensor.offset
-
-
-def _unused_capsule(capsule: object) -> tuple[int, bool] | None:
-    """(address of the DLManagedTensor[Versioned], versioned) of an unconsumed capsule."""
-    for name, versioned in ((_VERSIONED, True), (_LEGACY, False)):
-        if _capsule_is_valid(capsule, name):
-            return int(_capsule_pointer(capsule, name)), versioned
-    return None
-
-
-def _dl_tensor(managed: int, versioned: bool) -> _DLTensor:
-    return _DLTensor.from_address(managed + (_VERSIONED_TENSOR_OFFSET if versioned else 0))
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -297,11 +228,6 @@ def _from_dlpack(
     source._finalizer = weakref.finalize(source, _call_deleter, deleter, managed)
     source._finalizer.atexit = False
     return source
-
-
-def _call_deleter(deleter: int, managed: int) -> None:
-    if deleter:  # the spec allows a NULL deleter: nothing to free
-        _Deleter(deleter)(managed)
 
 
 def _describe_dlpack(

@@ -339,13 +339,8 @@ class Engine:
         safely to the tensor's (float arrays into integer tensors need a scale). With
         device conversion (``Engine(convert=...)``), an array may also live on the GPU:
         any object that exports DLPack on a CUDA device or ``__cuda_array_interface__``
-        (a torch CUDA tensor, a CuPy array), read where it lies, in any strides. An
-        input with an ``ImagePreprocess`` takes camera frames of any size up to its
-        ``max_frame``: an array or a :class:`VideoFrame` whose ``format`` is the
-        pre-processing's ``source``, on the host (read in place from the engine's frame
-        buffers) or, with device conversion, on the GPU (NVDEC's, say: read where it
-        lies by the pre-processing kernel on the slot's stream). The result is a fresh
-        array for a single-output model, else a dict name → array;
+        (a torch CUDA tensor, a CuPy array), read where it lies, in any strides. The
+        result is a fresh array for a single-output model, else a dict name → array;
         ``output="device"`` returns :class:`DeviceTensor` instead: GPU memory that
         ``torch.from_dlpack`` and ``cupy.from_dlpack`` take without a copy (host
         memory with the same interface on a runtime without GPU memory).

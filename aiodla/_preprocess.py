@@ -136,6 +136,12 @@ class ImagePreprocess:
       each side at most 16384 (for nv12 and i420, the image's size, not the array's);
       the engine sizes staging buffers from it when it opens.
 
+    An input with pre-processing takes frames of any size up to ``max_frame``: an
+    array, or an :class:`~aiodla.VideoFrame` whose ``format`` is ``source``, on the host
+    (read in place from the engine's frame buffers) or, with device conversion, in
+    device memory (NVDEC's, say: DLPack or the CUDA array interface, read where it lies
+    by the pre-processing kernel on the slot's stream; rows may be pitched).
+
     The module docstring defines the arithmetic to the bit.
     """
 

@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiodla._device_arrays import (
-    DeviceSource,
-    DeviceTensor,
+from aiodla._device_arrays import DeviceSource, DeviceTensor, import_device_array, is_device_array
+from aiodla._dlpack import (
     _dl_tensor,
     _DLDataType,
     _DLDevice,
@@ -30,8 +29,6 @@ from aiodla._device_arrays import (
     _DLManagedTensorVersioned,
     _DLTensor,
     _unused_capsule,
-    import_device_array,
-    is_device_array,
 )
 from aiodla._errors import InputTypeError, InputValueError
 
