@@ -130,7 +130,7 @@ class TestBadFrames:
 
     async def test_a_device_frame_needs_device_conversion(self) -> None:
         """Host conversion pre-processes on the host: a frame in device memory is refused
-        (tests/test_video_frames.py reads them with device conversion)."""
+        (tests/test_video_frames_engine.py reads them with device conversion)."""
 
         class DeviceFrame:
             __cuda_array_interface__ = {  # noqa: RUF012
