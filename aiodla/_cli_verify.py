@@ -54,6 +54,12 @@ def _scales(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -
     help="The ONNX model the loadable was built from: onnxruntime is the reference.",
 )
 @click.option(
+    "--export",
+    type=click.Path(dir_okay=False, exists=True),
+    help="The full detector export MODEL was compiled from (aiodla compile): the "
+    "detections of MODEL + Detect against the export's own, decoded as its exporter does.",
+)
+@click.option(
     "--input",
     "inputs",
     multiple=True,
@@ -84,6 +90,7 @@ def _scales(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -
 def verify_command(
     model: str,
     onnx: str | None,
+    export: str | None,
     inputs: dict[str, str],
     scales: dict[str, float],
     cores: tuple[int, ...],
@@ -98,7 +105,10 @@ def verify_command(
     byte; against onnxruntime on --onnx, per output the max abs and relative error,
     cosine similarity and top-1 agreement (classifiers), judged by the precision's
     tolerances; latency per core and the throughput against cores / latency; the
-    versions 'aiodla doctor' reads. Exits 1 when the verdict is fail.
+    versions 'aiodla doctor' reads. With --export (a detector compiled by 'aiodla
+    compile'), per core the detections of MODEL + Detect.for_model(MODEL) against the
+    full export's own, decoded as its exporter does: matched boxes, IoU and score
+    differences. Exits 1 when the verdict is fail.
     """
     try:
         data = read_model(model)
@@ -107,6 +117,7 @@ def verify_command(
     settings = VerifySettings(
         model=model,
         onnx=onnx,
+        export=export,
         inputs=inputs,
         scales=scales,
         cores=cores,

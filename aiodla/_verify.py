@@ -62,6 +62,7 @@ TOLERANCES = {
 class VerifySettings:
     model: str
     onnx: str | None = None
+    export: str | None = None  # the full detector export the model was compiled from
     inputs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # name -> .npy
     scales: Mapping[str, float] = dataclasses.field(default_factory=dict)
     cores: tuple[int, ...] = (0, 1)
@@ -139,6 +140,17 @@ async def verify(data: bytes, settings: VerifySettings) -> dict[str, Any]:
             for spec in outputs_specs
         ]
         checks.extend(entry["pass"] for entry in document["comparison"])
+    if settings.export is not None:
+        from ._verify_export import ExportError, against_export
+
+        try:
+            document["detections"] = await against_export(
+                data, settings.model, settings.export, samples, settings.cores, precision,
+                options,
+            )  # fmt: skip
+        except ExportError as exc:
+            raise VerifyError(str(exc)) from exc
+        checks.append(document["detections"]["pass"])
     doctor = diagnose(Host(timeout=settings.timeout))
     document["versions"] = doctor.versions
     document["platform"] = dataclasses.asdict(doctor.platform)

@@ -48,6 +48,18 @@ def summary_lines(document: dict[str, Any]) -> list[str]:
             f"vs onnx    {entry['output']!r}: max abs {entry['max_abs']:.3g}, max rel "
             f"{entry['max_rel']:.3g}, cosine {entry['cosine']:.6f}{top1}: {verdict}"
         )
+    found = document.get("detections")
+    if found is not None:
+        for core, entry in found["cores"].items():
+            verdict = "pass" if entry["pass"] else f"FAIL (under {found['min_matched']:.0%})"
+            iou = "" if entry["mean_iou"] is None else (
+                f", IoU mean {entry['mean_iou']:.3f} min {entry['min_iou']:.3f}, score "
+                f"difference max {entry['max_score_difference']:.2g}"
+            )  # fmt: skip
+            lines.append(
+                f"vs export  core {core}: {entry['matched']} of {entry['reference']} "
+                f"{found['family']} detections matched ({entry['found']} found){iou}: {verdict}"
+            )
     for core, figures in document["latency"].items():
         lines.append(
             f"latency    core {core}: median {figures['median_ms']:.3f} ms, p99 "

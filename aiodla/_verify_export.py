@@ -1,0 +1,144 @@
+"""``aiodla verify --export``: a compiled detector end to end against its original export.
+
+The loadable runs on each core with the Detect that ``aiodla compile`` wrote beside it
+(:meth:`aiodla.Detect.for_model`); the reference is the *full* export on onnxruntime,
+its own output decoded as its exporter documents (:func:`aiodla.compile.exporter_detections`:
+Ultralytics' ``(1, 4 + C, N)`` or ``(1, N, 5 + C)`` with its NMS, YOLOX's
+``postprocess``), for the same FP16-rounded input the DLA reads. Per core: each
+reference detection is matched to the core's detection of its class with the best IoU
+(at least 0.5, each used once); reported are the matched count both ways, the mean and
+least IoU and the largest score difference. A core passes when it matches at least
+:data:`MIN_MATCHED` of the reference's detections and of its own, for the model's
+precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._compiled import read_settings
+from ._detect import Detect
+from ._engine import Engine
+from ._errors import AiodlaError, ConfigurationError
+
+__all__ = ["MIN_MATCHED", "against_export"]
+
+#: The share of detections that must match, both ways, by precision: FP16 heads move a
+#: candidate near the threshold or a near-tie in NMS; INT8 moves more.
+MIN_MATCHED = {"fp16": 0.95, "int8": 0.8}
+_IOU = 0.5
+
+
+class ExportError(AiodlaError, ValueError):
+    """The export does not fit the compiled model (no settings, other I/O)."""
+
+
+def _iou(box: np.ndarray[Any, Any], boxes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    w = np.clip(np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]), 0, None)
+    h = np.clip(np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1]), 0, None)
+    inter = w * h
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(inter / (area + areas - inter), np.float64)
+
+
+def match(
+    got: tuple[Any, Any, Any], want: tuple[Any, Any, Any]
+) -> tuple[int, list[float], list[float]]:
+    """Reference detections matched to ``got`` (same class, IoU >= 0.5, best first, each
+    once): the count, the IoUs and the score differences of the matched."""
+    boxes, scores, classes = (np.asarray(a) for a in got)
+    free = np.ones(len(scores), bool)
+    ious: list[float] = []
+    errors: list[float] = []
+    for box, score, cls in zip(*(np.asarray(a) for a in want), strict=True):
+        overlap = np.where(free & (classes == cls), _iou(box, boxes.reshape(-1, 4)), -1.0)
+        if not len(overlap) or overlap.max() < _IOU:
+            continue
+        best = int(np.argmax(overlap))
+        free[best] = False
+        ious.append(float(overlap[best]))
+        errors.append(abs(float(scores[best]) - float(score)))
+    return len(ious), ious, errors
+
+
+async def against_export(
+    data: bytes,
+    model: str,
+    export: str,
+    samples: Sequence[Mapping[str, np.ndarray[Any, Any]]],
+    cores: Sequence[int],
+    precision: str,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The report's ``detections`` entry (module docstring)."""
+    from .compile import exporter_detections
+    from .emulator._onnx import OnnxCompute
+
+    try:
+        document = read_settings(model)
+        detect = Detect.for_model(model)
+    except ConfigurationError as exc:
+        raise ExportError(f"--export compares a compiled detector: {exc}") from exc
+    family = document["detect"]["head"]
+    input_name = document["input"]["name"]
+    try:
+        full = OnnxCompute(export)
+    except AiodlaError as exc:
+        raise ExportError(f"--export: {exc}") from exc
+    output = document.get("export_output") or full.output_names[0]
+    if full.input_names != (input_name,) or output not in full.output_names:
+        raise ExportError(
+            f"--export {export!r} has inputs {list(full.input_names)} and outputs "
+            f"{list(full.output_names)}; the compiled model was cut from an export with "
+            f"input {input_name!r} and output {output!r}"
+        )
+    references = []
+    for sample in samples:
+        seen = np.asarray(sample[input_name]).astype(np.float16).astype(np.float32)
+        result = full({input_name: seen})[output]
+        references.append(
+            exporter_detections(
+                family, result, conf=detect.conf, iou=detect.iou, max_det=detect.max_det
+            )
+        )
+    wanted = sum(len(r[1]) for r in references)
+    per_core: dict[str, Any] = {}
+    threshold = MIN_MATCHED[precision]
+    for core in cores:
+        async with Engine(
+            data, cores=[core], streams_per_core=1, postprocess=detect, **options
+        ) as engine:
+            found = [await engine.infer(dict(sample)) for sample in samples]
+        matched = 0
+        ious: list[float] = []
+        errors: list[float] = []
+        for got, want in zip(found, references, strict=True):
+            count, i, e = match((got.boxes, got.scores, got.classes), want)
+            matched += count
+            ious += i
+            errors += e
+        own = sum(len(g) for g in found)
+        recall = matched / wanted if wanted else 1.0
+        precision_share = matched / own if own else 1.0
+        per_core[str(core)] = {
+            "reference": wanted,
+            "found": own,
+            "matched": matched,
+            "mean_iou": float(np.mean(ious)) if ious else None,
+            "min_iou": float(np.min(ious)) if ious else None,
+            "max_score_difference": float(np.max(errors)) if errors else None,
+            "pass": recall >= threshold and precision_share >= threshold,
+        }
+    return {
+        "export": export,
+        "family": family,
+        "min_matched": threshold,
+        "samples": len(samples),
+        "cores": per_core,
+        "pass": all(entry["pass"] for entry in per_core.values()),
+    }
