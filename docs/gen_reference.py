@@ -29,6 +29,13 @@ MODULES = {
         "aiodla.emulator",
         "Emulator loadables and what the emulated DLA computes.",
     ),
+    "compile.md": (
+        "aiodla.compile",
+        "aiodla/compile/__init__.py",
+        "aiodla.compile",
+        "From a detector's ONNX export to a loadable the DLA runs whole "
+        "([the first hour on a Jetson](../first-hour.md#2-aiodla-compile-from-a-detectors-onnx-file-to-a-loadable-the-dla-runs-whole)).",
+    ),
     "runtime.md": (
         "aiodla.runtime",
         "aiodla/runtime/__init__.py",

@@ -97,6 +97,7 @@ class TestSite:
             ("aiodla", "aiodla"),
             ("aiodla.testing", "testing"),
             ("aiodla.emulator", "emulator"),
+            ("aiodla.compile", "compile"),
             ("aiodla.runtime", "runtime"),
             ("aiodla.metrics", "metrics"),
             ("aiodla.serve", "serve"),
