@@ -25,6 +25,7 @@ from ._errors import RequestTimeoutError as RequestTimeoutError
 from ._errors import RuntimeUnavailableError as RuntimeUnavailableError
 from ._errors import StreamClosedError as StreamClosedError
 from ._errors import TaskError as TaskError
+from ._errors import VideoSourceError as VideoSourceError
 from ._errors import WorkerLostError as WorkerLostError
 from ._options import EngineKeywords as EngineKeywords
 from ._options import EngineOptions as EngineOptions
@@ -47,6 +48,9 @@ from ._statistics import WorkerStatistics as WorkerStatistics
 from ._tensors import TensorSpec as TensorSpec
 from ._trace import TraceRecorder as TraceRecorder
 from ._video_frame import VideoFrame as VideoFrame
+from ._video_source import VideoSource as VideoSource
+from ._video_source import VideoSourceState as VideoSourceState
+from ._video_source import VideoSourceStatistics as VideoSourceStatistics
 from .runtime import EmulatedRuntime as EmulatedRuntime
 
 __version__ = "0.1.0.dev0"
@@ -98,6 +102,10 @@ __all__ = (
     "TensorSpec",
     "TraceRecorder",
     "VideoFrame",
+    "VideoSource",
+    "VideoSourceError",
+    "VideoSourceState",
+    "VideoSourceStatistics",
     "WorkerLostError",
     "WorkerStatistics",
 )

@@ -18,6 +18,8 @@ Every exception aiodla raises on purpose derives from :class:`AiodlaError`::
     │                              request's deadline passed
     ├── EngineClosedError          *you* closed the engine (or it never opened)
     ├── StreamClosedError          *you* closed a LatestFrameStream
+    ├── VideoSourceError           a video source cannot be read: ``.source`` (its name,
+    │                              credentials removed), ``.reason``, ``.retryable``
     ├── EngineDeadError            the device broke the engine; ``__cause__`` says how
     │   └── WorkerLostError        ``isolation="process"``: the worker process running
     │                              the request was lost (``.cause``, ``.exit_status``)
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import sys
+from typing import Any
 
 __all__ = [
     "AiodlaError",
@@ -53,6 +56,7 @@ __all__ = [
     "RuntimeUnavailableError",
     "StreamClosedError",
     "TaskError",
+    "VideoSourceError",
     "WorkerLostError",
     "status_name",
 ]
@@ -137,6 +141,34 @@ class EngineClosedError(AiodlaError):
 
 class StreamClosedError(AiodlaError):
     """The stream is closed: *you* closed it (``aclose`` or leaving ``async with``)."""
+
+
+class VideoSourceError(AiodlaError):
+    """A video source cannot be read, or stopped being readable.
+
+    ``source`` is the source's name (its URI with any credentials removed; the message
+    never holds them either). ``reason`` says why in a word or two: ``"not found"``,
+    ``"unauthorized"``, ``"unsupported codec"``, ``"no video"``, ``"lost"`` (an error
+    or an unexpected end of a live stream), ``"stalled"`` (no frame for
+    ``stall_timeout``), ``"decoder"`` (the decoder named cannot run here).
+    ``retryable`` is false for what reconnecting cannot fix (the first four): a source
+    raises those at once, whatever its ``reconnect``.
+    """
+
+    def __init__(self, message: str, *, source: str, reason: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.source = source
+        self.reason = reason
+        self.retryable = retryable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_video_source_error, (str(self), self.source, self.reason, self.retryable))
+
+
+def _video_source_error(
+    message: str, source: str, reason: str, retryable: bool
+) -> VideoSourceError:
+    return VideoSourceError(message, source=source, reason=reason, retryable=retryable)
 
 
 class EngineDeadError(AiodlaError):

@@ -28,7 +28,7 @@ import logging
 import math
 import numbers
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -39,7 +39,14 @@ from ._errors import ConfigurationError, EngineClosedError
 if TYPE_CHECKING:
     from .runtime import HostBuffer
 
-__all__ = ["FrameBuffer", "FrameBuffers", "FrameSource", "HostMemory", "read_in_buffer"]
+__all__ = [
+    "FrameBuffer",
+    "FrameBuffers",
+    "FrameSource",
+    "HostMemory",
+    "read_in_buffer",
+    "when_closed",
+]
 
 logger = logging.getLogger("aiodla")
 
@@ -75,12 +82,15 @@ def read_in_buffer(frames: FrameSource, read: FrameRead, staging: int, mapped: b
 
 
 class _State:
-    """Whether the engine that owns a set of frame buffers has closed."""
+    """Whether the engine that owns a set of frame buffers has closed, and who wants to
+    know when it does (a video source's pool of buffers lets go of them then, so they
+    are freed with the rest)."""
 
-    __slots__ = ("closed",)
+    __slots__ = ("closed", "on_close")
 
     def __init__(self) -> None:
         self.closed = False
+        self.on_close: list[Callable[[], None]] = []
 
 
 class FrameBuffer(np.ndarray):
@@ -201,6 +211,9 @@ class FrameBuffers:
         of it is left, else once the last one goes (the engine calls this once its
         requests have ended). Idempotent."""
         self._state.closed = True
+        listeners, self._state.on_close = self._state.on_close, []
+        for listener in listeners:
+            listener()
         buffers, self._buffers, self._starts = self._buffers, [], []
         self._by_address.clear()
         for ref in self._handed:
@@ -215,6 +228,18 @@ class FrameBuffers:
                 self._runtime.host_free(buffer)
             else:
                 weakref.finalize(memory, _free_late, self._runtime, buffer)
+
+
+def when_closed(buffer: np.ndarray[Any, Any], listener: Callable[[], None]) -> None:
+    """Call ``listener()`` when the engine that owns frame buffer ``buffer`` closes, before
+    it frees its buffers (at once when it has closed already)."""
+    state = buffer._frames if isinstance(buffer, FrameBuffer) else None
+    if state is None:
+        raise ValueError("not an engine's frame buffer")
+    if state.closed:
+        listener()
+    else:
+        state.on_close.append(listener)
 
 
 def _free_late(runtime: HostMemory, buffer: HostBuffer) -> None:

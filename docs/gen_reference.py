@@ -71,7 +71,16 @@ GROUPS = {
         ("Tensors and inputs", ["TensorSpec", "ImagePreprocess", "Geometry", "DeviceTensor"]),
         (
             "Camera streams",
-            ["VideoFrame", "LatestFrameStream", "FrameResult", "StreamState", "StreamStatistics"],
+            [
+                "VideoSource",
+                "VideoFrame",
+                "VideoSourceStatistics",
+                "VideoSourceState",
+                "LatestFrameStream",
+                "FrameResult",
+                "StreamState",
+                "StreamStatistics",
+            ],
         ),
         ("The timeline", ["TraceRecorder"]),
         (
@@ -106,6 +115,7 @@ GROUPS = {
                 "ConfigurationError",
                 "RuntimeUnavailableError",
                 "StreamClosedError",
+                "VideoSourceError",
             ],
         ),
         ("Runtimes", ["EmulatedRuntime"]),
