@@ -54,6 +54,12 @@ Every model's I/O can be emulated: when each output has its input's shape
 input i; otherwise (a classifier, a detector with several heads) ``mix`` makes every
 output element a deterministic hash of all the request's input elements and of its
 own position, so a lost, swapped or mixed-up input shows as wrong numbers.
+
+For video sources: :func:`encode_clip` writes an H.264 or H.265 clip with PyAV (every
+frame different), and :class:`RtspServer` serves clips over RTSP with GStreamer's
+gst-rtsp-server in a process of its own (Debian: ``python3-gi``,
+``gir1.2-gst-rtsp-server-1.0`` and the base, good and bad plugins), stoppable and
+restartable on its port to test reconnecting.
 """
 
 from ._controls import DLA_TASK_FAILURE as DLA_TASK_FAILURE
@@ -63,6 +69,8 @@ from ._controls import Gate as Gate
 from ._controls import HandleLeakError as HandleLeakError
 from ._model import ModelDescription as ModelDescription
 from ._model import emulated_model as emulated_model
+from ._video import RtspServer as RtspServer
+from ._video import encode_clip as encode_clip
 
 __all__ = (
     "DLA_TASK_FAILURE",
@@ -71,5 +79,7 @@ __all__ = (
     "Gate",
     "HandleLeakError",
     "ModelDescription",
+    "RtspServer",
     "emulated_model",
+    "encode_clip",
 )
