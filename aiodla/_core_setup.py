@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._core_record import CoreRecord
 from ._data_path import DataPath, DevicePath, HostPath
 from ._descriptors import TensorDescriptor
 from ._device import device_error
@@ -66,11 +67,20 @@ def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -
     return data
 
 
-def open_model(model: bytes, runtime_choice: str | Runtime, options: EngineOptions) -> Opened:
+def open_model(
+    model: bytes,
+    runtime_choice: str | Runtime,
+    options: EngineOptions,
+    records: Mapping[int, CoreRecord] | None = None,
+) -> Opened:
     """Pick the runtime, then open every core, its module and its ring of slots
-    (blocking: the engine runs it in a worker thread)."""
+    (blocking: the engine runs it in a worker thread); each core's lane shares the
+    physical core's record in ``records`` (the shared cores'; None: records of its
+    own)."""
+    if records is None:
+        records = {number: CoreRecord(number) for number in options.cores}
     runtime, owned = select_runtime(runtime_choice, model, trust_compute=options.trust_compute)
-    opening = _Opening(options, runtime)
+    opening = _Opening(options, runtime, records)
     try:
         return opening.open(model, owned)
     except BaseException:
@@ -83,8 +93,11 @@ def open_model(model: bytes, runtime_choice: str | Runtime, options: EngineOptio
 class _Opening:
     """One open in progress: what it made so far, in order, to release on a failure."""
 
-    def __init__(self, options: EngineOptions, runtime: Runtime) -> None:
+    def __init__(
+        self, options: EngineOptions, runtime: Runtime, records: Mapping[int, CoreRecord]
+    ) -> None:
         self._options = options
+        self._records = records
         self.runtime = runtime
         self.resources = ResourceStack()
         self.cores: list[CoreState] = []
@@ -159,7 +172,7 @@ class _Opening:
     ) -> tuple[tuple[TensorDescriptor, ...], tuple[TensorDescriptor, ...]]:
         """Core ``number``'s device and module; the tensor descriptors it reports."""
         runtime = self.runtime
-        core = new_core(number, stated, self._options)
+        core = new_core(number, stated, self._options, self._records[number])
         self.cores.append(core)
         where = f"core {number}"
         core.device = self._create(

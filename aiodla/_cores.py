@@ -16,12 +16,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import numpy as np
 
+from ._core_record import CoreRecord, expect
 from ._core_setup import Opened, open_model, read_model
 from ._device import CompletionSink, device_error, is_sticky
 from ._device_arrays import DeviceSource
@@ -34,7 +35,6 @@ from ._slots import (
     CompletionProbe,
     CoreState,
     Slot,
-    _follow_the_core,
     account,
     completion_probe,
     new_core,
@@ -51,7 +51,6 @@ __all__ = [
     "CoreState",
     "LocalCores",
     "Slot",
-    "_follow_the_core",
     "completion_probe",
     "device_error",
     "is_sticky",
@@ -73,7 +72,10 @@ LATE_RELEASE_MOST = 1.0
 
 
 async def open_cores(
-    model: ModelSource, runtime_choice: str | Runtime, options: EngineOptions
+    model: ModelSource,
+    runtime_choice: str | Runtime,
+    options: EngineOptions,
+    records: Mapping[int, CoreRecord] | None = None,
 ) -> LocalCores:
     """Open the model in this process, in a worker thread; then the loop's thread is
     made ready to enqueue device work too. Nothing is left open when it raises, even
@@ -83,7 +85,7 @@ async def open_cores(
     # The thread gets what it opens, not the engine: a worker thread may hold its last
     # job's callable until its next, and an engine dropped unclosed must be collected.
     def open_here() -> None:
-        opened.append(LocalCores.open(read_model(model), runtime_choice, options))
+        opened.append(LocalCores.open(read_model(model), runtime_choice, options, records))
 
     try:
         await anyio.to_thread.run_sync(open_here)
@@ -136,10 +138,15 @@ class LocalCores:
 
     @classmethod
     def open(
-        cls, model: bytes, runtime_choice: str | Runtime, options: EngineOptions
+        cls,
+        model: bytes,
+        runtime_choice: str | Runtime,
+        options: EngineOptions,
+        records: Mapping[int, CoreRecord] | None = None,
     ) -> LocalCores:
-        """Open ``model`` on the runtime chosen (blocking)."""
-        return cls(options, open_model(model, runtime_choice, options))
+        """Open ``model`` on the runtime chosen (blocking), its lanes on the physical
+        cores whose ``records`` they share (None: records of its own)."""
+        return cls(options, open_model(model, runtime_choice, options, records))
 
     @property
     def runtime(self) -> Runtime:
@@ -357,11 +364,7 @@ class LocalCores:
                 graphs.enqueue_new(
                     slot, slot.graphs_out, kind_after, self._enqueue_after, slot, device
                 )
-        core = slot.core
-        slot.submitted_at = now
-        slot.behind = 0.0
-        core.expected_free = max(now, core.expected_free) + core.service_time
-        slot.expected_done = core.expected_free
+        expect(slot, now)
         if self.trace is not None:
             self.trace.submitted(request)
 

@@ -188,7 +188,9 @@ class Engine:
             if shared is not None:  # (closing the shared cores waits for this open)
                 shared.attach(self, None if options.isolation == "process" else self._die)
                 choice = await shared.runtime_for(self._model, options)
-            cores = await opening(self._model, choice, options)
+            # The physical cores' records: the shared cores', or (None) its own.
+            records = None if shared is None else shared.records
+            cores = await opening(self._model, choice, options, records)
             opened.append(cores)
             postprocess = open_postprocess(options, cores.inputs, cores.outputs)
             self._batcher = open_batcher(
@@ -213,8 +215,12 @@ class Engine:
         self._input_names = frozenset(s.name for s in cores.inputs)
         life.state = EngineState.OPEN
         loop = asyncio.get_running_loop()
-        feeds = None if shared is None else shared.feeds
-        self._flow = Flow(options, cores, life, loop, self._die, postprocess, feeds)
+        dispatcher = share = None
+        if shared is not None:
+            dispatcher = shared.dispatcher
+            if options.isolation != "process":  # (a worker's completions come from it)
+                share = shared.poller_share(cores.cores, options.priority)
+        self._flow = Flow(options, cores, life, loop, self._die, postprocess, dispatcher, share)
         self._trace = trace and trace.start(self._flow)
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
@@ -407,8 +413,19 @@ class Engine:
         batcher = self._batcher
         if batcher is not None and (item := batcher.item(inputs)) is not None:
             return batcher.admit(item, timeout, wait, output)
-        arrays = self._validated(inputs)
-        sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
+        cores = self._cores
+        arrays = _validated(
+            cores.inputs,
+            self._input_names,
+            inputs,
+            self._options.casting,
+            cores.import_device,
+            cores.frames,
+        )
+        if len(arrays) == 1 and type(arrays[0]) is np.ndarray:
+            sources: tuple[DeviceSource, ...] = ()  # (the common case, with no search)
+        else:
+            sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler
         limit = self._options.max_queue
         if not wait and scheduler.queued >= limit and not scheduler.idle_slots:
@@ -418,9 +435,9 @@ class Engine:
                 f"the admission queue is full ({scheduler.queued} requests waiting, "
                 f"max_queue={limit})"
             )
-        request = Request(arrays, loop.create_future(), time.monotonic())
-        request.device_output = output == "device"
-        request.sources = sources
+        request = Request(
+            arrays, loop.create_future(), time.monotonic(), sources, output == "device"
+        )
         return flow, flow.admit(request, timeout)
 
     def frame_buffers(self, count: int, shape: Any, dtype: Any = np.uint8) -> list[Any]:

@@ -19,15 +19,16 @@ from typing import Any
 
 import anyio
 
+from ._core_record import forget
 from ._data_path import release_sources
-from ._device import DeviceLayer, device_error, is_sticky
+from ._device import CompletionSource, DeviceLayer, device_error, is_sticky
+from ._dispatch import Dispatcher
 from ._errors import AiodlaError, PostprocessError, RequestTimeoutError, TaskError, status_name
-from ._feeds import Feeds
 from ._life import EngineState, Life
 from ._options import EngineOptions
 from ._postprocess import Postprocess
 from ._scheduler import Outcome, Request, RequestState, Scheduler
-from ._slots import CoreState, Slot
+from ._slots import CoreState, Slot, forget_completions
 from ._statistics import Durations, failure_reason
 from ._trace import TraceRecorder
 
@@ -42,7 +43,10 @@ class Flow:
     Built when the engine opens, over its device layer (``device``) and its loop; it
     reads the engine's :class:`~aiodla._life.Life` (work starts only while it is OPEN;
     after CLOSED a late completion is ignored) and never writes it. ``poller`` is where
-    completions come from: the device layer's, started here.
+    completions come from: the device layer's, started here, or (``share``) the one
+    poller of the :class:`aiodla.Cores` the engine is on. ``dispatcher``: that
+    ``Cores``' dispatcher, which decides who starts next across its engines (None: the
+    engine's own scheduler decides, the dispatcher's fast path for one engine).
     """
 
     def __init__(
@@ -53,7 +57,8 @@ class Flow:
         loop: asyncio.AbstractEventLoop,
         die: Callable[[BaseException], None],
         postprocess: Postprocess | None = None,
-        feeds: Feeds | None = None,
+        dispatcher: Dispatcher | None = None,
+        share: Callable[[Flow], CompletionSource] | None = None,
     ) -> None:
         self._options = options
         self.device = device
@@ -80,16 +85,17 @@ class Flow:
         # Set once every slot is idle again while the engine closes (``drain``).
         self._drained = asyncio.Event()
         self._draining = False
-        self.poller = device.start(loop, self, die)  # it reports from now on
-        # On shared cores (aiodla.Cores) their feeds decide who starts next, across
-        # engines; else this engine's own scheduler does.
-        self.feeds = feeds
-        self.client = None if feeds is None else feeds.join(self, options.priority, options.weight)
+        # It reports from now on.
+        self.poller = device.start(loop, self, die) if share is None else share(self)
+        self.dispatcher = dispatcher
+        self.client = (
+            None if dispatcher is None else dispatcher.join(self, options.priority, options.weight)
+        )
 
     def leave(self) -> None:
         """The engine is closed: its share of the cores goes to the others."""
-        if self.feeds is not None and self.client is not None:
-            self.feeds.leave(self.client)
+        if self.dispatcher is not None and self.client is not None:
+            self.dispatcher.leave(self.client)
 
     def cancel_probes(self) -> None:
         for core in self.device.cores:
@@ -108,6 +114,20 @@ class Flow:
             running = slot.request
             if running is not None and running.state is not RequestState.DONE:
                 self.finish(running, error=error)
+
+    def worker_lost(self) -> None:
+        """The worker process that ran the cores was lost: no request starts on them
+        until :meth:`worker_replaced`."""
+        self.scheduler.suspend()
+        self.cancel_probes()
+
+    def worker_replaced(self) -> None:
+        """A new worker process serves: the cores are back, their estimates fresh."""
+        self.scheduler.resume()
+        for core in self.device.cores:
+            forget(core)
+            forget_completions(core)
+        self.transition()
 
     def fail_all(self) -> None:
         """The engine died: fail every waiting and running request with why."""
@@ -140,8 +160,8 @@ class Flow:
     def transition(self) -> None:
         """Give idle slots to waiting requests; called after every submit, completion,
         cancellation and release."""
-        if self.feeds is not None:  # (a closing engine's release gives others room)
-            self.feeds.dispatch()
+        if self.dispatcher is not None:  # (a closing engine's release gives others room)
+            self.dispatcher.assign()
             return
         if self.life.state is not EngineState.OPEN:
             return
@@ -192,10 +212,8 @@ class Flow:
                 self.poller.watch(slot)
             return
         if request is not None:
-            request.state = RequestState.IN_FLIGHT  # (Scheduler.advance, inlined: hot path)
+            self.scheduler.advance(request, RequestState.IN_FLIGHT)
         self.poller.watch(slot)
-        if self.feeds is not None and self.client is not None:
-            self.feeds.submitted(self.client, slot)
 
     def fail_submission(self, slot: Slot, exc: BaseException) -> bool:
         """The slot's submission failed: its request fails with a
@@ -210,8 +228,7 @@ class Flow:
             error.__cause__ = exc
         request = slot.request
         if request is not None:
-            request.slot = None
-            slot.request = None
+            self.scheduler.lost_slot(request)
             self.finish(request, error=error)
         else:
             logger.warning("aiodla: %s", error)
@@ -227,88 +244,77 @@ class Flow:
         if self.life.state is EngineState.CLOSED:
             return  # a late wake-up after close: nothing is left to touch
         try:
-            self._handle_completions(finished)
+            now = time.monotonic()
+            scheduler = self.scheduler
+            take_compute_failure = self.device.take_compute_failure
+            for slot, status in finished:
+                core = slot.core
+                request = slot.request
+                # The emulated runtime's compute function failed on this slot's task: the
+                # request fails, the core is not blamed (the DLA part of the task ran).
+                failure = None if take_compute_failure is None else take_compute_failure(slot)
+                if request is not None or slot.probing:  # a task ran (not a retired slot)
+                    self.device.account(slot, status, now)
+                    if status:
+                        self._task_failed(core, status)
+                    elif core.consecutive_failures:  # a success ends a run of failures
+                        scheduler.task_ended(core, 0)
+                if slot.probing:
+                    slot.probing = False
+                    self.release(slot)
+                    if scheduler.probe_ended(core, status):
+                        logger.warning(
+                            "aiodla: core %d is back in rotation (a probe task succeeded)",
+                            core.core,
+                        )
+                    else:
+                        self._schedule_probe(core)
+                    continue
+                if request is None or request.future.done():  # none, or ended meanwhile
+                    self.release(slot)
+                    continue
+                if self.trace is not None:
+                    self.trace.completed(request, slot)
+                if status:
+                    self.release(slot)
+                    message = f"the DLA task failed on core {core.core}: {status_name(status)}"
+                    self.finish(request, error=TaskError(message, status=status, core=core.core))
+                    continue
+                if failure is not None:
+                    self.release(slot)
+                    self.finish(request, error=failure)
+                    continue
+                if self.offload_unpack and not slot.pooled:  # (pool memory: nothing to unpack)
+                    scheduler.advance(request, RequestState.UNPACKING)
+                    request.future.set_result(None)  # its coroutine unpacks off the loop
+                    continue
+                try:
+                    outputs = self.read_results(slot)
+                except PostprocessError as exc:  # this request's outputs only: it fails alone
+                    self.release(slot)
+                    self.finish(request, error=exc)
+                    continue
+                self.release(slot)
+                self.finish(request, result=outputs, now=now)
+            self.transition()
         finally:
             # After the callers this batch woke took their step (see _after_batch).
             self.loop.call_soon(self._after_batch)
 
-    def sweep(self, at_least: int | None = None) -> list[tuple[Slot, int]] | None:
-        """The poller's sweep on the loop (``Poller.harvest``): what finished; None once
-        the engine is closed, or when the sweep raised (the engine dies of it)."""
-        if self.life.state is EngineState.CLOSED:
-            return None
-        try:
-            return self.poller.harvest(at_least)
-        except Exception as exc:  # as from the poller's own sweep: the engine is dead
-            self._die(exc)
-            return None
-
     def _after_batch(self) -> None:
         """The loop is free again: take what finished meanwhile at once if several
         tasks should have, else hand polling back (see the poller's module docstring)."""
-        finished = self.sweep()
-        if finished is None:
+        if self.life.state is EngineState.CLOSED:
+            return
+        try:
+            finished = self.poller.harvest()
+        except Exception as exc:  # as from the poller's own sweep: the engine is dead
+            self._die(exc)
             return
         if finished:
             self.on_completions(finished)  # which schedules _after_batch again
         else:
             self.poller.consumed()
-        if self.feeds is not None and self.client is not None:
-            self.feeds.take_due_above(self.client)
-
-    def _handle_completions(self, finished: list[tuple[Slot, int]]) -> None:
-        now = time.monotonic()
-        scheduler = self.scheduler
-        take_compute_failure = self.device.take_compute_failure
-        for slot, status in finished:
-            core = slot.core
-            request = slot.request
-            # The emulated runtime's compute function failed on this slot's task: the
-            # request fails, the core is not blamed (the DLA part of the task ran).
-            failure = None if take_compute_failure is None else take_compute_failure(slot)
-            if request is not None or slot.probing:  # a task ran (not a retired slot)
-                self.device.account(slot, status, now)
-                if status:
-                    self._task_failed(core, status)
-                else:
-                    core.consecutive_failures = 0  # the fault policy's whole answer
-            if slot.probing:
-                slot.probing = False
-                self.release(slot)
-                if scheduler.probe_ended(core, status):
-                    logger.warning(
-                        "aiodla: core %d is back in rotation (a probe task succeeded)", core.core
-                    )
-                else:
-                    self._schedule_probe(core)
-                continue
-            if request is None or request.future.done():  # none, or ended meanwhile
-                self.release(slot)
-                continue
-            if self.trace is not None:
-                self.trace.completed(request, slot)
-            if status:
-                self.release(slot)
-                message = f"the DLA task failed on core {core.core}: {status_name(status)}"
-                self.finish(request, error=TaskError(message, status=status, core=core.core))
-                continue
-            if failure is not None:
-                self.release(slot)
-                self.finish(request, error=failure)
-                continue
-            if self.offload_unpack and not slot.pooled:  # (pool memory: nothing to unpack)
-                scheduler.advance(request, RequestState.UNPACKING)
-                request.future.set_result(None)  # its coroutine unpacks off the loop
-                continue
-            try:
-                outputs = self.read_results(slot)
-            except PostprocessError as exc:  # this request's outputs only: it fails alone
-                self.release(slot)
-                self.finish(request, error=exc)
-                continue
-            self.release(slot)
-            self.finish(request, result=outputs, now=now)
-        self.transition()
 
     def read_results(self, slot: Slot) -> Any:
         """A slot's outputs as the engine returns them: post-processed when the engine

@@ -64,7 +64,7 @@ def _core_statistics(core: CoreState, now: float) -> CoreStatistics:
         core=core.core,
         completed=core.completed,
         failed=core.failed,
-        in_flight=core.outstanding,
+        in_flight=len(core.slots) - len(core.idle),
         busy_slots=len(core.slots) - len(core.idle),
         idle_slots=len(core.idle),
         busy_time=core.busy_time,

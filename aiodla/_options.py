@@ -149,7 +149,7 @@ class EngineOptions:
     ``priority`` and ``weight``: on cores shared with other engines
     (``Engine(model, cores=aiodla.Cores(...))``), a request of a higher priority starts
     before any waiting request of a lower one, and engines of one priority share core
-    time in proportion to their weights, each from 0.001 to 1000 (see ``aiodla._feeds``
+    time in proportion to their weights, each from 0.001 to 1000 (see ``aiodla._dispatch``
     for the rule and its bound); on cores of its own an engine has nobody to share
     with. ``batch``: an :class:`~aiodla.Batching`: for a model of batch N > 1, callers
     may pass single items, which are assembled into tasks of N (see

@@ -54,12 +54,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from ._slots import CompletionProbe, Slot
 from ._trace import TraceRecorder
 
-__all__ = ["Poller"]
+__all__ = ["Poller", "PollerShare", "SharedPoller"]
 
 logger = logging.getLogger("aiodla")
 
@@ -390,3 +390,125 @@ def _next_sweep(
         if first - window < best.at - best.window:
             best = _Plan(first, window, step)
     return best
+
+
+class SharedPoller:
+    """One poller thread for every engine on an :class:`aiodla.Cores`.
+
+    Each engine's flow takes its completions from a :class:`PollerShare`, made by
+    :meth:`share`; a batch the thread (or a loop's harvest) found goes to the flows of
+    its slots, the highest priority first. The thread lives until :meth:`stop`, when the
+    cores close; an engine that closes only leaves. A failure of the thread, or of a
+    sweep on the loop, is the CUDA context's, under every engine here (``fail``).
+    Only the event loop's thread calls it, except ``stop`` and ``join``.
+    """
+
+    def __init__(
+        self,
+        probe: CompletionProbe,
+        loop: asyncio.AbstractEventLoop,
+        fail: Callable[[BaseException], None],
+        *,
+        pause: float,
+    ) -> None:
+        self._fail = fail
+        self._sinks: dict[int, _Sink] = {}  # by id of each engine's lane on a core
+        self._members: list[PollerShare] = []  # highest priority first
+        self.poller = Poller(probe, loop, self.deliver, self.failed, pause=pause)
+        self.poller.start()
+
+    def share(self, sink: _Sink, lanes: list[Any], priority: int) -> PollerShare:
+        """Where the flow ``sink`` of an engine whose lanes are ``lanes`` takes its
+        completions from."""
+        member = PollerShare(self, sink, lanes, priority)
+        for lane in lanes:
+            self._sinks[id(lane)] = sink
+        self._members.append(member)
+        self._members.sort(key=lambda m: -m.priority)
+        return member
+
+    def leave(self, member: PollerShare) -> None:
+        """The engine closed: a late completion of its slots goes nowhere."""
+        if member in self._members:
+            self._members.remove(member)
+            for lane in member.lanes:
+                self._sinks.pop(id(lane), None)
+
+    @property
+    def engines(self) -> int:
+        return len(self._members)
+
+    def deliver(self, finished: list[tuple[Slot, int]]) -> None:
+        """A batch of completions (loop thread): each flow takes its own."""
+        sinks = self._sinks
+        first = sinks.get(id(finished[0][0].core))
+        for slot, _ in finished:
+            if sinks.get(id(slot.core)) is not first:
+                break
+        else:  # one engine's batch (the common case)
+            if first is not None:
+                first.on_completions(finished)
+            return
+        parts: dict[int, list[tuple[Slot, int]]] = {}
+        for done in finished:
+            parts.setdefault(id(sinks.get(id(done[0].core))), []).append(done)
+        for member in list(self._members):  # highest priority first
+            part = parts.get(id(member.sink))
+            if part:
+                member.sink.on_completions(part)
+
+    def harvest(self, member: PollerShare, at_least: int | None) -> list[tuple[Slot, int]]:
+        """A sweep on the loop for ``member``: its own completions come back, the other
+        engines' are handed to them."""
+        found = self.poller.harvest(at_least)
+        if not found:
+            return found
+        sinks, sink = self._sinks, member.sink
+        own = [done for done in found if sinks.get(id(done[0].core)) is sink]
+        if len(own) < len(found):
+            self.deliver([done for done in found if sinks.get(id(done[0].core)) is not sink])
+        return own
+
+    def failed(self, error: BaseException) -> None:
+        self._fail(error)
+
+    def stop(self) -> None:
+        self.poller.stop()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.poller.join(timeout)
+
+
+class _Sink(Protocol):
+    def on_completions(self, finished: list[tuple[Slot, int]]) -> None: ...
+
+
+class PollerShare:
+    """An engine's view of its :class:`SharedPoller`: the completion source of its flow
+    (``watch`` and ``consumed`` are the poller's own; ``stop`` leaves)."""
+
+    def __init__(self, shared: SharedPoller, sink: _Sink, lanes: list[Any], priority: int) -> None:
+        self.shared = shared
+        self.sink = sink
+        self.lanes = lanes
+        self.priority = priority
+        poller = shared.poller
+        self.watch = poller.watch
+        self.consumed = poller.consumed
+
+    def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]:
+        return self.shared.harvest(self, at_least)
+
+    def stop(self) -> None:
+        self.shared.leave(self)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Nothing to wait for: the thread is the cores'."""
+
+    @property
+    def trace(self) -> TraceRecorder | None:
+        return self.shared.poller.trace
+
+    @trace.setter
+    def trace(self, recorder: TraceRecorder | None) -> None:
+        self.shared.poller.trace = recorder

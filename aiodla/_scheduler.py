@@ -16,6 +16,7 @@ import collections
 import enum
 from typing import Any
 
+from ._core_record import give_back, take
 from ._slots import CoreState, Slot
 from ._statistics import FAILURE_REASONS
 from ._trace import TraceRecorder
@@ -70,15 +71,20 @@ class Request:
     )
 
     def __init__(
-        self, arrays: tuple[Any, ...], future: asyncio.Future[Any], started: float
+        self,
+        arrays: tuple[Any, ...],
+        future: asyncio.Future[Any],
+        started: float,
+        sources: tuple[Any, ...] = (),
+        device_output: bool = False,
     ) -> None:
         self.arrays = arrays
         self.future = future
         self.started = started
-        self.device_output = False  # infer(..., output="device")
+        self.device_output = device_output  # infer(..., output="device")
         # Device arrays the request reads (released once no kernel can read them: when
         # it ends unstarted, or with its slot).
-        self.sources: tuple[Any, ...] = ()
+        self.sources = sources
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.state = RequestState.QUEUED
@@ -98,8 +104,10 @@ class Scheduler:
       :meth:`admit`, :meth:`next_assignment` and :meth:`finish`, so that
       ``submitted == completed + failed + cancelled + timed_out + queued + in_progress``
       holds after every step.
-    - each core's ``idle`` deque and ``outstanding`` count, changed by :meth:`take` and
-      :meth:`release`; its ``in_rotation`` and ``consecutive_failures`` (the policy).
+    - ``idle_slots``: the engine's slots not assigned, changed by :meth:`take` and
+      :meth:`release` (which change the core's record through ``_core_record``).
+    - each core's ``in_rotation`` and ``consecutive_failures`` (the fault policy).
+    - every request's ``state``, ``slot``, ``outcome``, ``reason``.
     """
 
     trace: TraceRecorder | None = None  # engine.trace() installs one
@@ -108,17 +116,13 @@ class Scheduler:
         self.cores = cores
         self._max_faults = max_consecutive_faults
         self._line: collections.deque[Request] = collections.deque()
-        self._idle_total = sum(len(core.idle) for core in cores)
+        self.idle_slots = sum(len(core.idle) for core in cores)
         self.queued = 0
         self.in_progress = 0
         self.submitted = 0
         self.rejected = 0
         self.ended: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
-
-    @property
-    def idle_slots(self) -> int:
-        return self._idle_total
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -135,7 +139,7 @@ class Scheduler:
         """Pop the first waiting request and give it an idle slot of the best core; None
         if either is missing. The request is PACKING from then on."""
         line = self._line
-        while self._idle_total and line:
+        while self.idle_slots and line:
             core = self._best_core()
             if core is None:
                 return None
@@ -147,7 +151,7 @@ class Scheduler:
 
     def next_on(self, core: CoreState) -> tuple[Request, Slot] | None:
         """Pop the first waiting request and give it an idle slot of ``core`` (which
-        must have one): the choice of the cores' shared feeds (``_feeds``)."""
+        must have one): the choice of the shared cores' dispatcher (``_dispatch``)."""
         line = self._line
         while line:
             request = line.popleft()
@@ -156,7 +160,8 @@ class Scheduler:
         return None
 
     def _assign(self, request: Request, core: CoreState) -> Slot:
-        slot = self.take(core)
+        self.idle_slots -= 1
+        slot: Slot = take(core)
         self.queued -= 1
         self.in_progress += 1
         request.state = RequestState.PACKING
@@ -168,6 +173,13 @@ class Scheduler:
         """Move a request on between the in-progress states (packing, in flight,
         unpacking): counted in ``in_progress`` throughout."""
         request.state = state
+
+    def lost_slot(self, request: Request) -> None:
+        """The request's slot failed to take its work: the request no longer holds it."""
+        slot = request.slot
+        request.slot = None
+        if slot is not None:
+            slot.request = None
 
     def finish(self, request: Request, outcome: Outcome, reason: str | None = None) -> bool:
         """Decide the request's one outcome; False if it had one already."""
@@ -224,8 +236,8 @@ class Scheduler:
                 and core.in_rotation
                 and (
                     best is None
-                    or (core.outstanding, core.assigned_total)
-                    < (best.outstanding, best.assigned_total)
+                    or (core.record.held, core.assigned_total)
+                    < (best.record.held, best.assigned_total)
                 )
             ):
                 best = core
@@ -233,10 +245,9 @@ class Scheduler:
 
     def take(self, core: CoreState) -> Slot:
         """Take an idle slot of ``core`` (which must have one)."""
-        core.outstanding += 1
-        core.assigned_total += 1
-        self._idle_total -= 1
-        return core.idle.popleft()
+        self.idle_slots -= 1
+        slot: Slot = take(core)
+        return slot
 
     def release(self, slot: Slot) -> None:
         """The slot's work is over; it is idle again."""
@@ -244,16 +255,15 @@ class Scheduler:
         if request is not None:
             request.slot = None
             slot.request = None
-        slot.core.outstanding -= 1
-        slot.core.idle.append(slot)
-        self._idle_total += 1
+        give_back(slot)
+        self.idle_slots += 1
 
     # -- the fault policy ---------------------------------------------------------------------
 
     def task_ended(self, core: CoreState, status: int) -> bool:
         """Count a task's status against its core; True when the core must leave
         rotation now (too many failures in a row while another core serves). A success
-        only resets the count (the flow does that itself on its hot path)."""
+        only resets the count (the flow asks only when there is one to reset)."""
         if not status:
             core.consecutive_failures = 0
             return False
@@ -268,6 +278,17 @@ class Scheduler:
             return False
         core.in_rotation = False
         return True
+
+    def suspend(self) -> None:
+        """No core takes a request until :meth:`resume` (a worker process is replaced)."""
+        for core in self.cores:
+            core.in_rotation = False
+
+    def resume(self) -> None:
+        """Every core is back in rotation with a clean record of faults."""
+        for core in self.cores:
+            core.in_rotation = True
+            core.consecutive_failures = 0
 
     def probe_ended(self, core: CoreState, status: int) -> bool:
         """A probe task of a core out of rotation ended; True when it brings the core

@@ -1,10 +1,13 @@
 """DLA cores shared by several engines: :class:`Cores`, opened once.
 
-``async with aiodla.Cores([0, 1]) as dla:`` owns the cores' runtime; every
-``Engine(model, cores=dla)`` opened on it loads its model there and asks the cores'
-shared feeds (``_feeds``) for its turn, so that one decision per core, across every
-model, says which request goes next: by priority, by weight, by each model's own
-service-time estimate. An engine keeps its own requests, slots, statistics and health.
+``async with aiodla.Cores([0, 1]) as dla:`` owns what the engines on it share: the
+runtime, one record per physical core (``_core_record``: the tasks it holds of every
+engine and when it should finish them), one poller thread that sees every engine's
+completions, and one dispatcher (``_dispatch``) whose one decision, after every change,
+says which engine's request goes next on which core: by priority, by weight, by each
+model's own service-time estimate. Every ``Engine(model, cores=dla)`` opened on it
+loads its model there (a device handle and a module per core: see ``docs/design.md``)
+and keeps its own requests, slots, statistics and health.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from ._core_record import CoreRecord
 from ._cores import read_model, release_runtime
+from ._device import CompletionSource
+from ._dispatch import TOP_DEPTH, Dispatcher
 from ._errors import AiodlaError, ConfigurationError, EngineClosedError
-from ._feeds import TOP_DEPTH, Feeds
 from ._options import EngineOptions
+from ._poller import SharedPoller
+from ._slots import completion_probe
 from .runtime._protocol import Runtime
 from .runtime._select import select_runtime
 
@@ -57,7 +64,7 @@ class Cores:
 
     ``dla.subset([1])`` puts an engine on some of the cores only. An engine here has
     ``streams_per_core=4`` unless told otherwise (a slot for each task a core may hold:
-    see ``aiodla._feeds``). Closing the cores closes the engines still open on them
+    see ``aiodla._dispatch``). Closing the cores closes the engines still open on them
     first.
     """
 
@@ -82,7 +89,11 @@ class Cores:
         self._engines: dict[int, Closeable] = {}  # open engines, by id (closed with us)
         self._in_process: dict[int, Callable[[BaseException], None]] = {}  # their deaths
         self.state = CoresState.NEW
-        self.feeds = Feeds(self._numbers)
+        # One record per physical core, written by _core_record alone; the engines'
+        # lanes on a core all point to it.
+        self.records = {number: CoreRecord(number) for number in self._numbers}
+        self.dispatcher = Dispatcher(self.records)
+        self._poller: SharedPoller | None = None  # started with the first engine in-process
 
     @property
     def cores(self) -> tuple[int, ...]:
@@ -132,6 +143,10 @@ class Cores:
         try:
             await asyncio.gather(*(engine.aclose() for engine in list(self._engines.values())))
         finally:
+            poller, self._poller = self._poller, None
+            if poller is not None:
+                poller.stop()
+                await anyio.to_thread.run_sync(poller.join)
             runtime, self._runtime = self._runtime, None
             if runtime is not None and self._owns_runtime:
                 await anyio.to_thread.run_sync(release_runtime, runtime)
@@ -196,8 +211,32 @@ class Cores:
         stuck tasks hold), so they die too, with the same cause."""
         if id(engine) not in self._in_process:
             return
+        self._lose_context(cause)
+
+    def _lose_context(self, cause: BaseException) -> None:
         for die in list(self._in_process.values()):
             die(cause)
+
+    def poller_share(self, lanes: list[Any], priority: int) -> Callable[[Any], CompletionSource]:
+        """How an engine in this process whose lanes on the cores are ``lanes`` takes
+        its completions: from the cores' one poller thread (started with the first)."""
+        poller = self._poller
+        if poller is None:
+            runtime = self.runtime
+            assert self._loop is not None  # (open: an engine opens only then)
+            poller = self._poller = SharedPoller(
+                completion_probe(runtime), self._loop, self._lose_context, pause=runtime.poll_pause
+            )
+
+        def share(flow: Any) -> CompletionSource:
+            return poller.share(flow, lanes, priority)
+
+        return share
+
+    @property
+    def pollers(self) -> int:
+        """Poller threads running for the engines here (one at most)."""
+        return 0 if self._poller is None or not self._poller.poller.alive else 1
 
     @property
     def engines(self) -> int:
@@ -207,10 +246,10 @@ class Cores:
     def shares(self) -> dict[int, tuple[int, float]]:
         """Per engine (by its order of opening): tasks granted and the core time they
         cost, by the engine's own estimates."""
-        return {c.order: (c.grants, c.granted_time) for c in self.feeds.clients}
+        return {c.order: (c.grants, c.granted_time) for c in self.dispatcher.clients}
 
     def __repr__(self) -> str:
-        held = ", ".join(f"{n}: {self.feeds.held(n)} held" for n in self._numbers)
+        held = ", ".join(f"{n}: {r.held} held" for n, r in self.records.items())
         return f"<aiodla.Cores {self.state.value} [{held}] engines={len(self._engines)}>"
 
 
@@ -246,6 +285,6 @@ def shared_cores(options: dict[str, Any], runtime: object) -> tuple[dict[str, An
         )
     if shared.state in (CoresState.CLOSING, CoresState.CLOSED):
         shared.check_open()
-    # A slot per task a core may hold (TOP_DEPTH): then the feed's room, not the
-    # engine's own ring, is what runs out, and the feed's weights decide.
+    # A slot per task a core may hold (TOP_DEPTH): then the core's room, not the
+    # engine's own ring, is what runs out, and the dispatcher's weights decide.
     return {"streams_per_core": TOP_DEPTH, **options, "cores": numbers}, shared

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ._core_record import CoreRecord, follow
 from ._options import EngineOptions
 from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
 from .runtime._protocol import Runtime, cudla_status
@@ -23,6 +24,7 @@ __all__ = [
     "Slot",
     "account",
     "completion_probe",
+    "forget_completions",
     "new_core",
     "record_stages",
 ]
@@ -33,15 +35,17 @@ DEFAULT_SERVICE_TIME = 0.001
 
 @dataclasses.dataclass(eq=False)
 class CoreState:
-    """One DLA core: its device handles, slots, service-time estimate and the counts
-    the scheduler's policy reads."""
+    """One engine's lane on DLA core ``core``: its device handle and module there, its
+    slots, its model's service-time estimate and the counts its fault policy reads.
+    ``record`` is the physical core itself, which every engine on it shares
+    (``_core_record``: the tasks it holds and when it should be free)."""
 
     core: int
+    record: CoreRecord = dataclasses.field(default_factory=CoreRecord)
     device: int = 0
     module: int = 0
     slots: list[Slot] = dataclasses.field(default_factory=list)
     idle: collections.deque[Slot] = dataclasses.field(default_factory=collections.deque)
-    outstanding: int = 0  # slots assigned: to a request or a probe
     assigned_total: int = 0  # ties between equally loaded cores go to the less used one
     completed: int = 0
     failed: int = 0
@@ -49,7 +53,6 @@ class CoreState:
     last_completion: float = 0.0
     # How far a stated service time's busy figures reached on this core's timeline.
     accounted_until: float = 0.0
-    expected_free: float = 0.0  # when the core should finish what it has (poller back-off)
     service_time: float = DEFAULT_SERVICE_TIME  # estimated seconds per task on this core
     learn_service_time: bool = True  # False when the loadable states it
     # Recent task times as observed: each is the true time plus how late the poller
@@ -85,7 +88,7 @@ class Slot:
     # How far the core's timeline is from ``expected_done`` as the poller found it:
     # > 0 when it found the task still running that long after its estimate, < 0 when
     # it found it done that long before, 0 without such evidence (see
-    # ``_cores._follow_the_core``).
+    # ``_core_record.follow``).
     behind: float = 0.0
     timing: tuple[int, int, int] | None = None  # events before copy-in, task, copy-out
     probing: bool = False  # the slot runs a probe task for a core out of rotation
@@ -105,11 +108,15 @@ class Slot:
         return f"<Slot core {self.core.core} #{self.index}>"
 
 
-def new_core(number: int, stated: float | None, options: EngineOptions) -> CoreState:
-    """DLA core ``number``'s state, before anything is opened on it: its service time
-    as the loadable states it (else learned), its stage-time windows if asked for."""
+def new_core(
+    number: int, stated: float | None, options: EngineOptions, record: CoreRecord
+) -> CoreState:
+    """An engine's lane on DLA core ``number`` (whose record is ``record``), before
+    anything is opened on it: its service time as the loadable states it (else
+    learned), its stage-time windows if asked for."""
     core = CoreState(
         number,
+        record,
         service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
         learn_service_time=stated is None,
     )
@@ -152,7 +159,7 @@ def account(slot: Slot, status: int, now: float) -> None:
     elapsed = now - max(slot.submitted_at, core.last_completion)
     core.last_completion = now
     if slot.behind:
-        _follow_the_core(slot)
+        follow(slot)
     if core.learn_service_time:
         busy = elapsed if spanned else core.service_time
     else:
@@ -191,23 +198,7 @@ def record_stages(
         core.dla_histogram.add(stages[1])
 
 
-def _follow_the_core(slot: Slot) -> None:
-    """Move the estimates of the tasks queued behind ``slot`` on its core (and of the
-    core's end) to where the evidence puts the core's timeline.
-
-    Each submission's estimate is the core's previous one plus the service time, so a
-    service time a little off the real one (a loadable's stated time, a stand-in's
-    overhead) moves a saturated core's estimates ever further from its tasks. Too early,
-    the poller queries every task several times and wakes the loop for each one
-    (``benchmarks/bench_estimates.py``, stated 2 % short at 1 ms: 4.7 queries a request
-    instead of 1.0, and twice the CPU); too late, the ring runs dry before the poller
-    looks. Only the poller's evidence (``slot.behind``) moves them, and never past it: a
-    task found still running after its estimate moves those behind it later by that
-    much; one found done before its estimate, earlier by as much. The poller's lateness
-    in seeing a task done moves nothing, so no error feeds on itself.
-    """
-    estimate, offset = slot.expected_done, slot.behind
-    for other in slot.core.slots:
-        if other.expected_done > estimate:
-            other.expected_done += offset
-    slot.core.expected_free += offset
+def forget_completions(core: CoreState) -> None:
+    """The worker process that ran ``core`` was replaced: its last completion is not a
+    bound on the next task's span."""
+    core.last_completion = 0.0

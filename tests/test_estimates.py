@@ -1,4 +1,4 @@
-"""The cores' completion estimates follow the poller's evidence (``_cores._follow_the_core``):
+"""The cores' completion estimates follow the poller's evidence (``_core_record.follow``):
 a loadable's stated service time a little off the real one must not cost a query and a
 loop wake-up per task, nor let a core's ring run dry."""
 
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from aiodla import Engine, TensorSpec
-from aiodla._cores import LocalCores, _follow_the_core
+from aiodla._core_record import follow
+from aiodla._cores import LocalCores
 from aiodla._options import EngineOptions
 from aiodla._poller import Poller
 from aiodla._slots import CoreState, Slot, completion_probe
@@ -33,7 +34,7 @@ def ring(estimates: list[float]) -> tuple[CoreState, list[Slot]]:
         slot.expected_done = estimate
         slots.append(slot)
     core.slots = slots
-    core.expected_free = max(estimates)
+    core.record.expected_free = max(estimates)
     return core, slots
 
 
@@ -45,16 +46,16 @@ class TestFollowTheCore:
     def test_a_task_found_running_after_its_estimate_moves_those_behind_later(self) -> None:
         core, slots = ring([0.5, 1.0, 2.0, 3.0])  # 0.5: an idle slot's old estimate
         slots[1].behind = 0.25  # the poller found it running at 1.25
-        _follow_the_core(slots[1])
+        follow(slots[1])
         assert estimates(slots) == [0.5, 1.0, 2.25, 3.25]
-        assert core.expected_free == 3.25
+        assert core.record.expected_free == 3.25
 
     def test_a_task_found_done_before_its_estimate_moves_those_behind_earlier(self) -> None:
         core, slots = ring([0.5, 1.0, 2.0, 3.0])
         slots[1].behind = -0.25  # the poller found it done at 0.75
-        _follow_the_core(slots[1])
+        follow(slots[1])
         assert estimates(slots) == [0.5, 1.0, 1.75, 2.75]
-        assert core.expected_free == 2.75
+        assert core.record.expected_free == 2.75
 
 
 class _Sink:

@@ -1,5 +1,5 @@
-"""Several engines on one aiodla.Cores: one feed per core, priorities, weights, and
-every request of every engine ending exactly once while the others keep serving.
+"""Several engines on one aiodla.Cores: one dispatcher, one poller, one record per
+core, priorities, weights, and every request of every engine ending exactly once while the others keep serving.
 
 States are reached through the emulated DLA's controls (held cores, injected faults);
 orders are read from what completes, never from the wall clock.
@@ -8,6 +8,7 @@ orders are read from what completes, never from the wall clock.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,8 +26,7 @@ from aiodla import (
     RequestTimeoutError,
     TaskError,
 )
-from aiodla._feeds import DEPTH, TOP_DEPTH
-from aiodla._poller import Poller
+from aiodla._dispatch import DEPTH, TOP_DEPTH
 from aiodla.testing import DLAControls
 
 from support import X, affine_model, all_idle, counts_add_up, expected_affine, wait_until
@@ -45,7 +45,7 @@ async def dla(runtime: EmulatedRuntime) -> AsyncIterator[Cores]:
 
 
 def held_tasks(dla: Cores) -> list[int]:
-    return [dla.feeds.held(n) for n in dla.cores]
+    return [dla.dispatcher.held(n) for n in dla.cores]
 
 
 async def settle(*engines: Engine) -> None:
@@ -189,64 +189,80 @@ class TestPriority:
             assert low.statistics().cores[1].completed > 0  # core 1 never idled for it
 
     @pytest.mark.asyncio
-    @pytest.mark.parametrize("late", [0.0, 0.003], ids=["at its estimate", "3 ms after it"])
-    async def test_the_loop_looks_at_an_urgent_task_at_and_after_its_expected_end(
-        self, dla: Cores, sleepy_pollers: list[bool], aiodla_controls: DLAControls, late: float
+    async def test_a_higher_priority_completion_is_taken_while_a_lower_engine_floods(
+        self, dla: Cores, aiodla_controls: DLAControls
     ) -> None:
-        # The detector's poller thread never sweeps (as one kept from the interpreter
-        # lock by a busy loop), and the classifier, idle, gives the loop no batches: only
-        # the loop's look at the task's expected end returns the result, or, when the
-        # task starts late, its looks again after that.
-        async with Engine(affine_model(0.003), cores=dla, priority=1) as detector:
-            sleepy_pollers[0] = False
-            async with Engine(affine_model(0.001), cores=dla, priority=0):
-                if late:
-                    aiodla_controls.delay_next(late)
-                result = await asyncio.wait_for(detector.infer(ONES * 2), 2.0)
+        # The detector's task is held past its expected end while the classifier keeps
+        # the loop busy with batches on the other core: the cores' one poller still
+        # sees the detector's task done and returns it.
+        async with (
+            Engine(affine_model(0.003), cores=dla.subset([0]), priority=1) as detector,
+            Engine(affine_model(0.001), cores=dla.subset([1])) as classifier,
+        ):
+            with aiodla_controls.hold(0) as gate:
+                urgent = asyncio.ensure_future(detector.infer(ONES * 2))
+                await gate.reached(1)
+                await asyncio.sleep(0.02)  # past the expected end
+            for _ in range(500):  # about a second of the classifier's batches
+                await asyncio.gather(*(classifier.infer(ONES) for _ in range(2)))
+                if urgent.done():
+                    break
+            assert urgent.done(), "the detector's completion was not taken"
+            np.testing.assert_array_equal(await urgent, expected_affine(ONES * 2))
+            assert detector.statistics().completed == 1
+
+
+def poller_threads() -> int:
+    return sum(t.name == "aiodla-poller" and t.is_alive() for t in threading.enumerate())
+
+
+class TestOneOwner:
+    @pytest.mark.asyncio
+    async def test_three_engines_on_two_cores_run_one_poller_and_the_handles_stated(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        # docs/design.md: one poller thread for every engine on a Cores; per engine and
+        # core, one device handle (a module each: its status latch is its own) and its
+        # ring of streams_per_core streams (4 on a Cores unless told otherwise).
+        before = poller_threads()
+        async with Cores([0, 1], runtime=runtime) as dla:
+            engines = [
+                Engine(affine_model(), cores=dla, priority=p, graphs=False) for p in (1, 0, 0)
+            ]
+            for engine in engines:
+                await engine.open()
+            results = await asyncio.gather(*(e.infer(ONES * 2) for e in engines for _ in range(8)))
+            for result in results:
                 np.testing.assert_array_equal(result, expected_affine(ONES * 2))
+            assert dla.pollers == 1 and poller_threads() == before + 1
+            handles = runtime.live_handles()
+            assert handles["devices"] == 3 * 2 and handles["modules"] == 3 * 2
+            assert handles["streams"] == 3 * 2 * TOP_DEPTH
+            # One record per physical core, shared by every engine's lane on it.
+            for engine in engines:
+                lanes = engine._cores.cores
+                assert [lane.record for lane in lanes] == [dla.records[0], dla.records[1]]
+            for engine in engines:
+                await engine.aclose()
+            assert dla.pollers == 1  # the cores' thread outlives their engines
+        assert poller_threads() == before
 
     @pytest.mark.asyncio
-    async def test_the_loop_takes_urgent_completions_between_a_lower_engines_batches(
-        self, dla: Cores, sleepy_pollers: list[bool], aiodla_controls: DLAControls
+    async def test_the_cores_record_counts_every_engines_tasks(
+        self, dla: Cores, aiodla_controls: DLAControls
     ) -> None:
-        # The detector's task is held past its expected end, so the loop's look then
-        # finds it running; once it ran, only the loop's look between the classifier's
-        # batches (on the other core) can return it.
-        async with Engine(affine_model(0.003), cores=dla.subset([0]), priority=1) as detector:
-            sleepy_pollers[0] = False
-            async with Engine(affine_model(0.001), cores=dla.subset([1])) as classifier:
-                with aiodla_controls.hold(0) as gate:
-                    urgent = asyncio.ensure_future(detector.infer(ONES * 2))
-                    await gate.reached(1)
-                    await asyncio.sleep(0.02)  # past the expected end: the look missed
-                for _ in range(500):  # about a second of the classifier's batches
-                    await asyncio.gather(*(classifier.infer(ONES) for _ in range(2)))
-                    if urgent.done():
-                        break
-                assert urgent.done(), "the detector's completion was not taken"
-                np.testing.assert_array_equal(await urgent, expected_affine(ONES * 2))
-                assert detector.statistics().completed == 1
-
-
-@pytest.fixture
-def sleepy_pollers(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """While its one flag is True, an engine that opens gets a poller thread that never
-    sweeps: its completions reach it only through the loop's own looks."""
-    asleep = [True]
-    start = Poller.start
-
-    def starting(poller: Poller) -> None:
-        if asleep[0]:
-
-            def never_sweeps() -> None:
-                while not poller._stopping:
-                    poller._bell.acquire(timeout=0.01)
-
-            monkeypatch.setattr(poller, "_sweep_until_stopped", never_sweeps)
-        start(poller)
-
-    monkeypatch.setattr(Poller, "start", starting)
-    return asleep
+        async with (
+            Engine(affine_model(), cores=dla.subset([0])) as a,
+            Engine(affine_model(), cores=dla.subset([0])) as b,
+        ):
+            with aiodla_controls.hold(0) as gate:
+                calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(2)]
+                await gate.reached(4)
+                assert dla.records[0].held == 4 and held_tasks(dla) == [4, 0]
+                assert dla.records[0].expected_free > 0
+            await asyncio.gather(*calls)
+            await settle(a, b)
+            assert held_tasks(dla) == [0, 0]
 
 
 def busy_time(engine: Engine) -> float:
@@ -367,7 +383,7 @@ class TestExactlyOnce:
                 np.testing.assert_array_equal(y, expected_affine(ONES * i))
             # (its slots captured graphs of their first requests meanwhile: its own)
             assert {**runtime.live_handles(), "graphs": 0} == {**alone, "graphs": 0}
-            assert len(dla.feeds.clients) == 1
+            assert len(dla.dispatcher.clients) == 1
             stats = stays.statistics()
             assert stats.completed == 3 and all(c.idle_slots == TOP_DEPTH for c in stats.cores)
             assert counts_add_up(goes.statistics())
@@ -404,7 +420,7 @@ class TestExactlyOnce:
                 async with Engine(affine_model(), cores=dla, priority=i % 3) as engine:
                     await asyncio.gather(engine.infer(ONES), stays.infer(ONES))
             assert runtime.live_handles() == before
-            assert len(dla.feeds.clients) == 1 and dla.engines == 1
+            assert len(dla.dispatcher.clients) == 1 and dla.engines == 1
             assert held_tasks(dla) == [0, 0]
             assert stays.statistics().completed == 100
 
@@ -505,7 +521,7 @@ class TestProcessIsolation:
             )
             for x, y in zip(xs + xs, results, strict=True):
                 np.testing.assert_array_equal(y, expected_affine(x))
-            assert len(dla.feeds.clients) == 2
+            assert len(dla.dispatcher.clients) == 2
 
     @pytest.mark.asyncio
     async def test_a_runtime_instance_cannot_reach_a_worker(self, dla: Cores) -> None:

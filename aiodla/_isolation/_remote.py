@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import numpy as np
 
 from .._bindings import TensorBinding
+from .._core_record import CoreRecord, expect
 from .._core_setup import read_model
 from .._data_path import DataPath, DevicePath, HostPath
 from .._device import CompletionSink
@@ -61,9 +62,14 @@ ModelSource = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
 async def open_remote(
-    model: ModelSource, runtime_choice: str | Runtime, options: EngineOptions
+    model: ModelSource,
+    runtime_choice: str | Runtime,
+    options: EngineOptions,
+    records: Mapping[int, CoreRecord] | None = None,
 ) -> RemoteCores:
-    """Start the worker, open the model there, and build the slots on its staging."""
+    """Start the worker, open the model there, and build the slots on its staging;
+    each core's lane shares the physical core's record in ``records`` (the shared
+    cores'; None: records of its own)."""
     controls = runtime_choice if isinstance(runtime_choice, WorkerControls) else None
     if not isinstance(runtime_choice, str) and controls is None:
         raise ConfigurationError(
@@ -90,7 +96,9 @@ async def open_remote(
         worker = await launch_worker(asyncio.get_running_loop(), message)
     finally:
         setup.clear()
-    return RemoteCores(options, message, worker, controls, data)
+    if records is None:
+        records = {number: CoreRecord(number) for number in options.cores}
+    return RemoteCores(options, message, worker, controls, data, records)
 
 
 class RemoteCores:
@@ -104,6 +112,7 @@ class RemoteCores:
         worker: Worker,
         controls: WorkerControls | None,
         loadable: bytes,
+        records: Mapping[int, CoreRecord],
     ) -> None:
         self._options = options
         self._open_message = open_message
@@ -139,7 +148,7 @@ class RemoteCores:
         self.slots: list[Slot] = []
         self._numbers: dict[int, int] = {}  # slot id -> its number in the worker
         for number in options.cores:
-            core = new_core(number, self.stated_service_time, options)
+            core = new_core(number, self.stated_service_time, options, records[number])
             self.cores.append(core)
             for index in range(options.streams_per_core):
                 inputs = self._bindings(self.inputs, True)
@@ -265,10 +274,7 @@ class RemoteCores:
     def submit(self, slot: Slot, now: float) -> None:
         """Estimate when the slot's core is done with it (the supervisor sends it to
         the worker as the flow watches it)."""
-        core = slot.core
-        slot.submitted_at = now
-        core.expected_free = max(now, core.expected_free) + core.service_time
-        slot.expected_done = core.expected_free
+        expect(slot, now)
 
     def retire(self, slot: Slot, now: float) -> bool:
         """Never needed: :meth:`submit` does not fail here (a failed submission in the

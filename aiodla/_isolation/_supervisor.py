@@ -211,7 +211,7 @@ class Supervisor:
         pending.append(self._cores.submission(slot))
         # Alone in the worker (light load), nothing can join its batch: it goes now,
         # not on the loop's next turn.
-        if slot.core.outstanding <= 1 and sum(c.outstanding for c in self._cores.cores) <= 1:
+        if sum(len(c.slots) - len(c.idle) for c in self._cores.cores) <= 1:
             self._send_pending()
         elif len(pending) == 1:
             self._loop.call_soon(self._send_pending)
@@ -339,9 +339,7 @@ class Supervisor:
         self._failed_in_flight = False
         self._unproven = 0 if self._proven else self._unproven + 1
         # No request is started until a new worker serves; they wait in the queue.
-        for core in self._cores.cores:
-            core.in_rotation = False
-        self._sink.cancel_probes()
+        self._sink.worker_lost()
         self._recovery = self._loop.create_task(self._recover(cause, kill, lost_at))
 
     async def _recover(self, cause: str | None, kill: bool, lost_at: float) -> None:
@@ -386,13 +384,10 @@ class Supervisor:
             self._cores.bind_worker(worker.ready, worker.staging_fd)
             self._adopt(worker)
             break
-        for core in self._cores.cores:
-            core.in_rotation, core.consecutive_failures = True, 0
-            core.expected_free = core.last_completion = 0.0
         self.state = WorkerState.SERVING
         self.restart_times.append(time.monotonic() - lost_at)
         logger.warning("aiodla: a new worker (pid %s) serves", self.pid)
-        self._sink.transition()
+        self._sink.worker_replaced()
 
     def _fail_in_flight(self, error: WorkerLostError) -> None:
         """Fail the requests the lost worker held and give their slots back."""

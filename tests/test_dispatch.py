@@ -1,5 +1,5 @@
-"""The shared cores' decision itself (:class:`aiodla._feeds.Feeds`), on engines reduced
-to what the feeds read: priority decides every grant, not only through the depth rule.
+"""The shared cores' decision itself (:class:`aiodla._dispatch.Dispatcher`), on engines
+reduced to what it reads: priority decides every grant, not only through the depth rule.
 Each time a core has room and requests of several priorities wait, the highest goes,
 even where fair queuing alone would pick the lower one (it joined first and has been
 granted nothing); a lower priority goes only where no higher one can start."""
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from aiodla._feeds import DEPTH, TOP_DEPTH, Client, FairShares, Feeds
+from aiodla._core_record import CoreRecord
+from aiodla._dispatch import DEPTH, TOP_DEPTH, Client, Dispatcher, FairShares
 from aiodla._life import EngineState
 
 from support import wait_until
@@ -20,13 +21,14 @@ from support import wait_until
 
 @dataclasses.dataclass
 class Core:
-    """An engine's own state of one core, as the feeds read it."""
+    """An engine's own lane on one core, as the dispatcher reads it; ``record`` is the
+    physical core's, shared by every engine on it."""
 
     core: int
+    record: CoreRecord
     slots: int = 4
     service_time: float = 0.001
     outstanding: int = 0
-    expected_free: float = 0.0
     in_rotation: bool = True
     assigned_total: int = 0
 
@@ -38,34 +40,39 @@ class Core:
 class Engine:
     """What the feeds ask of an engine's flow: its state, its queue, its start."""
 
-    def __init__(self, name: str, started: list[str], cores: int = 1, slots: int = 4) -> None:
+    def __init__(
+        self, name: str, started: list[str], records: dict[int, CoreRecord], slots: int = 4
+    ) -> None:
         self.name = name
         self.started = started
         self.life = dataclasses.make_dataclass("Life", ["state"])(EngineState.OPEN)
         self.scheduler = self
-        self.cores = [Core(n, slots) for n in range(cores)]
+        self.cores = [Core(n, record, slots) for n, record in records.items()]
         self.queued = 0
 
     def next_on(self, core: Core) -> tuple[Any, Any]:
         self.queued -= 1
         core.outstanding += 1
+        core.record.held += 1
         core.assigned_total += 1
         return self.name, core
 
     def start(self, request: str, core: Core) -> None:
         self.started.append(request)
 
-    def end_one(self, feeds: Feeds, number: int = 0) -> None:
+    def end_one(self, feeds: Dispatcher, number: int = 0) -> None:
         self.cores[number].outstanding -= 1
-        feeds.dispatch()
+        self.cores[number].record.held -= 1
+        feeds.assign()
 
 
-def low_and_high(high_slots: int = 4) -> tuple[list[str], Engine, Engine, Feeds]:
-    """A low (priority 0, joined first) and a high (priority 1) engine on one core's
-    feed, and the list their starts go to."""
+def low_and_high(high_slots: int = 4) -> tuple[list[str], Engine, Engine, Dispatcher]:
+    """A low (priority 0, joined first) and a high (priority 1) engine on one core,
+    and the list their starts go to."""
     started: list[str] = []
-    low, high = Engine("low", started), Engine("high", started, slots=high_slots)
-    feeds = Feeds((0,))
+    records = {0: CoreRecord(0)}
+    low, high = Engine("low", started, records), Engine("high", started, records, high_slots)
+    feeds = Dispatcher(records)
     feeds.join(low, priority=0, weight=1.0)
     feeds.join(high, priority=1, weight=1.0)
     return started, low, high, feeds
@@ -74,7 +81,7 @@ def low_and_high(high_slots: int = 4) -> tuple[list[str], Engine, Engine, Feeds]
 def test_a_waiting_higher_priority_goes_first_though_fair_queuing_says_otherwise() -> None:
     started, low, high, feeds = low_and_high()  # low joined first: ties go to it
     low.queued, high.queued = 3, 3
-    feeds.dispatch()
+    feeds.assign()
     # The high engine fills the core to its depth before any low task starts; a low
     # one would have started first by the fair-queuing order alone.
     assert started == ["high"] * 3
@@ -84,7 +91,7 @@ def test_a_waiting_higher_priority_goes_first_though_fair_queuing_says_otherwise
 def test_a_lower_priority_goes_where_no_higher_one_can_start() -> None:
     started, low, high, feeds = low_and_high(high_slots=1)
     low.queued, high.queued = 3, 3
-    feeds.dispatch()
+    feeds.assign()
     # The high engine's one slot is busy: a low task may queue behind it (depth 2).
     assert started == ["high", "low"] and feeds.held(0) == DEPTH
     for _ in range(2):  # at each end of a high task, its next goes before the next low
@@ -99,15 +106,15 @@ def test_a_lower_task_waits_until_the_work_left_on_the_core_is_short() -> None:
     # the rule's two low task times. Count alone (one held, depth two) would let it go.
     started, low, high, feeds = low_and_high(high_slots=1)
     high.queued = 1
-    feeds.dispatch()
+    feeds.assign()
     assert started == ["high"]
-    high.cores[0].expected_free = time.monotonic() + 0.050  # (the engine's own estimate)
+    feeds.records[0].expected_free = time.monotonic() + 0.050  # (the core record's estimate)
     low.queued = 1
-    feeds.dispatch()
+    feeds.assign()
     assert started == ["high"] and low.queued == 1
     # Its task near its end: what is left is shorter than one low task, which may queue.
-    high.cores[0].expected_free = time.monotonic() + 0.0005
-    feeds.dispatch()
+    feeds.records[0].expected_free = time.monotonic() + 0.0005
+    feeds.assign()
     assert started == ["high", "low"] and feeds.held(0) == DEPTH
 
 
@@ -118,11 +125,11 @@ async def test_a_held_back_task_starts_when_the_work_left_is_short_with_no_other
     # the core is never left idle between them).
     started, low, high, feeds = low_and_high(high_slots=1)
     high.queued = 1
-    feeds.dispatch()
-    high.cores[0].expected_free = end = time.monotonic() + 0.040
+    feeds.assign()
+    feeds.records[0].expected_free = end = time.monotonic() + 0.040
     low.cores[0].service_time = 0.010
     low.queued = 1
-    feeds.dispatch()
+    feeds.assign()
     assert started == ["high"]
     await wait_until(lambda: started == ["high", "low"])
     assert time.monotonic() >= end - 0.010  # not before the work left was short enough
@@ -137,20 +144,20 @@ async def test_every_held_back_task_gets_its_timer_not_only_the_first() -> None:
     low.cores[0].service_time = 0.010
     for round_ in range(1, 3):
         high.queued = 1
-        feeds.dispatch()
-        high.cores[0].expected_free = end = time.monotonic() + 0.040
+        feeds.assign()
+        feeds.records[0].expected_free = end = time.monotonic() + 0.040
         low.queued = 1
-        feeds.dispatch()
+        feeds.assign()
         assert started == ["high", "low"] * (round_ - 1) + ["high"]
         await wait_until(lambda: started == ["high", "low"] * round_)  # noqa: B023
         assert time.monotonic() >= end - 0.010
         high.end_one(feeds)
         low.end_one(feeds)
-        high.cores[0].expected_free = 0.0
+        feeds.records[0].expected_free = 0.0
 
 
 def client(priority: int, weight: float, order: int) -> Client:
-    return Client(flow=None, priority=priority, weight=weight, order=order, cores={})  # type: ignore[arg-type]
+    return Client(flow=None, priority=priority, weight=weight, order=order, lanes={})  # type: ignore[arg-type]
 
 
 def test_fair_shares_stay_exact_however_far_the_clock_has_run() -> None:
