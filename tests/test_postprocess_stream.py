@@ -290,12 +290,17 @@ async def test_a_box_in_the_padding_is_dropped_before_nms(
     frame, a square one (no padding: the better box is in the picture and suppresses
     the other) and the 16:9 one again: the work after the task is captured per frame
     size, never replayed with another frame's geometry."""
-    from aiodla.emulator import _ops
+    from aiodla.emulator import _detector
 
     heads = padding_heads()
     plan = YOLOV5.plan((640, 640), HEADS)
     assert len(plan.run([h.astype(np.float32) for h in heads])) == 1  # model pixels
-    monkeypatch.setattr(_ops, "compute_outputs", lambda *args: heads)
+
+    def task_writes(raws: list[Any], outputs: Any, *args: Any) -> None:
+        for raw, spec, head in zip(raws, outputs, heads, strict=True):
+            spec.pack(head, out=raw)
+
+    monkeypatch.setattr(_detector, "write_heads", task_writes)  # the emulated task's heads
     options: dict[str, Any] = {
         "preprocess": {"images": LETTERBOX}, "convert": convert, "cores": [0],
         "streams_per_core": 1,

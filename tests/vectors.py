@@ -123,13 +123,23 @@ def _stored_array(
 
 
 def make_request(
-    rng: SplitMix64, model: EmulatorModel, *, nan_inputs: frozenset[str], inf_inputs: frozenset[str]
+    rng: SplitMix64,
+    model: EmulatorModel,
+    *,
+    nan_inputs: frozenset[str],
+    inf_inputs: frozenset[str],
+    bands: int = 0,
 ) -> tuple[tuple[np.ndarray[Any, Any], ...], tuple[bytes, ...]]:
-    """Logical arrays for every input, and the raw buffers with garbage padding."""
+    """Logical arrays for every input, and the raw buffers with garbage padding; with
+    ``bands``, input 0's first and last ``bands`` rows take the colour of its pixel
+    (0, 0), as a letterbox's padding."""
     arrays: list[np.ndarray[Any, Any]] = []
     buffers: list[bytes] = []
-    for spec in model.inputs:
+    for index, spec in enumerate(model.inputs):
         array = _stored_array(rng, spec, nan=spec.name in nan_inputs, inf=spec.name in inf_inputs)
+        if bands and index == 0:
+            array[:, :, :bands] = array[:, :, :1, :1]
+            array[:, :, array.shape[2] - bands :] = array[:, :, :1, :1]
         packed = np.array(spec.pack(array), dtype=np.uint8, copy=True)
         garbage = np.frombuffer(rng.raw(spec.size), dtype=np.uint8)
         padding = ~element_mask(spec)
@@ -274,6 +284,21 @@ def _detect_heads() -> Any:
     return inputs, outputs, "detect", 1.0, 0.0, frozenset(), frozenset({"image"})
 
 
+def _detect_letterboxed() -> Any:
+    """Op detect over an image whose top and bottom rows are uniform, as a letterbox's
+    padding (``_BANDS``): no object in the cells there; chw16 input and heads."""
+    inputs = [_spec("image", (1, 3, 32, 24), "float16", "chw16")]
+    outputs = [
+        _spec("p4", (1, 21, 8, 6), "float16", "chw16"),
+        _spec("p8", (1, 24, 4, 3), "float32", "nchw"),
+    ]
+    return inputs, outputs, "detect", 1.0, 0.0, frozenset(), frozenset()
+
+
+# Vectors whose input 0 is letterboxed: rows of padding at its top and bottom.
+_BANDS = {"detect_letterboxed": 9}
+
+
 def _mix_every_type() -> Any:
     """Six inputs of the six types in every format, NaN and inf among the floats (mix
     reads bits, never arithmetic on them), into outputs of every type."""
@@ -337,6 +362,7 @@ _BUILDERS: tuple[tuple[str, Any], ...] = (
     ("mix_ties_and_saturation", _mix_ties_and_saturation),
     ("mix_clamped", _mix_clamped),
     ("detect_heads", _detect_heads),
+    ("detect_letterboxed", _detect_letterboxed),
 )
 
 
@@ -351,7 +377,7 @@ def vectors(requests: int = 3, latency: float = 0.0) -> list[Vector]:
         arrays, buffers = [], []
         for _ in range(requests):
             request_arrays, request_buffers = make_request(
-                rng, model, nan_inputs=nan_inputs, inf_inputs=inf_inputs
+                rng, model, nan_inputs=nan_inputs, inf_inputs=inf_inputs, bands=_BANDS.get(name, 0)
             )
             arrays.append(request_arrays)
             buffers.append(request_buffers)

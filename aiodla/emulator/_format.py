@@ -103,8 +103,9 @@ store 0 for NaN. Every output depends on its own request's inputs only.
 
 ``detect`` (any inputs; outputs of shape (1, 3*(5+k), H, W), float) draws as ``mix``
 does, one draw per cell of three anchors, and writes raw YOLOv5-style heads with a few
-objects each (``aiodla.emulator._detector`` gives the arithmetic). ``scale`` and
-``bias`` are unused. The GPU stand-in does not run it yet and refuses such a loadable.
+objects each, none in cells that input 0 shows as letterbox padding
+(``aiodla.emulator._detector`` gives the arithmetic). ``scale`` and ``bias`` are
+unused. The GPU stand-in runs it too, byte for byte.
 """
 
 from __future__ import annotations

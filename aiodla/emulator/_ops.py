@@ -72,7 +72,8 @@ def compute_outputs(
     if model.op == "detect":
         from ._detector import detect_heads  # (it builds on this module's draws)
 
-        return detect_heads(model.outputs, (mix or _Mix(model)).digest(stored))
+        image = stored[0] if stored else None
+        return detect_heads(model.outputs, (mix or _Mix(model)).digest(stored), image)
     return [
         to_storage(compute_logical(model, index, x), target.numpy_dtype)
         for index, (x, target) in enumerate(zip(stored, model.outputs, strict=True))
@@ -200,6 +201,16 @@ class ModelRunner:
         self._mix = _Mix(model) if model.op in ("mix", "detect") else None
 
     def __call__(self) -> None:
+        if self.model.op == "detect" and self._mix is not None:
+            # sparse: the heads' background bytes, then the object cells (_detector)
+            from ._detector import logical_picture, write_heads
+
+            stored = [source.read(dequantize=False) for source in self._sources]
+            digest = self._mix.digest(stored)
+            picture = logical_picture(stored[0]) if stored else None
+            raws = [target.raw for target in self._targets]
+            write_heads(raws, self.model.outputs, digest, picture)
+            return
         if self._mix is not None:
             stored = [source.read(dequantize=False) for source in self._sources]
             for index, result in enumerate(compute_outputs(self.model, stored, self._mix)):

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from aiodla import Detect, Engine, TensorSpec, _cli
+from aiodla import Detect, Engine, ImagePreprocess, TensorSpec, _cli
 from aiodla._errors import ModelError
 from aiodla.emulator import make_loadable, parse_loadable
 from aiodla.emulator._detector import PRESETS
-from aiodla.emulator._ops import compute_outputs, mix_digest
+from aiodla.emulator._ops import compute_outputs, mix_digest, run_model
 
 M64 = (1 << 64) - 1
 G = 0x9E3779B97F4A7C15
@@ -27,7 +27,24 @@ def finalize(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def reference_head(spec: TensorSpec, digest: int, o: int) -> np.ndarray[Any, Any]:
+def in_picture(image: np.ndarray[Any, Any], y: int, x: int, height: int, width: int) -> bool:
+    """Cell (y, x) of a height x width output: its first and last pixels of input 0
+    each differ from pixel (0, 0) in some channel's stored bits."""
+    bits = image[0].view(np.dtype(f"<u{image.itemsize}"))
+    _, h, w = bits.shape
+    corners = [
+        (y * h // height, x * w // width),
+        (((y + 1) * h - 1) // height, ((x + 1) * w - 1) // width),
+    ]
+    return all(
+        any(int(bits[c, row, column]) != int(bits[c, 0, 0]) for c in range(bits.shape[0]))
+        for row, column in corners
+    )
+
+
+def reference_head(
+    spec: TensorSpec, digest: int, o: int, image: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
     """The module docstring's definition, one cell at a time on Python ints."""
     _, channels, height, width = spec.shape
     per, cells = channels // 3, 3 * height * width
@@ -40,6 +57,8 @@ def reference_head(spec: TensorSpec, digest: int, o: int) -> np.ndarray[Any, Any
             continue
         a, rest = divmod(i, height * width)
         y, x = divmod(rest, width)
+        if not in_picture(image, y, x, height, width):
+            continue
         for channel, shift in enumerate((0, 8, 32, 40)):
             out[a, channel, y, x] = ((r >> shift) & 255) / 128 - 1
         out[a, 4, y, x] = 4.0
@@ -57,16 +76,67 @@ SMALL = (
 )
 
 
-def test_op_matches_its_definition() -> None:
+def letterboxed(x: np.ndarray[Any, Any], rows: int) -> np.ndarray[Any, Any]:
+    """``x`` with its first and last ``rows`` rows one uniform colour, as a letterbox's
+    padding (the colour of its pixel (0, 0) in every channel)."""
+    x = x.copy()
+    x[:, :, :rows] = x[:, :, :1, :1]
+    x[:, :, x.shape[2] - rows :] = x[:, :, :1, :1]
+    return x
+
+
+@pytest.mark.parametrize("rows", [0, 6], ids=["picture everywhere", "letterboxed"])
+def test_op_matches_its_definition(rows: int) -> None:
     model = parse_loadable(make_loadable(*SMALL, "detect"))
     rng = np.random.default_rng(0)
     for _ in range(3):
-        x = rng.normal(size=SMALL[0][0].shape).astype(np.float16)
+        x = letterboxed(rng.normal(size=SMALL[0][0].shape).astype(np.float16), rows)
         digest = mix_digest(model, [x])
         outputs = compute_outputs(model, [x])
         for o, (spec, got) in enumerate(zip(SMALL[1], outputs, strict=True)):
             assert got.dtype == spec.numpy_dtype and got.shape == spec.shape
-            assert (got == reference_head(spec, digest, o)).all()
+            assert (got == reference_head(spec, digest, o, x)).all()
+
+
+@pytest.mark.parametrize("rows", [0, 6, 8], ids=["square", "letterboxed", "all padding"])
+def test_the_task_writes_what_the_definition_gives(rows: int) -> None:
+    """The emulated task (the background's bytes, then the object cells at their offsets
+    in the DLA layout) equals the definition's logical heads packed, byte for byte, over
+    a buffer holding another request's heads: every byte is written."""
+    model = parse_loadable(make_loadable(*SMALL, "detect"))
+    (image,) = SMALL[0]
+    rng = np.random.default_rng(rows)
+    stale = [np.full(spec.size, 0x5A, np.uint8) for spec in SMALL[1]]
+    for _ in range(3):
+        x = letterboxed(rng.normal(size=image.shape).astype(np.float16), rows)
+        run_model(model, [image.pack(x)], stale)
+        want = compute_outputs(model, [x])
+        for spec, got, head in zip(SMALL[1], stale, want, strict=True):
+            assert got.tobytes() == spec.pack(head).tobytes(), spec.name
+
+
+def test_objects_only_in_the_picture() -> None:
+    """YOLOv5s' heads from a 16:9 frame letterboxed into 640 x 640 (picture rows 140..500):
+    every object's box centre lies in the picture, each frame has its own objects, and
+    the heads are a function of the input alone."""
+    inputs, outputs, _ = PRESETS["yolov5s"]
+    model = parse_loadable(make_loadable(inputs, outputs, "detect"))
+    plan = Detect(head="yolov5").plan((640, 640), outputs)
+    letterbox = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+    rng = np.random.default_rng(4)
+    seen = []
+    for _ in range(4):
+        frame = rng.integers(0, 256, (1080, 1920, 3), np.uint8)
+        x = letterbox.apply(frame, inputs[0]).astype(np.float16)
+        heads = compute_outputs(model, [x])
+        assert all((a == b).all() for a, b in zip(heads, compute_outputs(model, [x])))
+        found = plan.run(heads)
+        centres = (found.boxes[:, 1] + found.boxes[:, 3]) / 2
+        assert len(found) >= 10 and ((centres >= 140) & (centres <= 500)).all()
+        geometry = letterbox.geometry(1080, 1920, 640, 640)
+        assert plan.run(heads, geometry, (1080, 1920)).outside == 0
+        seen.append(found.boxes.tobytes())
+    assert len(set(seen)) == 4  # each frame its own objects
 
 
 def test_preset_heads_have_a_few_dozen_detections() -> None:

@@ -306,7 +306,8 @@ __device__ inline void run_mix(const ModuleTable& table, const TaskArgs& args) {
     }
     __syncthreads();
     for (uint32_t o = 0; o < table.num_outputs; ++o) {
-        digest_store(table, o, digest, args.outputs[o], threadIdx.x, blockDim.x);
+        digest_store(table, o, digest, table.num_inputs ? args.inputs[0] : nullptr,
+                     args.outputs[o], threadIdx.x, blockDim.x);
     }
 }
 

@@ -15,7 +15,8 @@
  *   split of the work gives the same number), then per output element a SplitMix64
  *   draw whose top 16 bits pick its value; see mix_partial_sum and mix_store;
  * - detect: mix's digest, then raw detector heads with a few objects each: per cell
- *   one draw decides whether it holds an object and what (detect_store);
+ *   one draw decides whether it holds an object and what, and input 0 whether the cell
+ *   lies in the picture (detect_store);
  * - element (n, c, h, w) lives at n*s3 + (c/L)*s2 + h*s1 + w*s0 + (c%L)*E, and every
  *   byte of an output buffer is written: padding lanes, rows, surfaces and tail are 0.
  *
@@ -417,14 +418,41 @@ AIODLA_HD inline void mix_store(const ModuleTable& table, uint32_t o, uint64_t d
 constexpr uint64_t kDetectObjects = 16; /* expected objects per output */
 constexpr uint64_t kDetectAnchors = 3;
 
-/* Output o of op detect, from the digest D: three anchors of (5 + k) channels. Cell
- * i = (a*H + y)*W + x has draw r = F(K[o] + (i + 1) * G) and holds an object when
- * r >> 48 < max(1, floor(16 * 2^16 / (3*H*W))); channel c of anchor a at (y, x), as
- * logits: without an object 0, objectness -8; with one, x, y, w, h = ((r >> s) & 255)
- * / 128 - 1 for s = 0, 8, 32, 40, objectness 4, class (r >> 16) % k 4, others -4.
- * Every value is exact in float16. Call after zero_buffer(out) has finished. */
+/* Whether pixel (y, x) of batch 0 of input `src` differs from pixel (0, 0) in the
+ * stored bits of some channel. */
+AIODLA_HD inline bool differs_from_corner(const TensorLayout& src, const uint8_t* in, uint64_t y,
+                                          uint64_t x) {
+    for (uint64_t c = 0; c < src.c; ++c) {
+        if (load_bits(in + element_offset(src, 0, c, y, x), src.esize) !=
+            load_bits(in + element_offset(src, 0, c, 0, 0), src.esize)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether cell (y, x) of an H x W output lies in the picture of input `src` (h x w): its
+ * first pixel (y*h / H, x*w / W) and its last ((y+1)*h - 1) / H, ((x+1)*w - 1) / W) both
+ * differ from pixel (0, 0). A letterbox's padding is uniform and includes pixel (0, 0).
+ * No input: every cell. */
+AIODLA_HD inline bool in_picture(const TensorLayout* src, const uint8_t* in, uint64_t y,
+                                 uint64_t x, uint64_t H, uint64_t W) {
+    if (src == nullptr) return true;
+    const uint64_t h = src->h, w = src->w;
+    return differs_from_corner(*src, in, y * h / H, x * w / W) &&
+           differs_from_corner(*src, in, ((y + 1) * h - 1) / H, ((x + 1) * w - 1) / W);
+}
+
+/* Output o of op detect, from the digest D and input 0 (`in`, laid out as `src`; both
+ * null without inputs): three anchors of (5 + k) channels. Cell i = (a*H + y)*W + x has
+ * draw r = F(K[o] + (i + 1) * G) and holds an object when r >> 48 < max(1, floor(16 *
+ * 2^16 / (3*H*W))) and the cell lies in the picture (in_picture); channel c of anchor a
+ * at (y, x), as logits: without an object 0, objectness -8; with one, x, y, w, h =
+ * ((r >> s) & 255) / 128 - 1 for s = 0, 8, 32, 40, objectness 4, class (r >> 16) % k 4,
+ * others -4. Every value is exact in float16. Call after zero_buffer(out) has finished. */
 AIODLA_HD inline void detect_store(const ModuleTable& table, uint32_t o, uint64_t digest,
-                                   uint8_t* out, uint32_t index, uint32_t count) {
+                                   const TensorLayout* src, const uint8_t* in, uint8_t* out,
+                                   uint32_t index, uint32_t count) {
     const TensorLayout& dst = table.outputs[o];
     const uint64_t C = dst.c, H = dst.h, W = dst.w;
     const uint64_t per = C / kDetectAnchors, plane = H * W;
@@ -440,7 +468,7 @@ AIODLA_HD inline void detect_store(const ModuleTable& table, uint32_t o, uint64_
         const uint64_t cell = a * plane + h * W + w;
         const uint64_t r = mix_finalize(key + (cell + 1) * kMixGolden);
         double y;
-        if ((r >> 48) >= threshold) {
+        if ((r >> 48) >= threshold || !in_picture(src, in, h, w, H, W)) {
             y = c == 4 ? -8.0 : 0.0;
         } else if (c < 4) {
             const uint32_t shift = c < 2 ? 8 * static_cast<uint32_t>(c) : 32 + 8 * (c - 2);
@@ -454,11 +482,13 @@ AIODLA_HD inline void detect_store(const ModuleTable& table, uint32_t o, uint64_
     }
 }
 
-/* Output o of a digest op (mix, detect). */
+/* Output o of a digest op (mix, detect); `in` is input 0's buffer (detect reads it). */
 AIODLA_HD inline void digest_store(const ModuleTable& table, uint32_t o, uint64_t digest,
-                                   uint8_t* out, uint32_t index, uint32_t count) {
+                                   const uint8_t* in, uint8_t* out, uint32_t index,
+                                   uint32_t count) {
     if (table.op == kOpDetect) {
-        detect_store(table, o, digest, out, index, count);
+        const TensorLayout* src = table.num_inputs ? &table.inputs[0] : nullptr;
+        detect_store(table, o, digest, src, in, out, index, count);
     } else {
         mix_store(table, o, digest, out, index, count);
     }
@@ -477,7 +507,8 @@ inline void run_task_serially(const ModuleTable& table, const uint8_t* const* in
         }
         const uint64_t digest = mix_digest(sums, table.num_inputs);
         for (uint32_t o = 0; o < table.num_outputs; ++o) {
-            digest_store(table, o, digest, outputs[o], 0, 1);
+            digest_store(table, o, digest, table.num_inputs ? inputs[0] : nullptr, outputs[o], 0,
+                         1);
         }
         return;
     }
