@@ -218,38 +218,39 @@ class Window:
         return after.process - self.before.process - device
 
 
+async def taken(frames: AsyncIterator[Any], count: int) -> AsyncIterator[Any]:
+    """The next ``count`` frames of ``frames`` (which stays open for more)."""
+    for _ in range(count):
+        yield await anext(frames)
+
+
 async def all_in(args: argparse.Namespace, clip: Path, decoder: str) -> dict[str, float]:
+    """The source opened and warmed up first: the window holds frames only."""
     source_format = "nv12" if decoder == "nvdec" else "i420"
+    warm = args.inflight * 2
     async with engine(args, source_format) as opened:
         video_source = getattr(aiodla, "VideoSource", None)
+        release: Callable[[Any], None] | None = None
         if video_source is not None:
-
-            async def frames(count: int) -> AsyncIterator[VideoFrame]:
-                async with video_source(
-                    str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=4
-                ) as camera:
-                    taken = 0
-                    async for frame in camera:
-                        yield frame
-                        taken += 1
-                        if taken == count:
-                            return
-
-            await drive(opened.infer, frames(args.inflight * 2), args.inflight)
-            window = Window(opened.runtime)
-            started = time.perf_counter()
-            count = await drive(opened.infer, frames(args.frames), args.inflight)
+            camera = video_source(
+                str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=4
+            )
+            await camera.__aenter__()
+            frames: AsyncIterator[Any] = aiter(camera)
         else:  # PyAV directly (ffmpeg only)
             buffers = opened.frame_buffers(args.inflight + 4, (SIZE[0] * 3 // 2, SIZE[1]))
-            warm = PyAVFrames(clip, buffers, args.inflight * 2)
-            await drive(opened.infer, aiter(warm), args.inflight, warm.release)
-            warm.thread.join()
+            reader = PyAVFrames(clip, buffers, warm + args.frames)
+            frames, release = aiter(reader), reader.release
+        try:
+            await drive(opened.infer, taken(frames, warm), args.inflight, release)
             window = Window(opened.runtime)
             started = time.perf_counter()
-            reader = PyAVFrames(clip, buffers, args.frames)
-            count = await drive(opened.infer, aiter(reader), args.inflight, reader.release)
-        seconds = window.host_seconds()
-        elapsed = time.perf_counter() - started
+            count = await drive(opened.infer, taken(frames, args.frames), args.inflight, release)
+            seconds = window.host_seconds()
+            elapsed = time.perf_counter() - started
+        finally:
+            if video_source is not None:
+                await camera.__aexit__(None, None, None)
     return {"host_us": 1e6 * seconds / count, "frames": count, "fps": count / elapsed}
 
 
