@@ -135,16 +135,16 @@ class Reader:
                 loss = exc
             else:
                 self.codec = stream.codec
-                self._call_loop(self._sink.connected)
+                decoded_before = self.decoded
                 try:
-                    delivered_any = self._decode(stream)
+                    self._decode(stream)
                 except VideoSourceError as exc:
                     loss = exc
                 else:
                     if self.stop.is_set():
                         return
                     if not address.live:
-                        if settings.repeat and delivered_any:
+                        if settings.repeat and self.decoded > decoded_before:
                             continue
                         self._call_loop(self._sink.ended)
                         return
@@ -156,7 +156,7 @@ class Reader:
                     )
                 finally:
                     stream.close()
-                if delivered_any:
+                if self.decoded > decoded_before:  # it worked for a while: start over
                     attempt = 0
             if self.stop.is_set():
                 return
@@ -168,15 +168,15 @@ class Reader:
             attempt += 1
             self.stop.wait(random.uniform(delay / 2, delay))
 
-    def _decode(self, stream: DecodedStream) -> bool:
-        """Decode until the stream ends or breaks; whether it gave any frame."""
+    def _decode(self, stream: DecodedStream) -> None:
+        """Decode until the stream ends or breaks."""
         pool: FramePool | None = None
         pool_shape: tuple[int, int] | None = None
-        gave = False
         cpu = time.thread_time()
+        connected = False
         for item in stream.pictures():
             if self.stop.is_set():
-                return gave
+                return
             if isinstance(item, DecodeTrouble):
                 self.decode_errors += 1
                 continue
@@ -209,12 +209,13 @@ class Reader:
             self.decoded += 1
             self.format = picture.format
             self.size = (picture.width, picture.height)
-            gave = True
+            self.codec = stream.codec  # some decoders know it only once decoding
+            if not connected:  # a source counts as (re)connected once frames flow
+                connected = self._call_loop(self._sink.connected)
             self.sent += 1
             if not self._call_loop(self._sink.arrive, frame, spent):
-                return gave
+                return
         self.decode_cpu += time.thread_time() - cpu
-        return gave
 
     def _room(self) -> bool:
         """Whether this frame may go to the loop: a live source's when fewer than

@@ -221,8 +221,8 @@ class VideoSource:
     # -- life -------------------------------------------------------------------------------
 
     async def __aenter__(self) -> VideoSource:
-        """Start reading; return once the source first opened (or, with ``reconnect``,
-        once a first attempt failed with something worth retrying).
+        """Start reading; return once the source gave its first frame (or, with
+        ``reconnect``, once a first attempt failed with something worth retrying).
 
         Raises :class:`~aiodla.VideoSourceError` for what retrying cannot fix, or for
         any failure when ``reconnect=False``.
