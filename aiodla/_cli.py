@@ -235,6 +235,8 @@ def inspect(model: str, as_json: bool) -> None:
                 + (
                     f", computed by {emulator.compute} (imported only with trust_compute)"
                     if emulator.compute
+                    else f", computed by its ONNX network ({len(emulator.onnx)} bytes)"
+                    if emulator.onnx
                     else ""
                 )
             )

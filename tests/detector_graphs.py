@@ -205,14 +205,16 @@ def yolov8(seed: int = 8, *, variant: str = "yolov8") -> bytes:
     return b.model("output0", [1, 4 + CLASSES, total])
 
 
-def yolox(seed: int = 10) -> bytes:
+def yolox(seed: int = 10, *, simplified: bool = True) -> bytes:
     """Megvii YOLOX 0.3.0 ``tools/export_onnx.py`` (opset 11, ``decode_in_inference``):
     per scale the decoupled head's box (4), objectness (1, Sigmoid) and class (nc,
     Sigmoid) convolutions concatenated on channels, Reshape to (1, 5 + nc, -1); the
     scales concatenated on the last axis, Transpose (0, 2, 1); then ``decode_outputs``:
     Slices ``[..., 0:2]``, ``[..., 2:4]``, ``[..., 4:]``, ``(xy + grids) * strides``,
     ``exp(wh) * strides``, Concat into ``output`` (1, N, 5 + nc): cx, cy, w, h,
-    objectness, class probabilities."""
+    objectness, class probabilities. ``simplified=False``: as exported without
+    onnx-simplifier, each flatten's shape computed from the head's own ``Shape``
+    (Shape, Slice, Concat with -1), as torch.onnx writes ``flatten(start_dim=2)``."""
     b = _Builder(seed, 11)
     no = 5 + CLASSES
     columns, grids, strides = [], [], []
@@ -222,7 +224,14 @@ def yolox(seed: int = 10) -> bytes:
         obj = b.conv(stem, WIDTH, 1, k=1, bias=np.array([0.5]), gain=12.0)
         cls = b.conv(b.silu(b.conv(stem, WIDTH, WIDTH)), WIDTH, CLASSES, k=1, gain=12.0)
         head = b.node("Concat", [reg, b.node("Sigmoid", [obj]), b.node("Sigmoid", [cls])], axis=1)
-        columns.append(b.node("Reshape", [head, b.const([1, no, -1], "shape", np.int64)]))
+        shape = b.const([1, no, -1], "shape", np.int64)
+        if not simplified:
+            leading = b.node(
+                "Slice",
+                [b.node("Shape", [head]), b.const([0], "s", np.int64), b.const([2], "e", np.int64)],
+            )
+            shape = b.node("Concat", [leading, b.const([-1], "rest", np.int64)], axis=0)
+        columns.append(b.node("Reshape", [head, shape]))
         n, xv, yv = _grids(stride)
         grids.append(np.stack([xv.ravel(), yv.ravel()], 1))
         strides.append(np.full((n * n, 1), stride))
@@ -254,6 +263,7 @@ FAMILIES = {
     "yolov8": yolov8,
     "yolo11": lambda: yolov8(11, variant="yolo11"),
     "yolox": yolox,
+    "yolox-unsimplified": lambda: yolox(simplified=False),
 }
 # The Detect head each family decodes as.
 HEADS = {
@@ -262,6 +272,7 @@ HEADS = {
     "yolov8": "yolov8",
     "yolo11": "yolov8",
     "yolox": "yolox",
+    "yolox-unsimplified": "yolox",
 }
 
 

@@ -88,6 +88,15 @@ def _gs() -> Any:
     return onnx_graphsurgeon
 
 
+def _import(model: Any) -> Any:
+    """The model as a GraphSurgeon graph with its constant subgraphs folded: an export
+    made without a simplifier computes its reshapes' shapes from ``Shape`` of the very
+    tensors reshaped (torch's ``flatten``), which a static shape makes constant."""
+    graph = _gs().import_onnx(model)
+    graph.fold_constants().cleanup()
+    return graph
+
+
 def _shape(tensor: Any) -> tuple[int, ...] | None:
     shape = getattr(tensor, "shape", None)
     if shape is None or not all(isinstance(d, int) for d in shape):
@@ -183,8 +192,7 @@ def load(model: Any) -> Any:
 def find_heads(model: Any, *, head: str | None = None, where: str = "the model") -> HeadCut:
     """The heads of a detector export (a ModelProto with shapes inferred), checked against
     the family's arithmetic (ModelError naming what does not fit)."""
-    gs = _gs()
-    graph = gs.import_onnx(model)
+    graph = _import(model)
     if len(graph.inputs) != 1:
         raise ModelError(f"{where} has {len(graph.inputs)} inputs; a detector takes one image")
     image = graph.inputs[0]
@@ -326,8 +334,7 @@ def tail_model(model: Any, cut: HeadCut) -> Any:
     """The removed tail alone: the heads in, the export's output out."""
     import onnx
 
-    gs = _gs()
-    graph = gs.import_onnx(model)
+    graph = _import(model)
     tensors = graph.tensors()
     graph.inputs = [
         tensors[name].to_variable(dtype=np.float32, shape=list(shape))
@@ -335,7 +342,7 @@ def tail_model(model: Any, cut: HeadCut) -> Any:
     ]
     graph.outputs = [tensors[cut.output_name]]
     graph.cleanup().toposort()
-    return onnx.shape_inference.infer_shapes(gs.export_onnx(graph))
+    return onnx.shape_inference.infer_shapes(_gs().export_onnx(graph))
 
 
 def trim(model: Any, cut: HeadCut) -> Any:
@@ -343,8 +350,7 @@ def trim(model: Any, cut: HeadCut) -> Any:
     ``head_stride<s>``."""
     import onnx
 
-    gs = _gs()
-    graph = gs.import_onnx(model)
+    graph = _import(model)
     tensors = graph.tensors()
     outputs = []
     for name, new, shape in zip(cut.heads, cut.names, cut.shapes, strict=True):
@@ -353,7 +359,7 @@ def trim(model: Any, cut: HeadCut) -> Any:
         outputs.append(tensor.to_variable(dtype=np.float32, shape=list(shape)))
     graph.outputs = outputs
     graph.cleanup().toposort()
-    trimmed = gs.export_onnx(graph)
+    trimmed = _gs().export_onnx(graph)
     trimmed.ir_version = model.ir_version
     onnx.checker.check_model(trimmed)
     return trimmed

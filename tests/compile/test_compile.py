@@ -102,6 +102,8 @@ def test_the_files_and_the_settings(tmp_path: Path) -> None:
     assert model.onnx == Path(result.trimmed).read_bytes()
     assert [s.name for s in model.outputs] == ["head_stride8", "head_stride16", "head_stride32"]
     assert {(s.dtype, s.format) for s in (*model.inputs, *model.outputs)} == {("float16", "chw16")}
+    shown = CliRunner().invoke(cli, ["inspect", str(out)])
+    assert f"computed by its ONNX network ({len(model.onnx)} bytes)" in shown.output
 
 
 class TestForModel:
