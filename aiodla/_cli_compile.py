@@ -94,7 +94,7 @@ def compile_command(
         lines.append(("loadable", f"{result.loadable} (emulator loadable: the {network} network)"))
     elif result.build is not None:
         if result.build.built:
-            lines.append(("loadable", f"{result.loadable} (built by trtexec)"))
+            lines.append(("loadable", f"{result.loadable} ({result.build.reason})"))
         else:
             failed = "failed" in result.build.reason
             lines.append(("NOT BUILT", result.build.reason))

@@ -169,7 +169,7 @@ def compile_model(
     else:
         if os.path.exists(out):
             os.remove(out)  # a stale loadable must not pass for this build's
-        result_build = build(command, out, find_trtexec())
+        result_build = build(command, out, find_trtexec(), onnx=network_path, int8=int8, core=core)
     table = rules()
     document = {
         "family": head or cut.family,

@@ -247,6 +247,118 @@ class TestBuild:
         assert "layer not supported on DLA" in result.output
 
 
+class _FakeTensorRT:
+    """What build_with_api asks of TensorRT's Python package, recorded."""
+
+    __version__ = "10.3.0"
+    float16 = "float16"
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, level: int) -> None:
+            self.level = level
+
+    class DeviceType:
+        DLA = "DLA"
+
+    class EngineCapability:
+        DLA_STANDALONE = "DLA_STANDALONE"
+
+    class BuilderFlag:
+        FP16, INT8, GPU_FALLBACK = "FP16", "INT8", "GPU_FALLBACK"
+
+    class TensorFormat:
+        CHW16 = 5
+
+    def __init__(self, parses: bool = True, builds: bool = True) -> None:
+        fake = self
+        self.parses, self.builds = parses, builds
+        self.flags: list[str] = []
+        self.tensors: list[Any] = []
+        self.config: Any = None
+
+        class Tensor:
+            dtype: Any = "float32"
+            allowed_formats = 0
+
+        class Network:
+            num_inputs, num_outputs = 1, 3
+
+            def get_input(self, i: int) -> Any:
+                fake.tensors.append(Tensor())
+                return fake.tensors[-1]
+
+            get_output = get_input
+
+        class Config:
+            def set_flag(self, flag: str) -> None:
+                fake.flags.append(flag)
+
+        class Builder:
+            def __init__(self, logger: Any) -> None:
+                pass
+
+            def create_network(self, flags: int) -> Any:
+                return Network()
+
+            def create_builder_config(self) -> Any:
+                fake.config = Config()
+                return fake.config
+
+            def build_serialized_network(self, network: Any, config: Any) -> Any:
+                return b"dla loadable" if fake.builds else None
+
+        class OnnxParser:
+            num_errors = 1
+
+            def __init__(self, network: Any, logger: Any) -> None:
+                pass
+
+            def parse(self, data: bytes, path: str) -> bool:
+                assert data.startswith(b"\x08")  # an ONNX ModelProto: ir_version first
+                return fake.parses
+
+            def get_error(self, i: int) -> str:
+                return "unsupported operator"
+
+        self.Builder, self.OnnxParser = Builder, OnnxParser
+
+
+class TestBuildWithTheTensorRTAPI:
+    def _compile(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trt: Any) -> Any:
+        monkeypatch.setenv("PATH", str(tmp_path))  # no trtexec
+        monkeypatch.setitem(sys.modules, "tensorrt", trt)
+        out = tmp_path / "api.bin"
+        return CliRunner().invoke(cli, ["compile", write(tmp_path, "yolov5"), "-o", str(out),
+                                        "--core", "1"]), out  # fmt: skip
+
+    def test_it_builds_a_standalone_dla_loadable(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        trt = _FakeTensorRT()
+        result, out = self._compile(tmp_path, monkeypatch, trt)
+        assert result.exit_code == 0, result.output
+        assert "(built by TensorRT 10.3.0's Python API)" in result.output
+        assert out.read_bytes() == b"dla loadable"
+        config = trt.config
+        assert (config.default_device_type, config.DLA_core) == ("DLA", 1)
+        assert config.engine_capability == "DLA_STANDALONE"
+        assert trt.flags == ["FP16"]  # no GPU_FALLBACK
+        assert [(t.dtype, t.allowed_formats) for t in trt.tensors] == [("float16", 1 << 5)] * 4
+
+    def test_a_parse_or_build_failure_is_reported(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        result, out = self._compile(tmp_path, monkeypatch, _FakeTensorRT(parses=False))
+        assert "NOT BUILT  TensorRT cannot parse" in result.output
+        assert "unsupported operator" in result.output
+        assert not out.exists()
+        result, out = self._compile(tmp_path, monkeypatch, _FakeTensorRT(builds=False))
+        assert "NOT BUILT  TensorRT's builder failed" in result.output
+        assert not out.exists()
+
+
 class TestRefusals:
     def test_a_layer_the_dla_cannot_run_is_named_before_any_build(self, tmp_path: Path) -> None:
         model = onnx.load_from_string(graphs.yolov5())
