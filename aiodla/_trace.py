@@ -439,7 +439,7 @@ class Tracing:
     async def __aexit__(self, *exc_info: object) -> None:
         uninstall(self._engine._flow, self.recorder)
         if self._path is not None:
-            _write(self.recorder, self._path, "engine.trace(path)")
+            _write(self.recorder, self._path, f"engine.trace({str(self._path)!r})")
 
 
 class TraceFile:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigurationError
+from ._safe_paths import UnsafePathError, read_limited
 
 __all__ = ["COLORINGS", "STATE_COLORS", "plot_trace", "read_trace"]
 
@@ -42,33 +44,40 @@ class _Trace:
 
     def __init__(self, document: dict[str, Any]) -> None:
         events = document["traceEvents"]
+        # By (process, track): a trace of several engines (Cores.trace) has a process
+        # for each, with the same track names in each.
         self.names = {
-            e["tid"]: e["args"]["name"]
+            (e.get("pid"), e.get("tid")): e["args"]["name"]
             for e in events
             if e.get("ph") == "M" and e.get("name") == "thread_name"
         }
         self.tasks: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)  # by core
         self.loop: list[dict[str, Any]] = []
         self.sweeps: list[dict[str, Any]] = []
-        self.steps: dict[int, dict[str, tuple[float, float]]] = collections.defaultdict(dict)
-        begun: dict[tuple[int, str], float] = {}
+        # Per request (process, number): its steps.
+        self.steps: dict[Any, dict[str, tuple[float, float]]] = collections.defaultdict(dict)
+        begun: dict[tuple[Any, ...], float] = {}
         for e in events:
-            phase, track = e.get("ph"), self.names.get(e.get("tid", -1), "")
-            if phase == "X" and e["name"] == "DLA task":
+            phase = e.get("ph")
+            track = self.names.get((e.get("pid"), e.get("tid")), "")
+            args = e.get("args", {})
+            name = e.get("name", "")
+            if phase == "X" and name == "DLA task":
                 core, stream = _core_and_stream(track)
                 self.tasks[core].append({**e, "stream": stream})
-            elif phase == "X" and track == "event loop":
+            elif phase == "X" and _is(track, "event loop"):
                 self.loop.append(e)
-                request = e["args"].get("request")
-                if request is not None:
-                    self.steps[request][e["name"]] = (e["ts"], e["ts"] + e["dur"])
-            elif phase == "X" and track in ("poller", "loop harvests"):
+                request = args.get("request")
+                if isinstance(request, (int, str)):
+                    self.steps[(e.get("pid"), request)][name] = (e["ts"], e["ts"] + e["dur"])
+            elif phase == "X" and (_is(track, "poller") or _is(track, "loop harvests")):
                 self.sweeps.append(e)
             elif phase == "b" and e.get("cat") in ("queue", "off-loop"):
-                begun[(e["id"], e["name"])] = e["ts"]
-            elif phase == "e" and (e.get("id"), e["name"]) in begun:
+                begun[(e.get("pid"), e["id"], name)] = e["ts"]
+            elif phase == "e" and (e.get("pid"), e.get("id"), name) in begun:
                 # A queue wait, or a step done in a worker thread.
-                self.steps[e["id"]][e["name"]] = (begun.pop((e["id"], e["name"])), e["ts"])
+                at = begun.pop((e.get("pid"), e["id"], name))
+                self.steps[(e.get("pid"), e["id"])][name] = (at, e["ts"])
         if not self.tasks and not self.loop:
             raise ConfigurationError("the trace holds no DLA task and no step of a request")
 
@@ -82,25 +91,91 @@ class _Trace:
         return min(times), max(ends)
 
 
+def _is(track: str, kind: str) -> bool:
+    # "event loop", or "event loop: detector" in a trace of several engines.
+    return track == kind or track.startswith(f"{kind}: ")
+
+
+_STREAM_TRACK = re.compile(r"core (\d+) stream (\d+)(?::|$)")
+
+
 def _core_and_stream(track: str) -> tuple[int, int]:
-    # "core C stream S", as aiodla._trace names the tracks.
-    parts = track.split()
-    try:
-        return int(parts[1]), int(parts[3])
-    except (IndexError, ValueError):
-        raise ConfigurationError(f"a DLA task on a track named {track!r}") from None
+    # "core C stream S" (": engine" after it in a trace of several), as aiodla._trace
+    # names the tracks.
+    found = _STREAM_TRACK.match(track)
+    if found is None:
+        raise ConfigurationError(f"a DLA task on a track named {track!r}")
+    return int(found[1]), int(found[2])
+
+
+#: A trace of the default capacity is about a hundred megabytes of JSON.
+TRACE_FILE_LIMIT = 2 << 30
 
 
 def read_trace(path: str | Path) -> dict[str, Any]:
-    """The trace document at ``path``, with a clear error if it is not one."""
-    text = Path(path).read_text(encoding="utf-8")
+    """The trace document at ``path``, with a clear error if it is not one: a regular
+    file (not a FIFO or a device, which are never waited on) of at most 2 GiB, holding
+    a JSON object whose ``traceEvents`` are objects with the fields the picture reads."""
     try:
-        document = json.loads(text)
+        data = read_limited(path, TRACE_FILE_LIMIT)
+    except UnsafePathError as exc:
+        raise ConfigurationError(f"{str(path)!r} is {exc.strerror}") from None
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(f"{str(path)!r} is not UTF-8 text: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"{str(path)!r} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError(f"{str(path)!r} nests its JSON too deeply to be a trace") from None
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise ConfigurationError(f"{str(path)!r} is not a trace: no 'traceEvents' list")
+    for index, event in enumerate(document["traceEvents"]):
+        problem = _malformed(event)
+        if problem is not None:
+            raise ConfigurationError(
+                f"{str(path)!r}: traceEvents[{index}] {problem}: {_shown(event)}"
+            )
     return document
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _malformed(event: Any) -> str | None:
+    """What is wrong with one event for the picture, or None. Only the fields the
+    picture reads are held to the Trace Event Format; others pass as they are."""
+    if not isinstance(event, dict):
+        return "is not an object"
+    phase = event.get("ph")
+    if not isinstance(phase, str):
+        return "has no phase ('ph') string"
+    if not isinstance(event.get("name", ""), str) or (phase != "M" and "name" not in event):
+        return "has no 'name' string"
+    if "args" in event and not isinstance(event["args"], dict):
+        return "has 'args' that are not an object"
+    for key in ("pid", "tid"):
+        if key in event and not isinstance(event[key], (int, str)):
+            return f"has a {key!r} that is neither a number nor a string"
+    if phase == "M":
+        if event.get("name") == "thread_name" and not (
+            isinstance(event.get("args", {}).get("name"), str) and "tid" in event
+        ):
+            return "names a track with no 'tid' or no 'args.name' string"
+        return None
+    if phase in ("X", "b", "e", "i", "B", "E") and not _number(event.get("ts")):
+        return "has no numeric 'ts'"
+    if phase == "X" and not _number(event.get("dur")):
+        return "is a complete event ('X') with no numeric 'dur'"
+    if phase in ("b", "e") and not isinstance(event.get("id"), (int, str)):
+        return "is an async event with no 'id'"
+    return None
+
+
+def _shown(event: Any) -> str:
+    text = json.dumps(event)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def plot_trace(
@@ -170,7 +245,9 @@ def _by_model(ax: Any, trace: _Trace, cores: list[int], y: dict[str, int], ms: f
     from matplotlib import colormaps
     from matplotlib.patches import Patch
 
-    models = sorted({e["args"].get("model", "?") for core in cores for e in trace.tasks[core]})
+    models = sorted(
+        {str(e.get("args", {}).get("model", "?")) for core in cores for e in trace.tasks[core]}
+    )
     palette = colormaps["Dark2"]  # apart from the loop's blues
     colors = {model: palette(i % 8) for i, model in enumerate(models)}
     for core in cores:
@@ -178,7 +255,7 @@ def _by_model(ax: Any, trace: _Trace, cores: list[int], y: dict[str, int], ms: f
             bars = [
                 (e["ts"] * ms, e["dur"] * ms)
                 for e in trace.tasks[core]
-                if e["args"].get("model", "?") == model
+                if str(e.get("args", {}).get("model", "?")) == model
             ]
             ax.broken_barh(bars, (y[f"core {core}"] - 0.4, 0.8), color=colors[model])
     return [Patch(color=colors[m], label=f"DLA: {m}") for m in models]
@@ -194,7 +271,7 @@ def _by_state(ax: Any, trace: _Trace, cores: list[int], y: dict[str, int], ms: f
         for e in tasks:
             lane = lanes.index(e["stream"])
             bottom = y[f"core {core}"] - 0.4 + lane * height
-            steps = trace.steps.get(e["args"]["request"], {})
+            steps = trace.steps.get((e.get("pid"), e.get("args", {}).get("request")), {})
             start, stop = e["ts"], e["ts"] + e["dur"]
             spans = []
             if "queued" in steps:

@@ -434,7 +434,9 @@ class TestTracePaths:
         victim.write_text("keep me")
         link = tmp_path / "run.json"
         link.symlink_to(victim)
-        with pytest.raises(ConfigurationError, match=r"engine\.trace\(path\) cannot be written"):
+        with pytest.raises(
+            ConfigurationError, match=r"engine\.trace\(.*run\.json.\) cannot be written"
+        ):
             async with engine.trace(link):
                 await engine.infer(ONES)
         assert victim.read_text() == "keep me"

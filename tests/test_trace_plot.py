@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import anyio
@@ -131,6 +132,43 @@ class TestTracePlotErrors:
         result = run("trace-plot", str(bench_trace), str(tmp_path / "o.png"), "--start", "5",
                      "--end", "5")  # fmt: skip
         one_line_error(result, 1, "window")
+
+    @pytest.mark.parametrize(
+        ("events", "words"),
+        [
+            ("[5]", ["traceEvents[0] is not an object", "5"]),
+            ('[{"ph": "X", "name": "DLA task", "ts": 1}]', ["traceEvents[0]", "no numeric 'dur'"]),
+            ('[{"ph": "X", "ts": "soon", "dur": 1, "name": "a"}]', ["no numeric 'ts'"]),
+            ('[{"ph": 3}]', ["no phase"]),
+            ('[{"ph": "X", "ts": 1, "dur": 1}]', ["no 'name' string"]),
+            ('[{"ph": "X", "ts": 1, "dur": 1, "name": "a", "args": [1]}]', ["'args' that are not"]),
+            ('[{"ph": "M", "name": "thread_name", "tid": 1, "args": {}}]', ["names a track"]),
+            ('[{"ph": "b", "ts": 1, "name": "queued", "cat": "queue", "id": [1]}]', ["no 'id'"]),
+        ],
+    )
+    def test_events_that_are_not_trace_events(
+        self, tmp_path: Path, events: str, words: list[str]
+    ) -> None:
+        path = tmp_path / "odd.json"
+        path.write_text(f'{{"traceEvents": {events}}}')
+        one_line_error(run("trace-plot", str(path), str(tmp_path / "o.png")), 1, *words)
+
+    def test_deep_nesting(self, tmp_path: Path) -> None:
+        path = tmp_path / "deep.json"
+        path.write_text('{"traceEvents": ' + "[" * 100_000 + "]" * 100_000 + "}")
+        result = run("trace-plot", str(path), str(tmp_path / "o.png"))
+        one_line_error(result, 1, "nests its JSON too deeply")
+
+    @pytest.mark.timeout(20)
+    def test_a_fifo_is_refused_not_waited_on(self, tmp_path: Path) -> None:
+        path = tmp_path / "run.json"
+        os.mkfifo(path)
+        result = run("trace-plot", str(path), str(tmp_path / "o.png"))
+        one_line_error(result, 1, "a FIFO (named pipe), not a regular file")
+
+    def test_a_device_is_refused(self, tmp_path: Path) -> None:
+        result = run("trace-plot", os.devnull, str(tmp_path / "o.png"))
+        one_line_error(result, 1, "a character device")
 
     def test_a_bad_coloring(self, bench_trace: Path, tmp_path: Path) -> None:
         result = run("trace-plot", str(bench_trace), str(tmp_path / "o.png"), "--color", "x")
