@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -24,9 +24,10 @@ from ._cores import read_model, release_runtime
 from ._device import CompletionSource
 from ._dispatch import TOP_DEPTH, Dispatcher
 from ._errors import AiodlaError, ConfigurationError, EngineClosedError
-from ._options import EngineOptions
+from ._options import DEFAULT_TRACE_CAPACITY, EngineOptions
 from ._poller import SharedPoller
 from ._slots import completion_probe
+from ._trace import CoresTracing, cores_trace
 from .runtime._protocol import Runtime
 from .runtime._select import select_runtime
 
@@ -237,6 +238,21 @@ class Cores:
     def pollers(self) -> int:
         """Poller threads running for the engines here (one at most)."""
         return 0 if self._poller is None or not self._poller.poller.alive else 1
+
+    def trace(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        names: Mapping[Any, str] | None = None,
+        capacity: int = DEFAULT_TRACE_CAPACITY,
+    ) -> CoresTracing:
+        """Record every engine open here on one timeline, in an ``async with`` block:
+        ``async with dla.trace("run.json", names={detector: "detector"}):``. Each engine
+        is a process of the file with its own tracks, named after it (``names``, else
+        its model's file stem); written on leaving the block (see ``engine.trace()``).
+        Engines that open during the block are not in it."""
+        self.check_open()
+        return cores_trace(list(self._engines.values()), path, names=names, capacity=capacity)
 
     @property
     def engines(self) -> int:

@@ -42,11 +42,12 @@ and the loop reads a sweep's record only after the poller posted that batch to i
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -56,7 +57,16 @@ from ._errors import ConfigurationError, EngineClosedError
 from ._options import DEFAULT_TRACE_CAPACITY as DEFAULT_CAPACITY
 from ._safe_paths import write_regular
 
-__all__ = ["TRACE_FORMAT", "TraceFile", "TraceRecorder", "Tracing", "engine_trace"]
+__all__ = [
+    "TRACE_FORMAT",
+    "CoresTrace",
+    "CoresTracing",
+    "TraceFile",
+    "TraceRecorder",
+    "Tracing",
+    "cores_trace",
+    "engine_trace",
+]
 
 TRACE_FORMAT = "aiodla-trace"
 PID = 1
@@ -221,8 +231,24 @@ class TraceRecorder:
 class _Writer:
     """Turns a recorder's rings into trace events, with well-formed tracks."""
 
-    def __init__(self, recorder: TraceRecorder) -> None:
+    def __init__(
+        self,
+        recorder: TraceRecorder,
+        *,
+        pid: int = PID,
+        origin: float | None = None,
+        first_id: int = 0,
+        suffix: str = "",
+    ) -> None:
+        """``pid``, ``origin``, ``first_id`` and ``suffix`` place one engine's tracks
+        in a trace of several (:class:`CoresTrace`): its process, the time zero they
+        share, where its async and flow ids start (ids are unique in a file), and what
+        its track names end with (``": detector"``)."""
         self.recorder = recorder
+        self.pid = pid
+        self.origin = recorder.origin if origin is None else origin
+        self.first_id = first_id
+        self.suffix = suffix
         self.events: list[dict[str, Any]] = []
         self.tracks: dict[int, str] = {}
         # Per request: its loop slices by step, and where its DLA task starts.
@@ -230,14 +256,14 @@ class _Writer:
         self.tasks: dict[int, tuple[int, float]] = {}
 
     def us(self, t: float) -> float:
-        return round((t - self.recorder.origin) * 1e6, 3)
+        return round((t - self.origin) * 1e6, 3)
 
     def slice(self, tid: int, name: str, start: float, end: float, **args: Any) -> dict[str, Any]:
         event = {
             "name": name,
             "cat": "aiodla",
             "ph": "X",
-            "pid": PID,
+            "pid": self.pid,
             "tid": tid,
             "ts": self.us(start),
             # From the rounded ends, so that back-to-back slices stay back to back.
@@ -256,8 +282,8 @@ class _Writer:
                     "name": name,
                     "cat": cat,
                     "ph": phase,
-                    "id": number,
-                    "pid": PID,
+                    "id": self.first_id + number,
+                    "pid": self.pid,
                     "tid": TID_OFF_LOOP,
                     "ts": self.us(at),
                     "args": args if phase == "b" else {},
@@ -265,13 +291,29 @@ class _Writer:
             )
 
     def flow(self, phase: str, number: int, tid: int, at: float) -> None:
-        event = {"name": "request", "cat": "request", "ph": phase, "id": number, "pid": PID,
-                 "tid": tid, "ts": at}  # fmt: skip
+        event = {"name": "request", "cat": "request", "ph": phase,
+                 "id": self.first_id + number, "pid": self.pid, "tid": tid, "ts": at}  # fmt: skip
         if phase == "f":
             event["bp"] = "e"  # bind to the slice that encloses it
         self.events.append(event)
 
     def document(self) -> dict[str, Any]:
+        rec = self.recorder
+        meta, body = self.parts()
+        return {
+            "traceEvents": meta + sorted(body, key=lambda e: e["ts"]),
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "format": TRACE_FORMAT,
+                "version": 1,
+                "engine": rec.name,
+                "clock": "time.monotonic, microseconds from the recorder's start",
+                **_counts(rec),
+            },
+        }
+
+    def parts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(the metadata events that name the process and its tracks, the timed events)."""
         rec = self.recorder
         requests = [RequestRecord(*r) for r in rec.requests]
         self.tracks = {TID_LOOP: "event loop", TID_HARVEST: "loop harvests", TID_POLLER: "poller"}
@@ -281,31 +323,16 @@ class _Writer:
             self.slice(TID_HARVEST if by_loop else TID_POLLER, "sweep", started, ended, found=found)
         self._untangle()
         self._flows()
-        # Every track in time order: each one's timestamps never go back.
-        body = sorted(self.events, key=lambda e: e["ts"])
-        name = {"name": "process_name", "ph": "M", "pid": PID, "tid": 0,
+        name = {"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                 "args": {"name": f"aiodla: {rec.name}"}}  # fmt: skip
         meta = [name]
         for tid, label in sorted(self.tracks.items()):
             for key, value in (
-                ("thread_name", {"name": label}),
+                ("thread_name", {"name": label + self.suffix}),
                 ("thread_sort_index", {"sort_index": tid}),
             ):
-                meta.append({"name": key, "ph": "M", "pid": PID, "tid": tid, "args": value})
-        return {
-            "traceEvents": meta + body,
-            "displayTimeUnit": "ms",
-            "otherData": {
-                "format": TRACE_FORMAT,
-                "version": 1,
-                "engine": rec.name,
-                "clock": "time.monotonic, microseconds from the recorder's start",
-                "capacity": rec.capacity,
-                "requests_recorded": rec.recorded,
-                "requests_dropped": rec.recorded - len(rec.requests),
-                "sweeps_dropped": rec.swept - len(rec.sweeps),
-            },
-        }
+                meta.append({"name": key, "ph": "M", "pid": self.pid, "tid": tid, "args": value})
+        return meta, self.events
 
     def _requests(self, requests: list[RequestRecord]) -> None:
         model = self.recorder.name
@@ -314,8 +341,9 @@ class _Writer:
             wait_end = r.assigned if r.assigned is not None else r.returned
             for phase, at in (("b", r.queued), ("e", wait_end)):
                 self.events.append(
-                    {"name": "queued", "cat": "queue", "ph": phase, "id": r.number, "pid": PID,
-                     "tid": TID_LOOP, "ts": self.us(at), "args": args if phase == "b" else {}}
+                    {"name": "queued", "cat": "queue", "ph": phase, "id": self.first_id + r.number,
+                     "pid": self.pid, "tid": TID_LOOP, "ts": self.us(at),
+                     "args": args if phase == "b" else {}}
                 )  # fmt: skip
             if r.assigned is None:  # ended while queued: cancelled or timed out
                 continue
@@ -331,7 +359,7 @@ class _Writer:
             if r.handled is not None:
                 steps["unpack"] = self.slice(TID_LOOP, "unpack", r.handled, r.returned, **args)
             self.events.append(
-                {"name": "returned", "cat": "aiodla", "ph": "i", "s": "t", "pid": PID,
+                {"name": "returned", "cat": "aiodla", "ph": "i", "s": "t", "pid": self.pid,
                  "tid": TID_LOOP, "ts": self.us(r.returned), "args": args}
             )  # fmt: skip
 
@@ -380,7 +408,12 @@ class _Writer:
         for event in slices:
             if event["ts"] < end - 0.01:  # (well past rounding's 0.001 us)
                 finish = round(event["ts"] + event.pop("dur"), 3)
-                event.update(ph="b", cat="off-loop", id=event["args"]["request"], tid=TID_OFF_LOOP)
+                event.update(
+                    ph="b",
+                    cat="off-loop",
+                    id=self.first_id + event["args"]["request"],
+                    tid=TID_OFF_LOOP,
+                )
                 self.events.append({**event, "ph": "e", "ts": finish, "args": {}})
             else:
                 end = event["ts"] + event["dur"]
@@ -401,6 +434,15 @@ class _Writer:
                 self.flow("f", number, TID_LOOP, unpack["ts"])
             else:
                 self.flow("f", number, tid, start)
+
+
+def _counts(rec: TraceRecorder) -> dict[str, Any]:
+    return {
+        "capacity": rec.capacity,
+        "requests_recorded": rec.recorded,
+        "requests_dropped": rec.recorded - len(rec.requests),
+        "sweeps_dropped": rec.swept - len(rec.sweeps),
+    }
 
 
 def _parts(flow: Any) -> tuple[Any, ...]:
@@ -484,6 +526,119 @@ def _write(recorder: TraceRecorder, path: str | Path, what: str, when: str = "")
         recorder.write(path)
     except OSError as exc:
         raise ConfigurationError(f"{what} cannot be written{when}: {exc.strerror or exc}") from exc
+
+
+class CoresTrace:
+    """What every engine on one :class:`~aiodla.Cores` did, on one timeline: the value
+    of ``async with dla.trace() as trace:``, with :meth:`write` and
+    :meth:`trace_events`.
+
+    Each engine is a process of the file, named ``aiodla: <name>``, with the tracks
+    an engine's own trace has, their names ending in ``: <name>``; all share one time
+    zero, so the two models' DLA tasks on core 0 line up. ``aiodla trace-plot`` draws
+    every engine's tasks on the core rows, coloured by model.
+    """
+
+    def __init__(self, recorders: Sequence[TraceRecorder]) -> None:
+        self.recorders = tuple(recorders)
+
+    def trace_events(self) -> dict[str, Any]:
+        """The recording as one Trace Event Format document (a JSON-ready dict)."""
+        origin = min((r.origin for r in self.recorders), default=0.0)
+        meta: list[dict[str, Any]] = []
+        body: list[dict[str, Any]] = []
+        first_id = 0
+        for pid, recorder in enumerate(self.recorders, start=PID):
+            writer = _Writer(
+                recorder, pid=pid, origin=origin, first_id=first_id, suffix=f": {recorder.name}"
+            )
+            named, timed = writer.parts()
+            meta += named
+            body += timed
+            first_id += recorder.recorded  # (request numbers run from 0 to recorded - 1)
+        return {
+            "traceEvents": meta + sorted(body, key=lambda e: e["ts"]),
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "format": TRACE_FORMAT,
+                "version": 1,
+                "engine": " + ".join(r.name for r in self.recorders),
+                "engines": [{"name": r.name, **_counts(r)} for r in self.recorders],
+                "clock": "time.monotonic, microseconds from the first recorder's start",
+            },
+        }
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the trace to ``path`` (JSON), as :meth:`TraceRecorder.write` does."""
+        document = json.dumps(self.trace_events(), separators=(",", ":"))
+        return write_regular(path, document.encode("utf-8"))
+
+
+class CoresTracing:
+    """``async with dla.trace(path) as trace:``: record every engine open on the
+    cores while in the block (see :func:`cores_trace`)."""
+
+    def __init__(
+        self,
+        engines: Sequence[Any],
+        path: str | os.PathLike[str] | None,
+        names: Sequence[str],
+        capacity: int,
+    ) -> None:
+        self._path = path
+        self._engines = tuple(engines)
+        clock = time.monotonic
+        self.trace = CoresTrace(
+            [TraceRecorder(name, capacity=capacity, clock=clock) for name in names]
+        )
+
+    async def __aenter__(self) -> CoresTrace:
+        installed: list[tuple[Any, TraceRecorder]] = []
+        try:
+            for engine, recorder in zip(self._engines, self.trace.recorders, strict=True):
+                install(engine._flow, recorder)
+                installed.append((engine, recorder))
+        except BaseException:
+            for engine, recorder in installed:
+                uninstall(engine._flow, recorder)
+            raise
+        return self.trace
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for engine, recorder in zip(self._engines, self.trace.recorders, strict=True):
+            uninstall(engine._flow, recorder)
+        if self._path is not None:
+            try:
+                self.trace.write(self._path)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"dla.trace({str(self._path)!r}) cannot be written: {exc.strerror or exc}"
+                ) from exc
+
+
+def cores_trace(
+    engines: Sequence[Any],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    names: Mapping[Any, str] | None = None,
+    capacity: int = DEFAULT_CAPACITY,
+) -> CoresTracing:
+    """What ``Cores.trace()`` returns: a trace of ``engines`` (those open on the cores),
+    each named by ``names[engine]``, else by its model's file stem; names that repeat
+    are numbered (``engine``, ``engine 2``)."""
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise ConfigurationError(f"trace {capacity=} must be an int >= 1")
+    names = dict(names or {})
+    unknown = [name for engine, name in names.items() if engine not in engines]
+    if unknown:
+        raise ConfigurationError(f"names={unknown!r}: not engines open on these cores")
+    chosen: list[str] = []
+    for engine in engines:
+        name = names.get(engine) or trace_name(engine._model)
+        if name in chosen:
+            name = next(f"{name} {n}" for n in itertools.count(2) if f"{name} {n}" not in chosen)
+        chosen.append(name)
+    return CoresTracing(engines, path, chosen, capacity)
 
 
 def trace_name(model: object) -> str:

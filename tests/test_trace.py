@@ -16,6 +16,7 @@ import pytest
 
 from aiodla import (
     ConfigurationError,
+    Cores,
     EmulatedRuntime,
     Engine,
     EngineClosedError,
@@ -481,6 +482,100 @@ class TestTracePaths:
         path.write_text("x" * 100_000)  # longer than the trace: nothing of it may remain
         TraceRecorder("r").write(path)
         assert json.loads(path.read_text())["otherData"]["requests_recorded"] == 0
+
+
+class TestCoresTrace:
+    """dla.trace(): every engine on one Cores on one timeline, each named."""
+
+    @pytest.mark.asyncio
+    async def test_two_models_on_one_timeline_with_their_names(
+        self, runtime: EmulatedRuntime, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "cores.json"
+        async with (
+            Cores([0, 1], runtime=runtime) as dla,
+            Engine(affine_model(0.002), cores=dla, priority=1) as detector,
+            Engine(affine_model(0.001), cores=dla) as classifier,
+        ):
+            names = {detector: "detector", classifier: "classifier"}
+            async with dla.trace(path, names=names) as trace:
+                await asyncio.gather(
+                    *(detector.infer(ONES) for _ in range(12)),
+                    *(classifier.infer(ONES) for _ in range(30)),
+                )
+            assert [r.name for r in trace.recorders] == ["detector", "classifier"]
+            await detector.infer(ONES)  # after the block: not recorded
+        document = json.loads(path.read_text())
+        check_trace_format(document)  # ids unique across engines, tracks well formed
+        processes = {
+            e["pid"]: e["args"]["name"]
+            for e in document["traceEvents"]
+            if e["name"] == "process_name"
+        }
+        assert sorted(processes.values()) == ["aiodla: classifier", "aiodla: detector"]
+        threads = {
+            (e["pid"], e["tid"]): e["args"]["name"]
+            for e in document["traceEvents"]
+            if e["name"] == "thread_name"
+        }
+        tasks = slices(document, "DLA task")
+        by_model = collections.Counter(t["args"]["model"] for t in tasks)
+        assert by_model == {"detector": 12, "classifier": 30}
+        for task in tasks:
+            # The engine's name on its track, and its process is that engine's.
+            track = threads[(task["pid"], task["tid"])]
+            assert track.startswith("core ") and track.endswith(f": {task['args']['model']}")
+            assert processes[task["pid"]] == f"aiodla: {task['args']['model']}"
+        # Both engines' requests share one clock: each ran within the block's span.
+        assert document["otherData"]["engine"] == "detector + classifier"
+        counts = {e["name"]: e["requests_recorded"] for e in document["otherData"]["engines"]}
+        assert counts == {"detector": 12, "classifier": 30}
+
+    @pytest.mark.asyncio
+    async def test_trace_plot_draws_both_models_on_the_core_rows(
+        self, runtime: EmulatedRuntime, tmp_path: Path
+    ) -> None:
+        pytest.importorskip("matplotlib")
+        from aiodla._trace_plot import plot_trace
+
+        async with (
+            Cores([0, 1], runtime=runtime) as dla,
+            Engine(affine_model(), cores=dla) as one,
+            Engine(affine_model(), cores=dla) as two,
+            dla.trace() as trace,
+        ):
+            await asyncio.gather(*(e.infer(ONES) for e in (one, two) for _ in range(6)))
+        # Unnamed, both models are bytes: "engine" and "engine 2".
+        assert [r.name for r in trace.recorders] == ["engine", "engine 2"]
+        out = plot_trace(trace.trace_events(), tmp_path / "cores.svg")
+        svg = out.read_text()
+        assert "DLA: engine" in svg and "DLA: engine 2" in svg
+        assert "core 0" in svg and "core 1" in svg
+
+    @pytest.mark.asyncio
+    async def test_errors(self, runtime: EmulatedRuntime, tmp_path: Path) -> None:
+        dla = Cores([0, 1], runtime=runtime)
+        with pytest.raises(EngineClosedError, match="open them first"):
+            dla.trace()
+        async with dla, Engine(affine_model(), cores=dla) as engine:
+            other = object()
+            with pytest.raises(ConfigurationError, match="not engines open on these cores"):
+                dla.trace(names={other: "x"})
+            with pytest.raises(ConfigurationError, match="capacity=0"):
+                dla.trace(capacity=0)
+            async with engine.trace():
+                with pytest.raises(ConfigurationError, match="one trace at a time"):
+                    async with dla.trace():
+                        pass
+            async with dla.trace() as trace:  # nothing was left installed by the refusal
+                await engine.infer(ONES)
+            assert trace.recorders[0].recorded == 1
+            link = tmp_path / "link.json"
+            link.symlink_to(tmp_path / "target.json")
+            with pytest.raises(ConfigurationError, match="symbolic link"):
+                async with dla.trace(link):
+                    await engine.infer(ONES)
+            assert not (tmp_path / "target.json").exists()
 
 
 def _record(raw: tuple[Any, ...]) -> Any:
