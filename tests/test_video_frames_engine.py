@@ -380,3 +380,24 @@ class TestRefusals:
             assert counts_add_up(engine.statistics()) and all_idle(engine)
         for image, result in zip(images, results, strict=True):
             np.testing.assert_array_equal(result, expected(pre, image))
+
+
+class TestProcessIsolation:
+    @pytest.mark.timeout(120)
+    async def test_host_frames_cross_and_device_frames_are_refused(self) -> None:
+        """With ``isolation="process"`` a VideoFrame in an engine frame buffer (shared
+        memory there) goes to the worker as any frame does; a device frame cannot cross
+        a process without CUDA IPC, and says so."""
+        pre = preprocess("i420")
+        async with Engine(
+            identity_model(), runtime="emulated", convert="device", isolation="process",
+            preprocess={"images": pre},
+        ) as engine:  # fmt: skip
+            (buffer,) = engine.frame_buffers(1, (135, 160))
+            buffer[:] = pixels(90, 160, 30)
+            result = await engine.infer(video_frame(buffer, "i420", 90, 160))
+            np.testing.assert_array_equal(result, expected(pre, np.array(buffer)))
+            device = EmulatedDeviceFrame(EmulatedRuntime(), pixels(48, 64, 31))
+            with pytest.raises(InputTypeError, match="input 'images'"):
+                await engine.infer(video_frame(device, "i420", 48, 64))
+            assert counts_add_up(engine.statistics())
