@@ -5,8 +5,8 @@ easier to decode than a real street scene) goes to boxes through YOLOv5s-shaped 
 (``aiodla emulate --preset yolov5s``'s I/O; ``Detect(head="yolov5")`` on the stream),
 both cores. Cases, interleaved and repeated (median and min..max of each):
 
-- **all-in, per decoder present** (``ffmpeg``; ``nvdec`` where PyNvVideoCodec and a GPU
-  are): ``aiodla.VideoSource(clip, decoder=..., engine=engine)`` (where it is not
+- **all-in, per decoder present** (``ffmpeg``; ``gstreamer`` where PyGObject and its
+  plugins are; ``nvdec`` where PyNvVideoCodec and a GPU are, with ``--gpu``): ``aiodla.VideoSource(clip, decoder=..., engine=engine)`` (where it is not
   installed, PyAV directly: the frame's I420 planes copied into an engine frame buffer)
   -> ``engine.infer(frame)`` -> Detections;
 - **(i) engine alone**: I420 frames already in the engine's frame buffers -> Detections;
@@ -226,7 +226,7 @@ async def taken(frames: AsyncIterator[Any], count: int) -> AsyncIterator[Any]:
 
 async def all_in(args: argparse.Namespace, clip: Path, decoder: str) -> dict[str, float]:
     """The source opened and warmed up first: the window holds frames only."""
-    source_format = "nv12" if decoder == "nvdec" else "i420"
+    source_format = await probe_format(clip, decoder)
     warm = args.inflight * 2
     async with engine(args, source_format) as opened:
         video_source = getattr(aiodla, "VideoSource", None)
@@ -311,35 +311,59 @@ async def today(args: argparse.Namespace, clip: Path) -> dict[str, float]:
 
 
 def decode_alone(args: argparse.Namespace, clip: Path) -> dict[str, float]:
+    """PyAV decoding the clip on this thread, opened and warmed up before the window
+    (as the all-in source is); at the clip's end it opens it again."""
     import av
 
+    def pictures() -> Any:
+        while True:
+            with av.open(str(clip)) as container:
+                yield from container.decode(video=0)
+
+    decoded = pictures()
+    for _ in range(args.inflight * 2):
+        next(decoded)
     window = Window(None)
     started = time.perf_counter()
-    count = 0
-    while count < args.frames:
-        with av.open(str(clip)) as container:
-            for _ in container.decode(video=0):
-                count += 1
-                if count == args.frames:
-                    break
+    for _ in range(args.frames):
+        next(decoded)
     seconds = window.host_seconds()
     elapsed = time.perf_counter() - started
-    return {"host_us": 1e6 * seconds / count, "frames": count, "fps": count / elapsed}
+    decoded.close()
+    return {
+        "host_us": 1e6 * seconds / args.frames,
+        "frames": args.frames,
+        "fps": args.frames / elapsed,
+    }
 
 
 def decoders_present(args: argparse.Namespace) -> list[str]:
-    present = ["ffmpeg"]
-    if args.runtime == "cuda":
-        try:
-            import PyNvVideoCodec  # noqa: F401
-        except ImportError:
-            print("PyNvVideoCodec is not installed: no nvdec case", flush=True)
+    """The decoders that can run here: ``aiodla.VideoSource``'s (nvdec only with the
+    CUDA runtime, which its device frames need); ffmpeg by PyAV alone without it."""
+    try:
+        from aiodla._video_decoders import available_decoders
+    except ImportError:
+        return ["ffmpeg"]
+    present = []
+    for name, why_not in available_decoders().items():
+        if why_not is not None:
+            print(f"no {name} case: {why_not}", flush=True)
+        elif name == "nvdec" and args.runtime != "cuda":
+            print("no nvdec case: its device frames need the CUDA runtime (--gpu)", flush=True)
         else:
-            if getattr(aiodla, "VideoSource", None) is None:
-                print("aiodla.VideoSource is not here: no nvdec case", flush=True)
-            else:
-                present.append("nvdec")
+            present.append(name)
     return present
+
+
+async def probe_format(clip: Path, decoder: str) -> str:
+    """The planar format ``decoder`` gives for the clip (its first frame's)."""
+    video_source = getattr(aiodla, "VideoSource", None)
+    if video_source is None:
+        return "i420"  # PyAV: FFmpeg's H.264 decoder gives I420
+    async with video_source(str(clip), decoder=decoder) as camera:
+        async for frame in camera:
+            return str(frame.format)
+    raise RuntimeError(f"the {decoder} decoder gave no frame of {clip}")
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -428,7 +452,7 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
     """N streams at 30 frames/s into one engine: each stream's delivered rate and its
     capture-to-boxes latencies (capture: the frame's slot on its 30 Hz clock)."""
     decoder = "nvdec" if "nvdec" in decoders_present(args) else "ffmpeg"
-    source_format = "nv12" if decoder == "nvdec" else "i420"
+    source_format = await probe_format(clip, decoder)
     video_source = getattr(aiodla, "VideoSource", None)
     async with engine(args, source_format) as opened:
         results: list[dict[str, Any]] = []
@@ -515,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu:
         load_standin(args)
     with tempfile.TemporaryDirectory(prefix="aiodla-bench-video-") as folder:
-        clip = make_clip(Path(folder) / "clip.mp4", 2 * FPS)
+        clip = make_clip(Path(folder) / "clip.mp4", 4 * FPS)
         if args.streams:
             report = asyncio.run(streams(args, clip))
             output = report_path(args.output, "video-streams.json")
