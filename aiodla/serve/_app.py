@@ -37,10 +37,14 @@ from .._errors import ConfigurationError
 from .._preprocess import ImagePreprocess
 from .._shared_cores import Cores
 from ..runtime import Runtime
-from ._deps import MISSING_EXTRA
+from ._deps import MISSING_EXTRA  # first: a base install is told which extra it lacks
+
+# isort: split
+from ._connections import HEADER_TIMEOUT, MAX_CONNECTIONS
 from ._grpc import GrpcFront
 from ._http import HttpFront
 from ._kserve import ProtocolError, Status, WireTensor, error_of, request_limit
+from ._log import rate_limited
 from ._served import VERSION, ServedModel
 from ._tls import Tls
 
@@ -145,6 +149,8 @@ class Server:
         grpc: str | None = "127.0.0.1:8001",
         drain_timeout: float = 30.0,
         body_timeout: float = BODY_TIMEOUT,
+        header_timeout: float = HEADER_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         tls_client_ca: str | os.PathLike[str] | None = None,
@@ -159,11 +165,19 @@ class Server:
             raise ConfigurationError(f"{drain_timeout=} must be >= 0 seconds")
         if not body_timeout > 0:
             raise ConfigurationError(f"{body_timeout=} must be > 0 seconds a MiB")
+        if not header_timeout > 0:
+            raise ConfigurationError(f"{header_timeout=} must be > 0 seconds")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise ConfigurationError(f"{max_connections=} must be an integer")
+        if max_connections < 1:
+            raise ConfigurationError(f"{max_connections=} must be >= 1")
         self._engines = dict(engines)
         self._http_address = http_address
         self._grpc_address = grpc_address
         self._drain_timeout = drain_timeout
         self._body_timeout = body_timeout
+        self._header_timeout = header_timeout
+        self._max_connections = max_connections
         self._tls = Tls.load(tls_cert, tls_key, tls_client_ca)
         self._models: dict[str, ServedModel] = {}
         self._accepting = False
@@ -177,6 +191,7 @@ class Server:
         self._http: Any = None
         self._grpc: Any = None
         self._stopping: asyncio.Future[None] | None = None
+        self._rate_limited = False  # whether this server holds the log's rate limit
 
     # -- facts ------------------------------------------------------------------------------
 
@@ -202,6 +217,16 @@ class Server:
     def body_timeout(self) -> float:
         """Seconds a MiB an HTTP request body may take to arrive (at least a MiB's worth)."""
         return self._body_timeout
+
+    @property
+    def header_timeout(self) -> float:
+        """Seconds an HTTP request's headers (and a TLS handshake) may take to arrive."""
+        return self._header_timeout
+
+    @property
+    def max_connections(self) -> int:
+        """HTTP connections open at once, at most (and at most half the open-file limit)."""
+        return self._max_connections
 
     @property
     def tls(self) -> bool:
@@ -246,6 +271,9 @@ class Server:
     async def start(self) -> None:
         """Read every engine's tensors and start listening (the engines must be open)."""
         self._models = {name: ServedModel(name, e) for name, e in self._engines.items()}
+        if not self._rate_limited:
+            self._rate_limited = True
+            rate_limited.add()
         try:
             if self._http_address is not None:
                 self._http = HttpFront(self)
@@ -322,6 +350,9 @@ class Server:
             await self._http.close()
         if self._grpc is not None:
             await self._grpc.close()
+        if self._rate_limited:
+            self._rate_limited = False
+            rate_limited.remove()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -421,6 +452,8 @@ async def serve(
     runtime: str | Runtime = "auto",
     drain_timeout: float = 30.0,
     body_timeout: float = BODY_TIMEOUT,
+    header_timeout: float = HEADER_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_client_ca: str | None = None,
@@ -483,6 +516,8 @@ async def serve(
             grpc=grpc,
             drain_timeout=drain_timeout,
             body_timeout=body_timeout,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_client_ca=tls_client_ca,

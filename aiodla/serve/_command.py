@@ -240,6 +240,20 @@ def _announce(server: Server) -> None:
     "slower one is answered 408.",
     above_zero=True,
 )
+@seconds_option(
+    "--header-timeout",
+    10.0,
+    "Seconds an HTTP request's headers may take to arrive (from their first byte, or "
+    "from the connection's start), and a TLS handshake on either port; a slower one is "
+    "answered 408 and closed.",
+    above_zero=True,
+)
+@count_option(
+    "--max-connections",
+    1024,
+    "HTTP connections open at once (and at most half the open-file limit); one more is "
+    "answered 503. gRPC takes as many.",
+)
 @click.option(
     "--tls-cert",
     type=click.Path(dir_okay=False),
@@ -303,6 +317,8 @@ def serve_command(
     max_queue: int,
     drain_timeout: float,
     body_timeout: float,
+    header_timeout: float,
+    max_connections: int,
     tls_cert: str | None,
     tls_key: str | None,
     tls_client_ca: str | None,
@@ -338,6 +354,8 @@ def serve_command(
             runtime=runtime,
             drain_timeout=drain_timeout,
             body_timeout=body_timeout,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_client_ca=tls_client_ca,

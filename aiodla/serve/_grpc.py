@@ -25,6 +25,7 @@ import numpy as np
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
 from grpc import aio  # type: ignore[import-untyped,unused-ignore]
 
+from ._connections import connection_cap
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 from ._pb import grpc_service_pb2 as pb
 from ._served import Backend, ServedModel
@@ -64,6 +65,10 @@ class GrpcFront:
         options = [
             ("grpc.max_receive_message_length", self.limit),
             ("grpc.max_send_message_length", -1),
+            # The HTTP front's limits: connections open at once, and the time a
+            # connection's handshake (TLS, then HTTP/2's) may take.
+            ("grpc.max_allowed_incoming_connections", connection_cap(server.max_connections)),
+            ("grpc.server_handshake_timeout_ms", int(server.header_timeout * 1000)),
         ]
         self._grpc = aio.server(options=options)
         calls: dict[str, tuple[Callable[..., Any], Any, Any]] = {

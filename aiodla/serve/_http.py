@@ -44,6 +44,7 @@ import numpy as np
 from aiohttp import web
 
 from ._budget import Account, ByteBudget
+from ._connections import KEEPALIVE_TIMEOUT, JsonErrorHandler, Listener
 from ._json import NestingError, dumps_values, loads, nesting
 from ._kserve import ProtocolError, Status, decode_json, decode_raw, error_of, raw_bytes
 from ._served import Backend, ServedModel
@@ -123,7 +124,9 @@ class HttpFront:
         self._registry.register(EngineCollector(engines, naming="aiodla"))
         self.limit = server.max_request_bytes
         self.budget = ByteBudget(budget_for(self.limit))
-        app = web.Application(client_max_size=self.limit, middlewares=[_json_errors])
+        app = web.Application(
+            client_max_size=self.limit, middlewares=[self._headers_arrived, _json_errors]
+        )
         get, post = app.router.add_get, app.router.add_post
         get("/v2/health/live", self.live)
         get("/v2/health/ready", self.ready)
@@ -135,7 +138,7 @@ class HttpFront:
             get(base + "/config", self.model_config)
             post(base + "/infer", self.infer)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        self._site: web.TCPSite | None = None
+        self._listener: Listener | None = None
         self.port = 0
         # The handlers reading a body, and those told to stop (see stop_reading).
         self._reading: set[asyncio.Task[Any]] = set()
@@ -143,16 +146,45 @@ class HttpFront:
 
     async def start(self, host: str, port: int, tls: Tls | None) -> None:
         await self._runner.setup()
-        context = None if tls is None else tls.ssl_context()
-        site = web.TCPSite(self._runner, host, port, ssl_context=context)
-        await site.start()
-        self._site = site  # only once it listens: a site that never started cannot stop
-        self.port = self._runner.addresses[0][1]
+        manager, loop = self._runner.server, asyncio.get_running_loop()
+        assert manager is not None  # (set up above)
+
+        # No access log (aiohttp takes None for it, as AppRunner(access_log=None) does).
+        options: dict[str, Any] = {"access_log": None, "keepalive_timeout": KEEPALIVE_TIMEOUT}
+
+        def handler() -> web.RequestHandler:
+            return JsonErrorHandler(manager, loop=loop, **options)
+
+        listener = Listener(
+            handler,
+            tls=None if tls is None else tls.ssl_context(),
+            max_connections=self._server.max_connections,
+            header_timeout=self._server.header_timeout,
+        )
+        await listener.start(host, port)
+        self._listener = listener  # only once it listens: one that never started cannot stop
+        self.port = listener.port
+
+    @property
+    def listener(self) -> Listener | None:
+        """The listening socket and its connections, once started."""
+        return self._listener
+
+    @web.middleware
+    async def _headers_arrived(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """A request's headers came: their timeout is over until the next request."""
+        listener = self._listener
+        if listener is None:
+            return await handler(request)
+        listener.request_started(request.transport)
+        try:
+            return await handler(request)
+        finally:
+            listener.request_finished(request.transport)
 
     async def stop_listening(self) -> None:
-        if self._site is not None:
-            await self._site.stop()
-            self._site = None
+        if self._listener is not None:
+            self._listener.stop_listening()
 
     def stop_reading(self) -> None:
         """The drain is over: bodies still arriving are answered UNAVAILABLE."""
@@ -161,6 +193,9 @@ class HttpFront:
             task.cancel()
 
     async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.stop_listening()
+            self._listener.abort_unserved()
         await self._runner.cleanup()
 
     # -- health and metadata ---------------------------------------------------------------

@@ -252,6 +252,17 @@ def test_the_command_names_models_for_several(monkeypatch: pytest.MonkeyPatch) -
     assert list(given["preprocess"]) == ["det"] and list(given["postprocess"]) == ["det"]
 
 
+def test_the_command_passes_connection_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    given = record_serve(monkeypatch)
+    argv = ["serve", "det.bin", "--header-timeout", "2.5", "--max-connections", "64"]
+    result = CliRunner().invoke(_cli.cli, argv)
+    assert result.exit_code == 0, result.output
+    assert given["header_timeout"] == 2.5 and given["max_connections"] == 64
+    defaults = record_serve(monkeypatch)
+    assert CliRunner().invoke(_cli.cli, ["serve", "det.bin"]).exit_code == 0
+    assert defaults["header_timeout"] == 10.0 and defaults["max_connections"] == 1024
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [

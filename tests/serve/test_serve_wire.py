@@ -1,13 +1,14 @@
 """Malformed HTTP on the wire: every error the server's handlers see is answered as
 ``{"error": ...}`` with its status (a body that cannot be decoded is 400, not 500);
-the HTTP parser's own refusals, before any handler runs, are 400 in plain text, as the
-README lists them."""
+the HTTP parser's own refusals, before any handler runs, are 400 ``{"error": ...}`` too,
+naming what the parser refused, with one log line each (at most a burst of them)."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -81,7 +82,7 @@ async def test_an_unexpected_error_of_any_route_is_json(
     assert "metadata is broken" in error_of(headers, answer)
 
 
-# What the README lists as the parser's own plain-text 400s.
+# The HTTP parser's own refusals (aiohttp answered them in plain text).
 PARSER_ERRORS = {
     "duplicate Content-Length": INFER + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
     "invalid Content-Length": INFER + b"Content-Length: abc\r\n\r\n{}",
@@ -96,15 +97,38 @@ PARSER_ERRORS = {
     + b"\r\n",
     "garbage request line": b"HELLO THERE\r\n\r\n",
     "unknown HTTP version": b"GET /v2 HTTP/9.9\r\nHost: x\r\n\r\n",
+    "bad method characters": b"G(T /v2 HTTP/1.1\r\nHost: x\r\n\r\n",
+    "header without a colon": b"GET /v2 HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n",
+    "space before a header's colon": b"GET /v2 HTTP/1.1\r\nHost : x\r\n\r\n",
+    "control byte in a header": b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n",
+    "negative Content-Length": INFER + b"Content-Length: -1\r\n\r\n",
+    "TLS to the plain port": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 32,
+    "HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    "unknown transfer coding": INFER + b"Transfer-Encoding: gzip, zz\r\n\r\n",
 }
 
 
 @pytest.mark.parametrize("case", PARSER_ERRORS)
-async def test_the_parsers_own_refusals_are_400(server: Server, case: str) -> None:
-    status, headers, _ = await exchange(server, PARSER_ERRORS[case])
-    assert status == 400
-    assert headers["content-type"].startswith("text/plain")
+async def test_the_parsers_own_refusals_are_json_400(server: Server, case: str) -> None:
+    status, headers, body = await exchange(server, PARSER_ERRORS[case])
+    assert status in (400, 501), body
+    message = error_of(headers, body)
+    assert message.startswith(("Bad Request", "Not Implemented")), message
     assert server.statistics().received == 0  # no handler saw it
+
+
+async def test_the_parsers_refusals_log_a_burst_not_a_line_each(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    from aiodla.serve import _log
+
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3 * _log.BURST):
+        status, headers, body = await exchange(server, PARSER_ERRORS["garbage request line"])
+        assert status == 400 and error_of(headers, body)
+    lines = [r for r in caplog.records if r.name.startswith(("aiohttp", "aiodla", "asyncio"))]
+    assert 1 <= len(lines) <= _log.BURST, [r.getMessage() for r in lines]
+    assert all(r.exc_info is None for r in lines)  # one line each, no traceback
 
 
 @pytest.mark.parametrize("message", [b"\xff\xff\xff", b"\x0a\x05ab"])
