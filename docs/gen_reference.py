@@ -34,7 +34,8 @@ MODULES = {
         "aiodla/compile/__init__.py",
         "aiodla.compile",
         "From a detector's ONNX export to a loadable the DLA runs whole "
-        "([the first hour on a Jetson](../first-hour.md#2-aiodla-compile-from-a-detectors-onnx-file-to-a-loadable-the-dla-runs-whole)).",
+        "([the first hour on a Jetson](../first-hour.md"
+        "#2-aiodla-compile-from-a-detectors-onnx-file-to-a-loadable-the-dla-runs-whole)).",
     ),
     "runtime.md": (
         "aiodla.runtime",
@@ -62,6 +63,26 @@ MODULES = {
         "A Ray Serve deployment, one engine per Jetson "
         "([Serving and Ray](../guides/serving.md#a-fleet-of-jetsons-on-ray-serve)).",
     ),
+}
+
+# Classes whose every un-underscored member is not for applications: the members the
+# reference shows, by name. ``Cores`` has methods that its engines call on it
+# (``attach``, ``detach``, ``context_lost``, ``runtime_for``, ``poller_share``, ...),
+# public in Python's sense only; tests/test_docs.py checks that each name listed here
+# exists, so a rename cannot drop it from the page unnoticed.
+MEMBERS = {
+    "aiodla.Cores": [
+        "cores",
+        "runtime",
+        "subset",
+        "open",
+        "aclose",
+        "trace",
+        "engines",
+        "shares",
+        "pollers",
+    ],
+    "aiodla.CoreSet": [],
 }
 
 # The top-level names in the order a reader meets them; anything else falls to "Other".
@@ -154,7 +175,13 @@ def page(module: str, title: str, intro: str, names: list[str]) -> str:
             lines += [f"## {heading}", ""]
         for name in members:
             level = 3 if heading else 2
-            lines += [f"::: {module}.{name}", "    options:", f"      heading_level: {level}", ""]
+            lines += [f"::: {module}.{name}", "    options:", f"      heading_level: {level}"]
+            shown = MEMBERS.get(f"{module}.{name}")
+            if shown is not None:
+                lines.append(
+                    f"      members: [{', '.join(shown)}]" if shown else "      members: false"
+                )
+            lines.append("")
     return "\n".join(lines)
 
 

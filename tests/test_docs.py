@@ -139,6 +139,16 @@ class TestSite:
         for guide in ("camera", "testing", "serving", "faults", "runtimes", "cli"):
             assert (site / "guides" / guide / "index.html").is_file()
 
+    def test_the_cores_reference_shows_its_public_api_only(self, site: Path) -> None:
+        found = anchors(site / "reference" / "aiodla" / "index.html")
+        for member in ("subset", "trace", "aclose", "engines", "shares"):
+            assert f"aiodla.Cores.{member}" in found, member
+        # What engines call on their cores is Python-public, not the application's.
+        inner = {"attach", "detach", "context_lost", "runtime_for", "check_open", "poller_share"}
+        assert {a for a in found if a.startswith("aiodla.Cores.")} & {
+            f"aiodla.Cores.{m}" for m in inner
+        } == set()
+
 
 class TestStrictBuild:
     def test_a_broken_internal_link_fails_the_build(self, tmp_path: Path) -> None:
@@ -238,6 +248,50 @@ class TestReferencePages:
 
         for name in aiodla.__all__:
             assert f"::: aiodla.{name}\n" in pages["reference/aiodla.md"]
+
+
+class TestNavigation:
+    def test_each_page_is_in_the_nav_once(self) -> None:
+        config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+        nav = config.split("\nnav:\n", 1)[1]
+        pages = re.findall(r":\s*([\w/.-]+\.md)\s*$", nav, re.M)
+        assert len(pages) == len(set(pages)), sorted(p for p in pages if pages.count(p) > 1)
+        for guide in (ROOT / "docs" / "guides").glob("*.md"):
+            assert f"guides/{guide.name}" in pages, guide.name
+
+    def test_the_home_page_links_every_guide(self) -> None:
+        index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+        for guide in sorted((ROOT / "docs" / "guides").glob("*.md")):
+            assert f"](guides/{guide.name})" in index, guide.name
+        assert "](first-hour.md)" in index
+
+    def test_private_modules_are_pointed_to_in_the_repository(self) -> None:
+        """The site renders the public modules only: a private module a page names is a
+        link to its source, which a reader can open (design.md, the map of the
+        modules for contributors, names them as the tree does)."""
+        private = re.compile(
+            r"`(aiodla(?:/[a-z_]+)*/_[a-z_]+\.py|aiodla(?:\.[a-z_]+)*\._[a-z_]+[\w.]*)`"
+        )
+        repository = "https://github.com/aiodla/aiodla/blob/main/"
+        pages = [*(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guides").glob("*.md")]
+        for page in pages:
+            if page.name == "design.md":
+                continue
+            text = page.read_text(encoding="utf-8")
+            for found in private.finditer(text):
+                link = f"[{found[0]}]({repository}{found[1]})"
+                assert text[found.start() - 1 : found.start() - 1 + len(link)] == link, (
+                    f"{page.name}: {found[0]} is not a link to its source"
+                )
+
+    def test_members_shown_for_a_class_exist(self) -> None:
+        import aiodla
+
+        gen = load("gen_reference")
+        for qualified, members in gen.MEMBERS.items():
+            cls = getattr(aiodla, qualified.split(".", 1)[1])
+            for member in members:
+                assert hasattr(cls, member), f"{qualified}.{member}"
 
 
 def test_the_docs_extra_is_in_the_test_extra() -> None:
