@@ -17,7 +17,9 @@ both cores. Cases, interleaved and repeated (median and min..max of each):
 ``host us/frame`` is the process's CPU (every thread: the loop, the poller, the
 decoder's threads) per frame, less the emulated device's work (the emulated runtime's
 stream operations and compute threads: a Jetson's DLA and GPU do that, not its CPU);
-on the CUDA runtime nothing is subtracted. Printed ratios, each against the issue's
+on the CUDA runtime nothing is subtracted. The loop, poller and by-thread columns say
+where it went; on the emulated runtime they include the emulated device's work
+wherever it ran (the poller applies stream work there), which ``host us`` leaves out. Printed ratios, each against the issue's
 target: ffmpeg all-in / (decode alone + engine alone) <= 1.1; (ii) / ffmpeg all-in
 >= 1.5; nvdec all-in / engine alone <= 1.5.
 
@@ -57,7 +59,7 @@ from typing import Any
 
 import numpy as np
 from _reports import report_path
-from _thread_cpu import snapshot
+from _thread_cpu import per_request, snapshot
 
 import aiodla
 from aiodla import Detect, Engine, ImagePreprocess, VideoFrame
@@ -202,20 +204,31 @@ async def drive(
 
 
 class Window:
-    """Host CPU seconds over a window: the process's, less the emulated device's."""
+    """Host CPU over a window: the process's, less the emulated device's, per frame,
+    and where it went (the loop's thread, aiodla's poller, each other thread by name)."""
 
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
+        self.loop_id = threading.get_native_id()
+        self.started = time.perf_counter()
         self.device = float(getattr(runtime, "device_time", 0.0))
         self.before = snapshot()
 
-    def host_seconds(self) -> float:
+    def per_frame(self, frames: int) -> dict[str, Any]:
         after = snapshot()
+        elapsed = time.perf_counter() - self.started
         device = float(getattr(self.runtime, "device_time", 0.0)) - self.device
-        for tid, (name, cpu) in after.threads.items():
-            if name.startswith(COMPUTE_THREADS):
-                device += cpu - self.before.threads.get(tid, (name, 0.0))[1]
-        return after.process - self.before.process - device
+        groups, by_name = per_request(self.before, after, frames, self.loop_id)
+        emulated = sum(us for name, us in by_name.items() if name.startswith(COMPUTE_THREADS))
+        threads = {name: us for name, us in by_name.items() if not name.startswith(COMPUTE_THREADS)}
+        return {
+            "host_us": groups["process"] - emulated - 1e6 * device / frames,
+            "loop_us": groups["loop"],
+            "poller_us": groups["poller"],
+            "frames": frames,
+            "fps": frames / elapsed,
+            "threads_us": threads,  # the rest, by thread (emulated device threads apart)
+        }
 
 
 async def taken(frames: AsyncIterator[Any], count: int) -> AsyncIterator[Any]:
@@ -233,8 +246,9 @@ async def all_in(args: argparse.Namespace, clip: Path, decoder: str) -> dict[str
         release: Callable[[Any], None] | None = None
         if video_source is not None:
             camera = video_source(
-                str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=4
-            )
+                str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=4,
+                name=f"{decoder} clip",
+            )  # fmt: skip
             await camera.__aenter__()
             frames: AsyncIterator[Any] = aiter(camera)
         else:  # PyAV directly (ffmpeg only)
@@ -244,14 +258,12 @@ async def all_in(args: argparse.Namespace, clip: Path, decoder: str) -> dict[str
         try:
             await drive(opened.infer, taken(frames, warm), args.inflight, release)
             window = Window(opened.runtime)
-            started = time.perf_counter()
             count = await drive(opened.infer, taken(frames, args.frames), args.inflight, release)
-            seconds = window.host_seconds()
-            elapsed = time.perf_counter() - started
+            result = window.per_frame(count)
         finally:
             if video_source is not None:
                 await camera.__aexit__(None, None, None)
-    return {"host_us": 1e6 * seconds / count, "frames": count, "fps": count / elapsed}
+    return result
 
 
 async def engine_alone(args: argparse.Namespace, clip: Path) -> dict[str, float]:
@@ -275,11 +287,9 @@ async def engine_alone(args: argparse.Namespace, clip: Path) -> dict[str, float]
 
         await drive(opened.infer, frames(args.inflight * 2), args.inflight)
         window = Window(opened.runtime)
-        started = time.perf_counter()
         count = await drive(opened.infer, frames(args.frames), args.inflight)
-        seconds = window.host_seconds()
-        elapsed = time.perf_counter() - started
-    return {"host_us": 1e6 * seconds / count, "frames": count, "fps": count / elapsed}
+        result = window.per_frame(count)
+    return result
 
 
 async def today(args: argparse.Namespace, clip: Path) -> dict[str, float]:
@@ -303,11 +313,9 @@ async def today(args: argparse.Namespace, clip: Path) -> dict[str, float]:
 
         await drive(opened.infer, frames(args.inflight * 2), args.inflight)
         window = Window(opened.runtime)
-        started = time.perf_counter()
         count = await drive(opened.infer, frames(args.frames), args.inflight)
-        seconds = window.host_seconds()
-        elapsed = time.perf_counter() - started
-    return {"host_us": 1e6 * seconds / count, "frames": count, "fps": count / elapsed}
+        result = window.per_frame(count)
+    return result
 
 
 def decode_alone(args: argparse.Namespace, clip: Path) -> dict[str, float]:
@@ -324,17 +332,11 @@ def decode_alone(args: argparse.Namespace, clip: Path) -> dict[str, float]:
     for _ in range(args.inflight * 2):
         next(decoded)
     window = Window(None)
-    started = time.perf_counter()
     for _ in range(args.frames):
         next(decoded)
-    seconds = window.host_seconds()
-    elapsed = time.perf_counter() - started
+    result = window.per_frame(args.frames)
     decoded.close()
-    return {
-        "host_us": 1e6 * seconds / args.frames,
-        "frames": args.frames,
-        "fps": args.frames / elapsed,
-    }
+    return result
 
 
 def decoders_present(args: argparse.Namespace) -> list[str]:
@@ -368,6 +370,18 @@ async def probe_format(clip: Path, decoder: str) -> str:
 
 def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def case_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median and spread over the repeats; threads by their medians."""
+    entry: dict[str, Any] = {
+        key: summarize([r[key] for r in results]) for key in results[0] if key != "threads_us"
+    }
+    names = sorted({name for r in results for name in r["threads_us"]})
+    entry["threads_us"] = {
+        name: statistics.median(r["threads_us"].get(name, 0.0) for r in results) for name in names
+    }
+    return entry
 
 
 def ratio(
@@ -408,7 +422,7 @@ def run(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         "frames": args.frames,
         "inflight": args.inflight,
         "video_source": getattr(aiodla, "VideoSource", None) is not None,
-        "cases": {n: {k: summarize([r[k] for r in rs]) for k in rs[0]} for n, rs in raw.items()},
+        "cases": {n: case_summary(rs) for n, rs in raw.items()},
         "ratios": {},
     }
     targets = {
@@ -429,13 +443,18 @@ def table(report: dict[str, Any]) -> str:
         f"runtime {report['runtime']}, {report['task_ms']} ms a task, {CORES} cores, "
         f"{report['frames']} 1080p frames a case, {report['inflight']} in flight; "
         f"VideoSource {'used' if report['video_source'] else 'absent (PyAV directly)'}",
-        f"{'case':<26}{'host us/frame':>16}{'(min..max)':>20}{'frames/s':>10}",
+        f"{'case':<26}{'host us/frame':>14}{'(min..max)':>16}{'loop':>7}{'poller':>7}"
+        f"{'frames/s':>9}  other threads (us/frame)",
     ]
     for name, entry in report["cases"].items():
         host = entry["host_us"]
         spread = f"{host['min']:.0f}..{host['max']:.0f}"
+        threads = ", ".join(
+            f"{thread} {us:.0f}" for thread, us in entry["threads_us"].items() if us >= 20
+        )
         lines.append(
-            f"{name:<26}{host['median']:>16.0f}{spread:>20}{entry['fps']['median']:>10.1f}"
+            f"{name:<26}{host['median']:>14.0f}{spread:>16}{entry['loop_us']['median']:>7.0f}"
+            f"{entry['poller_us']['median']:>7.0f}{entry['fps']['median']:>9.1f}  {threads}"
         )
     for label, found in report["ratios"].items():
         lines.append(
