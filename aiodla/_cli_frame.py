@@ -143,11 +143,23 @@ def cores_option(help: str) -> Callable[[_F], _F]:
 
 # A model file is data: the compute function an emulator loadable names runs only when
 # the user says so (see aiodla.emulator._compute).
+def _compute_from_here(ctx: click.Context, param: click.Parameter, trusted: bool) -> bool:
+    # The compute module a loadable names is the user's, beside their model
+    # ('--compute ci_reference:compute'); 'aiodla' as an installed script has no
+    # working directory on its path (python -m would), so it is added, last, so that
+    # an installed module of the same name still wins.
+    if trusted and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    return trusted
+
+
 trust_compute_option = click.option(
     "--trust-compute",
     is_flag=True,
+    callback=_compute_from_here,
     help="Import and run the compute function (MODULE:FUNCTION) that an emulator "
-    "loadable names; only for files you trust.",
+    "loadable names; only for files you trust. Its module is looked for on the Python "
+    "path and, after it, in the working directory.",
 )
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -194,6 +197,36 @@ class TestOutputShapes:
         network._checked = True
         with pytest.raises(ModelError, match=r"'features' came out \[1, 3, 64, 64\]"):
             network({"image": np.zeros((1, 3, 16, 16), np.float32)})
+
+
+def test_the_first_hours_compute_recipe_runs_from_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    """docs/first-hour.md: 'aiodla verify model.emu.bin ... --trust-compute' with the
+    compute module ci_reference.py beside the model, run as the installed script
+    (which, unlike python -m, has no working directory on its path)."""
+    script = shutil.which("aiodla", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("no 'aiodla' script beside this Python (not installed with pip)")
+    module = f"ci_reference_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "import numpy as np\n"
+        "def compute(inputs):\n"
+        "    return {'features': inputs['image'].astype(np.float32) * 2}\n"
+    )
+    (tmp_path / "model.emu.bin").write_bytes(
+        make_loadable([IMAGE], [FEATURES], latency=0.001, compute=f"{module}:compute")
+    )
+    root = Path(__file__).resolve().parent.parent  # this tree's aiodla, not the cwd
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run(
+        [script, "verify", "model.emu.bin", "--runtime", "emulated", "--trust-compute",
+         "--requests", "2", "--samples", "1", "--cores", "0", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout)["verdict"] == "pass"
 
 
 @pytest.mark.usefixtures("quick_doctor")
