@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from aiodla.testing import (
 from aiodla.testing import plugin as aiodla_plugin
 
 from support import X, Y, expected_affine, two_pair_model
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytest_plugins = ["pytester"]
 
@@ -331,6 +334,28 @@ class TestPluginFromOutside:
                 "modules 2*an engine opened on this runtime was not closed*",
             ]
         )
+
+    @pytest.mark.parametrize("configured", [True, False], ids=["as-the-guide-says", "unset"])
+    def test_the_testing_guides_setting_quiets_the_loop_scope_warning(
+        self, pytester: pytest.Pytester, tmp_path: Path, configured: bool
+    ) -> None:
+        """docs/guides/testing.md's pyproject.toml lines: pytest-asyncio's warning on
+        every run goes (and without them it is there: the check can fail)."""
+        guide = (ROOT / "docs" / "guides" / "testing.md").read_text(encoding="utf-8")
+        (toml,) = re.findall(r"```toml\n(.*?)```", guide, re.S)
+        assert toml.startswith("[tool.pytest.ini_options]\n")
+        lines = toml if configured else "[tool.pytest.ini_options]\n"
+        pytester.makefile(".toml", pyproject=lines + 'asyncio_mode = "strict"\n')
+        spec = as_if_from_a_jetson(inspect_json(tmp_path, make_loadable([X], [Y])))
+        pytester.makefile(".json", **{"detector-spec": json.dumps(spec)})
+        pytester.makepyfile(
+            test_app=USER_TESTS.split("\n\n@pytest.mark.asyncio\nasync def test_app")[0]
+        )
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+        result.assert_outcomes(passed=2)
+        output = result.stdout.str() + result.stderr.str()
+        warned = '"asyncio_default_fixture_loop_scope" is unset' in output
+        assert warned is not configured
 
     def test_the_plugin_only_defines_fixtures(self) -> None:
         # pytest loads it in every session where aiodla is installed: no hooks allowed.
