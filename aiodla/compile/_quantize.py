@@ -132,20 +132,13 @@ def quantize(source: str, target: str, name: str, inputs: Sequence[_Array]) -> N
     )
 
 
-def _iou(a: _Array, b: _Array) -> float:
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = w * h
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return float(inter / union) if union > 0 else 0.0
-
-
 def agreement(
     fp32: str, int8: str, inputs: Sequence[_Array], detect: Detect, input_name: str
 ) -> dict[str, Any]:
     """The INT8 model's detections against the FP32 model's on ``inputs``
-    (onnxruntime, both): per FP32 detection the INT8 one of its class with the best
-    IoU, matched at IoU >= 0.5; the mean IoU and score error of the matched ones."""
+    (onnxruntime, both), matched as ``aiodla verify --export`` matches (same class,
+    IoU >= 0.5, best first, each once); the mean IoU and score error of the matched."""
+    from .._verify_export import match
     from ..emulator._onnx import OnnxCompute
 
     networks = [OnnxCompute(path) for path in (fp32, int8)]
@@ -164,18 +157,12 @@ def agreement(
         want, got = results
         reference += len(want)
         found += len(got)
-        used: set[int] = set()
-        for box, score, cls in want:
-            best, best_iou = -1, 0.5
-            for j, (other, _, other_cls) in enumerate(got):
-                overlap = _iou(box, other) if other_cls == cls and j not in used else 0.0
-                if overlap >= best_iou:
-                    best, best_iou = j, overlap
-            if best >= 0:
-                used.add(best)
-                matched += 1
-                ious.append(best_iou)
-                errors.append(abs(score - float(np.asarray(got.scores)[best])))
+        count, overlaps, differences = match(
+            (got.boxes, got.scores, got.classes), (want.boxes, want.scores, want.classes)
+        )
+        matched += count
+        ious += overlaps
+        errors += differences
     return {
         "images": len(inputs),
         "fp32_detections": reference,

@@ -157,6 +157,23 @@ test_the_int8_emulated_chain_runs_the_quantized_network = pytest.mark.asyncio(
 )
 
 
+def test_verify_judges_an_int8_network_by_its_precision(compiled: dict[str, Any]) -> None:
+    """Its I/O is FP16 (the tensors do not say INT8): the compile settings do."""
+    result = compiled["result"]
+    source = str(compiled["tmp"] / "yolov8.onnx")
+    shown = CliRunner().invoke(
+        cli, ["verify", result.loadable, "--export", source, "--json", "--samples", "2",
+              "--requests", "2", "--cores", "0"],
+    )  # fmt: skip
+    found = json.loads(shown.output[shown.output.index("{") :])["detections"]
+    assert (found["precision"], found["min_matched"]) == ("int8", 0.8)
+    entry = found["cores"]["0"]
+    assert entry["reference"] > 0
+    assert entry["pass"] == (
+        entry["matched"] >= 0.8 * entry["reference"] and entry["matched"] >= 0.8 * entry["found"]
+    )
+
+
 def test_the_cli_prints_the_agreement(tmp_path: Path) -> None:
     scenes(tmp_path / "calib", 8)
     source = tmp_path / "yolox.onnx"
