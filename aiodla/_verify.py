@@ -145,8 +145,8 @@ async def verify(data: bytes, settings: VerifySettings) -> dict[str, Any]:
 
         try:
             document["detections"] = await against_export(
-                data, settings.model, settings.export, samples, settings.cores, precision,
-                options,
+                data, settings.model, settings.export, samples if not generated else None,
+                settings.cores, precision, options, count=len(samples),
             )  # fmt: skip
         except ExportError as exc:
             raise VerifyError(str(exc)) from exc

@@ -4,7 +4,8 @@ The loadable runs on each core with the Detect that ``aiodla compile`` wrote bes
 (:meth:`aiodla.Detect.for_model`); the reference is the *full* export on onnxruntime,
 its own output decoded as its exporter documents (:func:`aiodla.compile.exporter_detections`:
 Ultralytics' ``(1, 4 + C, N)`` or ``(1, N, 5 + C)`` with its NMS, YOLOX's
-``postprocess``), for the same FP16-rounded input the DLA reads. Per core: each
+``postprocess``), for the same FP16-rounded input the DLA reads: the ``--input`` given,
+else synthetic camera scenes through the model's compiled ``ImagePreprocess``. Per core: each
 reference detection is matched to the core's detection of its class with the best IoU
 (at least 0.5, each used once); reported are the matched count both ways, the mean and
 least IoU and the largest score difference. A core passes when it matches at least
@@ -42,8 +43,9 @@ def _iou(box: np.ndarray[Any, Any], boxes: np.ndarray[Any, Any]) -> np.ndarray[A
     inter = w * h
     area = (box[2] - box[0]) * (box[3] - box[1])
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(inter / (area + areas - inter), np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        iou = np.asarray(inter / (area + areas - inter), np.float64)
+    return np.where(np.isfinite(iou), iou, 0.0)  # a box beyond float range matches nothing
 
 
 def match(
@@ -66,16 +68,49 @@ def match(
     return len(ious), ious, errors
 
 
+def scenes(document: Mapping[str, Any], count: int) -> list[dict[str, np.ndarray[Any, Any]]]:
+    """``count`` inputs as the engine makes them from camera frames: synthetic scenes (a
+    gradient, a few boxes of colour, sensor noise; 3:4 of the model's size, so the
+    letterbox pads) through the ``ImagePreprocess`` the model was compiled with. A
+    detector, INT8 above all, is judged on inputs of its own range, not on noise."""
+    from ._preprocess import ImagePreprocess
+    from ._tensors import TensorSpec
+
+    name, height, width = (document["input"][k] for k in ("name", "height", "width"))
+    spec = TensorSpec(name, (1, 3, height, width), "float16", "chw16")
+    pre = ImagePreprocess(source="rgb", **document["preprocess"])
+    rng = np.random.default_rng(2024)
+    rows, columns = max(1, height * 3 // 4), width
+    out = []
+    for _ in range(count):
+        ramp = np.linspace(0, 255, columns)[None, :, None] * rng.random(3)
+        frame = np.broadcast_to(ramp, (rows, columns, 3)).copy()
+        for _ in range(4):
+            y, x = rng.integers(0, rows), rng.integers(0, columns)
+            h, w = (
+                rng.integers(rows // 8 + 1, rows // 2 + 2),
+                rng.integers(columns // 8 + 1, columns // 2 + 2),
+            )
+            frame[y : y + h, x : x + w] = rng.integers(0, 256, 3)
+        frame += rng.normal(0, 8, frame.shape)
+        pixels = np.clip(frame, 0, 255).astype(np.uint8)
+        out.append({name: pre.apply(pixels, spec)})
+    return out
+
+
 async def against_export(
     data: bytes,
     model: str,
     export: str,
-    samples: Sequence[Mapping[str, np.ndarray[Any, Any]]],
+    samples: Sequence[Mapping[str, np.ndarray[Any, Any]]] | None,
     cores: Sequence[int],
     precision: str,
     options: Mapping[str, Any],
+    *,
+    count: int = 8,
 ) -> dict[str, Any]:
-    """The report's ``detections`` entry (module docstring)."""
+    """The report's ``detections`` entry (module docstring); ``samples`` None: ``count``
+    generated scenes (:func:`scenes`)."""
     from .compile import exporter_detections
     from .emulator._onnx import OnnxCompute
 
@@ -99,6 +134,8 @@ async def against_export(
             f"{list(full.output_names)}; the compiled model was cut from an export with "
             f"input {input_name!r} and output {output!r}"
         )
+    if samples is None:
+        samples = scenes(document, count)
     references = []
     for sample in samples:
         seen = np.asarray(sample[input_name]).astype(np.float16).astype(np.float32)
