@@ -30,42 +30,10 @@ __all__ = ["MIN_MATCHED", "against_export"]
 #: The share of detections that must match, both ways, by precision: FP16 heads move a
 #: candidate near the threshold or a near-tie in NMS; INT8 moves more.
 MIN_MATCHED = {"fp16": 0.95, "int8": 0.8}
-_IOU = 0.5
 
 
 class ExportError(AiodlaError, ValueError):
     """The export does not fit the compiled model (no settings, other I/O)."""
-
-
-def _iou(box: np.ndarray[Any, Any], boxes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    w = np.clip(np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]), 0, None)
-    h = np.clip(np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1]), 0, None)
-    inter = w * h
-    area = (box[2] - box[0]) * (box[3] - box[1])
-    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        iou = np.asarray(inter / (area + areas - inter), np.float64)
-    return np.where(np.isfinite(iou), iou, 0.0)  # a box beyond float range matches nothing
-
-
-def match(
-    got: tuple[Any, Any, Any], want: tuple[Any, Any, Any]
-) -> tuple[int, list[float], list[float]]:
-    """Reference detections matched to ``got`` (same class, IoU >= 0.5, best first, each
-    once): the count, the IoUs and the score differences of the matched."""
-    boxes, scores, classes = (np.asarray(a) for a in got)
-    free = np.ones(len(scores), bool)
-    ious: list[float] = []
-    errors: list[float] = []
-    for box, score, cls in zip(*(np.asarray(a) for a in want), strict=True):
-        overlap = np.where(free & (classes == cls), _iou(box, boxes.reshape(-1, 4)), -1.0)
-        if not len(overlap) or overlap.max() < _IOU:
-            continue
-        best = int(np.argmax(overlap))
-        free[best] = False
-        ious.append(float(overlap[best]))
-        errors.append(abs(float(scores[best]) - float(score)))
-    return len(ious), ious, errors
 
 
 def scenes(document: Mapping[str, Any], count: int) -> list[dict[str, np.ndarray[Any, Any]]]:
@@ -111,7 +79,7 @@ async def against_export(
 ) -> dict[str, Any]:
     """The report's ``detections`` entry (module docstring); ``samples`` None: ``count``
     generated scenes (:func:`scenes`)."""
-    from .compile import exporter_detections
+    from .compile._exporter import exporter_detections, match
     from .emulator._onnx import OnnxCompute
 
     try:

@@ -33,10 +33,12 @@ import numpy as np
 
 from .._detect_math import Candidates, select
 
-__all__ = ["FAMILIES", "export_output", "exporter_detections"]
+__all__ = ["FAMILIES", "MATCH_IOU", "export_output", "exporter_detections", "match"]
 
 _Array = np.ndarray[Any, Any]
 
+#: Two detections are one object when their IoU reaches this (:func:`match`).
+MATCH_IOU = 0.5
 #: The decodings a cut can remove, by the Detect head that replaces them.
 FAMILIES = ("yolov5", "yolov8", "yolox")
 
@@ -128,3 +130,34 @@ def exporter_detections(
     found = Candidates(boxes[keep], scores[keep], classes[keep], ids)
     kept = select(found, iou=iou, max_det=max_det, max_candidates=30000, class_agnostic=False)
     return found.boxes[kept], found.scores[kept], found.classes[kept]
+
+
+def _iou(box: np.ndarray[Any, Any], boxes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    w = np.clip(np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]), 0, None)
+    h = np.clip(np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1]), 0, None)
+    inter = w * h
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        iou = np.asarray(inter / (area + areas - inter), np.float64)
+    return np.where(np.isfinite(iou), iou, 0.0)  # a box beyond float range matches nothing
+
+
+def match(
+    got: tuple[Any, Any, Any], want: tuple[Any, Any, Any]
+) -> tuple[int, list[float], list[float]]:
+    """Reference detections matched to ``got`` (same class, IoU >= 0.5, best first, each
+    once): the count, the IoUs and the score differences of the matched."""
+    boxes, scores, classes = (np.asarray(a) for a in got)
+    free = np.ones(len(scores), bool)
+    ious: list[float] = []
+    errors: list[float] = []
+    for box, score, cls in zip(*(np.asarray(a) for a in want), strict=True):
+        overlap = np.where(free & (classes == cls), _iou(box, boxes.reshape(-1, 4)), -1.0)
+        if not len(overlap) or overlap.max() < MATCH_IOU:
+            continue
+        best = int(np.argmax(overlap))
+        free[best] = False
+        ious.append(float(overlap[best]))
+        errors.append(abs(float(scores[best]) - float(score)))
+    return len(ious), ious, errors

@@ -138,8 +138,9 @@ def agreement(
     """The INT8 model's detections against the FP32 model's on ``inputs``
     (onnxruntime, both), matched as ``aiodla verify --export`` matches (same class,
     IoU >= 0.5, best first, each once); the mean IoU and score error of the matched."""
-    from .._verify_export import match
+
     from ..emulator._onnx import OnnxCompute
+    from ._exporter import match
 
     networks = [OnnxCompute(path) for path in (fp32, int8)]
     names = networks[0].output_names

@@ -53,7 +53,7 @@ def test_the_compiled_model_agrees_with_its_export_on_every_core(
 def test_boxes_beyond_float_range_match_nothing() -> None:
     import numpy as np
 
-    from aiodla._verify_export import match
+    from aiodla.compile._exporter import match
 
     inf = np.float32("inf")
     want = (np.array([[0, 0, inf, 10]], np.float32), np.array([0.9]), np.array([0]))
