@@ -25,7 +25,7 @@ MODEL = TensorSpec("images", (1, 3, 640, 640), "float16", "chw16")
 
 def frame(source: str, height: int, width: int) -> np.ndarray:
     rng = np.random.default_rng(0)
-    if source == "nv12":
+    if source in ("nv12", "i420"):
         return rng.integers(0, 256, (height * 3 // 2, width)).astype(np.uint8)
     return rng.integers(0, 256, (height, width, len(source))).astype(np.uint8)
 
@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = [
         (source, resize, size)
-        for source in ("bgr", "nv12")
+        for source in ("bgr", "nv12", "i420")
         for resize in ("letterbox", "stretch")
         for size in ((1080, 1920), (1000, 1500))
     ]

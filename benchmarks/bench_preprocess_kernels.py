@@ -46,6 +46,8 @@ def main() -> None:
          ImagePreprocess(source="bgr", order="rgb", resize="letterbox", **IMAGENET)),
         ("1920x1080 nv12 -> 640x640 fp16 chw16", TensorSpec("n", (1, 3, 640, 640), "float16",
          "chw16"), ImagePreprocess(source="nv12", order="rgb", resize="letterbox", **IMAGENET)),
+        ("1920x1080 i420 -> 640x640 fp16 chw16", TensorSpec("i", (1, 3, 640, 640), "float16",
+         "chw16"), ImagePreprocess(source="i420", order="rgb", resize="letterbox", **IMAGENET)),
         ("1920x1080 bgr -> 640x640 int8 chw32", quantized,
          ImagePreprocess(source="bgr", order="rgb", resize="stretch", **IMAGENET)),
     ]  # fmt: skip
@@ -63,7 +65,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     runs: list[tuple[str, int, Any, Any]] = []
     for name, spec, pre in cases:
-        shape = (1620, 1920) if pre.source == "nv12" else (1080, 1920, 3)
+        shape = (1620, 1920) if pre.source in ("nv12", "i420") else (1080, 1920, 3)
         frame = rng.integers(0, 256, shape, np.uint8)
         device, copy_target = cp.asarray(frame), cp.empty(frame.size, cp.uint8)
         out = cp.empty(spec.size, cp.uint8)
