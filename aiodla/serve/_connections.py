@@ -160,11 +160,6 @@ class Listener:
         if connection is not None:
             connection.request_finished()
 
-    @property
-    def handshaking(self) -> int:
-        """TLS handshakes running now."""
-        return sum(1 for c in self.connections if c.handshaking)
-
 
 class _Connection(asyncio.Protocol):
     """One accepted connection: counted, TLS set up under the handshake limits, then
@@ -181,7 +176,6 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
         self._counted = False
-        self.handshaking = False
         self._setup: asyncio.Task[None] | None = None
         self._early: list[bytes] = []
 
@@ -270,17 +264,13 @@ class _Connection(asyncio.Protocol):
 
     async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
         async with self._listener.handshakes:
-            self.handshaking = True
-            try:
-                tls = await self._loop.start_tls(
-                    raw,
-                    self,
-                    context,
-                    server_side=True,
-                    ssl_handshake_timeout=self._listener.header_timeout,
-                )
-            finally:
-                self.handshaking = False
+            tls = await self._loop.start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=self._listener.header_timeout,
+            )
         if tls is None:  # (the transport was closing)
             raise ConnectionError("the connection closed during the handshake")
         self._serve(tls)
