@@ -55,7 +55,9 @@ __all__ = [
     "TraceFile",
     "TraceRecorder",
     "Tracing",
+    "active_recorder",
     "cores_trace",
+    "data_address",
     "engine_trace",
 ]
 
@@ -109,6 +111,16 @@ class TraceRecorder:
         self._open_limit = 4 * capacity + 1024
         self._seen: dict[Any, float] = {}  # per slot: when a sweep last found it done
         self._loop_thread = threading.get_ident()
+        # Video frames: (frame number, source, index, start, end), and which request read
+        # which frame, found by where the frame's pixels lie (the last frame decoded at
+        # an address is the one a request on that address reads).
+        self.frames: collections.deque[tuple[int, str, int, float, float]] = collections.deque(
+            maxlen=capacity
+        )
+        self.framed = 0
+        self._frame_at: dict[int, int] = {}
+        self.frame_of: dict[int, int] = {}  # request number -> frame number
+        self._reading: dict[Any, int] = {}  # request on a slot -> the frame it reads
 
     # -- hooks: the engine's flow (loop thread) -----------------------------------------
 
@@ -116,6 +128,8 @@ class TraceRecorder:
         """``request`` got ``slot`` at ``at`` (the time its queue wait ended)."""
         opened = self._open
         opened[request] = [slot.core.core, slot.index, at, None, None, None, None, False]
+        if self._frame_at:  # which frame it reads: its arrays are gone once it ends
+            self._note_frame(request)
         if len(opened) > self._open_limit:  # a request that never ended (a bug): forget it
             del opened[next(iter(opened))]
 
@@ -149,6 +163,8 @@ class TraceRecorder:
         if entry is None:  # never started on a slot: cancelled or timed out in line
             self.requests.append((number, request.started, returned, outcome))
             return
+        if self._reading:
+            self._link(number, request)
         core, stream, assigned, packed, submitted, seen, handled, off_loop = entry
         if seen is not None and (submitted is None or seen < submitted):  # an earlier task's
             seen = None
@@ -156,6 +172,34 @@ class TraceRecorder:
             (number, request.started, returned, outcome, assigned, packed, submitted, seen,
              handled, core, stream, off_loop)
         )  # fmt: skip
+
+    # -- hooks: video sources (loop thread) ------------------------------------------------
+
+    def frame(self, source: str, index: int, start: float, end: float, address: int) -> None:
+        """Video source ``source`` decoded its frame ``index`` from ``start`` to ``end``
+        (``time.monotonic``); its pixels lie at ``address``."""
+        number = self.framed
+        self.framed += 1
+        self.frames.append((number, source, index, start, end))
+        at = self._frame_at
+        at.pop(address, None)  # re-inserted last: the dict stays in decoding order
+        at[address] = number
+        if len(at) > 4 * self.capacity:
+            del at[next(iter(at))]
+
+    def _note_frame(self, request: Any) -> None:
+        for value in (*getattr(request, "arrays", ()), *getattr(request, "sources", ())):
+            frame = self._frame_at.get(data_address(value))
+            if frame is not None:
+                self._reading[request] = frame
+                return
+
+    def _link(self, number: int, request: Any) -> None:
+        frame = self._reading.pop(request, None)
+        if frame is not None:
+            self.frame_of[number] = frame
+            if len(self.frame_of) > 4 * self.capacity:
+                del self.frame_of[next(iter(self.frame_of))]
 
     # -- hook: the poller (its thread, or the loop's harvest) ----------------------------
 
@@ -366,3 +410,20 @@ def engine_trace(
     if self.state.value != "open":
         raise EngineClosedError(f"trace() needs an open engine; it is {self.state.value}")
     return Tracing(self, path, TraceRecorder(name or "engine", capacity=capacity))
+
+
+def active_recorder(engine: Any) -> TraceRecorder | None:
+    """The recorder tracing ``engine`` now, or None."""
+    flow = getattr(engine, "_flow", None)
+    return None if flow is None else flow.trace
+
+
+def data_address(value: Any) -> int:
+    """Where an array's first byte lies (host or device), or -1 for anything else."""
+    for name in ("__array_interface__", "__cuda_array_interface__"):
+        interface = getattr(value, name, None)
+        if isinstance(interface, dict):
+            data = interface.get("data")
+            if isinstance(data, tuple) and data and isinstance(data[0], int):
+                return data[0]
+    return -1

@@ -13,6 +13,9 @@ Tracks of the file (one process per engine; tracks are its "threads"):
 ``core C``          the core's busy spans (its tasks back to back)
 ``core C stream S`` each DLA task, with its request, model and outcome
 ``off-loop steps``  packing or unpacking done in a worker thread
+``video: NAME``     each frame a video source opened with ``engine=`` decoded
+                    (its reader thread's CPU time for it, ending when decoded),
+                    with a flow into the request that read that frame
 ==================  ===========================================================
 
 A request's queue wait is an async slice (``queued``, one per request) and its steps
@@ -45,6 +48,8 @@ TID_LOOP = 1
 TID_HARVEST = 2
 TID_POLLER = 3
 TID_OFF_LOOP = 4
+TID_VIDEO = 500  # the first video source's track; one more for each
+FRAME_FLOW_BASE = 1 << 40  # frame flows' ids, apart from the requests' own
 
 
 class Recording(Protocol):
@@ -183,6 +188,7 @@ class EventWriter:
             self.slice(TID_HARVEST if by_loop else TID_POLLER, "sweep", started, ended, found=found)
         self._untangle()
         self._flows()
+        self._frames()
         name = {"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                 "args": {"name": f"aiodla: {rec.name}"}}  # fmt: skip
         meta = [name]
@@ -294,6 +300,35 @@ class EventWriter:
                 self.flow("f", number, TID_LOOP, unpack["ts"])
             else:
                 self.flow("f", number, tid, start)
+
+    def _frames(self) -> None:
+        """A track per video source, a slice per decoded frame, and a flow from each
+        frame into the first step of the request that read it."""
+        rec = self.recorder
+        tids: dict[str, int] = {}
+        frame_slices: dict[int, dict[str, Any]] = {}
+        for number, source, index, start, end in getattr(rec, "frames", ()):
+            tid = tids.get(source)
+            if tid is None:
+                tid = tids[source] = TID_VIDEO + len(tids)
+                self.tracks[tid] = f"video: {source}"
+            frame_slices[number] = self.slice(tid, "decode", start, end, source=source, frame=index)
+        for request, frame in getattr(rec, "frame_of", {}).items():
+            decoded = frame_slices.get(frame)
+            steps = self.steps.get(request, {})
+            step = next((steps[k] for k in ("pack", "submit") if k in steps), None)
+            if decoded is None or step is None or step["ph"] != "X":
+                continue
+            flow_id = FRAME_FLOW_BASE + self.first_id + frame
+            for phase, tid, at in (
+                ("s", decoded["tid"], decoded["ts"]),
+                ("f", TID_LOOP, step["ts"]),
+            ):
+                event = {"name": "frame", "cat": "frame", "ph": phase, "id": flow_id,
+                         "pid": self.pid, "tid": tid, "ts": at}  # fmt: skip
+                if phase == "f":
+                    event["bp"] = "e"
+                self.events.append(event)
 
 
 def _counts(rec: Recording) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from ._errors import AiodlaError, ConfigurationError
 from ._frame_pool import Lender
+from ._trace import active_recorder, data_address
 from ._video_address import Address, parse_address
 from ._video_decoders import DecoderName, OpenOptions, choose_decoder
 from ._video_frame import VideoFrame
@@ -319,9 +320,12 @@ class VideoSource:
     # -- observation -------------------------------------------------------------------------
 
     def statistics(self) -> VideoSourceStatistics:
-        """A snapshot of the source's counts and rates."""
+        """A snapshot of the source's counts and rates (from any thread: each figure
+        is read whole, though two may be a frame apart)."""
         now = time.monotonic()
-        recent = [t for t in self._recent if now - t <= _RATE_WINDOW]
+        # tuple() copies under the interpreter lock: a scrape from another thread may
+        # read statistics while the loop appends.
+        recent = [t for t in tuple(self._recent) if now - t <= _RATE_WINDOW]
         fps = 0.0
         if len(recent) >= 2:
             fps = (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
@@ -372,6 +376,11 @@ class VideoSource:
             self._dropped += 1
         for listener in self._frame_listeners:
             listener(frame, cpu)
+        engine = self._settings.engine
+        recorder = None if engine is None else active_recorder(engine)
+        if recorder is not None:  # the engine's timeline: this frame, then its request
+            end = time.monotonic() - max(0.0, time.time() - frame.captured_at)
+            recorder.frame(self._name, frame.index, end - cpu, end, data_address(frame.array))
         self._wake.set()
 
     def _report(

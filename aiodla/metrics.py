@@ -81,6 +81,27 @@ nv_inference_compute_infer_duration_us     counter    cumulative microseconds of
 nv_inference_pending_request_count         gauge      requests waiting for a slot
 =========================================  =========  ===================================
 
+:class:`VideoSourceCollector` does the same for video sources
+(:class:`aiodla.VideoSource`), every family labelled ``source`` (the source's name: its
+URI without credentials)::
+
+    REGISTRY.register(VideoSourceCollector([camera1, camera2]))
+
+=========================================  =========  ===================================
+aiodla_video_frames_decoded_total          counter    frames out of the decoder
+aiodla_video_frames_delivered_total        counter    frames handed to the application
+aiodla_video_frames_dropped_total          counter    frames a newer one replaced unread
+aiodla_video_decode_errors_total           counter    packets the decoder could not decode
+aiodla_video_reconnects_total              counter    re-openings after a loss
+aiodla_video_frame_rate                    gauge      decoded frames a second (last 2 s)
+aiodla_video_decode_cpu_seconds_total      counter    the reader thread's CPU seconds
+aiodla_video_source_state                  gauge      ``state``: 1 for the source's state
+                                                      (connecting, streaming,
+                                                      reconnecting, ended, failed,
+                                                      closed), 0 for the others
+aiodla_video_source_info                   gauge      1, with ``decoder`` and ``codec``
+=========================================  =========  ===================================
+
 Triton's counters are written as Triton writes them, without ``_total``; prometheus_client
 appends ``_total`` to every sample of a family typed counter, so these counters go out
 untyped (``rate()`` and ``increase()`` read them the same).
@@ -103,7 +124,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._engine import Engine
@@ -116,6 +137,7 @@ from ._statistics import (
     Histogram,
     LatencySummary,
 )
+from ._video_source import VideoSource, VideoSourceState
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -127,6 +149,7 @@ __all__ = [
     "STAGES",
     "STAGE_QUANTILES",
     "EngineCollector",
+    "VideoSourceCollector",
 ]
 
 logger = logging.getLogger("aiodla.metrics")
@@ -571,3 +594,85 @@ def _buckets(snapshot: Histogram) -> tuple[list[tuple[str, float]], float]:
     ]
     buckets.append(("+Inf", snapshot.count))
     return buckets, snapshot.sum
+
+
+class VideoSourceCollector:
+    """Exposes the statistics of video sources to a Prometheus registry, labelled by
+    each source's name (see the table above). ``add`` and ``remove`` change the set.
+
+    A source's figures are read whole from any thread, so a scrape does not go through
+    the sources' event loop.
+    """
+
+    def __init__(self, sources: Iterable[VideoSource] = ()) -> None:
+        _client()
+        self._sources: dict[str, VideoSource] = {}
+        for source in sources:
+            self.add(source)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._sources)
+
+    def add(self, source: VideoSource) -> None:
+        """Watch ``source`` under ``source=source.name``."""
+        if not isinstance(source, VideoSource):
+            raise ConfigurationError(f"expected an aiodla VideoSource, got {type(source).__name__}")
+        if source.name in self._sources:
+            raise ConfigurationError(f"a video source named {source.name!r} is watched already")
+        self._sources[source.name] = source
+
+    def remove(self, name: str) -> None:
+        self._sources.pop(name, None)
+
+    def describe(self) -> list[Metric]:
+        return list(_video_families([]))
+
+    def collect(self) -> Iterator[Metric]:
+        return _video_families([source.statistics() for source in list(self._sources.values())])
+
+
+def _video_families(readings: list[Any]) -> Iterator[Metric]:
+    core = _client()
+    counter, gauge = core.CounterMetricFamily, core.GaugeMetricFamily
+    label = ["source"]
+    counts = [
+        ("aiodla_video_frames_decoded", "Frames out of the decoder.", "decoded"),
+        ("aiodla_video_frames_delivered", "Frames handed to the application.", "delivered"),
+        ("aiodla_video_frames_dropped", "Frames a newer frame replaced unread.", "dropped"),
+        ("aiodla_video_decode_errors", "Packets the decoder could not decode.", "decode_errors"),
+        ("aiodla_video_reconnects", "Re-openings of the source after a loss.", "reconnects"),
+        (
+            "aiodla_video_decode_cpu_seconds",
+            "CPU seconds of the source's reader thread.",
+            "decode_cpu",
+        ),
+    ]
+    for name, documentation, field in counts:
+        family = counter(name, documentation, labels=label)
+        for stats in readings:
+            family.add_metric([stats.name], getattr(stats, field))
+        yield family
+    rate = gauge(
+        "aiodla_video_frame_rate", "Decoded frames a second over the last 2 s.", labels=label
+    )
+    for stats in readings:
+        rate.add_metric([stats.name], stats.fps)
+    yield rate
+    state = gauge(
+        "aiodla_video_source_state",
+        "1 for the source's state, 0 for the others.",
+        labels=["source", "state"],
+    )
+    for stats in readings:
+        for each in VideoSourceState:
+            state.add_metric([stats.name, each.value], float(stats.state == each.value))
+    yield state
+    info = gauge(
+        "aiodla_video_source_info",
+        "The source's decoder and codec.",
+        labels=["source", "decoder", "codec"],
+    )
+    for stats in readings:
+        info.add_metric([stats.name, stats.decoder, stats.codec or ""], 1.0)
+    yield info
