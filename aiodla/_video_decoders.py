@@ -45,6 +45,7 @@ __all__ = [
     "available_decoders",
     "choose_decoder",
     "decoder_for",
+    "keep_the_cxx_unwinder",
 ]
 
 logger = logging.getLogger("aiodla")
@@ -225,7 +226,26 @@ def _on_jetson() -> bool:
 
 
 @functools.cache
+def keep_the_cxx_unwinder() -> None:
+    """Load libgcc_s into the process's global symbol scope, before GStreamer.
+
+    Debian's libgstreamer links libunwind, whose ``_Unwind_*`` functions then come
+    first in the global scope; C++ code loaded afterwards (pybind11 modules such as
+    matplotlib's ``ft2font``) unwinds its exceptions through them, and the process
+    aborts. With libgcc_s there first, the C++ runtime's own unwinder is the one found.
+    """
+    import contextlib
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):  # not glibc's toolchain: nothing to keep
+            ctypes.CDLL("libgcc_s.so.1", mode=ctypes.RTLD_GLOBAL)
+
+
+@functools.cache
 def _gstreamer_missing() -> str | None:
+    keep_the_cxx_unwinder()
     try:
         import gi
 

@@ -20,8 +20,12 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
-import gi
 import numpy as np
+
+from ._video_decoders import keep_the_cxx_unwinder
+
+keep_the_cxx_unwinder()  # before GStreamer's libraries load: see its docstring
+import gi  # noqa: E402
 
 gi.require_version("Gst", "1.0")
 gi.require_version("GstApp", "1.0")
