@@ -58,6 +58,7 @@ from ._doctor_checks import (
     platform_check,
     power_check,
     said,
+    video_decoders_check,
 )
 from ._safe_paths import read_limited
 
@@ -176,6 +177,7 @@ def diagnose(host: Host | None = None) -> Report:
         ("clocks", "clocks", lambda: clocks_check(host, where.jetson)),
         ("shared_memory", "shared memory", lambda: memfd_check(host)),
         ("open_files", "open files", lambda: files_check(host)),
+        ("video_decoders", "video decode", video_decoders_check),
     ]
     checks = []
     for ident, title, step in steps:

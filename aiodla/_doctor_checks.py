@@ -41,6 +41,7 @@ __all__ = [
     "platform_check",
     "power_check",
     "said",
+    "video_decoders_check",
 ]
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -434,3 +435,23 @@ def files_check(host: Host) -> Finding:
             f"ulimit -n {min(4096, hard) if hard > 0 else 4096}",
         )
     return Finding(OK, f"soft limit {soft} (hard {shown_hard})")
+
+
+def video_decoders_check() -> Finding:
+    """Which of VideoSource's decoders this machine has, and which ``"auto"`` takes
+    for a file or stream."""
+    from ._video_address import parse_address
+    from ._video_decoders import available_decoders, choose_decoder
+
+    found = available_decoders()
+    have = [name for name, why in found.items() if why is None]
+    lacking = "; ".join(f"{name}: {why}" for name, why in found.items() if why is not None)
+    if not have:
+        return Finding(
+            WARN,
+            f"no video decoder ({lacking}): VideoSource cannot read cameras or files",
+            "pip install 'aiodla[video]' (FFmpeg through PyAV, everywhere)",
+        )
+    auto = choose_decoder("auto", parse_address("stream.mp4"))
+    detail = f"{', '.join(have)} (auto takes {auto})"
+    return Finding(OK, detail + (f"; not here: {lacking}" if lacking else ""))
