@@ -90,6 +90,7 @@ def test_the_files_and_the_settings(tmp_path: Path) -> None:
     out = tmp_path / "yolo.bin"
     result = compile_model(source, out, emulate=True)
     assert result.trimmed == str(tmp_path / "yolo.trimmed.onnx")
+    assert result.detect(conf=0.3) == Detect.for_model(str(out), conf=0.3)
     onnx.checker.check_model(result.trimmed)
     document = json.loads((tmp_path / "yolo.bin.detect.json").read_text())
     assert document["schema"] == "aiodla-compiled/1"
