@@ -1,7 +1,7 @@
 """The server's log, rate-limited: a client can make the server log (a malformed
 request, a failed TLS handshake, a connection over the cap), so each kind of line is
 written at most :data:`BURST` times in :data:`PERIOD` seconds; the next one written
-after a pause says how many like it were left out.
+after a pause says how many like it were left out, and so does the last server's end.
 
 A kind of line is its logger, level and message template (``"HTTP %d to %s: %s"``,
 whatever the values). The filter sits on the loggers the server's fronts write to
@@ -62,6 +62,16 @@ class RateLimit(logging.Filter):
             record.args = None
         return True
 
+    def left_out(self) -> list[tuple[str, int, str, int]]:
+        """The kinds with lines left out since their last line: (logger, level,
+        template, count), each count then reset."""
+        found: list[tuple[str, int, str, int]] = []
+        for (name, level, template), state in self._kinds.items():
+            if state[2]:
+                found.append((name, level, template, int(state[2])))
+                state[2] = 0.0
+        return found
+
 
 class _Installed:
     """One filter on :data:`LOGGERS` while at least one server runs."""
@@ -81,6 +91,11 @@ class _Installed:
         if not self.users:
             for name in LOGGERS:
                 logging.getLogger(name).removeFilter(self.filter)
+            # What was left out since its kind's last line, said once at the end.
+            for name, level, template, count in self.filter.left_out():
+                logging.getLogger(name).log(
+                    level, "%d more lines like %r were left out", count, template
+                )
 
 
 rate_limited = _Installed()

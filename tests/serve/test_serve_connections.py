@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import ssl
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -333,3 +334,73 @@ async def test_a_traditional_encrypted_key_is_refused_without_a_prompt(
     assert b"Proc-Type: 4,ENCRYPTED" in path.read_bytes()
     with pytest.raises(ConfigurationError, match=r"old\.key is encrypted"):
         Server({"affine": engine}, http="127.0.0.1:0", tls_cert=cert_files[0], tls_key=path)
+
+
+# -- the reported attack, end to end ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(120)
+async def test_slow_clients_cannot_take_a_small_server_down(tmp_path: Path) -> None:
+    """``aiodla serve`` under a 256-descriptor limit, 300 connections trickling header
+    bytes: they are refused (over the cap of 128, half the limit) or timed out, a good
+    client is served within seconds, and the log stays a few lines."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1024:  # the test's own 300 connections
+        if hard != resource.RLIM_INFINITY and hard < 1024:
+            pytest.skip(f"the test needs 1024 descriptors; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    model = tmp_path / "affine.bin"
+    model.write_bytes(affine_model())
+
+    def small_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiodla", "serve", str(model), "--runtime", "emulated",
+        "--http", "127.0.0.1:0", "--grpc", "off", "--header-timeout", "1",
+        stderr=asyncio.subprocess.PIPE, preexec_fn=small_limit, env=env,
+    )  # fmt: skip
+    assert process.stderr is not None
+    slow: list[asyncio.StreamWriter] = []
+    try:
+        line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
+        port = int(line.split("HTTP port ")[1].split(";")[0].split()[0])
+        for _ in range(300):
+            slow.append((await asyncio.open_connection("127.0.0.1", port))[1])
+
+        async def trickle() -> None:
+            for byte in HEALTH[:-4] * 10:
+                for writer in slow:
+                    if not writer.is_closing():
+                        writer.write(bytes([byte]))
+                await asyncio.sleep(0.2)
+
+        trickling = asyncio.ensure_future(trickle())
+        started = time.monotonic()
+        served = False
+        while not served and time.monotonic() - started < 15:
+            try:
+                served = await healthy(port)
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                pass
+            if not served:
+                await asyncio.sleep(0.2)
+        trickling.cancel()
+        assert served, "no good client was served within 15 s"
+    finally:
+        for writer in slow:
+            writer.close()
+        process.terminate()
+        rest = (await asyncio.wait_for(process.stderr.read(), 60)).decode()
+        await process.wait()
+    lines = rest.splitlines()
+    assert len(lines) < 40, rest[-3000:]
+    assert any("refusing a connection" in line for line in lines), rest[-3000:]
+    assert any("were left out" in line for line in lines), rest[-3000:]  # said at the end

@@ -48,6 +48,7 @@ async def detectors(aiodla_engine: EngineFactory, loadable: bytes) -> dict[str, 
         "det12": await aiodla_engine(loadable, preprocess={"images": NV12}, postprocess=YOLOV5),
         "none": await aiodla_engine(loadable, preprocess={"images": BGR}, postprocess=NOTHING),
         "heads": await aiodla_engine(loadable, preprocess={"images": BGR}),
+        "tensor": await aiodla_engine(loadable, postprocess=YOLOV5),
     }
 
 
@@ -143,6 +144,21 @@ async def test_frames_of_any_size_give_the_engines_detections(
         same(got, want)
         assert 0 < got["count"][0] == len(got["boxes"]) == len(got["scores"])
         assert got["boxes"][:, 0::2].max() <= width and got["boxes"][:, 1::2].max() <= height
+
+
+@pytest.mark.asyncio
+async def test_without_preprocess_the_models_tensor_in_and_detections_out(
+    server: Server, detectors: dict[str, Engine]
+) -> None:
+    client = Client("grpc", server)
+    answer = await client.metadata("tensor")
+    assert answer["inputs"] == [{"name": "images", "datatype": "FP16", "shape": [1, 3, 640, 640]}]
+    assert answer["outputs"] == DETECTION_METADATA
+    x = np.random.default_rng(5).random((1, 3, 640, 640)).astype(np.float16)
+    got, _ = await client.infer("tensor", {"images": x})
+    same(got, as_arrays(await detectors["tensor"].infer(x)))
+    config = server.models["tensor"].config()
+    assert "model input's pixels" in config["parameters"]["boxes"]["string_value"]
 
 
 @pytest.mark.asyncio

@@ -237,6 +237,7 @@ def test_loopback_addresses() -> None:
     [
         (["--tls-cert", "server"], "tls_cert and tls_key"),
         (["--tls-cert", "server", "--tls-key", "client"], "cannot use certificate"),
+        (["--tls-cert", "/dev/zero", "--tls-key", "client"], "/dev/zero is not a regular file"),
     ],
 )
 def test_the_command_refuses_tls_files_before_opening_a_model(
