@@ -237,19 +237,47 @@ def _parts(flow: Any) -> tuple[Any, ...]:
     return (flow, flow.scheduler, flow.device, flow.poller)
 
 
+class SweepHooks:
+    """Several recorders on one poller: the engines of a ``Cores`` share its poller
+    thread, and each traced engine's recorder sees every sweep (a sweep's ``found``
+    counts the completions of all of them; each recorder looks up its own slots)."""
+
+    def __init__(self, recorders: list[TraceRecorder]) -> None:
+        self.recorders = recorders
+
+    def sweep(self, started: float, done: Iterable[tuple[Any, int]]) -> None:
+        done = list(done)
+        for recorder in list(self.recorders):  # (a copy: the loop may uninstall one)
+            recorder.sweep(started, done)
+
+
 def install(flow: Any, recorder: TraceRecorder) -> None:
-    """Put ``recorder`` on every hook of the engine's ``flow``; one trace at a time."""
+    """Put ``recorder`` on every hook of the engine's ``flow``; one trace at a time per
+    engine. A hook another engine's recorder already holds (a shared poller) takes
+    both."""
     if flow.trace is not None:
         raise ConfigurationError("the engine is already being traced (one trace at a time)")
     for part in _parts(flow):
-        if hasattr(part, "trace"):
+        if not hasattr(part, "trace"):
+            continue
+        held = part.trace
+        if held is None:
             part.trace = recorder
+        elif isinstance(held, SweepHooks):
+            held.recorders.append(recorder)
+        else:
+            part.trace = SweepHooks([held, recorder])
 
 
 def uninstall(flow: Any, recorder: TraceRecorder) -> None:
     for part in _parts(flow):
-        if getattr(part, "trace", None) is recorder:
+        held = getattr(part, "trace", None)
+        if held is recorder:
             part.trace = None
+        elif isinstance(held, SweepHooks) and recorder in held.recorders:
+            held.recorders.remove(recorder)
+            if len(held.recorders) == 1:
+                part.trace = held.recorders[0]
 
 
 class Tracing:

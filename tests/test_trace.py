@@ -532,6 +532,33 @@ class TestCoresTrace:
         assert counts == {"detector": 12, "classifier": 30}
 
     @pytest.mark.asyncio
+    async def test_engines_sharing_a_poller_each_get_its_sweeps(
+        self, runtime: EmulatedRuntime
+    ) -> None:
+        """A Cores' engines share one poller thread: tracing one engine, then another,
+        then ending the first, each recorder keeps seeing the sweeps (the second trace
+        used to take the poller's hook from the first)."""
+        async with (
+            Cores([0, 1], runtime=runtime) as dla,
+            Engine(affine_model(), cores=dla) as one,
+            Engine(affine_model(), cores=dla) as two,
+        ):
+            async with one.trace() as first:
+                async with two.trace() as second:
+                    await asyncio.gather(*(e.infer(ONES) for e in (one, two) for _ in range(10)))
+                assert first.swept > 0 and second.swept > 0
+                swept = second.swept
+                await asyncio.gather(*(one.infer(ONES) for _ in range(10)))
+                assert second.swept == swept  # its block ended: it records no more
+            before = first.swept
+            await asyncio.gather(*(one.infer(ONES) for _ in range(10)))
+            assert first.swept == before  # and neither does the first after its block
+        for recorder in (first, second):
+            document = recorder.trace_events()
+            check_trace_format(document)
+            assert slices(document, "sweep"), recorder.name
+
+    @pytest.mark.asyncio
     async def test_trace_plot_draws_both_models_on_the_core_rows(
         self, runtime: EmulatedRuntime, tmp_path: Path
     ) -> None:
