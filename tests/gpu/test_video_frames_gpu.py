@@ -92,20 +92,24 @@ async def test_device_frames_equal_host_frames(model: bytes, source: Any) -> Non
 
 
 async def test_the_producers_stream_is_waited_for(model: bytes) -> None:
-    """The frame is written on a stream of its producer and handed over at once, the
-    interface naming that stream: the engine's read waits for the write."""
+    """The frame is written on a stream of its producer, behind a few milliseconds of
+    other work there, and handed over at once, the interface naming that stream: the
+    engine's read waits for the write (without the wait it would read zeros)."""
     pre = ImagePreprocess(source="i420", order="rgb", resize="letterbox")
     options: dict[str, Any] = {"preprocess": {"images": pre}, "postprocess": YOLOV5}
     images = [planar(seed) for seed in range(4)]
+    sources = [cp.asarray(image) for image in images]
+    busy = cp.ones((4096, 4096), cp.float32)
+    cp.cuda.Device().synchronize()
     async with Engine(model, runtime=CudaRuntime(0), convert="device", **options) as engine:
         want = [await engine.infer(image) for image in images]
         producer = cp.cuda.Stream(non_blocking=True)
-        for image, expected in zip(images, want, strict=True):
+        for source, expected in zip(sources, want, strict=True):
             with producer:
-                device = cp.empty(image.shape, cp.uint8)
-                for _ in range(20):  # keep the stream busy before the frame's last write
-                    device.fill(0)
-                device.set(image, stream=producer)
+                device = cp.zeros(source.shape, cp.uint8)
+                for _ in range(5):  # milliseconds of work ahead of the frame's write
+                    busy = busy @ busy / 4096
+                device[...] = source
             got = await engine.infer(InterfaceOnly(device, producer))
             same(got, expected)
         producer.synchronize()
