@@ -11,8 +11,9 @@ Two paths, chosen once when the engine opens (``Engine(convert=...)``):
   where it lies), and the runtime's conversion kernels pack them into the DLA buffer
   and unpack the outputs into the logical layout *on the slot's stream*, around the
   task. With ``zero_copy`` (an integrated GPU), staging buffers are mapped: the
-  kernels read and write them in place and no copy is enqueued at all. ``output="device"`` leaves the outputs in
-  stream-ordered pool memory, handed out as :class:`~aiodla.DeviceTensor`.
+  kernels read and write them in place and no copy is enqueued at all.
+  ``output="device"`` leaves the outputs in stream-ordered pool memory, handed out as
+  :class:`~aiodla.DeviceTensor`.
 
 Every buffer is allocated when the slot opens; the request path allocates nothing
 except pool memory for device outputs.
