@@ -20,6 +20,7 @@ from ._cli_frame import (
 )
 from ._cores import read_model
 from ._errors import AiodlaError, ModelError
+from ._safe_paths import write_regular
 from ._verify import VerifyError, VerifySettings, verify
 from ._verify_report import report_markdown, summary_lines
 
@@ -135,8 +136,7 @@ def verify_command(
         raise CommandError(f"{model!r}: {exc}") from exc
     if report is not None:
         try:
-            with open(report, "w", encoding="utf-8") as file:
-                file.write(report_markdown(document))
+            write_regular(report, report_markdown(document).encode("utf-8"))
         except OSError as exc:
             raise CommandError(f"cannot write {report!r}: {exc.strerror or exc}") from exc
     if as_json:

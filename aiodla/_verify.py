@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ import numpy as np
 from ._doctor import Host, diagnose
 from ._engine import Engine
 from ._errors import AiodlaError, ModelError
+from ._safe_paths import read_limited
 from ._tensors import TensorSpec
 from .emulator._onnx import OnnxCompute
 
@@ -184,9 +186,15 @@ def _inputs(
     return samples, [spec.name for spec in specs if spec.name not in given]
 
 
+#: An input sample is a frame or a tensor: a few megabytes, far below this.
+INPUT_FILE_LIMIT = 1 << 30
+
+
 def _load(name: str, path: str) -> np.ndarray[Any, Any]:
     try:
-        return np.asarray(np.load(os.fspath(path), allow_pickle=False))
+        # A regular file, opened without waiting (a FIFO is refused) and read bounded.
+        data = read_limited(os.fspath(path), INPUT_FILE_LIMIT)
+        return np.asarray(np.load(io.BytesIO(data), allow_pickle=False))
     except (OSError, ValueError) as exc:
         raise VerifyError(f"--input {name}={path}: cannot read a .npy array: {exc}") from exc
 

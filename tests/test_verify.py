@@ -321,6 +321,29 @@ class TestInputs:
         assert result.exit_code == 1
         assert "cannot read a .npy array" in result.output
 
+    @pytest.mark.timeout(30)
+    def test_a_fifo_input_is_refused_not_waited_on(self, setup: Setup) -> None:
+        os.mkfifo(setup.dir / "frame.npy")
+        result = setup.run("--input", f"image={setup.dir / 'frame.npy'}")
+        assert result.exit_code == 1
+        assert "cannot read a .npy array" in result.output
+        assert "a FIFO (named pipe), not a regular file" in result.output
+
+    @pytest.mark.timeout(60)
+    def test_the_report_is_not_written_through_a_symlink_nor_into_a_fifo(
+        self, setup: Setup
+    ) -> None:
+        victim = setup.dir / "precious.md"
+        victim.write_text("keep me")
+        (setup.dir / "link.md").symlink_to(victim)
+        os.mkfifo(setup.dir / "fifo.md")
+        for name, words in (("link.md", "symbolic link"), ("fifo.md", "FIFO")):
+            result = setup.run("--cores", "0", "--report", str(setup.dir / name))
+            assert result.exit_code == 1, result.output
+            assert f"cannot write {str(setup.dir / name)!r}" in result.output
+            assert words in result.output
+        assert victim.read_text() == "keep me"
+
     def test_an_input_of_the_wrong_shape_is_the_engines_input_error(self, setup: Setup) -> None:
         np.save(setup.dir / "small.npy", np.zeros((1, 3, 8, 8), np.float32))
         result = setup.run("--input", f"image={setup.dir / 'small.npy'}")
