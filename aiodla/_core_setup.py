@@ -18,12 +18,19 @@ from ._device import device_error
 from ._errors import ConfigurationError, ModelError, RuntimeUnavailableError
 from ._graphs import Graphs
 from ._options import EngineOptions
-from ._postprocess import open_postprocess
+from ._postprocess import Postprocess, open_postprocess
 from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
 from ._slots import CoreState, Slot, new_core
 from ._tensors import TensorSpec, specs_by_name
-from .runtime._protocol import ComputeFunctions, GraphCapture, Kernels, Runtime
+from .runtime._protocol import (
+    ComputeFunctions,
+    GraphCapture,
+    Kernels,
+    Runtime,
+    check_capabilities,
+    offers,
+)
 from .runtime._select import select_runtime
 
 __all__ = ["Opened", "open_model", "read_model"]
@@ -47,6 +54,9 @@ class Opened:
     graphs: Graphs | None  # None when Engine(graphs=False)
     take_compute_failure: Callable[[Slot], BaseException | None] | None
     stated_service_time: float | None
+    # Engine(postprocess=...) matched to the model, once: on the slots' streams where
+    # the path runs it there, else on the host after the unpack (``read_outputs``).
+    postprocess: Postprocess | None
 
 
 def read_model(model: str | os.PathLike[str] | bytes | bytearray | memoryview) -> bytes:
@@ -106,6 +116,7 @@ class _Opening:
     def open(self, model: bytes, owned: bool) -> Opened:
         runtime = self.runtime
         options = self._options
+        check_capabilities(runtime)  # (a capability declared is whole, or nothing opens)
         self._call("make_current", runtime.make_current)
         available = self._call("device_count", runtime.device_count)
         for number in options.cores:
@@ -114,16 +125,19 @@ class _Opening:
                     f"DLA core {number} does not exist: the {runtime.name} runtime has "
                     f"{available} core(s)"
                 )
-        # Capabilities are asked once, here: a runtime without one is served without it.
+        # Capabilities are asked once, here (each declared one was checked whole when
+        # the runtime was chosen): a runtime without one is served without it.
         graphs = None
-        if options.graphs and isinstance(runtime, GraphCapture):
-            graphs = Graphs(runtime, self.resources)
+        capture: GraphCapture | None = offers(runtime, GraphCapture)
+        if options.graphs and capture is not None:
+            graphs = Graphs(capture, self.resources)
         # An emulator loadable states its service time; a DLA loadable's is learned.
         stated = runtime.stated_service_time(model)
         first, *others = options.cores
         found = self._open_core(first, stated, model)
         inputs, outputs, frames = self._specs(found)
-        path = self._choose_path(inputs, outputs, frames)
+        postprocess = open_postprocess(options, inputs, outputs)
+        path = self._choose_path(inputs, outputs, frames, postprocess)
         self._open_slots(self.cores[0], path, inputs, outputs, frames)
         for number in others:
             if self._open_core(number, stated, model) != found:
@@ -133,10 +147,11 @@ class _Opening:
                 )
             self._open_slots(self.cores[-1], path, inputs, outputs, frames)
         take = None
-        if isinstance(runtime, ComputeFunctions) and any(
-            runtime.module_computes(core.module) for core in self.cores
+        computes: ComputeFunctions | None = offers(runtime, ComputeFunctions)
+        if computes is not None and any(
+            computes.module_computes(core.module) for core in self.cores
         ):
-            failure_of = runtime.take_compute_failure
+            failure_of = computes.take_compute_failure
 
             def take(slot: Slot) -> BaseException | None:
                 return failure_of(slot.stream)
@@ -154,6 +169,7 @@ class _Opening:
             graphs,
             take,
             stated,
+            postprocess,
         )
 
     def release(self) -> None:
@@ -222,14 +238,17 @@ class _Opening:
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
         frames: tuple[ImagePreprocess | None, ...],
+        postprocess: Postprocess | None,
     ) -> DataPath:
         """Host or device conversion (``Engine(convert=...)``); the device path's
-        conversions are made ready here, before any slot exists."""
+        conversions (and ``postprocess``, where the runtime runs it on the slots'
+        streams) are made ready here, before any slot exists."""
         runtime = self.runtime
         convert = self._options.convert
         if convert == "host" or (convert == "auto" and not runtime.has_device_memory):
             return HostPath(runtime)
-        if not isinstance(runtime, Kernels):
+        kernels: Kernels | None = offers(runtime, Kernels)
+        if kernels is None:
             if convert == "device":
                 raise RuntimeUnavailableError(
                     f"convert='device' needs a runtime with GPU kernels; the {runtime.name} "
@@ -238,8 +257,8 @@ class _Opening:
             return HostPath(runtime)
         zero_copy = self._options.zero_copy
         if zero_copy is None:
-            zero_copy = self._call("is_integrated", runtime.is_integrated)
-        path = DevicePath(runtime, zero_copy)
+            zero_copy = self._call("is_integrated", kernels.is_integrated)
+        path = DevicePath(kernels, zero_copy)
         try:
             path.prepare(inputs, outputs, frames)
         except RuntimeUnavailableError as exc:
@@ -247,7 +266,6 @@ class _Opening:
                 raise
             logger.warning("aiodla: converting on the host: %s", exc)
             return HostPath(runtime)
-        postprocess = open_postprocess(self._options, inputs, outputs)
         if postprocess is not None:  # on the slots' streams, where the runtime can
             path.prepare_detect(postprocess)
         path.ingest_stream = self._create(

@@ -128,6 +128,7 @@ class LocalCores:
         self.graphs = opened.graphs
         self.take_compute_failure = opened.take_compute_failure
         self.stated_service_time = opened.stated_service_time
+        self.postprocess = opened.postprocess
         self.stage_windows: tuple[LatencyWindow, ...] | None = (
             tuple(LatencyWindow(options.latency_window) for _ in range(3))
             if options.stage_times
@@ -284,11 +285,16 @@ class LocalCores:
         self.path.write_zeros(slot)
 
     def read_outputs(self, slot: Slot) -> Any:
-        """Fresh arrays of the slot's outputs (or :class:`DeviceTensor` for a request
-        that asked for device outputs): one, or a dict name -> output."""
+        """The slot's results as the engine returns them: fresh arrays of its outputs
+        (or :class:`DeviceTensor` for a request that asked for device outputs), one or
+        a dict name -> output; with a ``postprocess``, its :class:`~aiodla.Detections`
+        (decoded on the slot's stream already, or here: PostprocessError if it fails)."""
         request = slot.request
         device = request is not None and request.device_output
         results = self.path.read_outputs(slot, device)
+        postprocess = self.postprocess
+        if postprocess is not None and self.path.detect is None:  # on the host
+            return postprocess.run(results, request.arrays if request is not None else ())
         if len(results) == 1:
             return results[0]
         return {b.spec.name: r for b, r in zip(slot.outputs, results, strict=True)}

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ._slots import Slot
     from ._tensors import TensorSpec
     from .runtime import HostBuffer, Kernels, Runtime
+from .runtime._protocol import DetectsOnStream, offers
 
 __all__ = ["DataPath", "DevicePath", "HostPath", "TensorBinding"]
 
@@ -275,13 +276,14 @@ class DevicePath:
     def prepare_detect(self, postprocess: Postprocess) -> None:
         """Run ``postprocess`` on the slots' streams when the runtime can (compiled now,
         at open); else it stays on the host, after the unpack, as with host conversion."""
-        from ._postprocess_stream import DetectsOnStream, StreamDetect
+        from ._postprocess_stream import StreamDetect
 
-        runtime = self.runtime
-        if not isinstance(runtime, DetectsOnStream):
+        detects: DetectsOnStream | None = offers(self.runtime, DetectsOnStream)
+        if detects is None:
             return
+        runtime = self.runtime
         try:
-            program = runtime.prepare_detect(postprocess.plan)
+            program = detects.prepare_detect(postprocess.plan)
         except RuntimeUnavailableError as exc:
             logger.warning("aiodla: post-processing detections on the host: %s", exc)
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._device_arrays import DeviceSource
 from ._errors import AiodlaError, DeviceError, EngineClosedError, status_name
@@ -21,6 +21,9 @@ from ._slots import CoreState, Slot, account
 from ._statistics import EngineHealth, LatencyWindow, WorkerStatistics
 from ._tensors import TensorSpec
 from .runtime._protocol import CudaCallError, Runtime, cudla_status
+
+if TYPE_CHECKING:
+    from ._postprocess import Postprocess
 
 __all__ = [
     "CompletionSink",
@@ -69,6 +72,8 @@ class DeviceLayer(Protocol):
     outputs: tuple[TensorSpec, ...]
     frames: tuple[ImagePreprocess | None, ...]  # each input's pre-processing, if any
     stated_service_time: float | None  # what the loadable says, if anything
+    # Engine(postprocess=...) matched to the model, once; read_outputs applies it.
+    postprocess: Postprocess | None
     stage_windows: tuple[LatencyWindow, ...] | None  # with stage_times=True
     # A failure of the emulated runtime's compute function, by slot (None when no
     # module of this engine has one: nothing to ask with each completion then).
@@ -149,6 +154,7 @@ class NotOpen:
         self.frames: tuple[ImagePreprocess | None, ...] = ()
         self.detects_on_stream = False
         self.stated_service_time: float | None = None
+        self.postprocess: Postprocess | None = None
         self.stage_windows: tuple[LatencyWindow, ...] | None = None
         self.take_compute_failure: Callable[[Slot], BaseException | None] | None = None
 

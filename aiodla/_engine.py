@@ -50,7 +50,6 @@ from ._life import EngineState, Life
 from ._observation import engine_statistics
 from ._offload import drive
 from ._options import EngineKeywords, EngineOptions, check_timeout
-from ._postprocess import open_postprocess
 from ._preprocess import ImagePreprocess, video_frame_pixels
 from ._scheduler import Request
 from ._shared_cores import Cores, shared_cores
@@ -179,20 +178,20 @@ class Engine:
             raise AiodlaError(f"the engine is {life.state.value}; open it once")
         life.state = EngineState.OPENING
         options = self._options
-        opening = open_remote if options.isolation == "process" else open_cores
+        opening = open_remote if options.process_isolation is not None else open_cores
         opened: list[DeviceLayer] = []
         shared = self._shared
         try:  # (an opening leaves nothing open when it raises)
             trace = TraceFile.of(options, self._model)  # (a bad path fails here, first)
             choice = self._runtime_choice
             if shared is not None:  # (closing the shared cores waits for this open)
-                shared.attach(self, None if options.isolation == "process" else self._die)
+                shared.attach(self, None if options.process_isolation is not None else self._die)
                 choice = await shared.runtime_for(self._model, options)
             # The physical cores' records: the shared cores', or (None) its own.
             records = None if shared is None else shared.records
             cores = await opening(self._model, choice, options, records)
             opened.append(cores)
-            postprocess = open_postprocess(options, cores.inputs, cores.outputs)
+            postprocess = cores.postprocess  # (matched to the model once, as it opened)
             self._batcher = open_batcher(
                 options.batch,
                 cores,
@@ -218,9 +217,9 @@ class Engine:
         dispatcher = share = None
         if shared is not None:
             dispatcher = shared.dispatcher
-            if options.isolation != "process":  # (a worker's completions come from it)
+            if options.process_isolation is None:  # (a worker's completions come from it)
                 share = shared.poller_share(cores.cores, options.priority)
-        self._flow = Flow(options, cores, life, loop, self._die, postprocess, dispatcher, share)
+        self._flow = Flow(options, cores, life, loop, self._die, dispatcher, share)
         self._trace = trace and trace.start(self._flow)
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -25,8 +25,8 @@ from ._device import CompletionSource, DeviceLayer, device_error, is_sticky
 from ._dispatch import Dispatcher
 from ._errors import AiodlaError, PostprocessError, RequestTimeoutError, TaskError, status_name
 from ._life import EngineState, Life
+from ._offload import pack, unpack
 from ._options import EngineOptions
-from ._postprocess import Postprocess
 from ._scheduler import Outcome, Request, RequestState, Scheduler
 from ._slots import CoreState, Slot, forget_completions
 from ._statistics import Durations, failure_reason
@@ -56,7 +56,6 @@ class Flow:
         life: Life,
         loop: asyncio.AbstractEventLoop,
         die: Callable[[BaseException], None],
-        postprocess: Postprocess | None = None,
         dispatcher: Dispatcher | None = None,
         share: Callable[[Flow], CompletionSource] | None = None,
     ) -> None:
@@ -65,7 +64,7 @@ class Flow:
         self.life = life
         self.loop = loop
         self._die = die
-        self.postprocess = postprocess  # Engine(postprocess=...), else None
+        self.postprocess = device.postprocess  # Engine(postprocess=...), else None
         self.scheduler = Scheduler(device.cores, options.max_consecutive_faults)
         # A step runs in a worker thread when it would move more than ``offload_bytes``
         # on the host: a thread hop costs the loop less than copying megabytes, more
@@ -187,7 +186,7 @@ class Flow:
             self.offload_pack
             and self.device.staging_bytes(slot, request.arrays) > self._offload_limit
         ):
-            request.future.set_result(None)  # its coroutine packs (PACKING) off the loop
+            self._step(request, pack(self, request, slot))  # PACKING, off the loop
             return
         try:
             self.device.write_inputs(slot, request.arrays)
@@ -286,10 +285,10 @@ class Flow:
                     continue
                 if self.offload_unpack and not slot.pooled:  # (pool memory: nothing to unpack)
                     scheduler.advance(request, RequestState.UNPACKING)
-                    request.future.set_result(None)  # its coroutine unpacks off the loop
+                    self._step(request, unpack(self, request, slot))  # off the loop
                     continue
                 try:
-                    outputs = self.read_results(slot)
+                    outputs = self.device.read_outputs(slot)
                 except PostprocessError as exc:  # this request's outputs only: it fails alone
                     self.release(slot)
                     self.finish(request, error=exc)
@@ -317,12 +316,10 @@ class Flow:
             self.poller.consumed()
 
     def read_results(self, slot: Slot) -> Any:
-        """A slot's outputs as the engine returns them: post-processed when the engine
-        has a ``postprocess`` (whose errors come as PostprocessError)."""
-        outputs = self.device.read_outputs(slot)
-        if self.postprocess is None:
-            return outputs
-        return self.postprocess.apply(outputs, self.device.outputs, slot)
+        """A slot's results as the engine returns them (post-processed by the device
+        layer when the engine has a ``postprocess``, whose errors come as
+        PostprocessError)."""
+        return self.device.read_outputs(slot)
 
     def _task_failed(self, core: CoreState, status: int) -> None:
         """A DLA task failed: say so, and apply the fault policy."""
@@ -381,7 +378,6 @@ class Flow:
         now: float | None = None,
     ) -> BaseException | None:
         """Decide the request's one outcome, count it, deliver it; return the error."""
-        state = request.state  # before finish() ends it: a coroutine's own step or not
         if timed_out:
             error = RequestTimeoutError("the request's timeout passed before its result was ready")
             outcome, reason = Outcome.TIMED_OUT, None
@@ -397,27 +393,25 @@ class Flow:
             latency = (time.monotonic() if now is None else now) - request.started
             self.latency.add(latency)
         future = request.future
-        if not future.done():
+        if not future.done():  # (a cancelled caller's future is done)
             if error is not None:
                 future.set_exception(error)
             else:
                 future.set_result(result)
-        elif state is RequestState.PACKING or state is RequestState.UNPACKING:
-            # Its coroutine is doing a step of its own and takes the outcome after it.
-            request.late = (result, error)
         return error
 
-    def take_late(self, request: Request) -> Any:
-        """Deliver an outcome decided while the request's coroutine did a step, and give
-        back the slot that step held."""
-        if request.slot is not None:
-            self.release(request.slot)
-            self.transition()
-        assert request.late is not None  # (the caller checked)
-        result, error = request.late
-        if error is not None:
-            raise error
-        return result
+    def give_back(self, request: Request) -> None:
+        """A step off the loop is over: the slot it held (if the request still holds
+        one: a close may have taken it back) returns to the pool."""
+        slot = request.slot
+        if slot is not None:
+            self.release(slot)
+        self.transition()
+
+    def _step(self, request: Request, step: Coroutine[Any, Any, None]) -> None:
+        """Run one of the request's steps off the loop (``_offload``) as a task of its
+        own; the request keeps it, so that its caller's cancellation reaches it."""
+        request.step = self.loop.create_task(step)
 
     def _expire(self, request: Request) -> None:
         request.timer = None
@@ -426,14 +420,13 @@ class Flow:
         # A request packing or unpacking in a worker thread checks its deadline itself.
 
     def abandon(self, request: Request) -> None:
-        """The request's coroutine was cancelled: count it as cancelled (what its caller
-        saw), and pass on a slot that its own step held."""
+        """The request's caller was cancelled: count it as cancelled (what its caller
+        saw). A step of its own that still runs is cancelled too: it gives back its slot
+        at once when its thread has not started, else when the thread is done."""
         state = request.state
-        slot = request.slot
-        if slot is not None and (
-            state in (RequestState.PACKING, RequestState.UNPACKING) or request.late is not None
-        ):
-            self.release(slot)
+        step = request.step
+        if step is not None and not step.done():
+            step.cancel()
         if state is RequestState.DONE:
             self.scheduler.recount_as_cancelled(request)
         else:

@@ -1,43 +1,57 @@
-"""A request's own coroutine: awaiting its outcome, and the steps it takes in a worker
-thread for large tensors.
+"""A request's own coroutine, which awaits its one outcome, and the steps the flow runs
+in a worker thread for large tensors.
 
 Packing an input or unpacking an output that moves more than ``offload_bytes`` on the
 host (a camera frame's copy and pre-processing included; a device array, a frame read in
 place from a frame buffer, or detections decoded on the stream move next to nothing)
-would hold the event loop for milliseconds: the flow hands the request
-back to its coroutine instead (``PACKING`` before its submission, ``UNPACKING`` after its
-completion), which does the step in a worker thread and then gives the request back to
-the flow. An outcome the flow decided meanwhile (a timeout, a closed engine) waits in
-``request.late`` until the step is over, since the step still holds the slot.
+would hold the event loop for milliseconds: the flow runs that step as a task of its own
+instead (``PACKING`` before the submission, ``UNPACKING`` after the completion), which
+does the work in a worker thread and ends with the step's outcome: the request
+submitted, or ended (with its result, or why not). The request's future is resolved
+once, with that outcome, whoever decides it: an outcome decided while the step ran (a
+closed engine, a cancelled caller) is delivered at once, and the step, which still
+holds the slot, gives it back when its thread is done.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
 from ._errors import AiodlaError, PostprocessError
-from ._flow import Flow
-from ._life import EngineState
+from ._life import EngineState, Life
 from ._scheduler import Request, RequestState
 
-__all__ = ["drive"]
+__all__ = ["drive", "pack", "unpack"]
 
 
-async def drive(flow: Flow, request: Request) -> Any:
-    """Await the request's outcome, doing the steps the loop hands back to it."""
+class Stepper(Protocol):
+    """What a step asks of the flow that runs it."""
+
+    life: Life
+    loop: asyncio.AbstractEventLoop
+    device: Any  # its DeviceLayer
+
+    def read_results(self, slot: Any) -> Any: ...
+    def give_back(self, request: Request) -> None: ...
+    def finish(
+        self,
+        request: Request,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
+        timed_out: bool = False,
+    ) -> BaseException | None: ...
+    def submit(self, slot: Any, request: Request | None) -> None: ...
+    def abandon(self, request: Request) -> None: ...
+
+
+async def drive(flow: Stepper, request: Request) -> Any:
+    """Await the request's outcome; a cancellation of the caller is the request's."""
     try:
-        value = await request.future
-        while request.state is not RequestState.DONE:
-            if request.state is RequestState.PACKING:
-                value = await pack(flow, request)
-            else:
-                value = await unpack(flow, request)
-        if request.late is not None:
-            return flow.take_late(request)
-        return value
+        return await request.future
     except asyncio.CancelledError:
         flow.abandon(request)
         raise
@@ -46,65 +60,45 @@ async def drive(flow: Flow, request: Request) -> Any:
             request.timer.cancel()
 
 
-async def pack(flow: Flow, request: Request) -> Any:
-    """Pack ``request``'s inputs off the loop, then submit it and await its outcome."""
-    slot = request.slot
-    assert slot is not None  # (PACKING: the request holds its slot)
+async def pack(flow: Stepper, request: Request, slot: Any) -> None:
+    """Pack ``request``'s inputs into ``slot`` off the loop, then submit it, unless it
+    ended meanwhile, its deadline passed or the engine stopped serving."""
     try:
         await anyio.to_thread.run_sync(flow.device.write_inputs, slot, request.arrays)
-    except Exception as exc:
-        if request.state is RequestState.DONE:
-            return flow.take_late(request)
-        flow.release(slot)
-        error = flow.finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
-        flow.transition()
-        raise _ended(error) from exc
-    if request.state is RequestState.DONE:
-        return flow.take_late(request)
-    loop = flow.loop
+    except BaseException as exc:  # (a cancel: its caller gave up; it waits for the thread)
+        if isinstance(exc, Exception):
+            flow.finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
+        flow.give_back(request)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    if request.state is RequestState.DONE:  # ended while it packed: the slot comes back
+        flow.give_back(request)
+        return
     serving = flow.life.state is EngineState.OPEN
-    if not serving or (request.deadline is not None and loop.time() >= request.deadline):
-        flow.release(slot)
+    if not serving or (request.deadline is not None and flow.loop.time() >= request.deadline):
         if serving:
-            error = flow.finish(request, timed_out=True)
+            flow.finish(request, timed_out=True)
         else:
-            error = flow.finish(request, error=flow.life.not_serving_error())
-        flow.transition()
-        raise _ended(error)
-    request.future = loop.create_future()
+            flow.finish(request, error=flow.life.not_serving_error())
+        flow.give_back(request)
+        return
     flow.submit(slot, request)
-    return await request.future
 
 
-async def unpack(flow: Flow, request: Request) -> Any:
-    """Unpack ``request``'s outputs off the loop, then end it with them."""
-    slot = request.slot
-    assert slot is not None  # (UNPACKING: the request holds its slot)
+async def unpack(flow: Stepper, request: Request, slot: Any) -> None:
+    """Unpack ``request``'s outputs off the loop, then end it with them (a request that
+    ended meanwhile keeps its outcome: the result is dropped)."""
     try:
         result = await anyio.to_thread.run_sync(flow.read_results, slot)
-    except Exception as exc:  # this request's outputs only: it fails alone
-        if request.state is RequestState.DONE:
-            return flow.take_late(request)
-        flow.release(slot)
+    except BaseException as exc:  # this request's outputs only: it fails alone
         if isinstance(exc, PostprocessError):
-            error: BaseException = exc
-        else:  # (a bug, kept to this request: the slot still comes back)
-            error = AiodlaError(f"reading the outputs failed: {exc}")
-        flow.finish(request, error=error)
-        flow.transition()
-        if error is exc:
+            flow.finish(request, error=exc)
+        elif isinstance(exc, Exception):  # (a bug, kept to this request)
+            flow.finish(request, error=AiodlaError(f"reading the outputs failed: {exc}"))
+        flow.give_back(request)
+        if not isinstance(exc, Exception):
             raise
-        raise error from exc
-    if request.state is RequestState.DONE:
-        return flow.take_late(request)
-    flow.release(slot)
+        return
     flow.finish(request, result=result)
-    flow.transition()
-    return result
-
-
-def _ended(error: BaseException | None) -> BaseException:
-    """The error that ended a request its coroutine held (never None: nothing else
-    could end it while the step ran, as the DONE checks above show)."""
-    assert error is not None
-    return error
+    flow.give_back(request)

@@ -59,7 +59,7 @@ class ProcessIsolation:
             )
 
 
-# Engine takes these grouped in ProcessIsolation; EngineOptions keeps them flat beneath.
+# ProcessIsolation's settings: given flat to Engine, each is pointed to it.
 _PROCESS_SETTINGS = tuple(field.name for field in dataclasses.fields(ProcessIsolation))
 
 
@@ -131,10 +131,9 @@ class EngineOptions:
     :class:`~aiodla.Detections` decoded from the model's heads (in the frame's pixels
     when ``preprocess`` feeds the image input).
     ``isolation``: where the runtime, the CUDA context and every cuDLA handle live:
-    ``"thread"`` in this process (a sticky CUDA error kills the engine), ``"process"``
-    in a supervised worker process (see :class:`ProcessIsolation`, whose settings
-    ``max_restarts``, ``restart_window`` and ``heartbeat_timeout`` are kept here
-    flat; :attr:`process_isolation` groups them again).
+    ``"thread"`` in this process (a sticky CUDA error kills the engine), or a
+    :class:`ProcessIsolation` (``"process"`` is one with its defaults, kept here as
+    that object: :attr:`process_isolation`) for a supervised worker process.
     ``graphs``: each slot captures the work around its
     task (copies, conversions, its event) into a graph the first time a request of a
     kind runs there, and enqueues the graph, one call, for every later one; False
@@ -173,10 +172,7 @@ class EngineOptions:
     zero_copy: bool | None = None
     preprocess: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     postprocess: Any = None
-    isolation: str = "thread"
-    max_restarts: int = 5
-    restart_window: float = 60.0
-    heartbeat_timeout: float = 5.0
+    isolation: str | ProcessIsolation = "thread"
     graphs: bool = True
     trace: str | os.PathLike[str] | None = None
     trace_capacity: int = DEFAULT_TRACE_CAPACITY
@@ -187,9 +183,8 @@ class EngineOptions:
     @property
     def process_isolation(self) -> ProcessIsolation | None:
         """The worker process's settings, or None when the runtime is in this process."""
-        if self.isolation != "process":
-            return None
-        return ProcessIsolation(self.max_restarts, self.restart_window, self.heartbeat_timeout)
+        isolation = self.isolation
+        return isolation if isinstance(isolation, ProcessIsolation) else None
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> EngineOptions:
@@ -204,8 +199,8 @@ class EngineOptions:
                     f"isolation=aiodla.ProcessIsolation({name}=...)"
                 )
             if name not in known:
-                offered = [option for option in known if option not in _PROCESS_SETTINGS]
-                near = difflib.get_close_matches(name, known, n=1)
+                offered = known
+                near = difflib.get_close_matches(name, [*known, *_PROCESS_SETTINGS], n=1)
                 if not near:
                     hint = f"; options are {offered}"
                 elif near[0] in _PROCESS_SETTINGS:
@@ -213,11 +208,7 @@ class EngineOptions:
                 else:
                     hint = f"; did you mean {near[0]!r}?"
                 raise ConfigurationError(f"unknown engine option {name!r}{hint}")
-        options = dict(keywords)
-        isolation = options.get("isolation")
-        if isinstance(isolation, ProcessIsolation):
-            options.update(dataclasses.asdict(isolation), isolation="process")
-        return cls(**options)
+        return cls(**keywords)
 
     def __post_init__(self) -> None:
         cores: object = self.cores  # checked as given: callers pass lists, ranges, ...
@@ -260,7 +251,9 @@ class EngineOptions:
         _whole(self.trace_capacity, "trace_capacity", 1, None)
         if not isinstance(self.stage_times, bool):
             raise ConfigurationError(f"stage_times={self.stage_times!r} must be True or False")
-        if self.isolation not in ("thread", "process"):
+        if self.isolation == "process":  # (its default settings)
+            object.__setattr__(self, "isolation", ProcessIsolation())
+        elif not isinstance(self.isolation, ProcessIsolation) and self.isolation != "thread":
             raise ConfigurationError(
                 f"isolation={self.isolation!r} must be 'thread', 'process' or a ProcessIsolation"
             )
@@ -279,7 +272,6 @@ class EngineOptions:
 
         if self.batch is not None and not isinstance(self.batch, Batching):
             raise ConfigurationError(f"batch={self.batch!r} must be an aiodla.Batching or None")
-        ProcessIsolation(self.max_restarts, self.restart_window, self.heartbeat_timeout)
         if not _finite(self.close_timeout) or self.close_timeout < 0:
             raise ConfigurationError(f"close_timeout={self.close_timeout!r} must be seconds >= 0")
         from ._preprocess import ImagePreprocess  # (its module imports the tensors')

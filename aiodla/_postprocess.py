@@ -51,17 +51,6 @@ class Postprocess:
         self._size = plan.input_size
         self._geometries: dict[tuple[int, int], Geometry] = {}  # by frame size
 
-    def apply(self, outputs: Any, specs: Sequence[TensorSpec], slot: Any) -> Detections:
-        """Detections of a slot's request from its outputs as the device layer read
-        them: one array, or a dict by name of ``specs`` (the model's outputs); or the
-        detections themselves, when it ran the step on the slot's stream already
-        (:mod:`aiodla._postprocess_stream`)."""
-        if isinstance(outputs, Detections):
-            return outputs
-        values = [outputs] if len(specs) == 1 else [outputs[spec.name] for spec in specs]
-        request = slot.request
-        return self.run(values, request.arrays if request is not None else ())
-
     def run(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> Detections:
         """Detections of one request: ``outputs`` (logical arrays, model order) and the
         request's ``inputs`` (to find its frame's size). Any error is a PostprocessError."""

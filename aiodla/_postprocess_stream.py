@@ -1,13 +1,14 @@
 """Post-processing on the slot's stream: the device path's detector step after the task.
 
-With device conversion on a runtime that can (:class:`DetectsOnStream`: the CUDA
-runtime's NVRTC kernels, the emulated runtime's numpy stream operation), a
-``postprocess=Detect(...)`` runs *on the slot's stream* after the DLA task: decode and
-threshold per head straight from the heads' DLA buffers (no unpack), rank and cap, the
-IoU bitmask, the greedy pass and the compaction, into a small output buffer
-(:mod:`aiodla.runtime._detect_output`), of which the host copies back only that
-buffer (about 7 KB for ``max_det=300``; none at all with mapped staging on an
-integrated GPU). The engine returns :class:`~aiodla.Detections` from those bytes.
+With device conversion on a runtime that can (``DetectsOnStream``, in
+:mod:`aiodla.runtime._protocol`: the CUDA runtime's NVRTC kernels, the emulated
+runtime's numpy stream operation), a ``postprocess=Detect(...)`` runs *on the slot's
+stream* after the DLA task: decode and threshold per head straight from the heads' DLA
+buffers (no unpack), rank and cap, the IoU bitmask, the greedy pass and the compaction,
+into a small output buffer (:mod:`aiodla.runtime._detect_output`), of which the host
+copies back only that buffer (about 7 KB for ``max_det=300``; none at all with mapped
+staging on an integrated GPU). The engine returns :class:`~aiodla.Detections` from those
+bytes.
 
 Boxes reach the frame's pixels (step 7 of :mod:`aiodla._detect_math`) on the device:
 the decode step needs the frame anyway, to drop the boxes that have nothing inside it
@@ -26,64 +27,26 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._detect import Detections
 from ._device_arrays import DeviceTensor
 from ._errors import PostprocessError
-from .runtime._detect_output import HEADER, OutputLayout, read_count, read_dropped, read_output
+from .runtime._detect_output import HEADER, read_count, read_dropped, read_output
 
 if TYPE_CHECKING:
-    from ._detect import DetectPlan
     from ._frame_plan import Geometry
     from ._postprocess import Postprocess
     from ._slots import Slot
     from .runtime import HostBuffer, Kernels
+    from .runtime._protocol import DetectProgramLike
 
-__all__ = ["DetectProgramLike", "DetectsOnStream", "StreamDetect"]
+__all__ = ["StreamDetect"]
 
 Allocate = Callable[[str, Callable[..., Any], Callable[..., Any], Any], Any]
-
-
-@runtime_checkable
-class DetectProgramLike(Protocol):
-    """What a runtime's prepared detector tells the engine: the buffers a slot needs."""
-
-    layout: OutputLayout
-
-    @property
-    def work_bytes(self) -> int: ...
-    @property
-    def out_bytes(self) -> int: ...
-
-
-@runtime_checkable
-class DetectsOnStream(Protocol):
-    """A runtime that runs a matched :class:`~aiodla.Detect` on a stream (checked once,
-    at open)."""
-
-    def prepare_detect(self, plan: DetectPlan) -> DetectProgramLike:
-        """Make the post-processing of ``plan`` ready (the CUDA runtime compiles its
-        kernels now); RuntimeUnavailableError when it cannot."""
-        ...
-
-    def detect(
-        self,
-        program: Any,
-        heads: Sequence[int],
-        work: int,
-        out: int,
-        stream: int,
-        geometry: Geometry | None = None,
-        frame_size: tuple[int, int] | None = None,
-    ) -> None:
-        """Enqueue on ``stream``: the heads' DLA buffers (device pointers, in the plan's
-        order) into the output buffer at ``out`` (:mod:`aiodla.runtime._detect_output`),
-        ``work`` as scratch; mapped into a frame of ``frame_size`` when given."""
-        ...
 
 
 class _Buffers:

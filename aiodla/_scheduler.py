@@ -50,9 +50,8 @@ class Request:
     """One ``infer`` call on its way through the engine.
 
     ``state`` is the one record of where it is. ``future`` is what its coroutine
-    awaits: the result, an error, or (resolved with None while the state is PACKING or
-    UNPACKING) the signal that the coroutine has the next step to do itself.
-    ``late`` holds an outcome decided while the coroutine was doing such a step.
+    awaits: its one outcome, the result or an error, set once by the flow. ``step``:
+    the task of its step off the loop (packing, unpacking: ``_offload``), if it had one.
     """
 
     __slots__ = (
@@ -60,13 +59,13 @@ class Request:
         "deadline",
         "device_output",
         "future",
-        "late",
         "outcome",
         "reason",
         "slot",
         "sources",
         "started",
         "state",
+        "step",
         "timer",
     )
 
@@ -91,7 +90,8 @@ class Request:
         self.slot: Slot | None = None
         self.outcome: Outcome | None = None
         self.reason: str | None = None  # the failure reason, for a FAILED outcome
-        self.late: tuple[Any, BaseException | None] | None = None
+        # Its step off the loop while PACKING or UNPACKING (``_offload``), if any.
+        self.step: asyncio.Task[None] | None = None
 
 
 class Scheduler:

@@ -169,7 +169,7 @@ class Cores:
                 "trust_compute applies to the runtime of the shared cores: "
                 "aiodla.Cores(..., trust_compute=True)"
             )
-        if options.isolation == "process":
+        if options.process_isolation is not None:
             if not isinstance(self._choice, str):
                 raise ConfigurationError(
                     "isolation='process' on shared cores needs the runtime by name "
@@ -233,6 +233,13 @@ class Cores:
             return poller.share(flow, lanes, priority)
 
         return share
+
+    def __del__(self) -> None:
+        # Dropped unclosed: its poller thread must not outlive it (the engines on it
+        # were closed, or hold it alive).
+        poller = getattr(self, "_poller", None)
+        if poller is not None:
+            poller.stop()
 
     @property
     def pollers(self) -> int:

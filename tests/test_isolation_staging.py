@@ -12,7 +12,14 @@ import pytest
 
 from aiodla import ConfigurationError, EmulatedRuntime
 from aiodla._isolation._staging import _RUNTIME_MEMBERS, SharedStaging, StagingRuntime
-from aiodla.runtime._protocol import ComputeFunctions, GraphCapture, Kernels, Runtime
+from aiodla.runtime._protocol import (
+    ComputeFunctions,
+    GraphCapture,
+    Kernels,
+    Runtime,
+    check_capabilities,
+    offers,
+)
 
 
 class CoreOnly:
@@ -21,6 +28,7 @@ class CoreOnly:
     def __init__(self, runtime: Any) -> None:
         for name in _RUNTIME_MEMBERS:
             setattr(self, name, getattr(runtime, name))
+        self.capabilities: frozenset[type] = frozenset()  # declares none
 
 
 def test_every_member_of_the_protocol_is_found_statically() -> None:
@@ -49,20 +57,22 @@ def test_the_members_include_the_protocols_attributes() -> None:
 
 
 def test_the_worker_sees_the_capabilities_of_its_runtime_and_no_more() -> None:
-    # The device layer asks the wrapped runtime for graphs and kernels with isinstance:
-    # they must be found statically, and only where the runtime has them.
+    # The device layer asks the wrapped runtime for the capabilities it declares: each
+    # must be found statically, whole, and only where the runtime has it.
     runtime = EmulatedRuntime()
     staging = SharedStaging(runtime)
     try:
         wrapped = StagingRuntime(runtime, staging)
-        assert isinstance(wrapped, GraphCapture) and isinstance(wrapped, Kernels)
-        assert isinstance(wrapped, ComputeFunctions)
+        assert wrapped.capabilities == runtime.capabilities
+        check_capabilities(wrapped)  # (each declared capability whole)
+        assert offers(wrapped, GraphCapture) is wrapped and offers(wrapped, Kernels) is wrapped
+        assert offers(wrapped, ComputeFunctions) is wrapped
         # Looked up as Python 3.12 looks:
         for name in ("launch_graph", "pack", "take_compute_failure", "prepare_detect"):
             assert inspect.getattr_static(wrapped, name) == getattr(runtime, name)
         core_only = StagingRuntime(CoreOnly(runtime), staging)  # type: ignore[arg-type]
         assert inspect.getattr_static(core_only, "launch_graph", None) is None
-        assert not isinstance(core_only, GraphCapture) and not isinstance(core_only, Kernels)
+        assert offers(core_only, GraphCapture) is None and offers(core_only, Kernels) is None
     finally:
         staging.close()
         runtime.close()

@@ -13,7 +13,19 @@ import asyncio
 import numpy as np
 import pytest
 
-from support import HeldRequest, NoThreads, X, all_idle, counts_add_up, expected_affine, wait_until
+from aiodla import EngineClosedError
+from aiodla.testing import EngineFactory
+
+from support import (
+    HeldRequest,
+    NoThreads,
+    X,
+    affine_model,
+    all_idle,
+    counts_add_up,
+    expected_affine,
+    wait_until,
+)
 
 ONES = np.ones(X.shape, np.float32)
 
@@ -37,3 +49,26 @@ class TestWaitingToUnpack:
         np.testing.assert_array_equal(await follower, expected_affine(ONES * 2))
         stats = engine.statistics()
         assert (stats.cancelled, stats.completed) == (1, 1) and counts_add_up(stats)
+
+
+class TestWaitingToPack:
+    @pytest.mark.asyncio
+    async def test_an_outcome_decided_meanwhile_reaches_the_caller_at_once(
+        self, aiodla_engine: EngineFactory
+    ) -> None:
+        # The engine closes while a request's packing step waits for a thread: the
+        # caller has its EngineClosedError at once (its one future, resolved once), and
+        # the step gives the slot back when it ends.
+        engine = await aiodla_engine(
+            affine_model(), cores=[0], streams_per_core=1, offload_bytes=0, close_timeout=0
+        )
+        async with NoThreads() as no_threads:
+            task = asyncio.ensure_future(engine.infer(ONES))
+            await wait_until(lambda: no_threads.waiting() == 1)  # its packing step
+            closing = asyncio.ensure_future(engine.aclose())
+            with pytest.raises(EngineClosedError):
+                await asyncio.wait_for(task, 5)
+            assert engine.statistics().failed == 1  # (no thread was free all along)
+        await closing
+        stats = engine.statistics()
+        assert stats.failed == 1 and counts_add_up(stats)

@@ -35,6 +35,7 @@ from .._device_arrays import DeviceSource
 from .._errors import ConfigurationError, InputTypeError
 from .._frame_buffers import FrameBuffers
 from .._options import EngineOptions
+from .._postprocess import open_postprocess
 from .._preprocess import ImagePreprocess, frames_for
 from .._slots import CoreState, Slot, account, new_core, record_stages
 from .._statistics import EngineHealth, LatencyWindow, WorkerStatistics
@@ -126,6 +127,8 @@ class RemoteCores:
             self.inputs, options.preprocess
         )
         self.stated_service_time: float | None = ready["stated_service_time"]
+        # Engine(postprocess=...): in this process, on the host (after the unpack).
+        self.postprocess = open_postprocess(options, self.inputs, self.outputs)
         self.stage_windows: tuple[LatencyWindow, ...] | None = (
             tuple(LatencyWindow(options.latency_window) for _ in range(3))
             if options.stage_times
@@ -257,7 +260,12 @@ class RemoteCores:
         self.path.write_zeros(slot)
 
     def read_outputs(self, slot: Slot) -> Any:
+        """As :meth:`LocalCores.read_outputs`; post-processing runs here, on the host."""
         results = self.path.read_outputs(slot, False)
+        postprocess = self.postprocess
+        if postprocess is not None:
+            request = slot.request
+            return postprocess.run(results, request.arrays if request is not None else ())
         if len(results) == 1:
             return results[0]
         return {b.spec.name: r for b, r in zip(slot.outputs, results, strict=True)}
@@ -338,6 +346,8 @@ class RemoteCores:
 
 class _NoRuntime:
     """The application's path only stages and reads back; a runtime call is a bug."""
+
+    capabilities: frozenset[type] = frozenset()
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the application process called the runtime ({name})")

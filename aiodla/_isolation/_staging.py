@@ -21,15 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigurationError
-from .._postprocess_stream import DetectsOnStream
-from ..runtime._protocol import (
-    ComputeFunctions,
-    GraphCapture,
-    HostBuffer,
-    HostRegistration,
-    Kernels,
-    Runtime,
-)
+from ..runtime._protocol import HostBuffer, HostRegistration, Runtime, offers
 
 __all__ = ["SharedStaging", "StagingRuntime", "map_staging", "whole_pages"]
 
@@ -47,12 +39,13 @@ class SharedStaging:
     its (offset, size) in the file, for the application."""
 
     def __init__(self, runtime: Runtime) -> None:
-        if not isinstance(runtime, HostRegistration):
+        registers: HostRegistration | None = offers(runtime, HostRegistration)
+        if registers is None:
             raise ConfigurationError(
                 f"isolation='process' needs a runtime that can page-lock shared memory "
                 f"(host_register); the {runtime.name} runtime cannot"
             )
-        self._register = runtime.host_register
+        self._register = registers.host_register
         self._runtime = runtime
         self.fd = os.memfd_create("aiodla-staging", os.MFD_CLOEXEC)
         self.size = 0
@@ -87,9 +80,8 @@ def _members(protocol: type) -> set[str]:
     return declared | set(protocol.__annotations__)
 
 
-# The core's members, then each capability's that the device layer may ask for.
+# The core's members (each capability's are added for a runtime that declares it).
 _RUNTIME_MEMBERS = _members(Runtime)
-_CAPABILITIES = (GraphCapture, Kernels, ComputeFunctions, DetectsOnStream)
 
 
 class StagingRuntime:
@@ -103,9 +95,8 @@ class StagingRuntime:
         # a protocol looks attributes up statically, so a runtime made only of
         # __getattr__ is refused as none. The capabilities are the runtime's own.
         members = set(_RUNTIME_MEMBERS)
-        for capability in _CAPABILITIES:
-            if isinstance(runtime, capability):
-                members |= _members(capability)
+        for capability in runtime.capabilities:
+            members |= _members(capability)
         for name in sorted(members - {"host_alloc", "host_free"}):
             setattr(self, name, getattr(runtime, name))
 

@@ -32,7 +32,7 @@ import anyio
 
 from .._device import CompletionSink
 from .._errors import WorkerLostError
-from .._options import EngineOptions
+from .._options import EngineOptions, ProcessIsolation
 from .._scheduler import RequestState
 from .._slots import CoreState, Slot
 from ._channel import Channel
@@ -119,6 +119,8 @@ class Supervisor:
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._options = options
+        # Its settings (the engine opens a supervisor only with process isolation).
+        self._settings = options.process_isolation or ProcessIsolation()
         self._die = die
         self._open_message = open_message
         self._cores = cores
@@ -292,7 +294,7 @@ class Supervisor:
     # -- losing a worker, and replacing it ------------------------------------------------
 
     def _schedule_heartbeat(self) -> None:
-        interval = self._options.heartbeat_timeout / 4
+        interval = self._settings.heartbeat_timeout / 4
         self._heartbeat = self._loop.call_later(interval, _weakly(self._beat))
 
     def _beat(self) -> None:
@@ -302,7 +304,7 @@ class Supervisor:
         channel = self._channel
         if self.state is not WorkerState.SERVING:
             return
-        timeout = self._options.heartbeat_timeout
+        timeout = self._settings.heartbeat_timeout
         asked = self._asked_at
         if asked is not None and time.monotonic() - asked > timeout:
             channel.read_now()
@@ -356,7 +358,7 @@ class Supervisor:
         self.last_loss = error
         logger.error("aiodla: %s; queued requests wait for a new worker", error)
         self._fail_in_flight(error)
-        options = self._options
+        options = self._settings
         while True:
             now = time.monotonic()
             losses = self._losses

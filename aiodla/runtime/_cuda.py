@@ -35,7 +35,16 @@ from . import _gil_held
 from ._cuda_errors import check_cuda, cuda_error, error_name
 from ._cuda_graphs import CudaGraph, CudaGraphs
 from ._cuda_host import PinnedMemory
-from ._protocol import CudaCallError, HostBuffer, TransferCounts
+from ._protocol import (
+    ComputeFunctions,
+    CudaCallError,
+    DetectsOnStream,
+    GraphCapture,
+    HostBuffer,
+    HostRegistration,
+    Kernels,
+    TransferCounts,
+)
 
 if TYPE_CHECKING:
     from .._detect import DetectPlan
@@ -172,6 +181,10 @@ class CudaRuntime:
     this module knows no emulator format)."""
 
     name = "cuda"
+    # Every capability the engine uses, declared: each is checked whole at open.
+    capabilities: frozenset[type] = frozenset(
+        {GraphCapture, Kernels, HostRegistration, ComputeFunctions, DetectsOnStream}
+    )
     # A CUDA event query costs a microsecond or two: the poller need not pause.
     poll_pause = 0.0
     has_device_memory = True

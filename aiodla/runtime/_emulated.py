@@ -71,7 +71,16 @@ from ._faults import (
     TaskGate,
     _reject,
 )
-from ._protocol import CudaCallError, HostBuffer, TransferCounts
+from ._protocol import (
+    ComputeFunctions,
+    CudaCallError,
+    DetectsOnStream,
+    GraphCapture,
+    HostBuffer,
+    HostRegistration,
+    Kernels,
+    TransferCounts,
+)
 from ._timeline import Timeline, _Device, _Operation
 
 __all__ = ["EmulatedCudlaError", "EmulatedRuntime", "TaskGate"]
@@ -185,6 +194,11 @@ class EmulatedRuntime:
     ``trust_compute``: import and run a loadable's compute reference; without it, a
     loadable that names one is refused (a model file is data, not code to run).
     """
+
+    # Every capability the engine uses, declared: each is checked whole at open.
+    capabilities: frozenset[type] = frozenset(
+        {GraphCapture, Kernels, HostRegistration, ComputeFunctions, DetectsOnStream}
+    )
 
     name = "emulated"
     # Seconds the poller pauses between sweeps near a completion. Emulated events are

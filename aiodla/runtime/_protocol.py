@@ -5,13 +5,16 @@ through the calls below. Two implementations exist: the emulated runtime (pure P
 and numpy) and the CUDA runtime (``cuda.bindings.cudla`` + ``cuda.bindings.runtime``).
 
 :class:`Runtime` is what every runtime does. What only some do is a capability, a
-``runtime_checkable`` protocol the engine checks with ``isinstance`` once, at open:
-:class:`GraphCapture` (a stream's work captured once and replayed), :class:`Kernels`
-(conversion and pre-processing on the stream, device arrays), :class:`HostRegistration`
-(page-locking memory the caller allocated: ``isolation="process"``),
-:class:`ComputeFunctions` (outputs computed by a function of the user's), and for
-tests, :class:`FaultControls` and :class:`WorkerControls`. An engine opens on a runtime
-with none of them: it converts on the host and enqueues each call.
+protocol a runtime declares in its ``capabilities`` and the engine asks for once, at
+open (:func:`offers`): :class:`GraphCapture` (a stream's work captured once and
+replayed), :class:`Kernels` (conversion and pre-processing on the stream, device
+arrays), :class:`HostRegistration` (page-locking memory the caller allocated:
+``isolation="process"``), :class:`ComputeFunctions` (outputs computed by a function of
+the user's), :class:`DetectsOnStream` (a ``Detect`` on the slot's stream); and for
+tests, :class:`FaultControls` and :class:`WorkerControls`. A capability declared is
+whole, or the open fails naming the method it lacks (:func:`check_capabilities`). An
+engine opens on a runtime with none of them: it converts on the host and enqueues each
+call.
 
 Conventions every runtime follows:
 
@@ -36,17 +39,23 @@ import numpy as np
 from cuda.bindings import cudla
 
 from .._descriptors import TensorDescriptor
+from .._errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .._frame_plan import Preprocessing
+    from .._detect import DetectPlan
+    from .._frame_plan import Geometry, Preprocessing
     from .._tensors import TensorSpec
+    from ._detect_output import OutputLayout
 
 __all__ = [
+    "CAPABILITIES",
     "CUDA_ERROR_NAMES",
     "STICKY_CUDA_ERRORS",
     "ComputeFunctions",
     "CudaCallError",
     "CudlaError",
+    "DetectProgramLike",
+    "DetectsOnStream",
     "FaultControls",
     "GraphCapture",
     "HostBuffer",
@@ -55,7 +64,10 @@ __all__ = [
     "Runtime",
     "TransferCounts",
     "WorkerControls",
+    "capability_methods",
+    "check_capabilities",
     "cudla_status",
+    "offers",
 ]
 
 # cudaError_t values the engine reasons about (from CUDA's driver_types.h).
@@ -164,6 +176,9 @@ class Runtime(Protocol):
     """What every runtime does: cuDLA (hybrid mode) and the CUDA calls around it."""
 
     name: str
+    capabilities: frozenset[type]
+    """The capabilities below that the runtime offers, declared: each one whole (see
+    :func:`check_capabilities`); one it does not declare is not used."""
     poll_pause: float
     """Seconds the poller pauses between sweeps while work is in flight (0: none)."""
     counts: TransferCounts
@@ -418,3 +433,91 @@ class WorkerControls(Protocol):
     def attach_worker(self, supervisor: Any, loadable: bytes) -> Callable[[], None]:
         """Reach the worker of a process-mode engine; returns how to let it go."""
         ...
+
+
+@runtime_checkable
+class DetectProgramLike(Protocol):
+    """What a runtime's prepared detector tells the engine: the buffers a slot needs."""
+
+    layout: OutputLayout
+
+    @property
+    def work_bytes(self) -> int: ...
+    @property
+    def out_bytes(self) -> int: ...
+
+
+@runtime_checkable
+class DetectsOnStream(Protocol):
+    """A runtime that runs a matched :class:`~aiodla.Detect` on a stream (checked once,
+    at open)."""
+
+    def prepare_detect(self, plan: DetectPlan) -> DetectProgramLike:
+        """Make the post-processing of ``plan`` ready (the CUDA runtime compiles its
+        kernels now); RuntimeUnavailableError when it cannot."""
+        ...
+
+    def detect(
+        self,
+        program: Any,
+        heads: Sequence[int],
+        work: int,
+        out: int,
+        stream: int,
+        geometry: Geometry | None = None,
+        frame_size: tuple[int, int] | None = None,
+    ) -> None:
+        """Enqueue on ``stream``: the heads' DLA buffers (device pointers, in the plan's
+        order) into the output buffer at ``out`` (:mod:`aiodla.runtime._detect_output`),
+        ``work`` as scratch; mapped into a frame of ``frame_size`` when given."""
+        ...
+
+
+# The capabilities the engine uses, each asked once, at open, with :func:`offers`. (The
+# test controls, FaultControls and WorkerControls, are asked with isinstance by the
+# testing code and the worker process that serve them.)
+CAPABILITIES: tuple[type, ...] = (
+    GraphCapture,
+    Kernels,
+    HostRegistration,
+    ComputeFunctions,
+    DetectsOnStream,
+)
+
+
+def capability_methods(capability: type) -> frozenset[str]:
+    """The methods ``capability`` adds to the :class:`Runtime` protocol."""
+    own: set[str] = set()
+    for protocol in capability.__mro__:
+        if protocol in (Runtime, Protocol, object) or protocol.__name__ == "Generic":
+            continue
+        own.update(
+            name for name, value in vars(protocol).items() if callable(value) and name[0] != "_"
+        )
+    return frozenset(own)
+
+
+def check_capabilities(runtime: Runtime) -> None:
+    """Refuse a runtime that declares a capability without each of its methods (at open:
+    a capability half there would fail on the request path, or, asked by ``isinstance``,
+    be silently left unused)."""
+    present = set(dir(runtime))
+    for capability in runtime.capabilities:
+        if capability not in CAPABILITIES:
+            raise ConfigurationError(
+                f"the {runtime.name} runtime declares {capability!r}, which is not a "
+                f"capability (they are {[c.__name__ for c in CAPABILITIES]})"
+            )
+        missing = sorted(capability_methods(capability) - present)
+        if missing:
+            raise ConfigurationError(
+                f"the {runtime.name} runtime declares {capability.__name__} but has no "
+                f"{', '.join(missing)}"
+            )
+
+
+def offers(runtime: Runtime, capability: Any) -> Any:
+    """``runtime`` as ``capability`` when it declares it, else None (the caller types
+    what it gets: ``kernels: Kernels | None = offers(runtime, Kernels)``; a protocol is
+    not a concrete class that a signature could name)."""
+    return runtime if capability in runtime.capabilities else None

@@ -1,0 +1,35 @@
+"""The poller thread of an aiodla.Cores lives as long as the Cores: closed, or dropped
+unclosed, it stops (the engines' own lifetimes are the engine suites')."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from aiodla import Cores, EmulatedRuntime, Engine
+
+from support import X, affine_model, wait_until
+
+# A shared Cores hands its runtime instance to its engines: in-process only.
+pytestmark = pytest.mark.in_process
+
+
+def poller_threads() -> int:
+    return sum(t.name == "aiodla-poller" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.asyncio
+async def test_cores_dropped_unclosed_stop_their_poller(runtime: EmulatedRuntime) -> None:
+    before = poller_threads()
+    dla = Cores([0, 1], runtime=runtime)
+    await dla.open()
+    engine = Engine(affine_model(), cores=dla)
+    async with engine:
+        await engine.infer(np.ones(X.shape, np.float32))
+    assert poller_threads() == before + 1
+    del dla, engine
+    gc.collect()
+    await wait_until(lambda: poller_threads() == before)
