@@ -81,6 +81,16 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "http": ("aiodla/serve/_http.py", SERVE_HTTP_TESTS),
+    # Issue 44's: the detector's definition, its step on the slot's stream, frame buffers.
+    "detect_math": ("aiodla/_detect_math.py", ["tests/test_detect.py"]),
+    "postprocess_stream": (
+        "aiodla/_postprocess_stream.py",
+        ["tests/test_postprocess_stream.py", "tests/test_detect_engine.py"],
+    ),
+    "frame_buffers": (
+        "aiodla/_frame_buffers.py",
+        ["tests/test_frame_buffers.py", "tests/test_detect_engine.py"],
+    ),
     # Not one of the three above (issue 34's list): where the HTTP byte budget went.
     "budget": (
         "aiodla/serve/_budget.py",
