@@ -91,7 +91,6 @@ __all__ = [
     "Candidates",
     "Cells",
     "HeadLayout",
-    "decode",
     "decode_cells",
     "exp32",
     "frame_boxes",
@@ -260,14 +259,6 @@ def gather(layout: HeadLayout, head: _Array, conf: float) -> Cells | None:
     return Cells(t, x.astype(F32), y.astype(F32), stride, sizes[:, 0], sizes[:, 1], ids)
 
 
-def decode(layout: HeadLayout, head: _Array, conf: float) -> Candidates:
-    """Steps 2-4 for one head's logical array ``(1, channels, H, W)``."""
-    cells = gather(layout, head, conf)
-    if cells is None:
-        return Candidates.empty()
-    return decode_cells(layout.kind, layout.reg_max, cells, conf)
-
-
 def decode_cells(kind: str, reg_max: int, cells: Cells, conf: float) -> Candidates:
     """Steps 3-4 for gathered cells (of any heads of one kind), in their order."""
     t, gx, gy, stride = cells.t, cells.gx, cells.gy, cells.stride
@@ -374,17 +365,20 @@ def select(
     n = len(order)
     classes = None if class_agnostic else found.classes[order]
     x1, y1, x2, y2 = boxes.T
-    area = (x2 - x1) * (y2 - y1)
+    with np.errstate(over="ignore"):  # see rows()
+        area = (x2 - x1) * (y2 - y1)
     threshold = iou_threshold32(iou)
 
     def rows(r0: int, r1: int) -> _Array:
         """Suppression flags of candidates r0..r1 over every candidate (only later ones
         can be set)."""
         i, j = slice(r0, r1), slice(r0, n)
-        iw = np.minimum(x2[i, None], x2[j]) - np.maximum(x1[i, None], x1[j])
-        ih = np.minimum(y2[i, None], y2[j]) - np.maximum(y1[i, None], y1[j])
-        inter = np.maximum(iw, F32(0)) * np.maximum(ih, F32(0))
+        # boxes of 1e20 pixels overflow to inf and their IoU is NaN (suppressing
+        # nothing), as on the kernels: no warning
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            iw = np.minimum(x2[i, None], x2[j]) - np.maximum(x1[i, None], x1[j])
+            ih = np.minimum(y2[i, None], y2[j]) - np.maximum(y1[i, None], y1[j])
+            inter = np.maximum(iw, F32(0)) * np.maximum(ih, F32(0))
             overlap = inter / ((area[i, None] + area[j]) - inter) > threshold
         if classes is not None:
             overlap &= classes[i, None] == classes[j]
@@ -425,7 +419,7 @@ def inside_frame(
     keep = (mapped[:, 2] > mapped[:, 0]) & (mapped[:, 3] > mapped[:, 1])
     dropped = len(keep) - int(np.count_nonzero(keep))
     if not dropped:
-        return found._replace(outside=0)
+        return found
     return Candidates(
         found.boxes[keep],
         found.scores[keep],

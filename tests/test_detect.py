@@ -30,6 +30,8 @@ DETECTORS = {
     "yolox": Detect(head="yolox", classes=3, conf=0.3, iou=0.5),
     "boxes": Detect(head="boxes", classes=3, conf=0.2, iou=0.3),
     "capped": Detect(head="yolov5", classes=2, conf=0.05, max_det=7, max_candidates=25),
+    # strides that are no powers of two: every product rounds
+    "yolox_strides_12_24": Detect(head="yolox", classes=2, conf=0.3, strides=(12, 24)),
 }
 
 
@@ -538,3 +540,131 @@ def test_the_iou_threshold_compares_as_torchvisions_double() -> None:
         ):
             assert bool(x > threshold) == (float(x) > iou), (iou, x, threshold)
     assert float(iou_threshold32(0.4)) < 0.4 < float(F(0.4))
+
+
+class TestEdges:
+    """Edges of the definition a random head seldom reaches: ties with ``conf``, a NaN
+    class, overflowing areas, more kept boxes than one block of NMS rows, odd strides."""
+
+    def test_a_score_equal_to_conf_is_no_candidate(self) -> None:
+        plan = one_class_plan(Detect(head="boxes", classes=1, conf=0.25), 2)
+        heads = boxes_heads([[10.0, 10.0, 4.0, 4.0, 0.25], [30.0, 10.0, 4.0, 4.0, 0.3125]])
+        assert plan.run(heads).scores.tolist() == [0.3125]
+
+    def test_scores_above_one_pass_a_high_conf(self) -> None:
+        # "boxes" scores are the model's values, not probabilities
+        plan = one_class_plan(Detect(head="boxes", classes=1, conf=0.9), 2)
+        heads = boxes_heads([[10.0, 10.0, 4.0, 4.0, 1.5], [30.0, 10.0, 4.0, 4.0, 0.5]])
+        assert plan.run(heads).scores.tolist() == [1.5]
+
+    def test_just_above_conf(self) -> None:
+        """A YOLOv5 cell whose score passes ``conf`` by less than 0.1 %: the prefilter on
+        the objectness logit lets it through."""
+        detect = Detect(head="yolov5", classes=1, conf=0.25)
+        plan = plan_for(detect)
+        heads = [np.full(spec.shape, -20.0, F) for spec in plan.specs]
+        head = heads[plan.specs.index(next(s for s in plan.specs if s.shape[2] == 8))]
+        head[0, 4, 3, 5] = math.log(0.2502 / (1 - 0.2502))  # objectness 0.2502
+        head[0, 5, 3, 5] = 20.0  # the class: 1.0
+        head[0, :4, 3, 5] = 0.0
+        result = plan.run(heads)
+        assert len(result) == 1 and 0.25 < result.scores[0] < 0.2503
+        assert_same(plan, heads, result)
+
+    def test_conf_zero(self) -> None:
+        plan = plan_for(Detect(head="yolov5", classes=2, conf=0.0, max_det=30))
+        heads = heads_for(plan, np.random.default_rng(9), ties=False)
+        result = plan.run(heads)
+        assert len(result) == 30
+        assert_same(plan, heads, result)
+
+    def test_yolox_objectness_at_most_conf(self) -> None:
+        """YOLOX's objectness must pass ``conf`` itself (step 3): a class value above 1
+        does not carry a cell whose objectness does not."""
+        plan = plan_for(Detect(head="yolox", classes=2, conf=0.3))
+        heads = [np.zeros(spec.shape, F) for spec in plan.specs]
+        head = heads[0]
+        head[0, 4, 1, 1], head[0, 5, 1, 1] = 0.3, 2.0  # score 0.6, objectness at conf
+        head[0, 4, 1, 3], head[0, 5, 1, 3] = 0.5, 0.8  # score 0.4: a candidate
+        assert plan.run(heads).scores.tolist() == [F(0.4)]
+        assert len(reference_run(plan, heads)) == 1
+
+    def test_a_nan_class_loses_to_the_others(self) -> None:
+        """NaN compares as -inf: a cell with one NaN class value is a candidate of its
+        best other class."""
+        plan = one_class_plan(Detect(head="boxes", classes=3), 2)
+        matrix = np.array([[10.0, 10.0, 4.0, 4.0, np.nan, 0.75, 0.5],
+                           [30.0, 10.0, 4.0, 4.0, 0.5, np.nan, 0.625]], F).T  # fmt: skip
+        heads = [matrix.reshape(1, 7, 1, 2)]
+        result = plan.run(heads)
+        assert result.scores.tolist() == [0.75, 0.625]
+        assert result.classes.tolist() == [1, 2]
+
+    def test_more_kept_boxes_than_a_block_of_rows(self) -> None:
+        """600 boxes apart: all kept, in score order, past the first 256 rows of the
+        suppression mask."""
+        n = 600
+        boxes = np.array([[10 * i, 0, 10 * i + 5, 5] for i in range(n)], F)
+        scores = np.linspace(0.9, 0.3, n, dtype=F)
+        found = Candidates(boxes, scores, np.zeros(n, np.int32), np.arange(n))
+        kept = select(found, iou=0.5, max_det=n, max_candidates=n, class_agnostic=False)
+        assert kept.tolist() == list(range(n)) and kept.dtype == np.int64
+
+    def test_boxes_whose_area_overflows(self) -> None:
+        """Finite boxes of 1e20 pixels: their float32 areas are inf, so their IoU is NaN
+        and suppresses nothing; no warning (the tests turn warnings into errors)."""
+        boxes = np.array([[-1e20, -1e20, 1e20, 1e20], [-1e20, -1e20, 1e20, 1e20]], F)
+        found = Candidates(boxes, F([0.9, 0.8]), np.zeros(2, np.int32), np.arange(2))
+        kept = select(found, iou=0.5, max_det=9, max_candidates=9, class_agnostic=False)
+        assert kept.tolist() == [0, 1]
+
+    def test_types_of_the_results(self) -> None:
+        empty = Candidates.empty()
+        assert [a.shape for a in empty[:4]] == [(0, 4), (0,), (0,), (0,)]
+        assert [a.dtype for a in empty[:4]] == [F, F, np.int32, np.int64]
+        plan = plan_for(DETECTORS["yolov5"])
+        heads = heads_for(plan, np.random.default_rng(7), ties=False)
+        assert plan.candidates(heads).ids.dtype == np.int64
+        nothing = plan.run([np.full(spec.shape, -20.0, F) for spec in plan.specs])
+        assert [nothing.boxes.dtype, nothing.scores.dtype, nothing.classes.dtype] == [
+            F, F, np.int32
+        ]  # fmt: skip
+        assert nothing.outside == nothing.not_finite == 0
+
+    def test_exp32_and_sigmoid32_compute_in_float32(self) -> None:
+        x = np.linspace(-90.0, 90.0, 1001)  # float64, most not float32 values
+        for f in (exp32, sigmoid32):
+            got = f(x)
+            assert got.dtype == F
+            assert got.tobytes() == f(x.astype(F)).tobytes()
+
+    def test_above_for_float32_and_an_infinite_bound(self) -> None:
+        from aiodla._detect_math import above
+
+        values = np.array([0.25, 0.5, np.inf], F)
+        assert above(values, F(0.25)).tolist() == [False, True, True]
+        half = values.astype(np.float16)
+        nothing = above(half, F(np.inf))
+        assert nothing.dtype == bool and not nothing.any()
+
+    @pytest.mark.parametrize("size", [(100, 200), (300, 100)], ids=["wide", "tall"])
+    def test_frame_mapping_with_padding_on_either_axis(self, size: tuple[int, int]) -> None:
+        """Letterbox padding above and below (top > 0), or beside: boxes mapped with
+        both offsets, as the plain reference maps them."""
+        plan = plan_for(DETECTORS["yolov8"])
+        heads = heads_for(plan, np.random.default_rng(5), ties=False)
+        pre = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+        geometry = pre.geometry(*size, 64, 96)
+        assert (geometry.top > 0) == (size == (100, 200))
+        result = plan.run(heads, geometry, size)
+        dropped: dict[str, int] = {}
+        expected = reference_run(plan, heads, (geometry, *size), dropped)
+        assert len(result) == len(expected) > 0 and result.outside == dropped["outside"]
+        for k, (_, box, _, _) in enumerate(expected):
+            want = np.array(reference_to_frame(box, geometry, *size), F)
+            assert result.boxes[k].tobytes() == want.tobytes()
+
+    def test_nothing_outside_counts_zero(self) -> None:
+        plan = one_class_plan(Detect(head="boxes", classes=1), 1)
+        result = plan.run(boxes_heads([[40.0, 30.0, 4.0, 4.0, 0.5]]), SQUARE, (100, 100))
+        assert len(result) == 1 and result.outside == 0
