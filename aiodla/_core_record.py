@@ -1,6 +1,6 @@
 """One record per physical DLA core, shared by every engine on it, and every change to it.
 
-Each engine keeps its own lane on a core (:class:`~aiodla._slots.CoreState`: its device
+Each engine keeps its own lane on a core (:class:`~aiodla._slots.CoreLane`: its device
 handle and module there, its ring of slots, its model's service-time estimate); the
 core itself, which every engine on a :class:`~aiodla.Cores` feeds, is one
 :class:`CoreRecord`: how many tasks it holds, of every engine, and when it should
@@ -34,7 +34,7 @@ class CoreRecord:
 
 class Lane(Protocol):
     """What this module reads and writes of an engine's lane on a core
-    (:class:`~aiodla._slots.CoreState`)."""
+    (:class:`~aiodla._slots.CoreLane`)."""
 
     record: CoreRecord
     idle: collections.deque[Any]

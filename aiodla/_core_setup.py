@@ -21,7 +21,7 @@ from ._options import EngineOptions
 from ._postprocess import Postprocess, open_postprocess
 from ._preprocess import ImagePreprocess, frames_for
 from ._resources import ResourceStack
-from ._slots import CoreState, Slot, new_core
+from ._slots import CoreLane, Slot, new_core
 from ._tensors import TensorSpec, specs_by_name
 from .runtime._protocol import (
     ComputeFunctions,
@@ -45,7 +45,7 @@ class Opened:
     runtime: Runtime
     owns_runtime: bool  # chosen by name: the engine made it, and closes it
     resources: ResourceStack  # every handle, in order of creation
-    cores: list[CoreState]
+    cores: list[CoreLane]
     slots: list[Slot]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -110,7 +110,7 @@ class _Opening:
         self._records = records
         self.runtime = runtime
         self.resources = ResourceStack()
-        self.cores: list[CoreState] = []
+        self.cores: list[CoreLane] = []
         self.slots: list[Slot] = []
 
     def open(self, model: bytes, owned: bool) -> Opened:
@@ -275,7 +275,7 @@ class _Opening:
 
     def _open_slots(
         self,
-        core: CoreState,
+        core: CoreLane,
         path: DataPath,
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
@@ -289,7 +289,7 @@ class _Opening:
 
     def _open_slot(
         self,
-        core: CoreState,
+        core: CoreLane,
         index: int,
         path: DataPath,
         inputs: tuple[TensorSpec, ...],

@@ -33,7 +33,7 @@ from ._poller import Poller
 from ._slots import (
     DEFAULT_SERVICE_TIME,
     CompletionProbe,
-    CoreState,
+    CoreLane,
     Slot,
     account,
     completion_probe,
@@ -48,7 +48,7 @@ from .runtime._protocol import Runtime
 __all__ = [
     "DEFAULT_SERVICE_TIME",
     "CompletionProbe",
-    "CoreState",
+    "CoreLane",
     "LocalCores",
     "Slot",
     "completion_probe",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._device_arrays import DeviceSource
 from ._errors import AiodlaError, DeviceError, EngineClosedError, status_name
 from ._preprocess import ImagePreprocess
-from ._slots import CoreState, Slot, account
+from ._slots import CoreLane, Slot, account
 from ._statistics import EngineHealth, LatencyWindow, WorkerStatistics
 from ._tensors import TensorSpec
 from .runtime._protocol import CudaCallError, Runtime, cudla_status
@@ -66,7 +66,7 @@ class DeviceLayer(Protocol):
     event loop's thread.
     """
 
-    cores: list[CoreState]
+    cores: list[CoreLane]
     slots: list[Slot]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -147,7 +147,7 @@ class NotOpen:
     device says the engine is not open."""
 
     def __init__(self) -> None:
-        self.cores: list[CoreState] = []
+        self.cores: list[CoreLane] = []
         self.slots: list[Slot] = []
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()

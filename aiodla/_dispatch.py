@@ -63,7 +63,7 @@ from ._life import EngineState, Life
 
 if TYPE_CHECKING:
     from ._scheduler import Request, Scheduler
-    from ._slots import CoreState, Slot
+    from ._slots import CoreLane, Slot
 
 __all__ = ["DEPTH", "TOP_DEPTH", "Client", "Dispatcher", "FairShares", "Starter"]
 
@@ -96,7 +96,7 @@ class Client:
     priority: int
     weight: float
     order: int  # ties go to the engine that joined first
-    lanes: dict[int, CoreState]  # its own lane on each core it uses, by core number
+    lanes: dict[int, CoreLane]  # its own lane on each core it uses, by core number
     finish_tag: int = 0  # start-time fair queuing: where its last grant ended
     # The weight as an exact fraction: a grant's cost in tags is cost * den // num.
     weight_ratio: tuple[int, int] = (1, 1)
@@ -233,11 +233,11 @@ class Dispatcher:
             return True
         return False
 
-    def _best_core(self, client: Client, now: float) -> CoreState | None:
+    def _best_core(self, client: Client, now: float) -> CoreLane | None:
         """The core with room for ``client``'s task where it would end soonest, by the
         estimates (after what the core should finish first; ties: the core it used
         less)."""
-        best: CoreState | None = None
+        best: CoreLane | None = None
         best_key: tuple[float, int] | None = None
         records = self.records
         for number, core in client.lanes.items():
@@ -253,7 +253,7 @@ class Dispatcher:
         return best
 
     def _has_room(
-        self, client: Client, core: CoreState, record: CoreRecord, free: float, now: float
+        self, client: Client, core: CoreLane, record: CoreRecord, free: float, now: float
     ) -> bool:
         """Whether ``client``'s task may start on ``core``, whose record says what it
         holds and when it should be free (see the module's depth rule). When only the

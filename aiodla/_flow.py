@@ -28,7 +28,7 @@ from ._life import EngineState, Life
 from ._offload import pack, unpack
 from ._options import EngineOptions
 from ._scheduler import Outcome, Request, RequestState, Scheduler
-from ._slots import CoreState, Slot, forget_completions
+from ._slots import CoreLane, Slot, forget_completions
 from ._statistics import Durations, failure_reason
 from ._trace import TraceRecorder
 
@@ -321,7 +321,7 @@ class Flow:
         PostprocessError)."""
         return self.device.read_outputs(slot)
 
-    def _task_failed(self, core: CoreState, status: int) -> None:
+    def _task_failed(self, core: CoreLane, status: int) -> None:
         """A DLA task failed: say so, and apply the fault policy."""
         logger.warning(
             "aiodla: a DLA task failed on core %d: %s (%d in a row)",
@@ -341,10 +341,10 @@ class Flow:
 
     # -- the fault policy: probing a core out of rotation ------------------------------------
 
-    def _schedule_probe(self, core: CoreState) -> None:
+    def _schedule_probe(self, core: CoreLane) -> None:
         core.probe = self.loop.call_later(self._options.probe_interval, self._probe, core)
 
-    def _probe(self, core: CoreState) -> None:
+    def _probe(self, core: CoreLane) -> None:
         """Run one task on a core out of rotation; success brings it back."""
         core.probe = None
         if self.life.state is not EngineState.OPEN or core.in_rotation:

@@ -11,7 +11,7 @@ from ._device import DeviceLayer
 from ._flow import Flow
 from ._options import EngineOptions
 from ._scheduler import Outcome
-from ._slots import CoreState
+from ._slots import CoreLane
 from ._statistics import (
     CoreStatistics,
     EngineStatistics,
@@ -59,7 +59,7 @@ def engine_statistics(
     )
 
 
-def _core_statistics(core: CoreState, now: float) -> CoreStatistics:
+def _core_statistics(core: CoreLane, now: float) -> CoreStatistics:
     return CoreStatistics(
         core=core.core,
         completed=core.completed,

@@ -17,7 +17,7 @@ import enum
 from typing import Any
 
 from ._core_record import give_back, take
-from ._slots import CoreState, Slot
+from ._slots import CoreLane, Slot
 from ._statistics import FAILURE_REASONS
 from ._trace import TraceRecorder
 
@@ -112,7 +112,7 @@ class Scheduler:
 
     trace: TraceRecorder | None = None  # engine.trace() installs one
 
-    def __init__(self, cores: list[CoreState], max_consecutive_faults: int | None = None) -> None:
+    def __init__(self, cores: list[CoreLane], max_consecutive_faults: int | None = None) -> None:
         self.cores = cores
         self._max_faults = max_consecutive_faults
         self._line: collections.deque[Request] = collections.deque()
@@ -149,7 +149,7 @@ class Scheduler:
             return request, self._assign(request, core)
         return None
 
-    def next_on(self, core: CoreState) -> tuple[Request, Slot] | None:
+    def next_on(self, core: CoreLane) -> tuple[Request, Slot] | None:
         """Pop the first waiting request and give it an idle slot of ``core`` (which
         must have one): the choice of the shared cores' dispatcher (``_dispatch``)."""
         line = self._line
@@ -159,7 +159,7 @@ class Scheduler:
                 return request, self._assign(request, core)
         return None
 
-    def _assign(self, request: Request, core: CoreState) -> Slot:
+    def _assign(self, request: Request, core: CoreLane) -> Slot:
         self.idle_slots -= 1
         slot: Slot = take(core)
         self.queued -= 1
@@ -227,9 +227,9 @@ class Scheduler:
 
     # -- slots --------------------------------------------------------------------------------
 
-    def _best_core(self) -> CoreState | None:
+    def _best_core(self) -> CoreLane | None:
         """The core in rotation with an idle slot and the least outstanding work."""
-        best: CoreState | None = None
+        best: CoreLane | None = None
         for core in self.cores:
             if (
                 core.idle
@@ -243,7 +243,7 @@ class Scheduler:
                 best = core
         return best
 
-    def take(self, core: CoreState) -> Slot:
+    def take(self, core: CoreLane) -> Slot:
         """Take an idle slot of ``core`` (which must have one)."""
         self.idle_slots -= 1
         slot: Slot = take(core)
@@ -260,7 +260,7 @@ class Scheduler:
 
     # -- the fault policy ---------------------------------------------------------------------
 
-    def task_ended(self, core: CoreState, status: int) -> bool:
+    def task_ended(self, core: CoreLane, status: int) -> bool:
         """Count a task's status against its core; True when the core must leave
         rotation now (too many failures in a row while another core serves). A success
         only resets the count (the flow asks only when there is one to reset)."""
@@ -290,7 +290,7 @@ class Scheduler:
             core.in_rotation = True
             core.consecutive_failures = 0
 
-    def probe_ended(self, core: CoreState, status: int) -> bool:
+    def probe_ended(self, core: CoreLane, status: int) -> bool:
         """A probe task of a core out of rotation ended; True when it brings the core
         back (it succeeded), False when the core must be probed again."""
         if status:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SERVICE_TIME",
     "CompletionProbe",
-    "CoreState",
+    "CoreLane",
     "Slot",
     "account",
     "completion_probe",
@@ -34,7 +34,7 @@ DEFAULT_SERVICE_TIME = 0.001
 
 
 @dataclasses.dataclass(eq=False)
-class CoreState:
+class CoreLane:
     """One engine's lane on DLA core ``core``: its device handle and module there, its
     slots, its model's service-time estimate and the counts its fault policy reads.
     ``record`` is the physical core itself, which every engine on it shares
@@ -75,7 +75,7 @@ class CoreState:
 class Slot:
     """One (core, stream) pair and everything a request needs on it."""
 
-    core: CoreState
+    core: CoreLane
     index: int
     stream: int
     event: int
@@ -110,11 +110,11 @@ class Slot:
 
 def new_core(
     number: int, stated: float | None, options: EngineOptions, record: CoreRecord
-) -> CoreState:
+) -> CoreLane:
     """An engine's lane on DLA core ``number`` (whose record is ``record``), before
     anything is opened on it: its service time as the loadable states it (else
     learned), its stage-time windows if asked for."""
-    core = CoreState(
+    core = CoreLane(
         number,
         record,
         service_time=DEFAULT_SERVICE_TIME if stated is None else stated,
@@ -198,7 +198,7 @@ def record_stages(
         core.dla_histogram.add(stages[1])
 
 
-def forget_completions(core: CoreState) -> None:
+def forget_completions(core: CoreLane) -> None:
     """The worker process that ran ``core`` was replaced: its last completion is not a
     bound on the next task's span."""
     core.last_completion = 0.0

@@ -17,7 +17,7 @@ from aiodla._core_record import follow
 from aiodla._cores import LocalCores
 from aiodla._options import EngineOptions
 from aiodla._poller import Poller
-from aiodla._slots import CoreState, Slot, completion_probe
+from aiodla._slots import CoreLane, Slot, completion_probe
 from aiodla.emulator import make_loadable
 
 from support import Misstated
@@ -26,8 +26,8 @@ X = TensorSpec("x", (1, 16, 8, 8), "float16", "chw16")
 Y = TensorSpec("y", (1, 16, 8, 8), "float16", "nchw")
 
 
-def ring(estimates: list[float]) -> tuple[CoreState, list[Slot]]:
-    core = CoreState(0, service_time=1.0)
+def ring(estimates: list[float]) -> tuple[CoreLane, list[Slot]]:
+    core = CoreLane(0, service_time=1.0)
     slots = []
     for index, estimate in enumerate(estimates):
         slot = Slot(core, index, index, index, None, [], [])
@@ -88,7 +88,7 @@ class TestThePollersEvidence:
         made = []
         event = 0
         for number, lane in enumerate(lanes):
-            core = CoreState(number, service_time=1.0)
+            core = CoreLane(number, service_time=1.0)
             slots = []
             for estimate, finished in lane:
                 event += 1

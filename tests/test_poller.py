@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from aiodla import _poller as poller_module
-from aiodla._cores import CoreState, Slot, completion_probe
+from aiodla._cores import CoreLane, Slot, completion_probe
 from aiodla._poller import MAX_BACKOFF, Poller
 from aiodla.runtime import CudaCallError
 
@@ -64,8 +64,8 @@ class Sink:
         self.failures.append(error)
 
 
-def slot(event: int, expected: float, core: CoreState | None = None) -> Slot:
-    s = Slot(core or CoreState(0), event, 0, event, None, [], [])
+def slot(event: int, expected: float, core: CoreLane | None = None) -> Slot:
+    s = Slot(core or CoreLane(0), event, 0, event, None, [], [])
     s.expected_done = expected
     return s
 
@@ -78,7 +78,7 @@ def start(runtime: FakeRuntime, loop: FakeLoop, sink: Sink, pause: float = 0.0) 
 
 def test_one_wakeup_for_all_completions_of_a_sweep() -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    core = CoreState(0, service_time=0.2)
+    core = CoreLane(0, service_time=0.2)
     due = time.monotonic() + 0.2
     slots = [slot(i, due, core) for i in range(3)]
     poller = start(runtime, loop, sink)
@@ -100,7 +100,7 @@ def test_one_wakeup_for_all_completions_of_a_sweep() -> None:
 def test_a_loaded_core_is_collected_in_batches_that_leave_it_a_reserve() -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
     service = 0.05
-    core = CoreState(0, service_time=service)
+    core = CoreLane(0, service_time=service)
     began = time.monotonic()
     # Eight tasks queued on one core, all already done: a poller that swept at the
     # first expected completion would deliver them one by one.
@@ -143,7 +143,7 @@ def test_light_load_is_collected_at_its_expected_completion(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    core = CoreState(0, service_time=0.05)
+    core = CoreLane(0, service_time=0.05)
     runtime.done.add(1)
     poller = start(runtime, loop, sink)
     began = time.monotonic()
@@ -181,7 +181,7 @@ def test_a_core_with_work_queued_behind_its_task_is_not_polled_early(
     # (0.2 s of work behind the first) means a late wake-up costs it nothing.
     monkeypatch.setattr(poller_module, "SPIN_WINDOW", 0.05)
     runtime, loop, sink = TimedRuntime(), FakeLoop(), Sink()
-    core = CoreState(0, service_time=0.2)
+    core = CoreLane(0, service_time=0.2)
     began = time.monotonic()
     first, second = slot(1, began + 0.2, core), slot(2, began + 0.4, core)
     runtime.done.add(1)
@@ -201,7 +201,7 @@ def test_a_lone_task_is_still_polled_from_its_spin_window(
 ) -> None:
     monkeypatch.setattr(poller_module, "SPIN_WINDOW", 0.05)
     runtime, loop, sink = TimedRuntime(), FakeLoop(), Sink()
-    core = CoreState(0, service_time=0.2)
+    core = CoreLane(0, service_time=0.2)
     alone = slot(1, time.monotonic() + 0.2, core)
     poller = start(runtime, loop, sink)
     try:
@@ -224,7 +224,7 @@ def test_a_loaded_cores_next_task_is_waited_for_without_the_loop_consuming(
     monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
     service = 0.1
-    core = CoreState(0, service_time=service)
+    core = CoreLane(0, service_time=service)
     began = time.monotonic()
     first, second = slot(1, began, core), slot(2, began + service, core)
     runtime.done.add(1)
@@ -392,7 +392,7 @@ def test_stop_ends_a_wait_for_consumption(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_a_core_is_queried_from_its_first_slot_and_no_further_than_the_first_not_done() -> None:
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    core = CoreState(0, service_time=0.001)
+    core = CoreLane(0, service_time=0.001)
     now = time.monotonic()
     runtime.done.update({2, 3, 4})  # the core's first task (1) is still running
     poller = start(runtime, loop, sink)
@@ -415,7 +415,7 @@ def test_harvest_takes_what_is_done_once_enough_should_be(
 ) -> None:
     monkeypatch.setattr(poller_module, "CONSUME_WAIT", 30.0)
     runtime, loop, sink = FakeRuntime(), FakeLoop(), Sink()
-    core = CoreState(0, service_time=0.001)
+    core = CoreLane(0, service_time=0.001)
     now = time.monotonic()
     poller = start(runtime, loop, sink)
     try:

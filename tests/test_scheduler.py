@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine, QueueFullError
-from aiodla._cores import CoreState, Slot
+from aiodla._cores import CoreLane, Slot
 from aiodla._scheduler import Outcome, Request, Scheduler
 
 from support import X, affine_model, expected_affine, wait_until
@@ -21,7 +21,7 @@ ONES = np.ones(X.shape, np.float32)
 def make_scheduler(slots_per_core: dict[int, int]) -> Scheduler:
     cores = []
     for number, count in slots_per_core.items():
-        core = CoreState(number)
+        core = CoreLane(number)
         for index in range(count):
             slot = Slot(core, index, 0, 0, None, [], [])
             core.slots.append(slot)

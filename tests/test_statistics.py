@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine
-from aiodla._cores import CoreState, Slot
+from aiodla._cores import CoreLane, Slot
 from aiodla._slots import account
 from aiodla._statistics import LatencyWindow
 
@@ -88,7 +88,7 @@ def test_a_task_seen_done_just_after_its_predecessor_was_seen_late_counts_its_st
     # (the poller batches, or the host is loaded), the second 0.1 ms after that. The
     # core ran 2 ms of tasks: the second ran from t0 + 1 ms, not from when the first was
     # seen.
-    core = CoreState(0, service_time=0.001, learn_service_time=False)
+    core = CoreLane(0, service_time=0.001, learn_service_time=False)
     t0 = 100.0
     first, second = (Slot(core, i, 0, i, None, [], []) for i in range(2))
     first.submitted_at = second.submitted_at = t0
@@ -100,7 +100,7 @@ def test_a_task_seen_done_just_after_its_predecessor_was_seen_late_counts_its_st
 def test_a_time_stated_long_counts_the_core_no_busier_than_the_clock() -> None:
     # Stated 1.1 ms, each task seen done 1 ms after the one before: 3 ms of tasks in
     # 3 ms, not 3.3.
-    core = CoreState(0, service_time=0.0011, learn_service_time=False)
+    core = CoreLane(0, service_time=0.0011, learn_service_time=False)
     t0 = 100.0
     slots = [Slot(core, i, 0, i, None, [], []) for i in range(3)]
     for number, slot in enumerate(slots, 1):
@@ -116,7 +116,7 @@ def test_tasks_of_one_core_seen_done_together_are_accounted_one_service_time_eac
     # Two tasks queued on one core at t0, both seen done in one batch at t0 + 2 ms:
     # the second has no span of its own. It must neither teach the engine a service
     # time of 0 (the poller would then poll every slot at once) nor count as idle.
-    core = CoreState(0, service_time=0.001, learn_service_time=learn)
+    core = CoreLane(0, service_time=0.001, learn_service_time=learn)
     t0 = 100.0
     first, second = (Slot(core, i, 0, i, None, [], []) for i in range(2))
     first.submitted_at = second.submitted_at = t0

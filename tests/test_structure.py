@@ -208,7 +208,7 @@ def test_the_probe_rule_sees_a_probe() -> None:
 # and is not a write by another owner.)
 RECORDS = {
     "record": "aiodla._core_record:CoreRecord",
-    "core": "aiodla._slots:CoreState",
+    "core": "aiodla._slots:CoreLane",
     "request": "aiodla._scheduler:Request",
 }
 
@@ -286,7 +286,7 @@ def test_the_single_writer_rule_sees_a_second_writer() -> None:
     tree = ast.parse("request.state = 1\nslot.core.in_rotation, x = False, 2\n")
     assert field_writes("aiodla._elsewhere", tree) == {
         ("Request", "state"): {"aiodla._elsewhere"},
-        ("CoreState", "in_rotation"): {"aiodla._elsewhere"},
+        ("CoreLane", "in_rotation"): {"aiodla._elsewhere"},
     }
     assert writers()[("Request", "state")] == {"aiodla._scheduler"}
 

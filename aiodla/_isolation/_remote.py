@@ -37,7 +37,7 @@ from .._frame_buffers import FrameBuffers
 from .._options import EngineOptions
 from .._postprocess import open_postprocess
 from .._preprocess import ImagePreprocess, frames_for
-from .._slots import CoreState, Slot, account, new_core, record_stages
+from .._slots import CoreLane, Slot, account, new_core, record_stages
 from .._statistics import EngineHealth, LatencyWindow, WorkerStatistics
 from .._tensors import TensorSpec
 from ..runtime._protocol import HostBuffer, Kernels, Runtime, WorkerControls
@@ -147,7 +147,7 @@ class RemoteCores:
             path = DevicePath(_NO_RUNTIME, zero_copy=False)
             path.fused = ready["fused"]
             self.path = path
-        self.cores: list[CoreState] = []
+        self.cores: list[CoreLane] = []
         self.slots: list[Slot] = []
         self._numbers: dict[int, int] = {}  # slot id -> its number in the worker
         for number in options.cores:

@@ -34,7 +34,7 @@ from .._device import CompletionSink
 from .._errors import WorkerLostError
 from .._options import EngineOptions, ProcessIsolation
 from .._scheduler import RequestState
-from .._slots import CoreState, Slot
+from .._slots import CoreLane, Slot
 from ._channel import Channel
 from ._launch import EXIT_GRACE, Handshake, HungUp, Worker, open_lost, reap
 from ._process import _kill, _spawn, _wait
@@ -80,7 +80,7 @@ async def launch_worker(loop: asyncio.AbstractEventLoop, open_message: tuple[Any
 class Served(Protocol):
     """What the supervisor serves: the application's side of the worker's cores."""
 
-    cores: list[CoreState]
+    cores: list[CoreLane]
     slots: list[Slot]
 
     def bind_worker(self, ready: dict[str, Any], fd: int) -> None: ...

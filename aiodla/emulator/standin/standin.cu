@@ -684,7 +684,7 @@ struct ModuleState {
 
 /* What a core holds on the CUDA device lives exactly as long as the core has device
  * handles: created with the first, destroyed with the last (cudlaDestroyDevice). */
-struct CoreState {
+struct CoreLane {
     std::mutex launch;
     /* The ticket the core's next launched task takes (under `launch`). Never reset: the
      * turn word it is matched against lives in the control words, which outlive every
@@ -698,7 +698,7 @@ struct CoreState {
 struct Library {
     std::mutex mutex;
     uint32_t cores = kDefaultCores;
-    CoreState core[kMaxCores];
+    CoreLane core[kMaxCores];
     std::unordered_map<uint64_t, DeviceState> devices;
     std::unordered_map<uint64_t, ModuleState> modules;
     /* Modules whose device handle was destroyed under them (cudlaDestroyDevice releases
@@ -843,7 +843,7 @@ extern "C" cudlaStatus cudlaCreateDevice(const uint64_t device, cudlaDevHandle* 
     int cuda_device = 0;
     if (!Platform::current_device(&cuda_device)) return cudlaErrorCuda;
     std::lock_guard<std::mutex> lock(lib.mutex);
-    CoreState& core = lib.core[device];
+    CoreLane& core = lib.core[device];
     if (core.handles >= kHandlesPerCore) return cudlaErrorOutOfResources;
     if (core.handles && core.cuda_device != cuda_device) return cudlaErrorInvalidDevice;
     uint32_t slot = 0;
@@ -906,7 +906,7 @@ extern "C" cudlaStatus cudlaDestroyDevice(const cudlaDevHandle devHandle) {
     }
     lib.released_registrations += device.registrations.size();
     device.registrations.clear();
-    CoreState& core = lib.core[device.core];
+    CoreLane& core = lib.core[device.core];
     lib.slot_used[device.slot] = false;
     core.handles -= 1;
     if (!core.handles) {
@@ -1144,7 +1144,7 @@ extern "C" cudlaStatus cudlaSubmitTask(const cudlaDevHandle devHandle,
         core_index = device.core;
         cuda_device = device.cuda_device;
     }
-    CoreState& core = lib.core[core_index];
+    CoreLane& core = lib.core[core_index];
     uint32_t launched = 0;
     {
         std::lock_guard<std::mutex> order(core.launch);
