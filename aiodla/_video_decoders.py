@@ -46,6 +46,7 @@ __all__ = [
     "choose_decoder",
     "decoder_for",
     "keep_the_cxx_unwinder",
+    "output_format",
 ]
 
 logger = logging.getLogger("aiodla")
@@ -192,6 +193,15 @@ def choose_decoder(requested: str, address: Address) -> DecoderName:
         reason="decoder",
         retryable=False,
     )
+
+
+def output_format(name: DecoderName, address: Address) -> Literal["nv12", "i420"]:
+    """The layout decoder ``name`` gives for ``address``: NV12 from NVDEC and from a
+    Jetson's GStreamer pipelines (``nvvidconv``), I420 from FFmpeg and GStreamer's
+    software decoders (a camera's YUYV or 4:2:2 MJPEG made I420 first)."""
+    if name == "nvdec" or (name == "gstreamer" and (_on_jetson() or address.kind == "csi")):
+        return "nv12"
+    return "i420"
 
 
 def decoder_for(name: DecoderName) -> Decoder:

@@ -120,7 +120,7 @@ def _description(address: Address, live: bool) -> str:
     out = (
         "nvvidconv ! video/x-raw,format=NV12"
         if jetson
-        else "videoconvert ! video/x-raw,format={I420,NV12}"
+        else "videoconvert ! video/x-raw,format=I420"
     )
     sink = "appsink name=sink sync=false " + (
         "max-buffers=2 drop=true" if live else "max-buffers=2 drop=false"

@@ -47,7 +47,7 @@ from ._errors import AiodlaError, ConfigurationError
 from ._frame_pool import Lender
 from ._trace import active_recorder, data_address
 from ._video_address import Address, parse_address
-from ._video_decoders import DecoderName, OpenOptions, choose_decoder
+from ._video_decoders import DecoderName, OpenOptions, choose_decoder, output_format
 from ._video_frame import VideoFrame
 from ._video_reader import Reader, ReaderSettings
 
@@ -208,6 +208,12 @@ class VideoSource:
     def decoder(self) -> str:
         """The decoder in use (``"auto"`` resolved)."""
         return self._decoder_name
+
+    @property
+    def format(self) -> Literal["nv12", "i420"]:
+        """The layout this source's frames come in (``VideoFrame.format``): what the
+        engine's ``ImagePreprocess(source=...)`` must read."""
+        return output_format(self._decoder_name, self._address)
 
     @property
     def state(self) -> VideoSourceState:

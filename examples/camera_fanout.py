@@ -1,19 +1,24 @@
-"""Camera fan-out: eight cameras, one detector, boxes per frame.
+"""Camera fan-out: cameras in (files or RTSP), one detector, boxes per frame.
 
-    python examples/camera_fanout.py                        # emulated DLA, no GPU needed
-    python examples/camera_fanout.py --model yolov5s.bin    # your loadable, on a Jetson
-    python examples/camera_fanout.py --save frame.jpg       # draw one frame's boxes
-    python examples/camera_fanout.py --trace run.json       # and the engine's timeline
+    python examples/camera_fanout.py                              # its own clips, served
+    python examples/camera_fanout.py rtsp://cam1/s rtsp://cam2/s --model yolov5s.bin
+    python examples/camera_fanout.py a.mp4 b.mkv --save out/      # an annotated video each
+    python examples/camera_fanout.py --trace run.json             # and the engine's timeline
 
-Each simulated camera asks its own ``aiodla.LatestFrameStream`` for the frame buffer to
-fill next (``stream.frame_buffer``: a ring of three the engine owns, pinned memory, so
-``infer`` skips the staging copy; never the frame in flight nor the one waiting),
-writes a 1920x1080 BGR frame into it and submits it: at most one frame in flight, one
-waiting, a newer frame replacing the waiting one (counted as dropped). The engine
-letterboxes each frame to the detector's 640x640 input (``ImagePreprocess``), runs it,
-decodes the heads and runs NMS (``Detect``), and answers with ``Detections`` in the
-frame's own pixels. Without --model it builds the YOLOv5s emulator loadable
-(``aiodla emulate --preset yolov5s``): raw heads with a few dozen objects a frame.
+Each camera is an ``aiodla.VideoSource``: decoded on a thread of its own (FFmpeg on the
+CPU here; NVDEC or a Jetson's decoder where ``decoder="auto"`` finds them), each frame
+written straight into one of the engine's frame buffers, reconnecting if the camera
+drops. Each feeds its own ``aiodla.LatestFrameStream``: at most one frame in flight and
+one waiting, a newer frame replacing the waiting one (counted as dropped). The engine
+letterboxes each frame to the detector's 640x640 input from the decoder's own YUV
+(``ImagePreprocess``), runs it, decodes the heads and runs NMS (``Detect``), and
+answers with ``Detections`` in the frame's own pixels.
+
+With no URI it encodes its own clips (PyAV) and serves them over RTSP with GStreamer's
+gst-rtsp-server when that is installed (Debian: ``gir1.2-gst-rtsp-server-1.0``), else
+reads the clips as files at their frame rate. Without --model it builds the YOLOv5s
+emulator loadable (``aiodla emulate --preset yolov5s``): raw heads with a few dozen
+objects a frame.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import tempfile
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,12 +42,15 @@ from aiodla import (
     LatestFrameStream,
     StreamStatistics,
     TensorSpec,
+    VideoFrame,
+    VideoSource,
 )
 from aiodla.emulator import make_loadable
 from aiodla.emulator._detector import PRESETS
+from aiodla.testing import RtspServer, encode_clip
+from aiodla.testing._video import rtsp_server_python
 
-FRAME_SIZE = (1080, 1920)  # what each simulated camera delivers (height, width; BGR)
-LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+CLIP_SIZE = (640, 360)  # the clips this example makes (width, height)
 
 
 def demo_model(latency: float, size: int = 640) -> bytes:
@@ -55,99 +66,56 @@ def demo_model(latency: float, size: int = 640) -> bytes:
     return make_loadable(inputs, outputs, "detect", latency)
 
 
-def fill_frame(frame: np.ndarray[Any, Any], camera: int, index: int, painted: set[int]) -> None:
-    """A synthetic frame written in place, as ``cv2.VideoCapture.read(image=frame)``
-    would (a camera's DMA costs the host nothing; here a moving band of rows is
-    rewritten, over a gradient painted once per buffer)."""
-    height, width, _ = frame.shape
-    if frame.ctypes.data not in painted:  # the buffer's first use: the whole gradient
-        painted.add(frame.ctypes.data)
-        frame[..., 0] = (np.arange(width) * 255 // width).astype(np.uint8)
-        frame[..., 1] = (np.arange(height) * 255 // height).astype(np.uint8)[:, None]
-        frame[..., 2] = camera * 37 % 256
-    band = index * 16 % height
-    frame[band : band + 16] = (camera * 37 + index) % 256
+@contextlib.contextmanager
+def own_cameras(count: int, size: tuple[int, int], seconds: float, workdir: Path) -> Any:
+    """``count`` cameras of this example's own: URIs of clips served over RTSP, or the
+    clip files themselves where no RTSP server can run here."""
+    clips = [
+        encode_clip(workdir / f"cam{i}.mkv", "h264" if i % 2 == 0 else "h265",
+                    frames=int(30 * (seconds + 3)), size=size)
+        for i in range(count)
+    ]  # fmt: skip
+    if rtsp_server_python() is None:
+        yield [str(clip) for clip in clips]
+        return
+    codecs = ["h264" if i % 2 == 0 else "h265" for i in range(count)]
+    with RtspServer({f"cam{i}": (clip, codecs[i]) for i, clip in enumerate(clips)}) as server:
+        yield [server.url(f"cam{i}") for i in range(count)]
 
 
-async def camera(
-    number: int,
-    stream: LatestFrameStream,
-    frame_size: tuple[int, int],
-    fps: float,
-    duration: float,
-    shown: dict[int, tuple[np.ndarray[Any, Any], Detections]],
-) -> int:
-    boxes = 0
+class Recorder:
+    """An annotated video of one camera: each answered frame, its boxes drawn (PyAV)."""
 
-    async def read() -> None:
-        nonlocal boxes
-        async for result in stream:  # answers arrive in frame order
-            if result.error is None:  # a failed frame has an error and no output
-                detections: Detections = result.output
-                boxes += len(detections)
-                if result.context is not None:  # the first frame of a camera
-                    shown[number] = (result.context, detections)
+    def __init__(self, path: Path, width: int, height: int) -> None:
+        import av
 
-    async with stream:  # leaving it closes the stream, which ends read()
-        reader = asyncio.create_task(read())
-        loop = asyncio.get_running_loop()
-        tick, end, index = loop.time(), loop.time() + duration, 0
-        painted: set[int] = set()
-        while tick < end:
-            frame = stream.frame_buffer((*frame_size, 3))  # never one the engine still reads
-            fill_frame(frame, number, index, painted)
-            # The first frame starts at once (nothing is in flight), so it is never
-            # dropped; a copy of it to draw, since its buffer serves later frames.
-            stream.submit(frame, context=frame.copy() if index == 0 else None)
-            index += 1
-            tick += 1 / fps
-            await asyncio.sleep(max(0.0, tick - loop.time()))
-    await reader
-    return boxes
+        self.path = path
+        self.container: Any = av.open(str(path), "w")
+        self.stream = self.container.add_stream("libx264", rate=30)
+        self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, "yuv420p"
+        self.frames = 0
+
+    def add(self, frame: VideoFrame, detections: Detections) -> None:
+        import av
+        import cv2  # opencv-python-headless
+
+        code = cv2.COLOR_YUV2BGR_I420 if frame.format == "i420" else cv2.COLOR_YUV2BGR_NV12
+        image = cv2.cvtColor(np.asarray(frame.array), code)
+        draw(image, detections)
+        picture = av.VideoFrame.from_ndarray(image.astype(np.uint8, copy=False), format="bgr24")
+        for packet in self.stream.encode(picture):
+            self.container.mux(packet)
+        self.frames += 1
+
+    def close(self) -> None:
+        for packet in self.stream.encode():
+            self.container.mux(packet)
+        self.container.close()
 
 
-async def run(
-    model: str | bytes,
-    cameras: int,
-    fps: float,
-    duration: float,
-    frame_size: tuple[int, int] = FRAME_SIZE,
-    save: str | None = None,
-    trace: str | None = None,
-) -> list[StreamStatistics]:
-    """Run the cameras for ``duration`` seconds; print and return each one's statistics.
-    With ``trace``, write the engine's timeline there (``aiodla trace-plot`` draws it)."""
-    detector = Detect(head="yolov5", classes=80, conf=0.25, iou=0.45)
-    async with Engine(model, preprocess={"images": LETTERBOX}, postprocess=detector) as engine:
-        streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(cameras)]
-        shown: dict[int, tuple[np.ndarray[Any, Any], Detections]] = {}
-        timeline = engine.trace(trace, name="yolov5s") if trace else contextlib.nullcontext()
-        async with timeline:
-            boxes = await asyncio.gather(
-                *(camera(i, s, frame_size, fps, duration, shown) for i, s in enumerate(streams))
-            )
-        stats = [stream.statistics() for stream in streams]
-        runtime = engine.runtime.name if engine.runtime else "?"
-    print(f"{cameras} cameras x {fps:g} fps on the {runtime} runtime for {duration:g} s")
-    print("camera     fps  dropped   p50 ms   p99 ms  boxes/frame")
-    for s, count in zip(stats, boxes, strict=True):
-        print(
-            f"{s.name:<6} {s.fps:7.1f} {s.dropped:8d} {s.latency.p50 * 1e3:8.1f} "
-            f"{s.latency.p99 * 1e3:8.1f} {count / max(s.completed, 1):12.1f}"
-        )
-    if shown:
-        frame, detections = shown[min(shown)]
-        for box, score, cls in list(detections)[:3]:
-            print(f"  class {cls:2d} score {score:.2f} at {np.round(box).astype(int).tolist()}")
-        if save:
-            draw(frame, detections, save)
-    return stats
+def draw(image: np.ndarray[Any, Any], detections: Detections) -> None:
+    import cv2
 
-
-def draw(frame: np.ndarray[Any, Any], detections: Detections, path: str) -> None:
-    import cv2  # opencv-python-headless
-
-    image = np.ascontiguousarray(frame)
     for box, score, cls in detections:
         x1, y1, x2, y2 = (round(float(v)) for v in box)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 255, 0), 2)
@@ -155,31 +123,136 @@ def draw(frame: np.ndarray[Any, Any], detections: Detections, path: str) -> None
             image, f"{cls}:{score:.2f}", (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX,
             0.5, (0, 255, 0), 1,
         )  # fmt: skip
-    if not cv2.imwrite(path, image):
-        raise SystemExit(f"could not write {path}")
-    print(f"wrote {path}: {len(detections)} boxes")
+
+
+async def camera(
+    source: VideoSource,
+    stream: LatestFrameStream,
+    duration: float,
+    save: Path | None,
+    paced: bool,
+) -> tuple[int, list[float]]:
+    """Feed the source's frames to its stream for ``duration`` seconds (a file's at its
+    own frame rate when ``paced``); the boxes found and each answered frame's
+    capture-to-boxes seconds."""
+    boxes, latencies = 0, []
+    recorder: Recorder | None = None
+
+    async def read() -> None:
+        nonlocal boxes, recorder
+        async for result in stream:  # answers arrive in frame order
+            if result.error is not None:  # a failed frame has an error and no output
+                continue
+            frame: VideoFrame = result.context
+            latencies.append(time.time() - frame.captured_at)
+            detections: Detections = result.output
+            boxes += len(detections)
+            if save is not None:
+                if recorder is None:
+                    path = save / f"{stream.name}.mp4"
+                    recorder = Recorder(path, frame.width, frame.height)
+                recorder.add(frame, detections)
+
+    async with stream:  # leaving it closes the stream, which ends read()
+        reader = asyncio.create_task(read())
+        loop = asyncio.get_running_loop()
+        end = loop.time() + duration
+        first_pts: float | None = None
+        started = loop.time()
+        async for frame in source:
+            if loop.time() >= end:
+                break
+            if paced and frame.pts is not None:  # a file plays as a camera would
+                first_pts = frame.pts if first_pts is None else first_pts
+                await asyncio.sleep(max(0.0, started + frame.pts - first_pts - loop.time()))
+            stream.submit(frame, context=frame)  # the frame's buffer is the engine's
+    await reader
+    if recorder is not None:
+        recorder.close()
+        print(f"wrote {recorder.path}: {recorder.frames} frames with their boxes")
+    return boxes, latencies
+
+
+async def run(
+    model: str | bytes,
+    uris: Sequence[str],
+    duration: float,
+    *,
+    decoder: str = "auto",
+    save: str | None = None,
+    trace: str | None = None,
+) -> list[StreamStatistics]:
+    """Run every camera for ``duration`` seconds; print and return each one's
+    statistics. With ``save``, write an annotated video per camera into that directory;
+    with ``trace``, the engine's timeline there (``aiodla trace-plot`` draws it)."""
+    detector = Detect(head="yolov5", classes=80, conf=0.25, iou=0.45)
+    formats = {VideoSource(uri, decoder).format for uri in uris}
+    if len(formats) != 1:  # one pre-processing an engine: one layout of its frames
+        raise SystemExit(f"these cameras' decoders give different layouts: {sorted(formats)}")
+    letterbox = ImagePreprocess(source=formats.pop(), order="rgb", resize="letterbox")
+    folder = None if save is None else Path(save)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    async with Engine(model, preprocess={"images": letterbox}, postprocess=detector) as engine:
+        sources = [
+            VideoSource(uri, decoder, engine=engine, name=f"cam{i}", repeat=True)
+            for i, uri in enumerate(uris)
+        ]
+        streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(len(uris))]
+        timeline = engine.trace(trace, name="yolov5s") if trace else contextlib.nullcontext()
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(timeline)
+            for source in sources:
+                await stack.enter_async_context(source)
+            feeds = [
+                camera(source, stream, duration, folder, paced=not uri.startswith("rtsp"))
+                for source, stream, uri in zip(sources, streams, uris, strict=True)
+            ]
+            results = await asyncio.gather(*feeds)
+        stats = [stream.statistics() for stream in streams]
+        runtime = engine.runtime.name if engine.runtime else "?"
+        decoders = {source.decoder for source in sources}
+    print(
+        f"{len(uris)} cameras on the {runtime} runtime for {duration:g} s, "
+        f"decoded by {', '.join(sorted(decoders))}"
+    )
+    print("camera     fps  dropped   capture-to-boxes p50 ms   p99 ms  boxes/frame")
+    for s, (count, latencies) in zip(stats, results, strict=True):
+        p50, p99 = np.percentile(latencies, (50, 99)) * 1e3 if latencies else (0.0, 0.0)
+        print(
+            f"{s.name:<6} {s.fps:7.1f} {s.dropped:8d} {p50:25.1f} {p99:8.1f} "
+            f"{count / max(s.completed, 1):12.1f}"
+        )
+    return stats
 
 
 def main(argv: Sequence[str] | None = None) -> list[StreamStatistics]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("uris", nargs="*", help="files or rtsp:// URIs; none: its own clips")
     parser.add_argument("--model", help="a loadable; default: the YOLOv5s emulator loadable")
-    parser.add_argument("--cameras", type=int, default=8)
-    parser.add_argument("--fps", type=float, default=10.0, help="frames per second per camera")
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds")
-    parser.add_argument("--save", metavar="FRAME.jpg", help="draw one frame's boxes into it")
+    parser.add_argument("--decoder", default="auto", help="auto, ffmpeg, gstreamer or nvdec")
+    parser.add_argument("--cameras", type=int, default=4, help="how many clips of its own")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds")
+    parser.add_argument("--save", metavar="DIR", help="write an annotated video per camera")
     parser.add_argument("--trace", metavar="RUN.json", help="write the engine's timeline")
     parser.add_argument(
         "--latency",
         type=float,
-        # 1080p frames pre-processed with numpy (the emulated runtime, no GPU) cost the
-        # host about 20 ms each: keep the emulated DLA the slower part.
-        default=0.05,
-        help="seconds per frame of the built-in model (2 cores: 40 fps at 0.05)",
+        # Frames pre-processed with numpy (the emulated runtime, no GPU) cost the host a
+        # few ms each: keep the emulated DLA the slower part.
+        default=0.03,
+        help="seconds per frame of the built-in model (2 cores: 66 fps at 0.03)",
     )
     args = parser.parse_args(argv)
     model = args.model or demo_model(args.latency)
-    run_it = run(model, args.cameras, args.fps, args.duration, save=args.save, trace=args.trace)
-    return asyncio.run(run_it)
+    with tempfile.TemporaryDirectory() as workdir, contextlib.ExitStack() as stack:
+        uris = args.uris or stack.enter_context(
+            own_cameras(args.cameras, CLIP_SIZE, args.duration, Path(workdir))
+        )
+        run_it = run(
+            model, uris, args.duration, decoder=args.decoder, save=args.save, trace=args.trace
+        )
+        return asyncio.run(run_it)
 
 
 if __name__ == "__main__":

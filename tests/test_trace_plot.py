@@ -186,13 +186,15 @@ class TestCameraExample:
         spec.loader.exec_module(example)
         trace = tmp_path / "cameras.json"
         # Small frames and model, as tests/test_session.py runs the example.
+        pytest.importorskip("av", reason="the example's cameras need PyAV")
+        from aiodla.testing import encode_clip
+
+        clips = [
+            str(encode_clip(tmp_path / f"clip{i}.mkv", frames=60, size=(320, 180)))
+            for i in range(2)
+        ]
         stats = await example.run(
-            example.demo_model(0.05, size=160),
-            cameras=2,
-            fps=20,
-            duration=1.5,
-            frame_size=(270, 480),
-            trace=str(trace),
+            example.demo_model(0.05, size=160), clips, duration=1.5, trace=str(trace)
         )
         document = json.loads(await anyio.Path(trace).read_text())
         check_trace_format(document)

@@ -36,7 +36,7 @@ class TestFiles:
             frames = [frame async for frame in source]
         assert [f.index for f in frames] == list(range(len(expected)))
         for frame, (pts, pixels) in zip(frames, expected, strict=True):
-            assert frame.format == "i420"
+            assert frame.format == source.format == "i420"
             assert not frame.on_device
             assert (frame.width, frame.height) == (pixels.shape[1], pixels.shape[0] * 2 // 3)
             assert frame.pts == pytest.approx(pts)
