@@ -48,6 +48,7 @@ from ._cli_frame import (
 )
 from ._cli_trace import trace_option, trace_plot
 from ._cli_verify import verify_command
+from ._cli_watch import watch_command
 from ._cores import read_model
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
@@ -588,5 +589,12 @@ def bench(
     return 0
 
 
-for _command in (serve_command, doctor_command, verify_command, trace_plot, compile_command):
+for _command in (
+    serve_command,
+    doctor_command,
+    verify_command,
+    trace_plot,
+    compile_command,
+    watch_command,
+):
     cli.add_command(_command)  # (serve imports its extra on use)

@@ -210,6 +210,11 @@ class VideoSource:
         return self._decoder_name
 
     @property
+    def live(self) -> bool:
+        """A camera or stream, as opposed to a file (which ends, or repeats)."""
+        return self._address.live
+
+    @property
     def format(self) -> Literal["nv12", "i420"]:
         """The layout this source's frames come in (``VideoFrame.format``): what the
         engine's ``ImagePreprocess(source=...)`` must read."""
