@@ -81,7 +81,10 @@ class VideoSourceStatistics:
     packets the decoder could not decode (the stream goes on from its next keyframe);
     ``reconnects`` counts successful re-openings after a loss. ``fps`` is the rate of
     decoded frames over the last two seconds; ``decode_cpu`` the reader thread's CPU
-    seconds (decoding and writing frames into their buffers). ``unpooled`` frames went
+    seconds (decoding and writing frames into their buffers with ``ffmpeg``, whose
+    decoder runs on that thread and FFmpeg's own slice threads; with ``gstreamer`` and
+    ``nvdec`` the decoding itself runs on threads of theirs, and this counts the
+    copying out and the hand-over only). ``unpooled`` frames went
     into plain arrays rather than the engine's frame buffers (see ``VideoSource``).
     """
 

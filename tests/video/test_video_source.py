@@ -410,3 +410,27 @@ class TestReconnect:
 
 def _rate(times: list[float], start: float, end: float) -> float:
     return sum(start <= t < end for t in times) / (end - start)
+
+
+class TestBackOff:
+    async def test_capped_exponential_with_jitter_from_the_upper_half(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Each wait is drawn from [delay / 2, delay], the delay doubling from
+        reconnect_delay up to max_reconnect_delay; the attempts go on meanwhile."""
+        from aiodla import _video_reader
+
+        drawn: list[tuple[float, float]] = []
+
+        def uniform(low: float, high: float) -> float:
+            drawn.append((low, high))
+            return low
+
+        monkeypatch.setattr(_video_reader.random, "uniform", uniform)
+        listener, url = silent_server()
+        listener.close()  # connection refused, at once, on every attempt
+        async with VideoSource(url, "ffmpeg", reconnect_delay=0.01, max_reconnect_delay=0.04):
+            await wait_for(lambda: len(drawn) >= 6, what="six attempts")
+        highs = [high for _, high in drawn[:6]]
+        assert highs == pytest.approx([0.01, 0.02, 0.04, 0.04, 0.04, 0.04])
+        assert all(low == pytest.approx(high / 2) for low, high in drawn[:6])
