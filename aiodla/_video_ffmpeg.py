@@ -106,6 +106,10 @@ class _Stream:
                 )
             # Report damaged packets instead of concealing them (see the docstring).
             self._video.codec_context.options = {"err_detect": "explode"}
+            # Decode on the reader thread alone: cameras run side by side on their own
+            # threads already, no picture waits in a frame-threading pipeline, and the
+            # reader's CPU time is then the decoding's whole cost (decode_cpu).
+            self._video.codec_context.thread_count = 1
         except BaseException:
             self._container.close()
             raise

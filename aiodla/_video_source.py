@@ -81,10 +81,10 @@ class VideoSourceStatistics:
     packets the decoder could not decode (the stream goes on from its next keyframe);
     ``reconnects`` counts successful re-openings after a loss. ``fps`` is the rate of
     decoded frames over the last two seconds; ``decode_cpu`` the reader thread's CPU
-    seconds (decoding and writing frames into their buffers with ``ffmpeg``, whose
-    decoder runs on that thread and FFmpeg's own slice threads; with ``gstreamer`` and
-    ``nvdec`` the decoding itself runs on threads of theirs, and this counts the
-    copying out and the hand-over only). ``unpooled`` frames went
+    seconds (with ``ffmpeg``, which decodes on that thread, the whole cost of decoding
+    and writing frames into their buffers; with ``gstreamer`` and ``nvdec`` the
+    decoding runs on threads of theirs, and this counts the copying out and the
+    hand-over only). ``unpooled`` frames went
     into plain arrays rather than the engine's frame buffers (see ``VideoSource``).
     """
 
@@ -290,6 +290,10 @@ class VideoSource:
             self._wake.set()
         if self._finished is not None and not self._finished.done():
             await asyncio.shield(self._finished)
+        if self._reader is not None:
+            # Its last act was to schedule _finished: what is left of the thread is its
+            # return, so this join is over at once (and the thread is gone on return).
+            self._reader.thread.join(timeout=1.0)
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         reader = getattr(self, "_reader", None)
