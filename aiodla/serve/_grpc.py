@@ -5,6 +5,8 @@ It answers ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata an
 ModelInfer; the service's other calls (ModelConfig, statistics, streaming, repository,
 shared memory, ...) get UNIMPLEMENTED from grpcio itself. A message larger than the
 served models take (:func:`~._kserve.request_limit`) is refused RESOURCE_EXHAUSTED.
+Connections are capped as the HTTP front's are, and a connection's handshake (TLS,
+then HTTP/2's preface) has ``header_timeout``, through grpcio's channel options.
 Inputs come as ``raw_input_contents`` (every input, or none) or in typed
 ``contents``; outputs always go out as ``raw_output_contents``, as Triton answers. A
 request's deadline is the sooner of the call's gRPC deadline and its ``timeout``

@@ -7,8 +7,10 @@ header's length in ``Inference-Header-Content-Length``, then each binary input's
 ``binary_data_size`` bytes in input order; outputs asked for with
 ``binary_data_output`` or an output's ``binary_data`` come back the same way), and
 ``GET /metrics`` (Prometheus, Triton's families and aiodla's own). Every error,
-a route not served included, is ``{"error": message}`` with its status code, which is
-what tritonclient reads.
+a route not served and a request aiohttp's parser refuses included, is ``{"error":
+message}`` with its status code, which is what tritonclient reads. The connections
+themselves (how many, how long a request's headers and a TLS handshake may take) are
+:mod:`._connections`'s.
 
 Memory: a request body may be at most :func:`~._kserve.request_limit` bytes (the served
 models' largest inputs as JSON), refused with 413 from its ``Content-Length`` before any
