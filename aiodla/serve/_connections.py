@@ -32,6 +32,7 @@ import asyncio
 import json
 import logging
 import ssl
+import sys
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -161,6 +162,11 @@ class Listener:
             connection.request_finished()
 
 
+def _hold_reading(transport: asyncio.Transport) -> None:
+    transport.resume_reading()
+    transport.pause_reading()
+
+
 class _Connection(asyncio.Protocol):
     """One accepted connection: counted, TLS set up under the handshake limits, then
     served by aiohttp's request handler, whose reads it passes on while it times the
@@ -178,6 +184,7 @@ class _Connection(asyncio.Protocol):
         self._counted = False
         self._setup: asyncio.Task[None] | None = None
         self._early: list[bytes] = []
+        self._tls_begun = False  # whether start_tls has taken the TCP transport
 
     # -- from the transport ---------------------------------------------------------------
 
@@ -210,12 +217,23 @@ class _Connection(asyncio.Protocol):
         if listener.tls is None:
             self._serve(transport)
             return
-        # Nothing is read until the handshake may start: the bytes are TLS's.
+        # Nothing is read until the handshake starts: the bytes are TLS's.
         transport.pause_reading()
+        if sys.version_info < (3, 11):
+            # 3.10's transport starts reading just after connection_made, paused or not
+            # (its _add_reader ignores the pause); the reader added, pausing again
+            # removes it, and cancels a read already queued for the next turn.
+            self._loop.call_soon(_hold_reading, transport)
         self._setup = self._loop.create_task(self._handshake(transport, listener.tls))
 
     def data_received(self, data: bytes) -> None:
         if self.handler is None:
+            if self._setup is None:  # refused: its answer is on its way out
+                return
+            if not self._tls_begun:  # TLS bytes, read before the handshake could take them
+                logger.warning("closing a TLS connection: its first bytes came too early")
+                self.abort()
+                return
             # Over TLS, bytes that came with the end of the handshake, before start_tls
             # returned: the handler reads them first.
             self._early.append(data)
@@ -264,6 +282,7 @@ class _Connection(asyncio.Protocol):
 
     async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
         async with self._listener.handshakes:
+            self._tls_begun = True  # (start_tls takes the transport before it first waits)
             tls = await self._loop.start_tls(
                 raw,
                 self,
