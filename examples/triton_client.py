@@ -29,11 +29,13 @@ from tritonclient.utils import (  # type: ignore[import-untyped]
 
 
 def random_inputs(metadata: dict[str, Any], module: Any) -> list[Any]:
-    """One random tensor per input, of the shape and datatype the server states."""
+    """One random tensor per input, of the shape and datatype the server states (a
+    size that may vary, -1, as a 480 x 640 camera frame's)."""
     rng = np.random.default_rng(0)
     inputs = []
     for tensor in metadata["inputs"]:
-        shape = [int(d) for d in tensor["shape"]]
+        stated = [int(d) for d in tensor["shape"]]
+        shape = [d if d >= 0 else (480, 640)[min(i, 1)] for i, d in enumerate(stated)]
         dtype = np.dtype(triton_to_np_dtype(tensor["datatype"]))
         if dtype.kind in "iu":
             values = rng.integers(0, 100, shape).astype(dtype)
@@ -43,6 +45,11 @@ def random_inputs(metadata: dict[str, Any], module: Any) -> list[Any]:
         infer_input.set_data_from_numpy(values)  # HTTP: binary tensor data extension
         inputs.append(infer_input)
     return inputs
+
+
+def describe(name: str, out: Any) -> str:
+    mean = f", mean {out.mean():.4f}" if out.size else ""  # (a detector's may have no rows)
+    return f"{name}: {out.dtype} {out.shape}{mean}"
 
 
 def main() -> None:
@@ -58,8 +65,7 @@ def main() -> None:
     print("metadata:", metadata)
     result = http.infer(args.model, random_inputs(metadata, httpclient), request_id="http-1")
     for tensor in metadata["outputs"]:
-        out = result.as_numpy(tensor["name"])
-        print(f"HTTP {tensor['name']}: {out.dtype} {out.shape}, mean {out.mean():.4f}")
+        print("HTTP", describe(tensor["name"], result.as_numpy(tensor["name"])))
     try:
         http.infer("no-such-model", [])
     except InferenceServerException as exc:
@@ -73,8 +79,7 @@ def main() -> None:
         args.model, random_inputs(metadata, grpcclient), request_id="grpc-1", client_timeout=5.0
     )
     for tensor in metadata["outputs"]:
-        out = result.as_numpy(tensor["name"])
-        print(f"gRPC {tensor['name']}: {out.dtype} {out.shape}, mean {out.mean():.4f}")
+        print("gRPC", describe(tensor["name"], result.as_numpy(tensor["name"])))
     grpc.close()
 
 
