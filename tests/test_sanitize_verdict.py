@@ -95,3 +95,51 @@ def test_main_exit_status(verdict: ModuleType, tmp_path: Path) -> None:
     dirty = write_log(tmp_path / "dirty", leak(1024, BINDINGS), errors=1)
     assert verdict.main([str(clean)]) == 0
     assert verdict.main([str(clean), str(dirty)]) == 1
+
+
+def test_sizes_printed_with_thousands_separators_are_leaks(
+    verdict: ModuleType, tmp_path: Path
+) -> None:
+    # compute-sanitizer 2025.3 prints "Leaked 13,107,200 bytes".
+    report = leak(1, CUPY).replace("Leaked 1 bytes", "Leaked 13,107,200 bytes")
+    assert unexcused(verdict, write_log(tmp_path / "pool", report, errors=1)) == []
+    report = leak(1, BINDINGS).replace("Leaked 1 bytes", "Leaked 13,107,200 bytes")
+    assert len(unexcused(verdict, write_log(tmp_path / "ours", report, errors=1))) == 1
+
+
+def probe(call: str, error: str, first_frame: str) -> str:
+    return (
+        f'========= Program hit {error} due to "invalid argument" on CUDA API call to {call}.\n'
+        "=========     Saved host backtrace up to driver entry point at error\n"
+        f"=========         Host Frame:  [0xd4a2] in {first_frame}\n"
+        "=========         Host Frame:  [0x355e8] in _device.cpython-312-x86_64-linux-gnu.so\n"
+        "=========\n"
+    )
+
+
+class TestBindingsProbe:
+    CYDRIVER = "cydriver.cpython-312-x86_64-linux-gnu.so"
+
+    def test_the_bindings_entry_point_lookup_is_excused(
+        self, verdict: ModuleType, tmp_path: Path
+    ) -> None:
+        reports = [
+            probe("cuGetProcAddress_v2", "CUDA_ERROR_INVALID_VALUE (error 1)", self.CYDRIVER),
+            probe("cuGetProcAddress", "CUDA_ERROR_NOT_FOUND (error 500)", self.CYDRIVER),
+        ]
+        assert unexcused(verdict, write_log(tmp_path / "k", *reports, errors=2)) == []
+
+    @pytest.mark.parametrize(
+        ("call", "error", "frame"),
+        [
+            ("cuGetProcAddress_v2", "CUDA_ERROR_INVALID_VALUE (error 1)", "libcudla.so.1"),
+            ("cuMemAlloc_v2", "CUDA_ERROR_INVALID_VALUE (error 1)", CYDRIVER),
+            ("cuGetProcAddress_v2", "CUDA_ERROR_OUT_OF_MEMORY (error 2)", CYDRIVER),
+        ],
+        ids=["lookup-from-the-stand-in", "another-call", "another-error"],
+    )
+    def test_anything_else_counts(
+        self, verdict: ModuleType, tmp_path: Path, call: str, error: str, frame: str
+    ) -> None:
+        folder = write_log(tmp_path / "k", probe(call, error, frame), errors=1)
+        assert len(unexcused(verdict, folder)) == 1
