@@ -121,6 +121,7 @@ class TraceRecorder:
         self._frame_at: dict[int, int] = {}
         self.frame_of: dict[int, int] = {}  # request number -> frame number
         self._reading: dict[Any, int] = {}  # request on a slot -> the frame it reads
+        self._frame_end: dict[str, float] = {}  # per source: its last frame's end
 
     # -- hooks: the engine's flow (loop thread) -----------------------------------------
 
@@ -180,6 +181,10 @@ class TraceRecorder:
         (``time.monotonic``); its pixels lie at ``address``."""
         number = self.framed
         self.framed += 1
+        # A track's slices must not overlap: the start is estimated (end less the
+        # thread's CPU time), so it yields to the source's previous frame.
+        start = min(max(start, self._frame_end.get(source, start)), end)
+        self._frame_end[source] = end
         self.frames.append((number, source, index, start, end))
         at = self._frame_at
         at.pop(address, None)  # re-inserted last: the dict stays in decoding order

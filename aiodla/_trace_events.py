@@ -303,7 +303,8 @@ class EventWriter:
 
     def _frames(self) -> None:
         """A track per video source, a slice per decoded frame, and a flow from each
-        frame into the first step of the request that read it."""
+        frame into the first step of the request that read it on the loop (its unpack,
+        when a worker process packed it)."""
         rec = self.recorder
         tids: dict[str, int] = {}
         frame_slices: dict[int, dict[str, Any]] = {}
@@ -316,7 +317,7 @@ class EventWriter:
         for request, frame in getattr(rec, "frame_of", {}).items():
             decoded = frame_slices.get(frame)
             steps = self.steps.get(request, {})
-            step = next((steps[k] for k in ("pack", "submit") if k in steps), None)
+            step = next((steps[k] for k in ("pack", "submit", "unpack") if k in steps), None)
             if decoded is None or step is None or step["ph"] != "X":
                 continue
             flow_id = FRAME_FLOW_BASE + self.first_id + frame

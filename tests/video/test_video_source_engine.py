@@ -173,7 +173,9 @@ class TestNoLeaks:
         finally:
             tracemalloc.stop()
         assert threading.active_count() == threads
-        assert open_fds() == fds
+        # With isolation="process" each frame buffer is a shared-memory file: the pool's
+        # growth (bounded as below) shows there; one leaked per cycle would be >= 100.
+        assert open_fds() - fds <= 1 + 4
         # The pool may grow to what one source holds at once (its quota: max_frames + 4,
         # reached when a cycle's frames are still in flight as the next opens), never
         # with the number of cycles: without the pool it would be >= 100 buffers.
