@@ -97,15 +97,18 @@ class _Stream:
                 address, f"could not be opened: {text}", "lost" if live else "unreadable", live
             ) from None
         codec = self._demuxer.GetNvCodecId()
-        names = {nvc.cudaVideoCodec.H264: "h264", nvc.cudaVideoCodec.HEVC: "hevc"}
-        if codec not in names:
+        # By the enum member's name (str() gives "cudaVideoCodec.H264"), as PyNvVideoCodec's
+        # own samples read it.
+        spelled = str(codec).rsplit(".", 1)[-1].upper()
+        names = {"H264": "h264", "HEVC": "hevc"}
+        if spelled not in names:
             raise _error(
                 address,
                 f"is {codec}, a codec aiodla does not read (it reads H.264 and H.265)",
                 "unsupported codec",
                 False,
             )
-        self.codec = names[codec]
+        self.codec = names[spelled]
         self._decoder: Any = nvc.CreateDecoder(
             gpuid=options.gpu, codec=codec, cudacontext=0, cudastream=0, usedevicememory=True
         )
