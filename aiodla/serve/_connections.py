@@ -282,6 +282,8 @@ class _Connection(asyncio.Protocol):
 
     async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
         async with self._listener.handshakes:
+            if raw.is_closing():  # the client left while it waited its turn
+                raise ConnectionError("the connection closed before its handshake")
             self._tls_begun = True  # (start_tls takes the transport before it first waits)
             tls = await self._loop.start_tls(
                 raw,
