@@ -105,7 +105,7 @@ async def test_headers_that_trickle_in_are_408_and_closed(server: Server) -> Non
     for status, body, took in await asyncio.gather(*slow):
         assert status == 408
         assert "headers did not arrive within 0.3 s" in body["error"]
-        assert took < 3
+        assert took < 5
     assert server.statistics().received == 0  # no request began
     assert len(server_listener(server).connections) == 0
 
@@ -151,13 +151,13 @@ async def test_headers_in_time_and_a_long_request_are_served(engine: Engine) -> 
 
 async def test_grpc_has_the_same_cap_and_handshake_time(engine: Engine) -> None:
     async with Server(
-        {"affine": engine}, http=None, grpc="127.0.0.1:0", max_connections=2, header_timeout=0.5
+        {"affine": engine}, http=None, grpc="127.0.0.1:0", max_connections=2, header_timeout=2.5
     ) as server:
         held = [await asyncio.open_connection("127.0.0.1", server.grpc_port) for _ in range(2)]
         await asyncio.sleep(0.1)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.grpc_port)
         started = time.monotonic()
-        assert await closed(reader) and time.monotonic() - started < 0.4  # over the cap
+        assert await closed(reader) and time.monotonic() - started < 1.5  # over the cap: at once
         writer.close()
         for reader, writer in held:  # no HTTP/2 preface within header_timeout: closed
             assert await closed(reader)
@@ -364,7 +364,7 @@ async def test_slow_clients_cannot_take_a_small_server_down(tmp_path: Path) -> N
     }
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aiodla", "serve", str(model), "--runtime", "emulated",
-        "--http", "127.0.0.1:0", "--grpc", "off", "--header-timeout", "1",
+        "--http", "127.0.0.1:0", "--grpc", "off", "--header-timeout", "3",
         stderr=asyncio.subprocess.PIPE, preexec_fn=small_limit, env=env,
     )  # fmt: skip
     assert process.stderr is not None
@@ -385,7 +385,7 @@ async def test_slow_clients_cannot_take_a_small_server_down(tmp_path: Path) -> N
         trickling = asyncio.ensure_future(trickle())
         started = time.monotonic()
         served = False
-        while not served and time.monotonic() - started < 15:
+        while not served and time.monotonic() - started < 20:
             try:
                 served = await healthy(port)
             except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
@@ -393,7 +393,7 @@ async def test_slow_clients_cannot_take_a_small_server_down(tmp_path: Path) -> N
             if not served:
                 await asyncio.sleep(0.2)
         trickling.cancel()
-        assert served, "no good client was served within 15 s"
+        assert served, "no good client was served within 20 s"
     finally:
         for writer in slow:
             writer.close()
