@@ -57,6 +57,7 @@ SERVE_HTTP_TESTS = [
         "shutdown",
     )
 ]
+TRACE_TESTS = ["tests/test_trace.py", "tests/test_trace_plot.py", "tests/test_bench_trace.py"]
 MODULES: dict[str, tuple[str, list[str]]] = {
     "scheduler": (
         "aiodla/_scheduler.py",
@@ -91,6 +92,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "aiodla/_frame_buffers.py",
         ["tests/test_frame_buffers.py", "tests/test_detect_engine.py"],
     ),
+    # Issue 44's too: the blocking API, the trace (its recorder and its events), batching.
+    "blocking": ("aiodla/_blocking.py", ["tests/test_blocking.py"]),
+    "trace": ("aiodla/_trace.py", TRACE_TESTS),
+    "trace_events": ("aiodla/_trace_events.py", TRACE_TESTS),
+    "batching": ("aiodla/_batching.py", ["tests/test_batching.py"]),
     # Not one of the three above (issue 34's list): where the HTTP byte budget went.
     "budget": (
         "aiodla/serve/_budget.py",
