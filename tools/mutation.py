@@ -274,6 +274,9 @@ def prepare(name: str, ref: str, work: Path) -> str:
         "    no:cacheprovider",
         "    -x",
         "    -q",
+        # The examples some tests run (mutmut copies only the sources and the tests).
+        "also_copy =",
+        "    examples/",
         # gRPC (imported by the serve tests) is not safe to fork once it has run.
         "process_isolation = forkserver",
     ]
