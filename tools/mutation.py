@@ -57,7 +57,12 @@ SERVE_HTTP_TESTS = [
         "shutdown",
     )
 ]
-TRACE_TESTS = ["tests/test_trace.py", "tests/test_trace_plot.py", "tests/test_bench_trace.py"]
+TRACE_TESTS = [
+    "tests/test_trace.py",
+    "tests/test_trace_plot.py",
+    "tests/test_bench_trace.py",
+    "tests/video/test_video_trace.py",
+]
 MODULES: dict[str, tuple[str, list[str]]] = {
     "scheduler": (
         "aiodla/_scheduler.py",
