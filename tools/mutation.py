@@ -279,9 +279,10 @@ def prepare(name: str, ref: str, work: Path) -> str:
         "    no:cacheprovider",
         "    -x",
         "    -q",
-        # The examples some tests run (mutmut copies only the sources and the tests).
+        # The examples and benchmarks some tests run (mutmut copies only the sources and the tests).
         "also_copy =",
         "    examples/",
+        "    benchmarks/",
         # gRPC (imported by the serve tests) is not safe to fork once it has run.
         "process_isolation = forkserver",
     ]
