@@ -98,7 +98,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ["tests/test_frame_buffers.py", "tests/test_detect_engine.py"],
     ),
     # Issue 44's too: the blocking API, the trace (its recorder and its events), batching.
-    "blocking": ("aiodla/_blocking.py", ["tests/test_blocking.py"]),
+    "blocking": (
+        "aiodla/_blocking.py",
+        ["tests/test_blocking.py", "tests/test_blocking_edges.py"],
+    ),
     "trace": ("aiodla/_trace.py", TRACE_TESTS),
     "trace_events": ("aiodla/_trace_events.py", TRACE_TESTS),
     "batching": ("aiodla/_batching.py", ["tests/test_batching.py"]),

@@ -1,0 +1,87 @@
+"""BlockingEngine's edges that mutation testing found untested (issue 44): the errors
+name the call that was refused and the way out, ``infer_future`` keeps its timeout, and
+the warning about an engine left open points at the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodla import AiodlaError, BlockingEngine, EngineClosedError, RequestTimeoutError
+from aiodla.testing import DLAControls
+
+from support import X, affine_model, counts_add_up
+
+
+def frame() -> np.ndarray[Any, Any]:
+    return np.random.default_rng(7).standard_normal(X.shape).astype(np.float32)
+
+
+class TestRefusalsNameTheCall:
+    """A blocking call made on a running event loop is refused by an error that starts
+    with the call refused, so a program with several of them can tell which."""
+
+    def test_infer_and_close_on_a_running_loop_each_say_which(self) -> None:
+        with BlockingEngine(affine_model(), cores=[0]) as engine:
+
+            async def inside() -> list[str]:
+                said = []
+                for call in (lambda: engine.infer(frame()), engine.close):
+                    with pytest.raises(AiodlaError) as caught:
+                        call()
+                    said.append(str(caught.value))
+                return said
+
+            said = asyncio.run(inside())
+            assert not engine.closed  # the refused close did nothing
+        assert said[0].startswith("BlockingEngine.infer would block this thread's running")
+        assert said[1].startswith("closing a BlockingEngine would block this thread's running")
+        assert all("await engine.infer(x)" in text for text in said)
+
+    def test_not_open_and_closed_say_what_to_do(self) -> None:
+        engine = BlockingEngine(affine_model(), cores=[0])
+        not_open = re.escape(
+            "the engine is not open; use 'with BlockingEngine(...)' or engine.open()"
+        )
+        with pytest.raises(EngineClosedError, match=f"^{not_open}$"):
+            engine.infer(frame())
+        engine.open()
+        engine.close()
+        with pytest.raises(EngineClosedError, match=r"^the engine is closed$"):
+            engine.infer_future(frame())
+
+
+class TestInferFutureTimeout:
+    def test_infer_future_keeps_its_timeout(self) -> None:
+        controls = DLAControls(2)
+        with BlockingEngine(affine_model(), cores=[0], runtime=controls.runtime) as engine:
+            with controls.hold(0):
+                future = engine.infer_future(frame(), timeout=0.01)
+                assert isinstance(future.exception(timeout=10), RequestTimeoutError)
+            stats = engine.statistics()
+        assert stats.timed_out == 1 and counts_add_up(stats)
+        controls.close()
+        assert controls.leak_report() is None
+
+
+class TestUnclosedWarningSource:
+    def test_the_unclosed_warning_names_the_engine_as_its_source(self) -> None:
+        # The source is what tracemalloc (python -X tracemalloc) shows the allocation of.
+        engine = BlockingEngine(affine_model(), cores=[0])
+        engine.open()
+        inner = engine.engine
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del engine
+            gc.collect()
+        unclosed = [w for w in caught if issubclass(w.category, ResourceWarning)]
+        assert len(unclosed) == 1
+        assert isinstance(unclosed[0].source, BlockingEngine)
+        assert unclosed[0].source.engine is inner
+        assert inner.state.value == "closed"
