@@ -8,15 +8,23 @@ import asyncio
 import gc
 import re
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
 import pytest
 
-from aiodla import AiodlaError, BlockingEngine, EngineClosedError, RequestTimeoutError
+from aiodla import (
+    AiodlaError,
+    BlockingEngine,
+    ConfigurationError,
+    DeviceTensor,
+    EngineClosedError,
+    RequestTimeoutError,
+)
 from aiodla.testing import DLAControls
 
-from support import X, affine_model, counts_add_up
+from support import X, affine_model, counts_add_up, expected_affine
 
 
 def frame() -> np.ndarray[Any, Any]:
@@ -68,6 +76,24 @@ class TestInferFutureTimeout:
         assert stats.timed_out == 1 and counts_add_up(stats)
         controls.close()
         assert controls.leak_report() is None
+
+
+class TestOutputs:
+    def test_output_device_reaches_the_engine(self) -> None:
+        x = frame()
+        with BlockingEngine(affine_model(), runtime="emulated") as engine:
+            y = engine.infer_future(x, output="device").result(timeout=10)
+            with pytest.raises(ConfigurationError, match="'host' or 'device'"):
+                engine.infer(x, output="gpu")
+        assert isinstance(y, DeviceTensor)
+        np.testing.assert_array_equal(y.to_host(), expected_affine(x))
+
+    def test_a_result_handed_back_is_not_kept_by_the_engine(self) -> None:
+        with BlockingEngine(affine_model(), cores=[0]) as engine:
+            results = [weakref.ref(engine.infer(frame())) for _ in range(5)]
+            gc.collect()
+            # Each request's result lives as long as its caller keeps it, no longer.
+            assert [ref() for ref in results] == [None] * 5
 
 
 class TestUnclosedWarningSource:
