@@ -62,6 +62,7 @@ TRACE_TESTS = [
     "tests/test_trace_plot.py",
     "tests/test_bench_trace.py",
     "tests/video/test_video_trace.py",
+    "tests/test_trace_edges.py",
 ]
 MODULES: dict[str, tuple[str, list[str]]] = {
     "scheduler": (

@@ -1,0 +1,156 @@
+"""The trace's edges that mutation testing found untested (issue 44), on recorders fed
+by hand with a clock the test sets: request ids unique across the engines of one
+``Cores`` trace, one time zero for all of them, the off-loop steps' async slices, the
+file's header, and frames counted one by one."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from aiodla._trace import TraceRecorder, data_address
+from aiodla._trace_events import TRACE_FORMAT, CoresTrace
+
+from trace_format import check_trace_format
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Request:
+    """What the recorder reads of a request (hashable, as the engine's are)."""
+
+    def __init__(self, started: float, arrays: tuple[Any, ...] = ()) -> None:
+        self.started = started
+        self.arrays = arrays
+        self.sources: tuple[Any, ...] = ()
+
+
+class Slot:
+    def __init__(self, core: int, index: int) -> None:
+        self.core = SimpleNamespace(core=core)
+        self.index = index
+
+
+def slot(core: int, index: int) -> Slot:
+    return Slot(core, index)
+
+
+def run_request(
+    recorder: TraceRecorder, clock: Clock, at: float, *, core: int = 0, off_loop: bool = False
+) -> None:
+    """One request through every hook: queued at ``at``, each step a millisecond."""
+    request = Request(at)
+    where = slot(core, 0)
+    recorder.assigned(request, where, at + 0.001)
+    clock.now = at + 0.002
+    if off_loop:  # packed in a worker thread
+        thread = threading.Thread(target=recorder.packed, args=(request,))
+        thread.start()
+        thread.join()
+    else:
+        recorder.packed(request)
+    clock.now = at + 0.003
+    recorder.submitted(request)
+    clock.now = at + 0.005
+    recorder.sweep(at + 0.004, [(where, 0)])
+    clock.now = at + 0.006
+    recorder.completed(request, where)
+    clock.now = at + 0.007
+    recorder.ended(request, "completed")
+
+
+def recorded(name: str, origin: float, starts: list[float], **kw: Any) -> TraceRecorder:
+    clock = Clock(origin)
+    recorder = TraceRecorder(name, clock=clock)
+    for at in starts:
+        run_request(recorder, clock, at, **kw)
+    return recorder
+
+
+def ids_by_request(document: dict[str, Any], pid: int, cat: str) -> dict[int, set[int]]:
+    found: dict[int, set[int]] = {}
+    for event in document["traceEvents"]:
+        if event.get("cat") == cat and event["pid"] == pid and event["ph"] == "b":
+            found.setdefault(event["args"]["request"], set()).add(event["id"])
+    return found
+
+
+class TestCoresTraceOfThree:
+    def test_ids_are_unique_and_every_engine_shares_the_earliest_time_zero(self) -> None:
+        first = recorded("a", 100.0, [100.01, 100.02])
+        second = recorded("b", 99.0, [100.03, 100.04, 100.05])
+        third = recorded("c", 101.0, [101.01])
+        document = CoresTrace([first, second, third]).trace_events()
+        check_trace_format(document)
+        assert document["displayTimeUnit"] == "ms"
+        # Each engine's queued slices: the request numbers after the engines before it.
+        assert ids_by_request(document, 1, "queue") == {0: {0}, 1: {1}}
+        assert ids_by_request(document, 2, "queue") == {0: {2}, 1: {3}, 2: {4}}
+        assert ids_by_request(document, 3, "queue") == {0: {5}}
+        # One clock: the earliest recorder's start (99.0) is time zero for all three.
+        returned = {
+            (e["pid"], e["args"]["request"]): e["ts"]
+            for e in document["traceEvents"]
+            if e["name"] == "returned"
+        }
+        assert returned[(1, 0)] == round((100.017 - 99.0) * 1e6, 3)
+        assert returned[(3, 0)] == round((101.017 - 99.0) * 1e6, 3)
+        other = document["otherData"]
+        assert other["format"] == TRACE_FORMAT and other["version"] == 1
+        assert other["clock"] == "time.monotonic, microseconds from the first recorder's start"
+        assert [e["name"] for e in other["engines"]] == ["a", "b", "c"]
+        assert [e["requests_recorded"] for e in other["engines"]] == [2, 3, 1]
+
+    def test_no_engine_is_an_empty_trace(self) -> None:
+        # An open Cores with no engine on it yet may be traced: nothing to draw.
+        document = CoresTrace([]).trace_events()
+        assert document["traceEvents"] == []
+        assert document["otherData"]["engines"] == []
+
+
+class TestOffLoopSteps:
+    def test_a_pack_in_a_worker_thread_is_an_async_slice_of_its_request(self) -> None:
+        first = recorded("a", 0.0, [1.0])
+        second = recorded("b", 0.0, [2.0, 3.0], off_loop=True)
+        document = CoresTrace([first, second]).trace_events()
+        check_trace_format(document)
+        packs = [e for e in document["traceEvents"] if e["name"] == "pack" and e["pid"] == 2]
+        assert {e["ph"] for e in packs} == {"b", "e"}
+        begins = sorted((e for e in packs if e["ph"] == "b"), key=lambda e: e["ts"])
+        ends = sorted((e for e in packs if e["ph"] == "e"), key=lambda e: e["ts"])
+        # Its id is its request's in the file (after the first engine's one request).
+        assert [e["id"] for e in begins] == [1, 2] and [e["id"] for e in ends] == [1, 2]
+        assert [e["args"] for e in begins] == [
+            {"request": n, "model": "b", "outcome": "completed"} for n in (0, 1)
+        ]
+        assert all(e["args"] == {} for e in ends)
+        assert [e["ts"] for e in begins] == [round(t * 1e6, 3) for t in (2.001, 3.001)]
+        assert [e["ts"] for e in ends] == [round(t * 1e6, 3) for t in (2.002, 3.002)]
+
+
+class TestFrames:
+    def test_a_buffer_decoded_into_again_is_the_newest_and_kept_longest(self) -> None:
+        """Frames are numbered one by one; which frame a request reads is found by
+        where its pixels lie, and the addresses kept are the newest decoded: a buffer
+        decoded into again counts as new, not as the oldest (capacity 1 keeps 4)."""
+        buffers = [np.zeros(4, np.uint8) for _ in range(5)]
+        address = [data_address(b) for b in buffers]
+        clock = Clock(0.0)
+        recorder = TraceRecorder("v", capacity=1, clock=clock)
+        for index, which in enumerate((0, 1, 2, 3, 0, 4)):
+            recorder.frame("cam", index, index / 10, index / 10 + 0.05, address[which])
+        assert recorder.framed == 6
+        assert [f[0] for f in recorder.frames] == [5]  # a ring of capacity 1: the newest
+        request = Request(1.0, (buffers[0],))
+        recorder.assigned(request, slot(0, 0), 1.0)
+        recorder.ended(request, "completed")
+        assert recorder.frame_of == {0: 4}  # frame 4 was decoded into buffer 0 last
