@@ -104,6 +104,13 @@ class TestRefused:
         assert source.statistics().reconnects == 0
         assert source.statistics().state == "closed"
 
+    async def test_a_usb_camera_that_is_not_there(self) -> None:
+        # (No camera here: reading one, MJPEG or YUYV, has not run on this machine.)
+        with pytest.raises(VideoSourceError, match="no such camera") as caught:
+            async with VideoSource("/dev/video97", "ffmpeg"):
+                pass
+        assert (caught.value.reason, caught.value.retryable) == ("not found", False)
+
     async def test_an_unsupported_codec(self, tmp_path: Path) -> None:
         import av
 
