@@ -35,10 +35,17 @@ and each window) K times longer and reports times divided by K again: the device
 time against the host's cost is then K times what it is at 1 ms tasks, which shows the
 policy on a machine whose host is too loaded to keep up with 1 ms tasks.
 
+``--gpu`` runs the same cases on the CUDA runtime over the GPU stand-in (its cores
+serialise every engine's tasks on the GPU, as the emulated cores do on the host), built
+with nvcc or taken from ``--standin`` / ``AIODLA_STANDIN_LIB``; one runtime serves every
+case. The figures then include the real CUDA path's host cost (copies, events, the
+poller's queries), which the emulated runtime does not have.
+
 Usage::
 
     python benchmarks/bench_shared_cores.py [--repeats 5] [--seconds 1.0] [--slow 1]
                                             [--only "priority shared,..."] [--json PATH]
+                                            [--gpu [--standin LIB]]
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from _reports import report_path
 import aiodla
 from aiodla import Batching, Cores, EmulatedRuntime, Engine, TensorSpec
 from aiodla.emulator import make_loadable
+from aiodla.runtime import Runtime
 
 X = TensorSpec("x", (1, 3, 16, 16), "float16", "chw16")
 Y = TensorSpec("y", (1, 3, 16, 16), "float32", "nchw")
@@ -106,7 +114,7 @@ async def window(
     return [b - a for a, b in zip(first, last, strict=True)], end - start
 
 
-async def utilisation(runtime: EmulatedRuntime, seconds: float) -> dict[str, float]:
+async def utilisation(runtime: Runtime, seconds: float) -> dict[str, float]:
     async with (
         Cores([0, 1], runtime=runtime) as dla,
         Engine(model(0.001), cores=dla) as short,
@@ -120,7 +128,7 @@ async def utilisation(runtime: EmulatedRuntime, seconds: float) -> dict[str, flo
     return {"utilisation": sum(times) / (2 * elapsed)}
 
 
-async def weights(runtime: EmulatedRuntime, seconds: float, ratio: float) -> dict[str, float]:
+async def weights(runtime: Runtime, seconds: float, ratio: float) -> dict[str, float]:
     async with (
         Cores([0, 1], runtime=runtime) as dla,
         Engine(model(0.001), cores=dla, weight=ratio) as heavy,
@@ -156,7 +164,7 @@ async def detector_load(engine: Engine, rate: float, stop: asyncio.Event) -> lis
     return latencies
 
 
-async def priority(runtime: EmulatedRuntime, seconds: float, shared: bool) -> dict[str, float]:
+async def priority(runtime: Runtime, seconds: float, shared: bool) -> dict[str, float]:
     async with Cores([0, 1], runtime=runtime) as dla:
         where: dict[str, Any] = {"cores": dla} if shared else {"runtime": runtime}
         async with (
@@ -186,7 +194,7 @@ async def priority(runtime: EmulatedRuntime, seconds: float, shared: bool) -> di
     }
 
 
-async def batching(runtime: EmulatedRuntime, seconds: float) -> dict[str, float]:
+async def batching(runtime: Runtime, seconds: float) -> dict[str, float]:
     async with Engine(
         batch_model(0.0005), runtime=runtime, batch=Batching(max_delay=0.002 * SLOW)
     ) as engine:
@@ -223,7 +231,7 @@ async def batching(runtime: EmulatedRuntime, seconds: float) -> dict[str, float]
     }
 
 
-CASES: dict[str, Callable[[EmulatedRuntime, float], Awaitable[dict[str, float]]]] = {
+CASES: dict[str, Callable[[Runtime, float], Awaitable[dict[str, float]]]] = {
     "utilisation": utilisation,
     "weights 1:1": lambda r, s: weights(r, s, 1.0),
     "weights 2:1": lambda r, s: weights(r, s, 2.0),
@@ -238,22 +246,36 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 async def measure(
-    repeats: int, seconds: float, only: list[str]
+    repeats: int, seconds: float, only: list[str], gpu: Runtime | None = None
 ) -> dict[str, dict[str, dict[str, float]]]:
+    """Each case on a fresh emulated runtime, or on ``gpu`` (one CUDA runtime for all)."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in only}
     for repeat in range(repeats):
         for name in only:
             case = CASES[name]
-            runtime = EmulatedRuntime(cores=2)
+            runtime = gpu or EmulatedRuntime(cores=2)
             try:
                 runs[name].append(await case(runtime, seconds))
             finally:
-                runtime.close()
+                if gpu is None:
+                    runtime.close()
         print(f"repeat {repeat + 1}/{repeats} done", file=sys.stderr)
     return {
         name: {key: summary([run[key] for run in found]) for key in found[0]}
         for name, found in runs.items()
     }
+
+
+def cuda_runtime(standin: str | None) -> Runtime:
+    """The CUDA runtime over the GPU stand-in: ``standin``, else one built here."""
+    import tempfile
+
+    from aiodla.emulator._standin import build_standin, load_standin
+    from aiodla.runtime._cuda import CudaRuntime
+
+    path = standin or build_standin(tempfile.mkdtemp(prefix="aiodla-bench-"))
+    load_standin(path)
+    return CudaRuntime(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", default=",".join(CASES), help=f"cases, comma-separated: {', '.join(CASES)}"
     )
+    parser.add_argument("--gpu", action="store_true", help="the CUDA runtime and the stand-in")
+    parser.add_argument("--standin", default=os.environ.get("AIODLA_STANDIN_LIB"))
     args = parser.parse_args(argv)
     only = [name.strip() for name in args.only.split(",")]
     unknown = [name for name in only if name not in CASES]
@@ -273,7 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     global SLOW
     SLOW = args.slow
     load_before = os.getloadavg()
-    results = asyncio.run(measure(args.repeats, args.seconds, only))
+    gpu = cuda_runtime(args.standin) if args.gpu else None
+    try:
+        results = asyncio.run(measure(args.repeats, args.seconds, only, gpu))
+    finally:
+        if gpu is not None:
+            gpu.close()
     for name, figures in results.items():
         shown = ", ".join(
             f"{key} {value['median']:.3f} ({value['min']:.3f}..{value['max']:.3f})"
@@ -291,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "seconds": args.seconds,
         "slow": args.slow,
+        "runtime": "cuda (GPU stand-in)" if args.gpu else "emulated",
         "results": results,
     }
     path = report_path(args.json, "shared-cores.json")
