@@ -1,68 +1,133 @@
 """The ``"nvdec"`` decoder: NVIDIA's PyNvVideoCodec, pictures left in device memory.
 
 PyNvVideoCodec demuxes with its own FFmpeg (files and ``rtsp://``) and decodes on the
-GPU's NVDEC into NV12 surfaces in device memory. A picture is handed on as a small
-object exposing ``__cuda_array_interface__`` over the decoded surface (Y rows then
-interleaved UV rows, ``(height * 3 // 2, width)`` bytes), which keeps the decoder's
-frame alive for as long as the array lives; ``ImagePreprocess(source="nv12")`` reads it
-there on the slot's stream, so the picture never crosses to the host.
+GPU's NVDEC into NV12 surfaces in device memory. Those surfaces are the decoder's own
+and are overwritten by later ``Decode`` calls (PyNvVideoCodec's documentation: only
+"locked" frames are kept), while a source decodes ahead of its reader. So each picture
+is copied, device to device (a few microseconds of the GPU for 1080p), into a buffer
+of the stream's own pool, and handed on as a small object exposing
+``__cuda_array_interface__`` over it (Y rows then interleaved UV rows,
+``(height * 3 // 2, width)`` bytes); the buffer returns to the pool when that object is
+gone, as host frames return to theirs (:mod:`aiodla._frame_pool`).
+``ImagePreprocess(source="nv12")`` reads it there on the slot's stream, so the picture
+never crosses to the host.
 
-Not verified here (this machine has no GPU): ``tests/gpu/test_video_nvdec_gpu.py``
-holds it against the ffmpeg decoder's pixels on the GPU machine.
+Not run on the development machine, which has no GPU:
+``tests/gpu/test_video_nvdec_gpu.py`` holds it against the ffmpeg decoder's pixels,
+frames kept while many more are decoded included, on the GPU machine.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
 import PyNvVideoCodec as nvc
+from cuda.bindings import runtime as _rt
 
 from ._errors import VideoSourceError
 from ._video_address import Address
 from ._video_decoders import DecodeTrouble, OpenOptions, Picture
+from .runtime._cuda_errors import check_cuda
 
 __all__ = ["decoder"]
 
+logger = logging.getLogger("aiodla")
+
+
+class _DevicePool:
+    """Device buffers of one size for one stream's pictures: taken on the reader
+    thread, given back by whichever thread drops a picture's last array, freed once
+    both the pool is closed and the buffer is back."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._free: list[int] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> int:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return int(check_cuda("cudaMalloc", _rt.cudaMalloc(self.nbytes)))
+
+    def give_back(self, pointer: int) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free.append(pointer)
+                return
+        _free(pointer)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            free, self._free = self._free, []
+        for pointer in free:
+            _free(pointer)
+
+
+def _free(pointer: int) -> None:
+    try:
+        check_cuda("cudaFree", _rt.cudaFree(pointer))
+    except Exception as exc:  # on whichever thread let the picture go: never raise there
+        logger.warning("aiodla: freeing an NVDEC picture's buffer failed: %s", exc)
+
 
 class _DeviceNV12:
-    """A decoded NV12 surface as a CUDA array (and the frame that owns it)."""
+    """A copied NV12 picture as a CUDA array; its buffer returns to the pool with it."""
 
-    __slots__ = ("__cuda_array_interface__", "_frame")
+    __slots__ = ("__cuda_array_interface__", "__weakref__")
 
-    def __init__(self, frame: Any, width: int, height: int) -> None:
-        self._frame = frame
+    def __init__(self, pool: _DevicePool, pointer: int, width: int, height: int) -> None:
         self.__cuda_array_interface__ = {
             "shape": (height * 3 // 2, width),
             "typestr": "|u1",
-            "data": (int(frame.GetPtrToPlane(0)), False),
+            "data": (pointer, False),
             "strides": None,
             "version": 3,
-            # PyNvVideoCodec synchronizes its stream before it returns a frame.
-            "stream": None,
+            "stream": None,  # the copy was synchronized before the picture left
         }
+        weakref.finalize(self, pool.give_back, pointer)
 
 
 class _Picture:
-    __slots__ = ("_frame", "format", "height", "on_device", "pts", "width")
+    __slots__ = ("_array", "format", "height", "on_device", "pts", "width")
 
-    def __init__(self, frame: Any, width: int, height: int, time_base: float) -> None:
-        self._frame = frame
+    def __init__(self, array: _DeviceNV12, width: int, height: int, pts: float | None) -> None:
+        self._array = array
         self.format: Literal["nv12", "i420"] = "nv12"
-        self.width = width - width % 2
-        self.height = height - height % 2
-        pts = frame.getPTS()
-        self.pts = None if pts is None or pts < 0 else pts * time_base
+        self.width = width
+        self.height = height
+        self.pts = pts
         self.on_device = True
 
     def write_into(self, out: np.ndarray[Any, Any]) -> None:  # pragma: no cover
         raise TypeError("an NVDEC picture stays on the device")
 
     def device_array(self) -> Any:
-        return _DeviceNV12(self._frame, self.width, self.height)
+        return self._array
+
+
+def _copied(frame: Any, pool: _DevicePool, width: int, height: int) -> _DeviceNV12:
+    """The decoder's surface copied into a buffer of ``pool`` (before the next Decode
+    call can overwrite it)."""
+    nbytes = width * height * 3 // 2
+    pointer = pool.take()
+    array = _DeviceNV12(pool, pointer, width, height)  # gives the buffer back if we fail
+    source = int(frame.GetPtrToPlane(0))
+    kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+    # On the stream the decoder wrote on (0, its default), then waited for, so the
+    # picture is whole for any stream that reads it afterwards.
+    check_cuda("cudaMemcpyAsync", _rt.cudaMemcpyAsync(pointer, source, nbytes, kind, 0))
+    check_cuda("cudaStreamSynchronize", _rt.cudaStreamSynchronize(0))
+    return array
 
 
 def _error(address: Address, what: str, reason: str, retryable: bool) -> VideoSourceError:
@@ -114,6 +179,7 @@ class _Stream:
         )
         num, den = self._demuxer.GetTimebaseNum(), self._demuxer.GetTimebaseDen()
         self._time_base = num / den if den else 0.0
+        self._pool: _DevicePool | None = None
 
     def pictures(self) -> Iterator[Picture | DecodeTrouble]:
         address, stall = self._address, self._options.stall_timeout
@@ -125,7 +191,17 @@ class _Stream:
                     raise _error(address, f"gave no picture for {stall:g} s", "stalled", True)
                 for frame in decoder.Decode(packet):
                     last = time.monotonic()
-                    yield _Picture(frame, decoder.GetWidth(), decoder.GetHeight(), self._time_base)
+                    width, height = decoder.GetWidth(), decoder.GetHeight()
+                    width, height = width - width % 2, height - height % 2
+                    nbytes = width * height * 3 // 2
+                    if self._pool is None or self._pool.nbytes != nbytes:
+                        if self._pool is not None:
+                            self._pool.close()
+                        self._pool = _DevicePool(nbytes)
+                    pts = frame.getPTS()
+                    seconds = None if pts is None or pts < 0 else pts * self._time_base
+                    array = _copied(frame, self._pool, width, height)
+                    yield _Picture(array, width, height, seconds)
         except VideoSourceError:
             raise
         except Exception as exc:
@@ -138,6 +214,8 @@ class _Stream:
         # session now rather than at the next garbage collection.
         self._decoder = None
         self._demuxer = None
+        if self._pool is not None:
+            self._pool.close()  # buffers still in pictures are freed as those go
 
 
 class NvdecDecoder:
