@@ -139,20 +139,23 @@ class StreamDetect:
         """The slot's Detections, once its stream is done; PostprocessError when the
         device's post-processing failed or left an output that cannot be read."""
         buffers = self._buffers[id(slot)]
+        # Any failure here is this request's PostprocessError: the engine answers that
+        # (the request fails alone, its slot goes back), where another exception left
+        # the request unanswered and its slot taken.
         try:
             if slot.pooled:
                 (pointer,), slot.pooled = slot.pooled, []
                 header = buffers.host.array
                 return self._on_device(pointer, read_count(header, self.layout), header)
             found = read_output(buffers.host.array[: self.layout.size], self.layout)
+            if device:  # a runtime without device memory: host-backed, as its outputs are
+                found = Detections(
+                    *(_host_backed(a) for a in (found.boxes, found.scores, found.classes)),
+                    outside=found.outside,
+                    not_finite=found.not_finite,
+                )
         except Exception as exc:
             raise PostprocessError(f"post-processing failed: {exc}") from exc
-        if device:  # a runtime without device memory: host-backed, as its outputs are
-            found = Detections(
-                *(_host_backed(a) for a in (found.boxes, found.scores, found.classes)),
-                outside=found.outside,
-                not_finite=found.not_finite,
-            )
         return found
 
     def _frame(self, slot: Slot) -> tuple[Geometry, tuple[int, int]] | None:

@@ -174,6 +174,34 @@ async def test_a_failure_on_the_device_fails_its_request_alone(
 
 
 @pytest.mark.asyncio
+async def test_a_failure_reading_the_output_fails_its_request_alone(
+    model: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever fails while the host reads a request's detections back (here: wrapping
+    them as host-backed device arrays) is that request's PostprocessError: its slot
+    goes back and the engine serves on, where another exception left the request
+    unanswered and its slot taken."""
+    import aiodla._postprocess_stream as stream
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a wrapping that fails")
+
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(
+        model, postprocess=YOLOV5, cores=[0], streams_per_core=1, **options
+    ) as engine:
+        monkeypatch.setattr(stream, "DeviceTensor", broken)
+        with pytest.raises(PostprocessError, match="a wrapping that fails"):
+            await asyncio.wait_for(engine.infer(frame(0, (480, 640)), output="device"), 20)
+        monkeypatch.undo()
+        got = await asyncio.wait_for(engine.infer(frame(0, (480, 640))), 20)  # the one slot
+        assert isinstance(got, Detections)
+        stats = engine.statistics()
+        assert counts_add_up(stats) and stats.failures["postprocess"] == 1
+        assert stats.cores[0].busy_slots == 0
+
+
+@pytest.mark.asyncio
 async def test_device_output_keeps_the_arrays_on_the_device(model: bytes) -> None:
     frames = [frame(seed, size) for seed, size in enumerate(SIZES)]
     want = await reference(model, frames)
