@@ -551,6 +551,14 @@ class TestEdges:
         heads = boxes_heads([[10.0, 10.0, 4.0, 4.0, 0.25], [30.0, 10.0, 4.0, 4.0, 0.3125]])
         assert plan.run(heads).scores.tolist() == [0.3125]
 
+    def test_a_yolox_score_equal_to_conf_is_no_candidate(self) -> None:
+        # objectness 0.5 passes conf 0.25; its product with a class of 0.5 ties it
+        plan = plan_for(Detect(head="yolox", classes=1, conf=0.25))
+        heads = [np.zeros(spec.shape, F) for spec in plan.specs]
+        heads[0][0, 4, 1, 1], heads[0][0, 5, 1, 1] = 0.5, 0.5
+        heads[0][0, 4, 1, 3], heads[0][0, 5, 1, 3] = 0.5, 0.625
+        assert plan.run(heads).scores.tolist() == [0.3125]
+
     def test_scores_above_one_pass_a_high_conf(self) -> None:
         # "boxes" scores are the model's values, not probabilities
         plan = one_class_plan(Detect(head="boxes", classes=1, conf=0.9), 2)

@@ -124,7 +124,69 @@ _VIEW_AGAIN = "the view's cache missed: the view is made again, of the same buff
 _ZIP = "one value per output, one flag per output asked: zip's strictness never acts"
 _WHERE_PARSED = "only whether the JSON is parsed on the loop or in a worker thread"
 _WHERE_WRITTEN = "only whether the answer's JSON is written on the loop or in a worker thread"
+_F32 = "the dtype named is the one the float32 arithmetic gives anyway"
+_LOWER_BOUND = (
+    "a lower prefilter bound (or none): more cells reach the exact test of step 3, which "
+    "drops them; the same candidates, only slower"
+)
+_NEGATIVE_DIMENSION = "numpy (2.4) reads any negative dimension of a reshape as the one to infer"
 _EQUIVALENT_BY_MODULE = {
+    "aiodla._detect_math.": {
+        "x__best_class__mutmut_23": "take_along_axis's axis defaults to the last: 1 here",
+        "x__corners__mutmut_4": _F32,
+        **{f"x__distances__mutmut_{n}": _F32 for n in (38, 40)},
+        **{f"x_exp32__mutmut_{n}": _F32 for n in (45, 47)},
+        **{f"x_sigmoid32__mutmut_{n}": _F32 for n in (2, 4)},
+        **{f"x_decode_cells__mutmut_{n}": _F32 for n in (145, 147, 170, 172)},
+        **{f"x_frame_boxes__mutmut_{n}": _F32 for n in (3, 5)},
+        **{
+            f"x_sigmoid32__mutmut_{n}": (
+                "exp32 rounds its argument to float32, and negation is exact: rounding "
+                "-x equals negating the rounded x"
+            )
+            for n in (10, 12)
+        },
+        "x_exp32__mutmut_20": "n only scales a NaN: NaN either way",
+        **{f"x__prefilter__mutmut_{n}": _LOWER_BOUND for n in (2, 8, 9, 10)},
+        **{
+            f"x_above__mutmut_{n}": "numpy shifts an int16 right by 16 to its sign, as by 15"
+            for n in (33, 47)
+        },
+        **{
+            f"x_above__mutmut_{n}": "the bound is a float16 scalar: the array is float16 anyway"
+            for n in (39, 41)
+        },
+        "x_decode_cells__mutmut_71": "exp32 of one more column, which nothing reads",
+        "x_decode_cells__mutmut_103": _NEGATIVE_DIMENSION,
+        **{f"x_gather__mutmut_{n}": _NEGATIVE_DIMENSION for n in (11, 19)},
+        "x_gather__mutmut_61": "ufunc.reduce's axis defaults to 0",
+        "x_gather__mutmut_73": (
+            "a best class value equal to conf passes the gather and fails step 3's strict "
+            "test: the same candidates"
+        ),
+        **{
+            f"x_merge__mutmut_{n}": "every Cells has the same fields: zip's strictness never acts"
+            for n in (9, 11, 12)
+        },
+        "x_select__mutmut_129": (
+            "the mask rebuilt at every kept box instead of every 256 rows: the same flags, slower"
+        ),
+        "x_select__mutmut_152": "with one candidate left, argmin over its one flag is 0 anyway",
+        "x_select__mutmut_154": "with no candidate left the loop ends before step is read",
+        **{
+            f"x_select__mutmut_{n}": "order is numpy's intp: int64 on every 64-bit platform"
+            for n in (168, 170)
+        },
+        "x_select__mutmut_32": "the arrays are n long: a slice to n is a slice to the end",
+        **{
+            f"x_select__mutmut_{n}": (
+                "no finite division by zero: a union of 0 comes only with an intersection "
+                "of 0 (0/0: invalid, still ignored)"
+            )
+            for n in (36, 39)
+        },
+        "x_select__mutmut_96": "a kept box's flag on itself: the greedy pass never looks back",
+    },
     "aiodla._scheduler.": {
         "xǁRequestǁ__init____mutmut_4": "Engine._admit sets device_output on its one Request",
         "xǁRequestǁ__init____mutmut_6": "Engine._admit sets sources on its one Request",
