@@ -107,3 +107,133 @@ def test_close_refuses_writes_and_frees_once_the_last_array_goes() -> None:
     assert runtime.live_handles()["host_memory"] == held - 2  # the last array freed it
     assert runtime.invalid_releases == 0
     runtime.close()
+
+
+class TestEdges:
+    """What the mutation run of the module showed untested: the byte range of strided
+    views, the whole refusal messages, the listeners of a close, reads another process
+    made, the warning of a late free that fails, and the largest count."""
+
+    def test_the_bytes_a_view_reads(self) -> None:
+        from aiodla._frame_buffers import _bounds
+
+        a = np.zeros((4, 10), np.uint32)
+        p = a.__array_interface__["data"][0]
+        assert _bounds(a) == (p, p + 160)
+        assert _bounds(a[1:2, 3:4]) == (p + 52, p + 56)  # one element
+        assert _bounds(a[:, ::3]) == (p, p + 160)  # its last element: row 3, column 9
+        assert _bounds(a[:3, :7:2]) == (p, p + 2 * 40 + 6 * 4 + 4)
+        assert _bounds(a[::-1, ::-2]) == (p + 4, p + 160)  # negative strides
+        empty = a[2:2]
+        q = empty.__array_interface__["data"][0]
+        assert _bounds(empty) == (q, q)  # nothing
+        assert _bounds(a[:1]) == (p, p + 40)  # a leading size-1 dimension
+
+    def test_a_view_that_reaches_past_its_buffer_is_not_found(self, buffers: Any) -> None:
+        made, _ = buffers
+        (frame,) = made.create(1, (10, 10), np.uint8)
+        inside = np.lib.stride_tricks.as_strided(frame, shape=(5,), strides=(20,))
+        found = made.find(inside)
+        assert found is not None and found[1] == 0
+        flat = frame.reshape(-1)
+        last = np.lib.stride_tricks.as_strided(flat[19:], shape=(5,), strides=(20,))
+        assert made.find(last) is not None  # bytes 19, 39, ..., 99: the last one
+        past = np.lib.stride_tricks.as_strided(flat[21:], shape=(5,), strides=(20,))
+        assert made.find(past) is None  # bytes 21, ..., 101 of 100 (never read)
+        found = made.find(frame[9:, ::-3])
+        assert found is not None and found[1] == 99  # the first element is the last byte
+
+    def test_whole_refusal_messages(self, buffers: Any) -> None:
+        from aiodla import EngineClosedError
+
+        made, _ = buffers
+        (frame,) = made.create(1, (4, 4), np.uint8)
+        made.close()
+        with pytest.raises(
+            EngineClosedError,
+            match=r"^this frame buffer belongs to an engine that was closed: it takes no more "
+            r"frames \(make frame buffers of the engine you use now\)$",
+        ):
+            frame[0] = 1
+        with pytest.raises(
+            EngineClosedError, match="^the engine is closed: it makes no more frame buffers$"
+        ):
+            made.create(1, 4)
+
+    def test_assignment_writes_what_it_names(self, buffers: Any) -> None:
+        made, _ = buffers
+        (frame,) = made.create(1, (4, 4), np.uint8)
+        frame[1:3, 2] = 9
+        assert frame.sum() == 18 and frame[1, 2] == frame[2, 2] == 9
+
+    def test_the_largest_count(self, buffers: Any) -> None:
+        made, _ = buffers
+        assert len(made.create(256, 16)) == 256
+        with pytest.raises(ConfigurationError, match="count=257 must be within 1..256"):
+            made.create(257, 16)
+
+    def test_listeners_of_the_close(self, buffers: Any) -> None:
+        from aiodla._frame_buffers import when_closed
+
+        made, runtime = buffers
+        (frame,) = made.create(1, 8)
+        heard: list[int] = []
+        when_closed(frame, lambda: heard.append(runtime.live_handles()["host_memory"]))
+        when_closed(frame[2:], lambda: heard.append(-1))  # a view: the same engine
+        held = runtime.live_handles()["host_memory"]
+        del frame
+        made.close()
+        assert heard == [held, -1]  # before the buffers are freed
+        with pytest.raises(ValueError, match="not an engine's frame buffer"):
+            when_closed(np.zeros(8), heard.clear)
+
+    def test_a_listener_after_the_close_is_called_at_once(self, buffers: Any) -> None:
+        from aiodla._frame_buffers import when_closed
+
+        made, _ = buffers
+        (frame,) = made.create(1, 8)
+        made.close()
+        heard: list[str] = []
+        when_closed(frame, lambda: heard.append("closed"))
+        assert heard == ["closed"]
+
+    @pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "copied"])
+    def test_a_read_another_process_made(self, buffers: Any, mapped: bool) -> None:
+        """A worker's read of the application's buffer: at the buffer's device address
+        where it is mapped (the span from the frame's offset), else into the staging."""
+        from aiodla._bindings import FrameRead
+        from aiodla._frame_buffers import read_in_buffer
+
+        made, _ = buffers
+        (frame,) = made.create(1, (8, 8, 3))
+        buffer, _ = made.find(frame) or (None, 0)
+        assert buffer is not None
+        read = FrameRead(pointer=24, height=7, width=8, pitch=24, nbytes=192, source=buffer.ptr)
+        local = read_in_buffer(made, read, staging=0x10000, mapped=mapped)
+        if mapped:
+            assert (local.pointer, local.nbytes, local.source) == (buffer.device_ptr + 24, 168, 0)
+        else:
+            assert (local.pointer, local.nbytes, local.source) == (0x10000 + 24, 192, buffer.ptr)
+        assert (local.height, local.width, local.pitch) == (7, 8, 24)
+        with pytest.raises(KeyError):
+            read_in_buffer(made, read._replace(source=buffer.ptr + 1), 0, mapped)
+
+    def test_a_late_free_that_fails_is_logged(self, caplog: pytest.LogCaptureFixture) -> None:
+        import gc
+        import logging
+
+        runtime = EmulatedRuntime()
+        made = FrameBuffers(runtime, mapped=False)
+        (frame,) = made.create(1, 8)
+        made.close()
+
+        def broken(buffer: Any) -> None:
+            raise RuntimeError("the driver went away")
+
+        runtime.host_free = broken  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="aiodla"):
+            del frame
+            gc.collect()
+        assert [r.getMessage() for r in caplog.records] == [
+            "aiodla: freeing a closed engine's frame buffer failed: the driver went away"
+        ]

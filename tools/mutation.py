@@ -131,6 +131,23 @@ _LOWER_BOUND = (
 )
 _NEGATIVE_DIMENSION = "numpy (2.4) reads any negative dimension of a reshape as the one to infer"
 _EQUIVALENT_BY_MODULE = {
+    "aiodla._frame_buffers.": {
+        **{
+            f"x__bounds__mutmut_{n}": "an array has as many strides as dimensions: zip's "
+            "strictness never acts"
+            for n in (8, 11, 12)
+        },
+        "xǁFrameBuffersǁclose__mutmut_7": "numpy sets a flag to the truth of the value: None "
+        "is False",
+        "xǁ_Memoryǁ__init____mutmut_1": "nothing reads _Memory.buffer: the buffer list, then "
+        "the finalizer, hold the buffer",
+        **{
+            f"xǁ_Memoryǁ__init____mutmut_{n}": "numpy (2.4) reads an array interface without "
+            "looking at its version"
+            for n in (12, 13, 14)
+        },
+        "xǁ_Stateǁ__init____mutmut_1": "closed is only tested for its truth: None is as False",
+    },
     "aiodla._detect_math.": {
         "x__best_class__mutmut_23": "take_along_axis's axis defaults to the last: 1 here",
         "x__corners__mutmut_4": _F32,
