@@ -156,7 +156,7 @@ class TestEdges:
         ):
             frame[0] = 1
         with pytest.raises(
-            EngineClosedError, match="^the engine is closed: it makes no more frame buffers$"
+            EngineClosedError, match=r"^the engine is closed: it makes no more frame buffers$"
         ):
             made.create(1, 4)
 
@@ -169,7 +169,7 @@ class TestEdges:
     def test_the_largest_count(self, buffers: Any) -> None:
         made, _ = buffers
         assert len(made.create(256, 16)) == 256
-        with pytest.raises(ConfigurationError, match="count=257 must be within 1..256"):
+        with pytest.raises(ConfigurationError, match=r"count=257 must be within 1\.\.256"):
             made.create(257, 16)
 
     def test_listeners_of_the_close(self, buffers: Any) -> None:
