@@ -19,6 +19,7 @@ with ``--hypothesis-profile=random`` or ``AIODLA_HYPOTHESIS_PROFILE=random``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -28,10 +29,10 @@ import pytest
 import pytest_asyncio
 from hypothesis import settings
 
-from aiodla import EmulatedRuntime, Engine
+from aiodla import EmulatedRuntime, Engine, EngineState
 from aiodla.testing import DLAControls, EngineFactory
 
-from support import HeldRequest, X, affine_model, counts_add_up
+from support import HeldRequest, X, affine_model, counts_add_up, slots_not_back
 
 # Through pytest_plugins rather than the entry point (pyproject's addopts disables
 # that), so pytest-cov measures aiodla from its first import.
@@ -112,6 +113,53 @@ def isolation_mode(monkeypatch: pytest.MonkeyPatch) -> str:
 
         monkeypatch.setattr(Engine, "__init__", in_a_worker)
     return ISOLATION
+
+
+@pytest.fixture(autouse=True)
+def everything_given_back(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Fail the test that leaks: every engine it closes must have had each slot back as
+    it closed (``support.slots_not_back``: what the engine's statistics and the emulated
+    DLA show), and every emulated runtime those engines ran on must have no handle alive
+    once the test is over (slots' buffers, streams, events, memory, devices; frame
+    buffers once no array of theirs is left).
+
+    Seen at each ``aclose`` of an open, in-process engine on an emulated runtime
+    (``async with``, the fixtures, ``BlockingEngine`` alike), before the close itself,
+    which would give a lost slot's memory back and hide it. An engine that died, one
+    in a worker process, and the tests that keep a slot and its handles on purpose (a
+    hung core's, a retired slot's: ``leaky_runtime``) are not checked. Costs one
+    ``statistics()`` per close."""
+    if "leaky_runtime" in request.fixturenames:
+        yield
+        return
+    problems: list[str] = []
+    runtimes: dict[int, EmulatedRuntime] = {}
+    aclose = Engine.aclose
+
+    async def checked_aclose(self: Engine) -> None:
+        if self.state is EngineState.OPEN and self.options.isolation == "thread":
+            runtime = self.runtime
+            if isinstance(runtime, EmulatedRuntime):
+                runtimes[id(runtime)] = runtime
+                leaked = await slots_not_back(self, runtime)
+                if leaked is not None:
+                    problems.append(leaked)
+        await aclose(self)
+
+    monkeypatch.setattr(Engine, "aclose", checked_aclose)
+    yield
+    for runtime in runtimes.values():
+        if any(runtime.live_handles().values()):
+            # Frame buffers' memory goes when the last array over it does, which a
+            # reference cycle of the test's can delay: collect, then look again.
+            gc.collect()
+        live = {kind: n for kind, n in runtime.live_handles().items() if n}
+        if live:
+            problems.append(f"emulated DLA handles still alive after the test: {live}")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
 
 
 @pytest.fixture

@@ -77,6 +77,35 @@ def all_idle(engine: Any) -> bool:
     return stats.queued == 0 and stats.in_flight == 0 and busy_slots(engine) == 0
 
 
+# How long a finished task's completion may take to reach the loop (a sweep of the
+# poller, a wake-up of the loop) before a slot still busy counts as not given back.
+COMPLETION_SETTLE = 2.0
+
+
+async def slots_not_back(
+    engine: Any, runtime: EmulatedRuntime, settle: float = COMPLETION_SETTLE
+) -> str | None:
+    """Why ``engine`` (open, on the emulated ``runtime``) holds a slot that nothing
+    holds, or None: a busy slot belongs to a request in flight or to a task the DLA has
+    not finished (a cancelled request's, a held gate's, a hung core's). Anything beyond
+    that, once completions had ``settle`` seconds to arrive, leaked."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settle
+    while True:
+        stats = engine.statistics()
+        busy = sum(core.busy_slots for core in stats.cores)
+        on_the_dla = sum(runtime.tasks_in_flight(core.core) for core in stats.cores)
+        if busy <= stats.in_flight + on_the_dla:
+            return None
+        if loop.time() > deadline:
+            return (
+                f"{engine!r} holds {busy} busy slot(s) with {stats.in_flight} request(s) "
+                f"in flight and {on_the_dla} task(s) on the emulated DLA: a slot was not "
+                "given back"
+            )
+        await asyncio.sleep(0.001)
+
+
 def counts_add_up(stats: Any) -> bool:
     """Every request counted once: submitted == ended + queued + in flight, none negative."""
     parts = (

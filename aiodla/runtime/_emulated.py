@@ -375,6 +375,11 @@ class EmulatedRuntime:
         """Tasks that finished on ``core`` (as observed so far)."""
         return self._timeline.core_tasks(core)
 
+    def tasks_in_flight(self, core: int) -> int:
+        """Tasks submitted to ``core`` that have not finished (as observed so far):
+        running, waiting behind the core's other tasks, held by a gate, or hung."""
+        return self._timeline.tasks_in_flight(core)
+
     def bind_compute(self, loadable: bytes, compute: ComputeFunction | str | None) -> None:
         """Let ``compute`` compute the outputs of every module loaded from
         ``loadable`` from now on (None: undo), in place of the runtime's ``compute=``

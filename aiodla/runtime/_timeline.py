@@ -182,6 +182,12 @@ class Timeline:
         """Tasks that finished on ``core`` (as observed so far)."""
         return self.core(core).tasks_completed
 
+    def tasks_in_flight(self, core: int) -> int:
+        """Tasks submitted to ``core`` that have not finished (as observed so far)."""
+        target = self.core(core)
+        with self.lock:
+            return sum(d.tasks_in_flight for d in self.devices.values() if d.core is target)
+
     def cuda(self, call: str) -> None:
         """Every CUDA call starts here: a poisoned context fails them all."""
         if self.poisoned is not None:
