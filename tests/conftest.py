@@ -19,10 +19,11 @@ with ``--hypothesis-profile=random`` or ``AIODLA_HYPOTHESIS_PROFILE=random``.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import sys
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,47 +120,79 @@ def isolation_mode(monkeypatch: pytest.MonkeyPatch) -> str:
 def everything_given_back(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
-    """Fail the test that leaks: every engine it closes must have had each slot back as
-    it closed (``support.slots_not_back``: what the engine's statistics and the emulated
-    DLA show), and every emulated runtime those engines ran on must have no handle alive
-    once the test is over (slots' buffers, streams, events, memory, devices; frame
-    buffers once no array of theirs is left).
+    """Fail the test that leaks a slot or a handle, whichever test it is.
 
-    Seen at each ``aclose`` of an open, in-process engine on an emulated runtime
-    (``async with``, the fixtures, ``BlockingEngine`` alike), before the close itself,
-    which would give a lost slot's memory back and hide it. An engine that died, one
-    in a worker process, and the tests that keep a slot and its handles on purpose (a
-    hung core's, a retired slot's: ``leaky_runtime``) are not checked. Costs one
-    ``statistics()`` per close."""
+    At each ``aclose`` of an open, in-process engine on an emulated runtime
+    (``async with``, the fixtures, ``BlockingEngine`` alike):
+
+    - before the close, which would give a lost slot's memory back and hide it: each
+      busy slot belongs to a request in flight or to a task the DLA has not finished
+      (``support.slots_not_back``: the engine's statistics, the emulated DLA's count);
+    - after it, for a lone engine that made its runtime (``runtime="emulated"``, no
+      shared ``Cores``): the close gave back at least as many handles of each kind (devices, modules,
+      registrations, streams, events, device and host memory, graphs) as the open
+      took. (Frame buffers, made later, go with their last array; memory a test makes
+      on the runtime is the test's.) A runtime the test passed in has its handles
+      counted by the test (``aiodla_controls`` does).
+
+    An engine that died, one in a worker process, and the tests that keep a slot and
+    its handles on purpose (a hung core's, a retired slot's: ``leaky_runtime``) are
+    not checked. Costs a ``statistics()`` and a few handle counts per open and close.
+    """
     if "leaky_runtime" in request.fixturenames:
         yield
         return
     problems: list[str] = []
-    runtimes: dict[int, EmulatedRuntime] = {}
-    aclose = Engine.aclose
+    # What each engine that made its runtime took at open, by kind of handle.
+    taken: weakref.WeakKeyDictionary[Engine, dict[str, int]] = weakref.WeakKeyDictionary()
+    init, open_, aclose = Engine.__init__, Engine.open, Engine.aclose
+
+    def recording_init(self: Engine, model: Any, **options: Any) -> None:
+        init(self, model, **options)
+        # A lone engine (cores by number, not a shared Cores) that made its runtime.
+        lone = isinstance(options.get("cores", ()), (list, tuple, range))
+        if lone and isinstance(options.get("runtime", "auto"), str):
+            taken[self] = {}
+
+    async def recording_open(self: Engine) -> None:
+        await open_(self)
+        runtime = _in_process_emulated(self)
+        if runtime is not None and self in taken:
+            taken[self] = runtime.live_handles()  # (a runtime of its own: all its)
 
     async def checked_aclose(self: Engine) -> None:
-        if self.state is EngineState.OPEN and self.options.isolation == "thread":
-            runtime = self.runtime
-            if isinstance(runtime, EmulatedRuntime):
-                runtimes[id(runtime)] = runtime
-                leaked = await slots_not_back(self, runtime)
-                if leaked is not None:
-                    problems.append(leaked)
+        runtime = _in_process_emulated(self)
+        if runtime is None or self.state is not EngineState.OPEN:
+            await aclose(self)
+            return
+        leaked = await slots_not_back(self, runtime)
+        if leaked is not None:
+            problems.append(leaked)
+        before = runtime.live_handles()
         await aclose(self)
+        after = runtime.live_handles()
+        kept = {
+            kind: count - (before[kind] - after[kind])
+            for kind, count in taken.get(self, {}).items()
+            if before[kind] - after[kind] < count
+        }
+        if kept:
+            problems.append(f"{self!r} kept handles its open took: {kept}")
 
+    monkeypatch.setattr(Engine, "__init__", recording_init)
+    monkeypatch.setattr(Engine, "open", recording_open)
     monkeypatch.setattr(Engine, "aclose", checked_aclose)
     yield
-    for runtime in runtimes.values():
-        if any(runtime.live_handles().values()):
-            # Frame buffers' memory goes when the last array over it does, which a
-            # reference cycle of the test's can delay: collect, then look again.
-            gc.collect()
-        live = {kind: n for kind, n in runtime.live_handles().items() if n}
-        if live:
-            problems.append(f"emulated DLA handles still alive after the test: {live}")
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
+
+
+def _in_process_emulated(engine: Engine) -> EmulatedRuntime | None:
+    """The engine's emulated runtime, when it runs in this process."""
+    if engine.options.isolation != "thread" or engine.state is not EngineState.OPEN:
+        return None
+    runtime = engine.runtime
+    return runtime if isinstance(runtime, EmulatedRuntime) else None
 
 
 @pytest.fixture
