@@ -121,6 +121,10 @@ class TestOffLoopSteps:
     def test_a_pack_in_a_worker_thread_is_an_async_slice_of_its_request(self) -> None:
         first = recorded("a", 0.0, [1.0])
         second = recorded("b", 0.0, [2.0, 3.0], off_loop=True)
+        alone = second.trace_events()  # one engine's own trace, as engine.trace() writes
+        check_trace_format(alone)
+        assert alone["displayTimeUnit"] == "ms"
+        assert [e["id"] for e in alone["traceEvents"] if e["name"] == "pack"] == [0, 0, 1, 1]
         document = CoresTrace([first, second]).trace_events()
         check_trace_format(document)
         packs = [e for e in document["traceEvents"] if e["name"] == "pack" and e["pid"] == 2]
@@ -154,3 +158,21 @@ class TestFrames:
         recorder.assigned(request, slot(0, 0), 1.0)
         recorder.ended(request, "completed")
         assert recorder.frame_of == {0: 4}  # frame 4 was decoded into buffer 0 last
+
+    def test_a_recorder_knows_the_last_four_capacities_of_addresses(self) -> None:
+        """With capacity 1, four buffers' frames are known, and the oldest of a fifth
+        is forgotten: a request reading it is drawn without a frame."""
+        buffers = [np.zeros(4, np.uint8) for _ in range(5)]
+
+        def reader_of(count: int, read: int) -> dict[int, int]:
+            recorder = TraceRecorder("v", capacity=1, clock=Clock(0.0))
+            for index in range(count):
+                recorder.frame("cam", index, 0.0, 0.01, data_address(buffers[index]))
+            request = Request(1.0, (buffers[read],))
+            recorder.assigned(request, slot(0, 0), 1.0)
+            recorder.ended(request, "completed")
+            return recorder.frame_of
+
+        assert reader_of(4, 0) == {0: 0}
+        assert reader_of(5, 0) == {}
+        assert reader_of(5, 1) == {0: 1}
