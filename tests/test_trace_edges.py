@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from aiodla._trace import TraceRecorder, data_address
+from aiodla import Engine
+from aiodla._trace import TraceRecorder, active_recorder, data_address
 from aiodla._trace_events import TRACE_FORMAT, CoresTrace
 
+from support import FakeCudaArray, affine_model
 from trace_format import check_trace_format
 
 
@@ -176,3 +178,52 @@ class TestFrames:
         assert reader_of(4, 0) == {0: 0}
         assert reader_of(5, 0) == {}
         assert reader_of(5, 1) == {0: 1}
+
+    def test_a_frame_read_from_a_requests_sources_is_linked(self) -> None:
+        # Device arrays a request reads are its sources, not its arrays.
+        buffer = np.zeros(4, np.uint8)
+        recorder = TraceRecorder("v", clock=Clock(0.0))
+        recorder.frame("cam", 0, 0.0, 0.01, data_address(buffer))
+        request = Request(1.0)
+        request.sources = (buffer,)
+        recorder.assigned(request, slot(0, 0), 1.0)
+        recorder.ended(request, "completed")
+        assert recorder.frame_of == {0: 0}
+
+    def test_a_request_that_read_no_frame_ends_beside_one_that_did(self) -> None:
+        buffer = np.zeros(4, np.uint8)
+        recorder = TraceRecorder("v", clock=Clock(0.0))
+        recorder.frame("cam", 0, 0.0, 0.01, data_address(buffer))
+        reading, other = Request(1.0, (buffer,)), Request(1.0, (np.zeros(4, np.uint8),))
+        recorder.assigned(reading, slot(0, 0), 1.0)
+        recorder.assigned(other, slot(0, 1), 1.0)
+        recorder.ended(other, "completed")  # number 0: read no frame
+        recorder.ended(reading, "completed")  # number 1
+        assert recorder.frame_of == {1: 0}
+
+    def test_the_links_of_the_last_four_capacities_of_requests_are_kept(self) -> None:
+        def links(count: int) -> list[int]:
+            buffer = np.zeros(4, np.uint8)
+            recorder = TraceRecorder("v", capacity=1, clock=Clock(0.0))
+            recorder.frame("cam", 0, 0.0, 0.01, data_address(buffer))
+            for _ in range(count):
+                request = Request(1.0, (buffer,))
+                recorder.assigned(request, slot(0, 0), 1.0)
+                recorder.ended(request, "completed")
+            return sorted(recorder.frame_of)
+
+        assert links(4) == [0, 1, 2, 3]
+        assert links(5) == [1, 2, 3, 4]
+        assert links(6) == [2, 3, 4, 5]
+
+
+class TestAddresses:
+    def test_a_device_arrays_address_is_its_cuda_pointer(self) -> None:
+        # A frame decoded on the GPU is found by its device pointer.
+        assert data_address(FakeCudaArray((2, 2))) == 0x1000
+        host = np.zeros(3, np.float32)
+        assert data_address(host) == host.__array_interface__["data"][0]
+        assert data_address(b"bytes") == -1
+
+    def test_an_engine_not_open_has_no_recorder(self) -> None:
+        assert active_recorder(Engine(affine_model())) is None
