@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import re
 import warnings
 import weakref
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_blocking import in_a_forked_child
 
 from aiodla import (
     AiodlaError,
@@ -111,3 +113,31 @@ class TestUnclosedWarningSource:
         assert isinstance(unclosed[0].source, BlockingEngine)
         assert unclosed[0].source.engine is inner
         assert inner.state.value == "closed"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+class TestForkedChildAdvice:
+    def test_the_child_is_told_what_to_do_and_its_closed_copy_says_closed(self) -> None:
+        with BlockingEngine(affine_model(), cores=[0]) as engine:
+
+            def child() -> str:
+                said = []
+                try:
+                    engine.infer(frame())
+                except AiodlaError as exc:
+                    said.append(str(exc))
+                engine.close()
+                try:
+                    engine.infer(frame())
+                except EngineClosedError as exc:
+                    said.append(str(exc))
+                return "\n".join(said)
+
+            status, said = in_a_forked_child(child)
+        assert status == 0, said
+        refused, closed = said.splitlines()
+        assert refused.endswith(
+            "so it cannot run requests: open a new BlockingEngine in the child, or start "
+            "the child with the 'spawn' method"
+        )
+        assert closed == "the engine is closed"
