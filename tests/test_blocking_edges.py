@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_blocking import in_a_forked_child
 
+import aiodla
 from aiodla import (
     AiodlaError,
     BlockingEngine,
@@ -42,7 +43,8 @@ class TestRefusalsNameTheCall:
 
             async def inside() -> list[str]:
                 said = []
-                for call in (lambda: engine.infer(frame()), engine.close):
+                other = BlockingEngine(affine_model())
+                for call in (lambda: engine.infer(frame()), engine.close, other.open):
                     with pytest.raises(AiodlaError) as caught:
                         call()
                     said.append(str(caught.value))
@@ -50,9 +52,16 @@ class TestRefusalsNameTheCall:
 
             said = asyncio.run(inside())
             assert not engine.closed  # the refused close did nothing
-        assert said[0].startswith("BlockingEngine.infer would block this thread's running")
-        assert said[1].startswith("closing a BlockingEngine would block this thread's running")
-        assert all("await engine.infer(x)" in text for text in said)
+        advice = (
+            " would block this thread's running event loop (and deadlock if it is the "
+            "engine's); in async code use 'async with aiodla.Engine(...)' and "
+            "'await engine.infer(x)', or call from another thread (asyncio.to_thread)"
+        )
+        assert said == [
+            "BlockingEngine.infer" + advice,
+            "closing a BlockingEngine" + advice,
+            "opening a BlockingEngine" + advice,
+        ]
 
     def test_not_open_and_closed_say_what_to_do(self) -> None:
         engine = BlockingEngine(affine_model(), cores=[0])
@@ -65,6 +74,27 @@ class TestRefusalsNameTheCall:
         engine.close()
         with pytest.raises(EngineClosedError, match=r"^the engine is closed$"):
             engine.infer_future(frame())
+
+
+class TestOpenOnce:
+    def test_open_twice_and_reopen_are_refused_by_name(self) -> None:
+        engine = BlockingEngine(affine_model(), cores=[0])
+        with engine:
+            with pytest.raises(AiodlaError, match=r"^the engine is open; open it once$"):
+                engine.open()
+            np.testing.assert_array_equal(engine.infer(frame()), expected_affine(frame()))
+        with pytest.raises(
+            EngineClosedError, match=r"^Cannot reopen an engine once it has been closed\.$"
+        ):
+            engine.open()
+
+    def test_a_failed_open_leaves_the_engine_closed(self) -> None:
+        engine = BlockingEngine(b"not a loadable", runtime="emulated")
+        with pytest.raises(aiodla.RuntimeUnavailableError):
+            engine.open()
+        assert engine.closed
+        with pytest.raises(EngineClosedError, match="reopen"):
+            engine.open()
 
 
 class TestInferFutureTimeout:
@@ -126,6 +156,10 @@ class TestForkedChildAdvice:
                     engine.infer(frame())
                 except AiodlaError as exc:
                     said.append(str(exc))
+                try:
+                    engine.open()  # already open, in the parent
+                except AiodlaError as exc:
+                    said.append(str(exc))
                 engine.close()
                 try:
                     engine.infer(frame())
@@ -135,7 +169,8 @@ class TestForkedChildAdvice:
 
             status, said = in_a_forked_child(child)
         assert status == 0, said
-        refused, closed = said.splitlines()
+        refused, opening, closed = said.splitlines()
+        assert opening == refused
         assert refused.endswith(
             "so it cannot run requests: open a new BlockingEngine in the child, or start "
             "the child with the 'spawn' method"
