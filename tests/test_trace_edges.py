@@ -119,6 +119,31 @@ class TestCoresTraceOfThree:
         assert document["otherData"]["engines"] == []
 
 
+class TestTrackOrder:
+    def test_cores_are_drawn_in_order_each_above_its_streams(self) -> None:
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        for at, core in ((1.0, 1), (2.0, 0), (3.0, 2)):
+            run_request(recorder, clock, at, core=core)
+        document = recorder.trace_events()
+        check_trace_format(document)
+        names = {
+            e["tid"]: e["args"]["name"]
+            for e in document["traceEvents"]
+            if e["name"] == "thread_name"
+        }
+        order = sorted(
+            (e["args"]["sort_index"], names[e["tid"]])
+            for e in document["traceEvents"]
+            if e["name"] == "thread_sort_index"
+        )
+        assert [name for _, name in order] == [
+            "event loop", "loop harvests", "poller",
+            "core 0", "core 0 stream 0", "core 1", "core 1 stream 0",
+            "core 2", "core 2 stream 0",
+        ]  # fmt: skip
+
+
 class TestOffLoopSteps:
     def test_a_pack_in_a_worker_thread_is_an_async_slice_of_its_request(self) -> None:
         first = recorded("a", 0.0, [1.0])
@@ -126,6 +151,16 @@ class TestOffLoopSteps:
         alone = second.trace_events()  # one engine's own trace, as engine.trace() writes
         check_trace_format(alone)
         assert alone["displayTimeUnit"] == "ms"
+        assert alone["otherData"] == {
+            "format": TRACE_FORMAT,
+            "version": 1,
+            "engine": "b",
+            "clock": "time.monotonic, microseconds from the recorder's start",
+            "capacity": second.capacity,
+            "requests_recorded": 2,
+            "requests_dropped": 0,
+            "sweeps_dropped": 0,
+        }
         assert [e["id"] for e in alone["traceEvents"] if e["name"] == "pack"] == [0, 0, 1, 1]
         document = CoresTrace([first, second]).trace_events()
         check_trace_format(document)
