@@ -6,17 +6,21 @@ file's header, and frames counted one by one."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
-from aiodla import Engine
-from aiodla._trace import TraceRecorder, active_recorder, data_address
+from aiodla import ConfigurationError, Engine
+from aiodla._trace import TraceRecorder, active_recorder, cores_trace, data_address
 from aiodla._trace_events import TRACE_FORMAT, CoresTrace
 
-from support import FakeCudaArray, affine_model
+from support import FakeCudaArray, X, affine_model
 from trace_format import check_trace_format
+
+ONES = np.ones(X.shape, np.float32)
 
 
 class Clock:
@@ -262,3 +266,58 @@ class TestAddresses:
 
     def test_an_engine_not_open_has_no_recorder(self) -> None:
         assert active_recorder(Engine(affine_model())) is None
+
+    def test_an_interface_without_a_pointer_is_no_address(self) -> None:
+        for data in (None, (), (None, False), "0x1000"):
+            array = FakeCudaArray((2, 2))
+            array.__cuda_array_interface__["data"] = data
+            assert data_address(array) == -1, data
+
+
+class TestCoresTraceOfEngines:
+    """cores_trace(), what Cores.trace() returns, over engines of this test's own."""
+
+    @pytest.mark.asyncio
+    async def test_capacity_and_names_reach_every_recorder(self, tmp_path: Path) -> None:
+        model = tmp_path / "detector.bin"
+        model.write_bytes(affine_model())
+        async with Engine(model) as detector, Engine(affine_model()) as other:
+            tracing = cores_trace([detector, other], capacity=2)
+            async with tracing as trace:
+                for _ in range(5):
+                    await detector.infer(ONES)
+                    await other.infer(ONES)
+        assert [r.name for r in trace.recorders] == ["detector", "engine"]
+        assert [(len(r.requests), r.recorded) for r in trace.recorders] == [(2, 5), (2, 5)]
+
+    def test_a_bad_capacity_is_refused_and_one_is_enough(self) -> None:
+        for capacity in (0, -1, 1.5, True):
+            with pytest.raises(ConfigurationError, match="capacity"):
+                cores_trace([], capacity=capacity)  # type: ignore[arg-type]
+        assert cores_trace([], capacity=1).trace.recorders == ()
+
+    @pytest.mark.asyncio
+    async def test_a_refused_trace_leaves_no_engine_traced(self) -> None:
+        async with Engine(affine_model()) as first, Engine(affine_model()) as second:
+            async with second.trace():
+                with pytest.raises(ConfigurationError, match="one trace at a time"):
+                    async with cores_trace([first, second]):
+                        pass
+            # The first engine's recorder, installed before the refusal, was taken off.
+            assert active_recorder(first) is None
+            async with first.trace() as recorder:
+                await first.infer(ONES)
+            assert recorder.recorded == 1
+
+    @pytest.mark.asyncio
+    async def test_a_path_that_cannot_be_written_is_named_with_why(self, tmp_path: Path) -> None:
+        link = tmp_path / "link.json"
+        link.symlink_to(tmp_path / "target.json")
+        async with Engine(affine_model()) as engine:
+            with pytest.raises(ConfigurationError) as caught:
+                async with cores_trace([engine], link):
+                    await engine.infer(ONES)
+        said = str(caught.value)
+        assert said.startswith(f"dla.trace({str(link)!r}) cannot be written: ")
+        assert "[Errno" not in said  # the reason alone, not the OSError's whole text
+        assert not (tmp_path / "target.json").exists()
