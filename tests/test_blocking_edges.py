@@ -149,6 +149,7 @@ class TestUnclosedWarningSource:
 class TestForkedChildAdvice:
     def test_the_child_is_told_what_to_do_and_its_closed_copy_says_closed(self) -> None:
         with BlockingEngine(affine_model(), cores=[0]) as engine:
+            engine.infer(frame())  # the parent served before the fork
 
             def child() -> str:
                 said = []
