@@ -82,6 +82,9 @@ class CoreOnly:
         self.inner = runtime
         for name in protocol_members():
             setattr(self, name, getattr(runtime, name))
+        # The protocol's declaration of capabilities, copied above, is the inner runtime's;
+        # this one has none of their methods, so it declares none.
+        self.capabilities: frozenset[type] = frozenset()
 
 
 CAPABILITIES = (GraphCapture, Kernels, HostRegistration, ComputeFunctions, FaultControls)
