@@ -321,3 +321,32 @@ class TestCoresTraceOfEngines:
         assert said.startswith(f"dla.trace({str(link)!r}) cannot be written: ")
         assert "[Errno" not in said  # the reason alone, not the OSError's whole text
         assert not (tmp_path / "target.json").exists()
+
+
+class TestEngineTraces:
+    @pytest.mark.asyncio
+    async def test_an_unnamed_trace_names_its_engine_engine(self) -> None:
+        async with Engine(affine_model()) as engine, engine.trace() as recorder:
+            await engine.infer(ONES)
+        assert recorder.name == "engine"
+        assert recorder.trace_events()["otherData"]["engine"] == "engine"
+
+    @pytest.mark.asyncio
+    async def test_a_trace_path_that_cannot_be_written_fails_the_open_saying_so(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "no such folder" / "run.json"
+        engine = Engine(affine_model(), trace=path)
+        with pytest.raises(ConfigurationError) as caught:
+            await engine.open()
+        assert str(caught.value).startswith(f"trace={str(path)!r} cannot be written: No such")
+
+    def test_times_keep_their_fraction_of_a_microsecond_and_flows_are_named(self) -> None:
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        run_request(recorder, clock, 1.0000005)
+        document = recorder.trace_events()
+        queued = [e for e in document["traceEvents"] if e["name"] == "queued"]
+        assert queued[0]["ts"] == 1000000.5
+        flows = [e for e in document["traceEvents"] if e["ph"] in ("s", "t", "f")]
+        assert flows and {(e["name"], e["cat"]) for e in flows} == {("request", "request")}
