@@ -325,6 +325,55 @@ _EQUIVALENT_BY_MODULE = {
         },
     },
 }
+_FALSY = "the flag is only tested for truth: None and False read alike"
+_EXTRA_WAKE = (
+    "one more wake-up of the loop per request, which finds the inbox taken already: "
+    "the same requests reach the loop in the same order"
+)
+_ALWAYS_THERE = "every engine's Request has arrays and sources (slots set in its __init__)"
+_COMPACT = "the JSON's whitespace only: the same document, parsed"
+_SAME_CODEC = "'UTF-8' and 'utf-8' name the same codec"
+_SAME_LENGTHS = "one recorder per engine, made from the same list: zip's strictness never acts"
+_EQUIVALENT_BY_MODULE.update(
+    {
+        "aiodla._blocking.": {
+            "xǁBlockingEngineǁ__init____mutmut_11": _FALSY,
+            "xǁBlockingEngineǁ_take_inbox__mutmut_2": _FALSY,
+            "xǁBlockingEngineǁ_start__mutmut_9": _EXTRA_WAKE,
+            "xǁBlockingEngineǁ_start__mutmut_10": _EXTRA_WAKE,
+        },
+        "aiodla._trace.": {
+            **{f"xǁTraceRecorderǁ_note_frame__mutmut_{n}": _ALWAYS_THERE for n in (3, 6, 11, 14)},
+            **{f"xǁTraceRecorderǁwrite__mutmut_{n}": _COMPACT for n in (3, 5)},
+            "xǁTraceRecorderǁwrite__mutmut_14": _SAME_CODEC,
+            "xǁCoresTracingǁ__init____mutmut_11": "the clock left out is time.monotonic anyway",
+            **{f"xǁCoresTracingǁ__aenter____mutmut_{n}": _SAME_LENGTHS for n in (4, 7, 8)},
+            **{f"xǁCoresTracingǁ__aexit____mutmut_{n}": _SAME_LENGTHS for n in (3, 6, 7)},
+            "x_active_recorder__mutmut_6": "every Engine has _flow (None until it opens)",
+            **{
+                f"x_trace_name__mutmut_{n}": (
+                    "unreachable: a model path with an empty stem ('/', '.') is no file "
+                    "an engine opens, and the trace is named at its open"
+                )
+                for n in (3, 4)
+            },
+        },
+        "aiodla._trace_events.": {
+            **{
+                f"x_core_tid__mutmut_{n}": (
+                    "another numbering of the core tracks that keeps them apart and in "
+                    "order, above the video tracks"
+                )
+                for n in (2, 4)
+            },
+            **{f"xǁCoresTraceǁwrite__mutmut_{n}": _COMPACT for n in (3, 5)},
+            "xǁCoresTraceǁwrite__mutmut_14": _SAME_CODEC,
+            "xǁCoresTraceǁtrace_events__mutmut_6": (
+                "the time zero of a trace with no engine: no event uses it"
+            ),
+        },
+    }
+)
 EQUIVALENT: dict[str, str] = {
     module + name: why
     for module, names in _EQUIVALENT_BY_MODULE.items()
