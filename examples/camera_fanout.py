@@ -137,10 +137,16 @@ async def camera(
     capture-to-boxes seconds."""
     boxes, latencies = 0, []
     recorder: Recorder | None = None
+    last_offered: int | None
+    newest_answer, last_offered = -1, None  # the feed's end waits for its last frame
+    answered = asyncio.Event()
 
     async def read() -> None:
-        nonlocal boxes, recorder
+        nonlocal boxes, recorder, newest_answer
         async for result in stream:  # answers arrive in frame order
+            newest_answer = result.index
+            if last_offered is not None and newest_answer >= last_offered:
+                answered.set()
             if result.error is not None:  # a failed frame has an error and no output
                 continue
             frame: VideoFrame = result.context
@@ -159,13 +165,22 @@ async def camera(
         end = loop.time() + duration
         first_pts: float | None = None
         started = loop.time()
+        submitted = -1
         async for frame in source:
             if loop.time() >= end:
                 break
             if paced and frame.pts is not None:  # a file plays as a camera would
                 first_pts = frame.pts if first_pts is None else first_pts
                 await asyncio.sleep(max(0.0, started + frame.pts - first_pts - loop.time()))
-            stream.submit(frame, context=frame)  # the frame's buffer is the engine's
+            submitted = stream.submit(frame, context=frame)  # its buffer is the engine's
+        # Let the last frame offered be answered before the stream closes, so every
+        # frame is answered or dropped, none cancelled half-way (unless the reader
+        # ended first: its engine closed or died).
+        last_offered = submitted
+        if newest_answer < submitted:
+            waiting = asyncio.ensure_future(answered.wait())
+            await asyncio.wait((waiting, reader), return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
     await reader
     if recorder is not None:
         recorder.close()
