@@ -147,6 +147,12 @@ _EQUIVALENT_BY_MODULE = {
             for n in (12, 13, 14)
         },
         "xǁ_Stateǁ__init____mutmut_1": "closed is only tested for its truth: None is as False",
+        **{
+            f"x__bounds__mutmut_{n}": "a reach is a whole number of bytes: one of 0 moves "
+            "neither end"
+            for n in (23, 24)
+        },
+        "xǁHostMemoryǁhost_alloc__mutmut_1": "a Protocol's default: the runtimes' own apply",
     },
     "aiodla._detect_math.": {
         "x__best_class__mutmut_23": "take_along_axis's axis defaults to the last: 1 here",
