@@ -390,3 +390,91 @@ def test_emulated_detect_refusals(model: bytes) -> None:
     finally:
         runtime.destroy_stream(stream)
         runtime.close()
+
+
+@pytest.mark.asyncio
+async def test_zero_copy_reads_the_output_where_the_device_wrote_it(model: bytes) -> None:
+    """With zero copy the stream writes the output into mapped host memory: nothing is
+    copied back, the detections are the host path's."""
+    frames = [frame(seed, size) for seed, size in enumerate(SIZES)]
+    want = await reference(model, frames)
+    runtime = EmulatedRuntime()
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(
+        model, runtime=runtime, postprocess=YOLOV5, zero_copy=True, **options
+    ) as engine:
+        detect = engine._cores.path.detect
+        assert detect is not None and detect.zero_copy
+        counts = runtime.counts
+        for camera, expected in zip(frames, want, strict=True):
+            before = counts.copies_to_host
+            same(await engine.infer(camera), expected)
+            assert counts.copies_to_host == before
+    assert all(count == 0 for count in runtime.live_handles().values())
+
+
+class RefusingRuntime(EmulatedRuntime):
+    """The emulated runtime refusing to release the pointers in ``refused``."""
+
+    refused: set[int]
+
+    def free(self, pointer: int) -> None:
+        if pointer in self.refused:
+            raise RuntimeError(f"refused {pointer:#x}")
+        super().free(pointer)
+
+    def host_free(self, buffer: Any) -> None:
+        if buffer.ptr in self.refused:
+            raise RuntimeError(f"refused {buffer.ptr:#x}")
+        super().host_free(buffer)
+
+
+@pytest.mark.parametrize("zero_copy", [False, True], ids=["copied", "zero copy"])
+@pytest.mark.asyncio
+async def test_the_detector_buffers_are_named_when_their_release_fails(
+    model: bytes, caplog: pytest.LogCaptureFixture, zero_copy: bool
+) -> None:
+    """Each slot's detector buffers are released at close under their names: a release
+    that fails says which buffer it was."""
+    runtime = RefusingRuntime()
+    runtime.refused = set()
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    engine = Engine(
+        model, runtime=runtime, postprocess=YOLOV5, zero_copy=zero_copy, cores=[0],
+        streams_per_core=1, **options,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="aiodla"):
+        async with engine:
+            await engine.infer(frame(0, (480, 640)))
+            detect = engine._cores.path.detect
+            assert detect is not None
+            (buffers,) = detect._buffers.values()
+            runtime.refused |= {buffers.work, buffers.out, buffers.host.ptr}
+    failed = sorted(
+        r.getMessage().split(" failed: ")[0].removeprefix("aiodla: releasing core 0 slot 0 ")
+        for r in caplog.records
+        if "releasing" in r.getMessage()
+    )
+    want = ["detector output: host_alloc", "detector scratch: malloc"]
+    assert failed == sorted(want if zero_copy else [*want, "detector output: malloc"])
+
+
+@pytest.mark.asyncio
+async def test_device_output_carries_the_drop_counts(
+    model: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = DetectPlan.run
+
+    def counted(self: DetectPlan, *args: Any) -> Detections:
+        found = real(self, *args)
+        found.outside, found.not_finite = 5, 3
+        return found
+
+    options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
+    async with Engine(
+        model, runtime=DeviceMemoryRuntime(), postprocess=YOLOV5, **options
+    ) as engine:
+        monkeypatch.setattr(DetectPlan, "run", counted)
+        got = await engine.infer(frame(1), output="device")
+        assert isinstance(got.boxes, DeviceTensor)
+        assert (got.outside, got.not_finite) == (5, 3)
