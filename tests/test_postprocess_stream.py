@@ -459,9 +459,12 @@ async def test_the_detector_buffers_are_named_when_their_release_fails(
     assert failed == sorted(want if zero_copy else [*want, "detector output: malloc"])
 
 
+@pytest.mark.parametrize(
+    "runtime_type", [DeviceMemoryRuntime, EmulatedRuntime], ids=["device memory", "host-backed"]
+)
 @pytest.mark.asyncio
 async def test_device_output_carries_the_drop_counts(
-    model: bytes, monkeypatch: pytest.MonkeyPatch
+    model: bytes, monkeypatch: pytest.MonkeyPatch, runtime_type: type[EmulatedRuntime]
 ) -> None:
     real = DetectPlan.run
 
@@ -471,9 +474,7 @@ async def test_device_output_carries_the_drop_counts(
         return found
 
     options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
-    async with Engine(
-        model, runtime=DeviceMemoryRuntime(), postprocess=YOLOV5, **options
-    ) as engine:
+    async with Engine(model, runtime=runtime_type(), postprocess=YOLOV5, **options) as engine:
         monkeypatch.setattr(DetectPlan, "run", counted)
         got = await engine.infer(frame(1), output="device")
         assert isinstance(got.boxes, DeviceTensor)
