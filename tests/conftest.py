@@ -19,6 +19,7 @@ with ``--hypothesis-profile=random`` or ``AIODLA_HYPOTHESIS_PROFILE=random``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import weakref
@@ -147,6 +148,8 @@ def everything_given_back(
     taken: weakref.WeakKeyDictionary[Engine, dict[str, int]] = weakref.WeakKeyDictionary()
     init, open_, aclose = Engine.__init__, Engine.open, Engine.aclose
 
+    # functools.wraps: tests that read Engine's signatures see the real ones.
+    @functools.wraps(init)
     def recording_init(self: Engine, model: Any, **options: Any) -> None:
         init(self, model, **options)
         # A lone engine (cores by number, not a shared Cores) that made its runtime.
@@ -154,12 +157,14 @@ def everything_given_back(
         if lone and isinstance(options.get("runtime", "auto"), str):
             taken[self] = {}
 
+    @functools.wraps(open_)
     async def recording_open(self: Engine) -> None:
         await open_(self)
         runtime = _in_process_emulated(self)
         if runtime is not None and self in taken:
             taken[self] = runtime.live_handles()  # (a runtime of its own: all its)
 
+    @functools.wraps(aclose)
     async def checked_aclose(self: Engine) -> None:
         runtime = _in_process_emulated(self)
         if runtime is None or self.state is not EngineState.OPEN:
