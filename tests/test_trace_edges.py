@@ -350,3 +350,24 @@ class TestEngineTraces:
         assert queued[0]["ts"] == 1000000.5
         flows = [e for e in document["traceEvents"] if e["ph"] in ("s", "t", "f")]
         assert flows and {(e["name"], e["cat"]) for e in flows} == {("request", "request")}
+
+
+class TestOpenBound:
+    def test_requests_never_ended_are_forgotten_past_four_capacities_and_1024(self) -> None:
+        """A request assigned a slot and never ended would be a bug elsewhere; the
+        recorder forgets the oldest such past 4 * capacity + 1024, so memory stays
+        bounded, and no sooner."""
+
+        def ended_slotted(assigned: int) -> list[bool]:
+            recorder = TraceRecorder("r", capacity=1, clock=Clock(0.0))
+            requests = [Request(0.0) for _ in range(assigned)]
+            for request in requests:
+                recorder.assigned(request, slot(0, 0), 0.0)
+            slotted = []
+            for request in requests[:2]:
+                recorder.ended(request, "completed")
+                slotted.append(len(recorder.requests[-1]) > 4)  # a slot's steps kept
+            return slotted
+
+        assert ended_slotted(1028) == [True, True]
+        assert ended_slotted(1029) == [False, True]
