@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from aiodla import ConfigurationError, Engine
-from aiodla._trace import TraceRecorder, active_recorder, cores_trace, data_address
+from aiodla._trace import (
+    TraceRecorder,
+    active_recorder,
+    cores_trace,
+    data_address,
+    install,
+    uninstall,
+)
 from aiodla._trace_events import TRACE_FORMAT, CoresTrace
 
 from support import FakeCudaArray, X, affine_model
@@ -371,3 +378,42 @@ class TestOpenBound:
 
         assert ended_slotted(1028) == [True, True]
         assert ended_slotted(1029) == [False, True]
+
+
+class TestSharedHooks:
+    """Engines on one Cores share its poller: each traced engine's recorder sees its
+    sweeps, while any number of them trace, started and ended in any order."""
+
+    def test_three_recorders_on_one_poller_and_parts_without_a_hook(self) -> None:
+        poller = SimpleNamespace(trace=None)
+
+        def flow() -> Any:
+            # A device layer in a worker process has no hook: it is skipped.
+            return SimpleNamespace(
+                trace=None, scheduler=SimpleNamespace(trace=None), device=object(), poller=poller
+            )
+
+        flows = [flow() for _ in range(3)]
+        recorders = [TraceRecorder(f"r{n}", clock=Clock(0.0)) for n in range(3)]
+        for each, recorder in zip(flows, recorders, strict=True):
+            install(each, recorder)
+            assert each.trace is recorder and each.scheduler.trace is recorder
+        with pytest.raises(
+            ConfigurationError,
+            match=r"^the engine is already being traced \(one trace at a time\)$",
+        ):
+            install(flows[0], TraceRecorder("again"))
+
+        def sweep() -> list[int]:
+            poller.trace.sweep(0.0, [(slot(0, 0), 0)])
+            return [r.swept for r in recorders]
+
+        assert sweep() == [1, 1, 1]
+        uninstall(flows[1], recorders[1])
+        assert flows[1].trace is None and flows[1].scheduler.trace is None
+        assert sweep() == [2, 1, 2]
+        uninstall(flows[0], recorders[0])
+        assert poller.trace is recorders[2]  # the last one holds the hook alone
+        assert sweep() == [2, 1, 3]
+        uninstall(flows[2], recorders[2])
+        assert poller.trace is None
