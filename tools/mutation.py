@@ -374,9 +374,12 @@ _EQUIVALENT_BY_MODULE.update(
             },
             **{f"xǁCoresTraceǁwrite__mutmut_{n}": _COMPACT for n in (3, 5)},
             "xǁCoresTraceǁwrite__mutmut_14": _SAME_CODEC,
-            "xǁCoresTraceǁtrace_events__mutmut_6": (
-                "the time zero of a trace with no engine: no event uses it"
-            ),
+            **{
+                f"xǁCoresTraceǁtrace_events__mutmut_{n}": (
+                    "the time zero of a trace with no engine: no event uses it"
+                )
+                for n in (3, 6)
+            },
         },
     }
 )
