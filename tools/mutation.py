@@ -373,6 +373,10 @@ _EQUIVALENT_BY_MODULE.update(
                 for n in (2, 4)
             },
             **{f"xǁCoresTraceǁwrite__mutmut_{n}": _COMPACT for n in (3, 5)},
+            "xǁEventWriterǁ__init____mutmut_12": "parts() sets the tracks before any use",
+            "xǁEventWriterǁparts__mutmut_39": (
+                "a process_name event's tid: the format reads only its pid"
+            ),
             "xǁCoresTraceǁwrite__mutmut_14": _SAME_CODEC,
             **{
                 f"xǁCoresTraceǁtrace_events__mutmut_{n}": (
