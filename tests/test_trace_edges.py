@@ -417,3 +417,43 @@ class TestSharedHooks:
         assert sweep() == [2, 1, 3]
         uninstall(flows[2], recorders[2])
         assert poller.trace is None
+
+
+class TestSeenDone:
+    """When a request's DLA task was seen done: by the last sweep that found its slot,
+    unless that sweep was before the request was submitted (the slot's earlier task)."""
+
+    def run(self, sweep_at: float | None) -> tuple[Any, dict[str, Any]]:
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        where = slot(0, 0)
+        if sweep_at is not None:  # a sweep that found the slot done, at sweep_at
+            clock.now = sweep_at
+            recorder.sweep(sweep_at, [(where, 0)])
+        request = Request(1.0)
+        recorder.assigned(request, where, 1.0)
+        clock.now = 2.0
+        recorder.submitted(request)
+        clock.now = 3.0
+        recorder.completed(request, where)
+        clock.now = 4.0
+        recorder.ended(request, "completed")
+        document = recorder.trace_events()
+        check_trace_format(document)
+        (task,) = [e for e in document["traceEvents"] if e["name"] == "DLA task"]
+        return recorder.requests[-1], task
+
+    def test_no_sweep_seen_ends_the_task_when_the_loop_took_it(self) -> None:
+        record, task = self.run(None)
+        assert record[7] is None
+        assert task["ts"] + task["dur"] == 3e6
+
+    def test_a_sweep_before_the_submission_was_the_slots_earlier_task(self) -> None:
+        record, task = self.run(1.5)
+        assert record[7] is None
+        assert task["ts"] + task["dur"] == 3e6
+
+    def test_a_sweep_at_the_submission_counts(self) -> None:
+        record, task = self.run(2.0)
+        assert record[7] == 2.0
+        assert task["ts"] + task["dur"] == 2e6
