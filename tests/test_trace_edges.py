@@ -457,3 +457,27 @@ class TestSeenDone:
         record, task = self.run(2.0)
         assert record[7] == 2.0
         assert task["ts"] + task["dur"] == 2e6
+
+
+class TestLoopSteps:
+    def test_a_request_on_the_loop_draws_pack_submit_unpack_and_returned(self) -> None:
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        run_request(recorder, clock, 1.0)
+        events = recorder.trace_events()["traceEvents"]
+        args = {"request": 0, "model": "r", "outcome": "completed"}
+        loop = [
+            (e["name"], e["ts"], e["dur"], e["args"])
+            for e in events
+            if e["ph"] == "X" and e["tid"] == 1
+        ]
+        assert loop == [
+            ("pack", 1001000.0, 1000.0, args),
+            ("submit", 1002000.0, 1000.0, args),
+            ("unpack", 1006000.0, 1000.0, args),
+        ]
+        queued = [(e["ph"], e["args"]) for e in events if e["name"] == "queued"]
+        assert queued == [("b", args), ("e", {})]
+        (returned,) = [e for e in events if e["name"] == "returned"]
+        assert (returned["cat"], returned["ph"], returned["s"]) == ("aiodla", "i", "t")
+        assert returned["ts"] == 1007000.0 and returned["args"] == args
