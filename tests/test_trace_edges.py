@@ -481,3 +481,29 @@ class TestLoopSteps:
         (returned,) = [e for e in events if e["name"] == "returned"]
         assert (returned["cat"], returned["ph"], returned["s"]) == ("aiodla", "i", "t")
         assert returned["ts"] == 1007000.0 and returned["args"] == args
+
+    def test_a_request_that_never_ran_does_not_hide_later_ones(self) -> None:
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        recorder.ended(Request(0.5), "cancelled")  # number 0: ended while queued
+        run_request(recorder, clock, 1.0)  # number 1
+        events = recorder.trace_events()["traceEvents"]
+        drawn = [(e["name"], e["args"].get("request")) for e in events if e["ph"] == "X"]
+        assert ("pack", 1) in drawn and ("unpack", 1) in drawn
+
+    def test_a_frames_flow_ends_at_the_pack_of_the_request_that_read_it(self) -> None:
+        buffer = np.zeros(4, np.uint8)
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        recorder.frame("cam", 0, 0.5, 0.6, data_address(buffer))
+        request = Request(1.0, (buffer,))
+        recorder.assigned(request, slot(0, 0), 1.0)
+        clock.now = 1.5
+        recorder.packed(request)
+        clock.now = 2.0
+        recorder.submitted(request)
+        recorder.ended(request, "completed")
+        events = recorder.trace_events()["traceEvents"]
+        (pack,) = [e for e in events if e["name"] == "pack"]
+        ends = [e for e in events if e["name"] == "frame" and e["ph"] == "f"]
+        assert [(e["tid"], e["ts"]) for e in ends] == [(1, pack["ts"])]
