@@ -365,8 +365,8 @@ class TestOpenBound:
         recorder forgets the oldest such past 4 * capacity + 1024, so memory stays
         bounded, and no sooner."""
 
-        def ended_slotted(assigned: int) -> list[bool]:
-            recorder = TraceRecorder("r", capacity=1, clock=Clock(0.0))
+        def ended_slotted(assigned: int, capacity: int = 1) -> list[bool]:
+            recorder = TraceRecorder("r", capacity=capacity, clock=Clock(0.0))
             requests = [Request(0.0) for _ in range(assigned)]
             for request in requests:
                 recorder.assigned(request, slot(0, 0), 0.0)
@@ -378,6 +378,11 @@ class TestOpenBound:
 
         assert ended_slotted(1028) == [True, True]
         assert ended_slotted(1029) == [False, True]
+        assert ended_slotted(1032, capacity=2) == [True, True]
+        assert ended_slotted(1033, capacity=2) == [False, True]
+
+    def test_a_recorder_made_without_a_name_is_engine(self) -> None:
+        assert TraceRecorder().trace_events()["otherData"]["engine"] == "engine"
 
 
 class TestSharedHooks:
