@@ -56,7 +56,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -64,6 +63,7 @@ from typing import Any
 
 import numpy as np
 from _reports import report_path
+from _standin_lib import load_standin
 
 from aiodla import Detect, Engine, ImagePreprocess, TensorSpec
 from aiodla._detect import YOLOV5_ANCHORS
@@ -489,14 +489,6 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def load_standin(args: argparse.Namespace) -> None:
-    from aiodla.emulator._standin import build_standin
-    from aiodla.emulator._standin import load_standin as load
-
-    path = args.standin or build_standin(tempfile.mkdtemp(prefix="aiodla-bench-"))
-    load(Path(path))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output", nargs="?", help="JSON path")
@@ -511,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.gpu:
-        load_standin(args)
+        load_standin(args.standin)
     report = run(args)
     kind = "gpu" if args.gpu else "emulated"
     output = report_path(args.output, f"data-path-{kind}.json")

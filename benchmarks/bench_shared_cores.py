@@ -268,13 +268,11 @@ async def measure(
 
 def cuda_runtime(standin: str | None) -> Runtime:
     """The CUDA runtime over the GPU stand-in: ``standin``, else one built here."""
-    import tempfile
+    from _standin_lib import load_standin
 
-    from aiodla.emulator._standin import build_standin, load_standin
     from aiodla.runtime._cuda import CudaRuntime
 
-    path = standin or build_standin(tempfile.mkdtemp(prefix="aiodla-bench-"))
-    load_standin(path)
+    load_standin(standin)
     return CudaRuntime(0)
 
 

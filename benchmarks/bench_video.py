@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 from _reports import report_path
+from _standin_lib import load_standin
 from _thread_cpu import per_request, snapshot
 from bench_data_path import device_floor
 
@@ -543,14 +544,6 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
     }
 
 
-def load_standin(args: argparse.Namespace) -> None:
-    from aiodla.emulator._standin import build_standin
-    from aiodla.emulator._standin import load_standin as load
-
-    path = args.standin or build_standin(tempfile.mkdtemp(prefix="aiodla-bench-"))
-    load(Path(path))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output", nargs="?", help="JSON path")
@@ -565,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.runtime = "cuda" if args.gpu else "emulated"
     if args.gpu:
-        load_standin(args)
+        load_standin(args.standin)
     with tempfile.TemporaryDirectory(prefix="aiodla-bench-video-") as folder:
         clip = make_clip(Path(folder) / "clip.mp4", 4 * FPS)
         if args.streams:
