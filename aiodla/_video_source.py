@@ -55,9 +55,11 @@ __all__ = ["VideoSource", "VideoSourceState", "VideoSourceStatistics"]
 
 logger = logging.getLogger("aiodla")
 
-#: Buffers a source may hold beyond its queue: the one being filled, the frame the
-#: application is on, and one in flight and one waiting in a LatestFrameStream.
-_SPARE_BUFFERS = 4
+#: Buffers a source may hold beyond its own frames (``2 * max_frames``: as many queued
+#: as on their way to the queue, the one being filled among them) and one per slot of
+#: the engine (a request holds its frame until it ends): the frame the application is
+#: on, one it holds while it waits for the engine, and one waiting in a LatestFrameStream.
+_SPARE_BUFFERS = 3
 #: Seconds of recent frames the current frame rate covers.
 _RATE_WINDOW = 2.0
 
@@ -124,9 +126,11 @@ class VideoSource:
     ``engine``: host frames are then written straight into that engine's frame buffers
     (pinned memory; ``infer`` reads them in place). A buffer comes back to the source
     only once nothing holds its frame's array (a request holds it until it ends), so a
-    frame is never overwritten under a reader. A source holds at most ``max_frames +
-    4`` buffers; a frame decoded while all of them are held goes into a plain array
-    (counted as ``unpooled``) rather than wait.
+    frame is never overwritten under a reader. A source holds at most ``2 * max_frames
+    + 3`` buffers plus one per slot of the engine (its cores times ``streams_per_core``),
+    taken as needed: enough for its queue, a frame in each of the engine's slots and
+    the frame your code is on. A frame decoded while all of them are held (your code
+    keeps frames) goes into a plain array (counted as ``unpooled``) rather than wait.
 
     ``max_frames`` decoded frames wait for the application at most (newest wins, the
     rest count as dropped). ``transport``: RTSP over ``"tcp"`` or ``"udp"``.
@@ -185,7 +189,7 @@ class VideoSource:
             delays=(float(reconnect_delay), float(max_reconnect_delay)),
             repeat=bool(repeat),
         )
-        self._lender = Lender(max_frames + _SPARE_BUFFERS)
+        self._lender = Lender(0)  # sized by start(), once the engine's slots are known
         self._reader: Reader | None = None  # made by start()
         # Loop-thread state (see the module docstring for who writes what):
         self._state = VideoSourceState.CONNECTING
@@ -260,6 +264,7 @@ class VideoSource:
         loop = asyncio.get_running_loop()
         self._opened = loop.create_future()
         self._finished = loop.create_future()
+        self._lender = Lender(_buffers_held(self._settings.engine, self._max_frames))
         self._reader = Reader(self._settings, _Sink(self), loop, self._lender)
         self._reader.thread.start()
         logger.info("aiodla: video source %r decodes with %s", self._name, self._decoder_name)
@@ -435,6 +440,15 @@ class VideoSource:
             self._opened.set_result(None)
         if self._finished is not None and not self._finished.done():
             self._finished.set_result(None)
+
+
+def _buffers_held(engine: Any, max_frames: int) -> int:
+    """The frame buffers a source given ``engine`` may hold at once (see
+    ``_SPARE_BUFFERS``); 0 without an engine."""
+    if engine is None:
+        return 0
+    slots = sum(core.busy_slots + core.idle_slots for core in engine.statistics().cores)
+    return 2 * max_frames + slots + _SPARE_BUFFERS
 
 
 class _Sink:

@@ -74,14 +74,40 @@ class TestFrameBuffers:
             assert len(addresses) <= 1 + 4
             assert source.statistics().unpooled == 0
 
+    async def test_a_frame_in_each_of_the_engines_slots_stays_in_its_buffers(
+        self,
+        clips: dict[str, Path],
+        aiodla_engine: EngineFactory,
+        aiodla_controls: DLAControls,
+    ) -> None:
+        # Eight slots, each holding a request on a frame, while the source queues more
+        # and the application takes two: all of them in the engine's buffers.
+        model = make_loadable([IMAGES], [OUT], "affine", 0.0005, scale=1.0, bias=0.0)
+        engine = await aiodla_engine(
+            model, preprocess={"images": I420}, cores=[0, 1], streams_per_core=4
+        )
+        async with VideoSource(clips["h264.mp4"], "ffmpeg", engine=engine, max_frames=2) as source:
+            with aiodla_controls.hold(0, 1) as gate:
+                frames = await take(source, 8)
+                pending = [asyncio.ensure_future(engine.infer(f)) for f in frames]
+                await gate.reached(2)
+                more = await take(source, 2)
+                await wait_for(lambda: source.statistics().buffered == 2)
+                stats = source.statistics()
+            results = await asyncio.gather(*pending)
+        assert stats.unpooled == 0
+        for frame, got in zip(frames, results, strict=True):
+            np.testing.assert_array_equal(got, await engine.infer(np.array(frame.array)))
+        assert len({f.array.__array_interface__["data"][0] for f in frames + more}) == 10
+
     async def test_past_its_quota_a_source_falls_back_to_plain_arrays(
         self, clips: dict[str, Path], aiodla_engine: EngineFactory
     ) -> None:
-        engine = await camera_engine(aiodla_engine)
+        engine = await camera_engine(aiodla_engine)  # one core, two slots
         async with VideoSource(clips["h264.mp4"], "ffmpeg", engine=engine, max_frames=2) as source:
             kept = await take(source, 20)  # the application keeps every frame
             stats = source.statistics()
-        assert stats.unpooled >= 20 - (2 + 4)
+        assert stats.unpooled >= 20 - (2 * 2 + 2 + 3)
         pixels = [np.array(f.array) for f in kept]
         assert all(not np.array_equal(pixels[i], pixels[i + 1]) for i in range(19))
 
@@ -175,11 +201,12 @@ class TestNoLeaks:
         assert threading.active_count() == threads
         # With isolation="process" each frame buffer is a shared-memory file: the pool's
         # growth (bounded as below) shows there; one leaked per cycle would be >= 100.
-        assert open_fds() - fds <= 1 + 4
-        # The pool may grow to what one source holds at once (its quota: max_frames + 4,
-        # reached when a cycle's frames are still in flight as the next opens), never
-        # with the number of cycles: without the pool it would be >= 100 buffers.
-        assert counts.allocations - allocations <= 1 + 4
+        assert open_fds() - fds <= 2 * 1 + 3 + 2
+        # The pool may grow to what one source holds at once (its quota: 2 * max_frames
+        # + 3 + the engine's two slots, reached when a cycle's frames are still in
+        # flight as the next opens), never with the number of cycles: without the pool
+        # it would be >= 100 buffers.
+        assert counts.allocations - allocations <= 2 * 1 + 3 + 2
         assert grown < 512 * 1024, grown
 
     async def test_a_source_left_unclosed_warns(self, clips: dict[str, Path]) -> None:
