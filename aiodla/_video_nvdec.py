@@ -4,7 +4,8 @@ PyNvVideoCodec demuxes with its own FFmpeg (files and ``rtsp://``) and decodes o
 GPU's NVDEC into NV12 surfaces in device memory. Those surfaces are the decoder's own
 and are overwritten by later ``Decode`` calls (PyNvVideoCodec's documentation: only
 "locked" frames are kept), while a source decodes ahead of its reader. So each picture
-is copied, device to device (a few microseconds of the GPU for 1080p), into a buffer
+is copied, device to device (a few microseconds of the GPU for 1080p), plane by plane
+from where the decoder's views say each plane lies and at their pitch, into a buffer
 of the stream's own pool, and handed on as a small object exposing
 ``__cuda_array_interface__`` over it (Y rows then interleaved UV rows,
 ``(height * 3 // 2, width)`` bytes); the buffer returns to the pool when that object is
@@ -117,17 +118,43 @@ class _Picture:
 
 def _copied(frame: Any, pool: _DevicePool, width: int, height: int) -> _DeviceNV12:
     """The decoder's surface copied into a buffer of ``pool`` (before the next Decode
-    call can overwrite it)."""
-    nbytes = width * height * 3 // 2
+    call can overwrite it): its Y plane, then its UV plane, each from where the decoder
+    put it at the decoder's own pitch, into dense rows of ``width`` bytes."""
+    (luma, luma_pitch), (chroma, chroma_pitch) = _planes(frame)
     pointer = pool.take()
     array = _DeviceNV12(pool, pointer, width, height)  # gives the buffer back if we fail
-    source = int(frame.GetPtrToPlane(0))
     kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     # On the stream the decoder wrote on (0, its default), then waited for, so the
     # picture is whole for any stream that reads it afterwards.
-    check_cuda("cudaMemcpyAsync", _rt.cudaMemcpyAsync(pointer, source, nbytes, kind, 0))
+    for source, pitch, at, rows in (
+        (luma, luma_pitch, 0, height),
+        (chroma, chroma_pitch, width * height, height // 2),
+    ):
+        check_cuda(
+            "cudaMemcpy2DAsync",
+            _rt.cudaMemcpy2DAsync(pointer + at, width, source, pitch, width, rows, kind, 0),
+        )
     check_cuda("cudaStreamSynchronize", _rt.cudaStreamSynchronize(0))
     return array
+
+
+def _planes(frame: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(address, pitch in bytes) of a decoded NV12 picture's Y plane and of its UV
+    plane, from the CUDA array interface of each plane's view (``frame.cuda()``): the
+    UV plane need not follow the Y rows, and rows may be padded past the width (an
+    odd height's last Y row, a pitched surface), so neither is assumed."""
+    views = frame.cuda()
+    if len(views) < 2:
+        raise TypeError(f"an NV12 picture has two planes; the decoder gave {len(views)}")
+    found = []
+    for view in views[:2]:
+        interface = view.__cuda_array_interface__
+        shape, strides = interface["shape"], interface.get("strides")
+        # Dense rows when no strides are given: every element's bytes, one row after
+        # another (Y: (H, W, 1); UV: (H/2, W/2, 2)).
+        pitch = int(strides[0]) if strides else int(np.prod(shape[1:], dtype=np.int64))
+        found.append((int(interface["data"][0]), pitch))
+    return found[0], found[1]
 
 
 def _error(address: Address, what: str, reason: str, retryable: bool) -> VideoSourceError:

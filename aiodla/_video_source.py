@@ -447,7 +447,7 @@ def _buffers_held(engine: Any, max_frames: int) -> int:
     ``_SPARE_BUFFERS``); 0 without an engine."""
     if engine is None:
         return 0
-    slots = sum(core.busy_slots + core.idle_slots for core in engine.statistics().cores)
+    slots: int = sum(core.busy_slots + core.idle_slots for core in engine.statistics().cores)
     return 2 * max_frames + slots + _SPARE_BUFFERS
 
 

@@ -55,10 +55,14 @@ def as_nv12(i420: np.ndarray[Any, Any], width: int, height: int) -> np.ndarray[A
 
 
 @pytest.mark.parametrize(("codec", "suffix"), [("h264", "mp4"), ("h265", "mkv")])
+# 330 x 186: no multiple of 16 (the coded picture is larger and cropped), so the
+# surface's planes lie at a pitch and offset of the decoder's own, which the copy must
+# follow (``tests/video/test_video_nvdec_planes.py`` holds that without a GPU).
+@pytest.mark.parametrize("size", [(640, 360), (330, 186)], ids=["640x360", "330x186"])
 async def test_nvdec_pixels_equal_ffmpeg_and_stay_valid_while_held(
-    tmp_path: Path, codec: Any, suffix: str
+    tmp_path: Path, codec: Any, suffix: str, size: tuple[int, int]
 ) -> None:
-    clip = encode_clip(tmp_path / f"clip.{suffix}", codec, frames=40, size=(640, 360))
+    clip = encode_clip(tmp_path / f"clip.{suffix}", codec, frames=40, size=size)
     async with VideoSource(clip, "ffmpeg", max_frames=64) as cpu:
         reference = [frame async for frame in cpu]
     async with VideoSource(clip, "nvdec", max_frames=64) as gpu:

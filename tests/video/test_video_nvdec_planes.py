@@ -1,0 +1,169 @@
+"""The nvdec decoder's copy of a decoded picture, without a GPU: a fake PyNvVideoCodec
+frame whose planes lie apart, at a pitch wider than the picture (as a pitched NVDEC
+surface, or an odd height's extra row, leaves them), copied by the decoder's own code
+through a stand-in for CUDA's copies that moves host bytes between the same addresses.
+The result must be the dense NV12 picture ``VideoFrame`` states, whatever the pitch."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+from cuda.bindings import runtime as rt
+
+_OK = (rt.cudaError_t.cudaSuccess,)
+
+
+class HostCuda:
+    """The runtime calls ``_video_nvdec`` makes, on host memory: "device" addresses are
+    the addresses of numpy buffers this object keeps."""
+
+    cudaMemcpyKind = rt.cudaMemcpyKind
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, np.ndarray[Any, Any]] = {}
+
+    def cudaMalloc(self, nbytes: int) -> tuple[Any, int]:
+        buffer = np.full(nbytes, 0xAA, np.uint8)
+        self.buffers[buffer.ctypes.data] = buffer
+        return (rt.cudaError_t.cudaSuccess, buffer.ctypes.data)
+
+    def cudaFree(self, pointer: int) -> tuple[Any]:
+        del self.buffers[pointer]
+        return _OK
+
+    def cudaMemcpyAsync(
+        self, dst: int, src: int, nbytes: int, kind: Any, stream: int
+    ) -> tuple[Any]:
+        ctypes.memmove(dst, src, nbytes)
+        return _OK
+
+    def cudaMemcpy2DAsync(
+        self,
+        dst: int,
+        dpitch: int,
+        src: int,
+        spitch: int,
+        width: int,
+        height: int,
+        kind: Any,
+        stream: int,
+    ) -> tuple[Any]:
+        assert width <= dpitch and width <= spitch
+        for row in range(height):
+            ctypes.memmove(dst + row * dpitch, src + row * spitch, width)
+        return _OK
+
+    def cudaStreamSynchronize(self, stream: int) -> tuple[Any]:
+        return _OK
+
+
+class PlaneView:
+    def __init__(self, array: np.ndarray[Any, Any], shape: tuple[int, ...], pitch: int) -> None:
+        self.array = array
+        item = shape[2] if len(shape) == 3 else 1
+        self.__cuda_array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "strides": (pitch, item, 1),
+            "typestr": "|u1",
+            "data": (array.ctypes.data, False),
+            "stream": 0,
+        }
+
+
+class PitchedFrame:
+    """A PyNvVideoCodec DecodedFrame as far as aiodla reads it: two plane views, Y
+    ``(H, W, 1)`` and UV ``(H/2, W/2, 2)``, each ``pitch`` bytes a row, in separate
+    allocations; padding bytes hold 0xEE, which must never reach the copy."""
+
+    def __init__(self, y: np.ndarray[Any, Any], uv: np.ndarray[Any, Any], pitch: int) -> None:
+        height, width = y.shape
+        self.luma = np.full((height, pitch), 0xEE, np.uint8)
+        self.luma[:, :width] = y
+        self.chroma = np.full((height // 2, pitch), 0xEE, np.uint8)
+        self.chroma[:, :width] = uv
+        self.views = [
+            PlaneView(self.luma, (height, width, 1), pitch),
+            PlaneView(self.chroma, (height // 2, width // 2, 2), pitch),
+        ]
+
+    def cuda(self) -> list[PlaneView]:
+        return self.views
+
+
+@pytest.fixture
+def nvdec(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, HostCuda]:
+    """``aiodla._video_nvdec`` imported against a stand-in PyNvVideoCodec, its CUDA
+    runtime calls going to host memory; both gone again after the test."""
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", types.ModuleType("PyNvVideoCodec"))
+    monkeypatch.delitem(sys.modules, "aiodla._video_nvdec", raising=False)
+    module = importlib.import_module("aiodla._video_nvdec")
+    monkeypatch.delitem(sys.modules, "aiodla._video_nvdec")  # restored as absent afterwards
+    cuda = HostCuda()
+    monkeypatch.setattr(module, "_rt", cuda)
+    return module, cuda
+
+
+def dense_copy(module: Any, cuda: HostCuda, frame: PitchedFrame, width: int, height: int) -> Any:
+    pool = module._DevicePool(width * height * 3 // 2)
+    array = module._copied(frame, pool, width, height)
+    interface = array.__cuda_array_interface__
+    assert interface["shape"] == (height * 3 // 2, width) and interface["strides"] is None
+    copied = np.array(cuda.buffers[interface["data"][0]]).reshape(height * 3 // 2, width)
+    del array  # its buffer goes back to the pool
+    pool.close()
+    return copied
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "pitch"),
+    [(160, 120, 256), (150, 90, 160), (64, 48, 64)],
+    ids=["pitched", "pitch-not-a-power-of-two", "dense-rows-planes-apart"],
+)
+def test_an_nvdec_picture_is_copied_from_its_planes_at_their_pitch(
+    nvdec: tuple[Any, HostCuda], width: int, height: int, pitch: int
+) -> None:
+    module, cuda = nvdec
+    rng = np.random.default_rng(width)
+    y = rng.integers(0, 256, (height, width), np.uint8)
+    uv = rng.integers(0, 256, (height // 2, width), np.uint8)
+    frame = PitchedFrame(y, uv, pitch)
+    copied = dense_copy(module, cuda, frame, width, height)
+    np.testing.assert_array_equal(copied[:height], y)
+    np.testing.assert_array_equal(copied[height:], uv)
+    assert not cuda.buffers  # the pool freed its buffer on close
+
+
+def test_an_odd_heights_extra_row_is_left_out(nvdec: tuple[Any, HostCuda]) -> None:
+    # A 64 x 49 picture: the decoder's Y plane has 49 rows; aiodla's frame is 48 rows
+    # high, and its chroma comes from the UV plane, not from the Y plane's last row.
+    module, cuda = nvdec
+    rng = np.random.default_rng(7)
+    y = rng.integers(0, 256, (49, 64), np.uint8)
+    uv = rng.integers(0, 256, (25, 64), np.uint8)
+    frame = PitchedFrame(y, uv[:24], 64)
+    frame.luma = np.ascontiguousarray(np.vstack([y, uv]))  # UV right after all 49 Y rows
+    frame.views = [
+        PlaneView(frame.luma, (49, 64, 1), 64),
+        PlaneView(frame.luma[49:], (25, 32, 2), 64),
+    ]
+    copied = dense_copy(module, cuda, frame, 64, 48)
+    np.testing.assert_array_equal(copied[:48], y[:48])
+    np.testing.assert_array_equal(copied[48:], uv[:24])
+
+
+def test_a_picture_without_two_planes_is_refused(nvdec: tuple[Any, HostCuda]) -> None:
+    module, cuda = nvdec
+    frame = PitchedFrame(np.zeros((4, 4), np.uint8), np.zeros((2, 4), np.uint8), 4)
+    frame.views = frame.views[:1]
+    pool = module._DevicePool(24)
+    with pytest.raises(TypeError, match="two planes; the decoder gave 1"):
+        module._copied(frame, pool, 4, 4)
+    pool.close()
+    assert not cuda.buffers  # nothing was taken for it
