@@ -295,6 +295,18 @@ def _detect_letterboxed() -> Any:
     return inputs, outputs, "detect", 1.0, 0.0, frozenset(), frozenset()
 
 
+def _detect_inputs() -> Any:
+    """Op detect with two inputs, heights and widths no multiple of the digest's 8-grid,
+    two images in input 1 and padded strides: the digest's grid and its indices ``j``
+    (the element's index in the whole tensor) across inputs, channels and images."""
+    inputs = [
+        _spec("image", (1, 3, 17, 12), "float16", "chw16", (0, 32, 64, 16)),
+        _spec("extra", (2, 5, 9, 11), "uint8", "nchw", (0, 4, 8, 3)),
+    ]
+    outputs = [_spec("p4", (1, 21, 5, 3), "float32", "nhwc", (2, 0, 0, 0))]
+    return inputs, outputs, "detect", 1.0, 0.0, frozenset(), frozenset()
+
+
 # Vectors whose input 0 is letterboxed: rows of padding at its top and bottom.
 _BANDS = {"detect_letterboxed": 9}
 
@@ -363,6 +375,7 @@ _BUILDERS: tuple[tuple[str, Any], ...] = (
     ("mix_clamped", _mix_clamped),
     ("detect_heads", _detect_heads),
     ("detect_letterboxed", _detect_letterboxed),
+    ("detect_inputs", _detect_inputs),
 )
 
 

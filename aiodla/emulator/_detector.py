@@ -4,11 +4,12 @@ has something to find where there is no DLA.
 
 ``aiodla emulate --preset yolov5s`` writes YOLOv5s' I/O (a 3x640x640 FP16 input; heads
 255x80x80, 255x40x40 and 255x20x20, FP16) with this op. The arithmetic (the format's
-definition, see :mod:`aiodla.emulator._format`): with ``K[o]`` and the draw ``r(i) =
-F(K[o] + (i + 1) * G)`` of the op mix, output o (shape 1 x 3(5+k) x H x W: three anchors
-of k classes) has cells i = (a*H + y)*W + x; cell i holds an object when ``r >> 48 <
-floor(16 * 2**16 / (3*H*W))`` (16 objects an output, expected) and the cell lies in the
-picture. Channels of anchor a at (y, x), as logits: without an object 0, objectness -8;
+definition, see :mod:`aiodla.emulator._format`): with the op mix's digest ``D`` taken
+over the inputs' elements on an 8 x 8 grid of (h, w) (``_ops.DETECT_GRID``), and mix's
+``K[o]`` and draw ``r(i) = F(K[o] + (i + 1) * G)``, output o (shape 1 x 3(5+k) x H x W:
+three anchors of k classes) has cells i = (a*H + y)*W + x; cell i holds an object when
+``r >> 48 < floor(16 * 2**16 / (3*H*W))`` (16 objects an output, expected) and the cell
+lies in the picture. Channels of anchor a at (y, x), as logits: without an object 0, objectness -8;
 with one, x, y, w, h = ``((r >> s) & 255) / 128 - 1`` for s = 0, 8, 32, 40, objectness
 4, class ``(r >> 16) % k`` 4 and the other classes -4. Values are exact in float16.
 
@@ -21,11 +22,12 @@ lies in its cell, hence in the picture, as a real detector's would. A picture th
 happens to match pixel (0, 0) at a cell's corners gets no object there, and the cell
 holding pixel (0, 0) never holds one.
 
-The work is sparse: a head is the stored background (zeros, objectness -8) with the
-object cells written over it. The emulated runtime copies the background's bytes,
-already in the output's DLA layout, and writes the few object cells' channels at their
-offsets (:func:`write_heads`), so a task costs about the digest and one copy of its
-outputs, not a pass over every element.
+The work is sparse: a head is the background (zeros, objectness -8) with the object
+cells written over it. The emulated runtime reads, from the input buffers as they lie,
+only the digest's grid and the object cells' corner pixels, then fills each output's
+bytes with zeros, its three objectness planes with -8, and writes the few object cells'
+channels at their offsets (:func:`write_heads`): a task never passes over a whole
+input, and over its outputs only to fill them.
 """
 
 from __future__ import annotations
@@ -40,12 +42,14 @@ from .._tensors import TensorSpec
 from ._detect_heads import ANCHORS
 from ._detect_heads import check_detect_outputs as check_detect_outputs
 from ._draws import _OUTPUT_STEP, _finalize, _finalize_int, _stream
+from ._ops import element_offsets, laid_bits
 
 __all__ = [
     "PRESETS",
     "PRESETS_HELP",
     "check_detect_outputs",
     "detect_heads",
+    "laid_picture",
     "logical_picture",
     "objects",
     "preset_io",
@@ -107,6 +111,19 @@ def logical_picture(stored: np.ndarray[Any, Any]) -> Picture:
     return Picture(bits.shape[1], bits.shape[2], lambda y, x: bits[:, y, x])
 
 
+def laid_picture(spec: TensorSpec, raw: np.ndarray[Any, Any]) -> Picture:
+    """The picture of input 0 as its buffer ``raw`` (uint8) holds it in ``spec``'s
+    layout: only the pixels asked for are read."""
+    _, channels, height, width = spec.shape
+    planes = np.arange(channels)[:, None]
+
+    def pixels(y: np.ndarray[Any, Any], x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        bits: np.ndarray[Any, Any] = laid_bits(raw, spec, element_offsets(spec, 0, planes, y, x))
+        return bits
+
+    return Picture(height, width, pixels)
+
+
 def objects(spec: TensorSpec, o: int, digest: int, picture: Picture | None) -> Objects:
     """Output ``o``'s object cells for the digest ``D`` and input 0's ``picture`` (None:
     no input, every cell in the picture)."""
@@ -143,26 +160,25 @@ def _in_picture(
     """Whether cells (y, x) of a ``height`` x ``width`` output lie in the picture (the
     module's docstring): only the object cells' corners are read."""
     h, w, pixels = picture
+    # one read: pixel (0, 0), then every cell's first pixel, then every cell's last
     zero = np.zeros(1, np.int64)
-    corner = pixels(zero, zero)  # (c, 1)
-    first = pixels(y * h // height, x * w // width) != corner
-    last = pixels(((y + 1) * h - 1) // height, ((x + 1) * w - 1) // width) != corner
-    inside: np.ndarray[Any, Any] = first.any(axis=0) & last.any(axis=0)
+    rows = np.concatenate((zero, y * h // height, ((y + 1) * h - 1) // height))
+    columns = np.concatenate((zero, x * w // width, ((x + 1) * w - 1) // width))
+    bits = pixels(rows, columns)  # (c, 1 + 2n)
+    differs = (bits[:, 1:] != bits[:, :1]).any(axis=0)
+    inside: np.ndarray[Any, Any] = differs[: len(y)] & differs[len(y) :]
     return inside
 
 
 @functools.lru_cache(maxsize=32)
-def _background(spec: TensorSpec) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """An output without objects: its logical array and its bytes in the DLA layout
-    (padding zero), both read-only."""
+def _background(spec: TensorSpec) -> np.ndarray[Any, Any]:
+    """An output without objects, logical and read-only: zeros, objectness -8."""
     _, channels, height, width = spec.shape
     logical = np.zeros((_ANCHORS, channels // _ANCHORS, height * width), np.float64)
     logical[:, 4, :] = -8.0
     stored = logical.reshape(spec.shape).astype(spec.numpy_dtype)
-    packed = np.array(spec.pack(stored), np.uint8, copy=True)
-    for array in (stored, packed):
-        array.flags.writeable = False
-    return stored, packed
+    stored.flags.writeable = False
+    return stored
 
 
 def detect_heads(
@@ -175,7 +191,7 @@ def detect_heads(
     results = []
     for o, spec in enumerate(outputs):
         found = objects(spec, o, digest, picture)
-        head = _background(spec)[0].copy()
+        head = _background(spec).copy()
         per = spec.shape[1] // _ANCHORS
         channel = found.anchor[:, None] * per + np.arange(per)
         head[0, channel, found.y[:, None], found.x[:, None]] = found.values
@@ -190,19 +206,39 @@ def write_heads(
     picture: Picture | None,
 ) -> None:
     """Write every output into its buffer's bytes ``raws`` (uint8, the DLA layout), as
-    :func:`detect_heads` gives it and packing would lay it out: the background's bytes,
-    then the object cells' channels at their offsets. Every byte is written."""
+    :func:`detect_heads` gives it and packing would lay it out: zeros, each anchor's
+    objectness plane -8, then the object cells' channels at their offsets. Every byte is
+    written."""
     for o, (raw, spec) in enumerate(zip(raws, outputs, strict=True)):
-        np.copyto(raw, _background(spec)[1])
+        # Zeros are the background but for three planes: filling is a store per byte
+        # where copying a kept background would also load one.
+        raw.fill(0)
+        for plane in _objectness_planes(raw, spec):
+            plane.fill(-8.0)
         found = objects(spec, o, digest, picture)
         if not len(found.y):
             continue
-        assert spec.strides is not None
-        pixel, line, surface, _ = spec.strides
         esize = spec.numpy_dtype.itemsize
         per = spec.shape[1] // _ANCHORS
         channel = found.anchor[:, None] * per + np.arange(per)  # (n, per)
-        at = (channel // spec.lanes) * surface + (channel % spec.lanes) * esize
-        at += (found.y * line + found.x * pixel)[:, None]
+        at = element_offsets(spec, 0, channel, found.y[:, None], found.x[:, None])
         values = found.values.astype(spec.numpy_dtype).view(np.uint8).reshape(-1, esize)
         raw[at.reshape(-1, 1) + np.arange(esize)] = values
+
+
+def _objectness_planes(raw: np.ndarray[Any, Any], spec: TensorSpec) -> list[np.ndarray[Any, Any]]:
+    """Each anchor's objectness channel of ``raw`` as an (H, W) view in the layout."""
+    assert spec.strides is not None
+    pixel, line, _, _ = spec.strides
+    _, channels, height, width = spec.shape
+    per = channels // _ANCHORS
+    return [
+        np.ndarray(
+            (height, width),
+            spec.numpy_dtype,
+            buffer=raw,
+            offset=int(element_offsets(spec, 0, a * per + 4, 0, 0)),
+            strides=(line, pixel),
+        )
+        for a in range(_ANCHORS)
+    ]

@@ -104,8 +104,12 @@ store 0 for NaN. Every output depends on its own request's inputs only.
 ``detect`` (any inputs; outputs of shape (1, 3*(5+k), H, W), float) draws as ``mix``
 does, one draw per cell of three anchors, and writes raw YOLOv5-style heads with a few
 objects each, none in cells that input 0 shows as letterbox padding
-(``aiodla.emulator._detector`` gives the arithmetic). ``scale`` and ``bias`` are
-unused. The GPU stand-in runs it too, byte for byte.
+(``aiodla.emulator._detector`` gives the arithmetic). Its digest reads the inputs on a
+grid: in step 1, ``S[t]`` sums only over the elements whose ``h`` and ``w`` are both
+multiples of 8 (``j`` still the element's index in the whole tensor, so the weights
+are mix's), one element in 64 of an image, which is what keeps an emulated detector's
+task cheap for the host. A frame changed only between the grid's points keeps its
+objects. ``scale`` and ``bias`` are unused. The GPU stand-in runs it too, byte for byte.
 """
 
 from __future__ import annotations

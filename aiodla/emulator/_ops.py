@@ -18,9 +18,12 @@ from ._draws import _G, _MASK, _OUTPUT_STEP, _finalize, _finalize_int, _stream
 from ._format import EmulatorModel
 
 __all__ = [
+    "DETECT_GRID",
     "ModelRunner",
     "compute_logical",
     "compute_outputs",
+    "element_offsets",
+    "laid_bits",
     "mix_digest",
     "run_model",
     "to_storage",
@@ -70,10 +73,10 @@ def compute_outputs(
     if model.op == "mix":
         return (mix or _Mix(model))(stored)
     if model.op == "detect":
-        from ._detector import detect_heads  # (it builds on this module's draws)
+        from ._detector import detect_heads  # (it builds on this module)
 
         image = stored[0] if stored else None
-        return detect_heads(model.outputs, (mix or _Mix(model)).digest(stored), image)
+        return detect_heads(model.outputs, _Digest(model)(stored), image)
     return [
         to_storage(compute_logical(model, index, x), target.numpy_dtype)
         for index, (x, target) in enumerate(zip(stored, model.outputs, strict=True))
@@ -90,30 +93,86 @@ def _bits(stored: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 def mix_digest(model: EmulatorModel, stored: Sequence[np.ndarray[Any, Any]]) -> int:
-    """The digest ``D`` of the format's op mix, over every input's stored values."""
-    return _Mix(model).digest(stored)
+    """The digest ``D`` of the format's op mix (or detect's, on its grid), over every
+    input's stored values."""
+    return _Digest(model)(stored)
 
+
+#: The detect op's digest reads input elements whose h and w are multiples of this
+#: (the format's definition): a detector's finest head looks at the picture in 8 x 8
+#: cells, and reading one element in 64 keeps a task's host cost far below the DLA's
+#: time while every frame still gets objects of its own.
+DETECT_GRID = 8
 
 # Elements drawn per pass: the scratch stays in the CPU's cache, whatever the tensor.
 _CHUNK = 1 << 15
 
 
+def _grid(model: EmulatorModel) -> int:
+    return DETECT_GRID if model.op == "detect" else 1
+
+
+def element_offsets(spec: TensorSpec, n: Any, c: Any, h: Any, w: Any) -> np.ndarray[Any, Any]:
+    """Byte offsets of elements (n, c, h, w) (broadcast integer arrays) in the tensor's
+    layout, by the format's one addressing formula."""
+    assert spec.strides is not None
+    pixel, line, surface, batch = spec.strides
+    lanes, esize = spec.lanes, spec.numpy_dtype.itemsize
+    c = np.asarray(c, np.int64)
+    at: np.ndarray[Any, Any] = (
+        np.asarray(n, np.int64) * batch
+        + (c // lanes) * surface
+        + np.asarray(h, np.int64) * line
+        + np.asarray(w, np.int64) * pixel
+        + (c % lanes) * esize
+    )
+    return at
+
+
+def laid_bits(raw: np.ndarray[Any, Any], spec: TensorSpec, offsets: np.ndarray[Any, Any]) -> Any:
+    """The stored bits of the elements at byte ``offsets`` of ``raw`` (the tensor's
+    buffer, uint8), as unsigned integers of their width, shaped as ``offsets``."""
+    esize = spec.numpy_dtype.itemsize
+    picked = raw.take(offsets[..., np.newaxis] + np.arange(esize))
+    return picked.view(np.dtype(f"<u{esize}"))[..., 0]
+
+
+@functools.lru_cache(maxsize=32)
+def _grid_offsets(spec: TensorSpec, grid: int) -> np.ndarray[Any, Any]:
+    """Byte offsets of the elements the digest reads, in row-major order (read-only)."""
+    n, c, h, w = spec.shape
+    at = element_offsets(
+        spec,
+        np.arange(n)[:, None, None, None],
+        np.arange(c)[None, :, None, None],
+        np.arange(0, h, grid)[None, None, :, None],
+        np.arange(0, w, grid)[None, None, None, :],
+    ).reshape(-1)
+    at.flags.writeable = False
+    return at
+
+
 @functools.lru_cache(maxsize=16)
-def _tables(
-    input_sizes: tuple[int, ...], output_sizes: tuple[int, ...]
-) -> tuple[tuple[np.ndarray[Any, Any], ...], tuple[np.ndarray[Any, Any], ...]]:
-    """The input weights ``w[t]`` and the outputs' ``(i + 1) * G``: they depend on the
-    sizes only, so every task of every model of these sizes shares them (read-only)."""
-    weights = []
-    for t, size in enumerate(input_sizes):
-        w = _stream(_finalize_int(_INPUT_SEED + t), size)
-        _finalize(w, np.empty_like(w))
-        np.bitwise_or(w, np.uint64(1), out=w)
-        weights.append(w)
-    steps = [_stream(0, size) for size in output_sizes]
-    for array in (*weights, *steps):
-        array.flags.writeable = False
-    return tuple(weights), tuple(steps)
+def _weights(shape: tuple[int, int, int, int], t: int, grid: int) -> np.ndarray[Any, Any]:
+    """The weights ``w[t, j]`` of input ``t``'s elements on the grid, in row-major order:
+    they depend on the shape only, so every task of every model shares them (read-only)."""
+    n, c, h, w = shape
+    after = np.arange(1, n * c * h * w + 1, dtype=np.uint64).reshape(shape)  # j + 1
+    weights = np.ascontiguousarray(after[:, :, ::grid, ::grid]).reshape(-1)
+    np.multiply(weights, np.uint64(_G), out=weights)  # wraps mod 2**64
+    np.add(weights, np.uint64(_finalize_int(_INPUT_SEED + t)), out=weights)
+    _finalize(weights, np.empty_like(weights))
+    np.bitwise_or(weights, np.uint64(1), out=weights)
+    weights.flags.writeable = False
+    return weights
+
+
+@functools.lru_cache(maxsize=16)
+def _steps(size: int) -> np.ndarray[Any, Any]:
+    """An output's ``(i + 1) * G``, shared by every task (read-only)."""
+    steps = _stream(0, size)
+    steps.flags.writeable = False
+    return steps
 
 
 def mix_values(dtype: np.dtype[Any], scale: float, bias: float) -> np.ndarray[Any, Any]:
@@ -133,32 +192,58 @@ def mix_values(dtype: np.dtype[Any], scale: float, bias: float) -> np.ndarray[An
     return to_storage(y, dtype)
 
 
+class _Digest:
+    """The digest ``D`` of one model's inputs (op mix: every element; op detect: the
+    elements on its grid), from their logical arrays or straight from their buffers."""
+
+    def __init__(self, model: EmulatorModel) -> None:
+        self._inputs = model.inputs
+        self._grid = _grid(model)
+        self._weights = [_weights(spec.shape, t, self._grid) for t, spec in enumerate(model.inputs)]
+
+    def __call__(self, stored: Sequence[np.ndarray[Any, Any]]) -> int:
+        """From every input's stored values in their logical shape."""
+        grid = self._grid
+        bits = []
+        for x, spec in zip(stored, self._inputs, strict=True):
+            if x.shape != spec.shape:
+                raise ValueError(f"input {spec.name!r}: shape {x.shape}, expected {spec.shape}")
+            bits.append(_bits(x if grid == 1 else x[:, :, ::grid, ::grid]))
+        return self._fold(bits)
+
+    def laid(self, raws: Sequence[np.ndarray[Any, Any]]) -> int:
+        """From every input's buffer (uint8, the tensor's layout): only the elements the
+        digest reads are touched, never the whole tensor."""
+        return self._fold(
+            [
+                laid_bits(raw, spec, _grid_offsets(spec, self._grid))
+                for raw, spec in zip(raws, self._inputs, strict=True)
+            ]
+        )
+
+    def _fold(self, bits: Sequence[np.ndarray[Any, Any]]) -> int:
+        digest = 0
+        for b, weights in zip(bits, self._weights, strict=True):
+            terms = b.astype(np.uint64)
+            np.multiply(terms, weights, out=terms)
+            total = int(terms.sum(dtype=np.uint64))  # wraps: the sum is mod 2**64
+            digest = _finalize_int((digest + total + _G) & _MASK)
+        return digest
+
+
 class _Mix:
     """The op mix for one model, with its own scratch (one per task: tasks of several
     cores run at once)."""
 
     def __init__(self, model: EmulatorModel) -> None:
         self.model = model
-        self._weights, self._steps = _tables(
-            tuple(math.prod(spec.shape) for spec in model.inputs),
-            tuple(math.prod(spec.shape) for spec in model.outputs),
-        )
+        self.digest = _Digest(model)
+        self._steps = [_steps(math.prod(spec.shape)) for spec in model.outputs]
         self._values = [
             mix_values(spec.numpy_dtype, model.scale, model.bias) for spec in model.outputs
         ]
         self._draws = np.empty(_CHUNK, dtype=np.uint64)
         self._scratch = np.empty(_CHUNK, dtype=np.uint64)
-
-    def digest(self, stored: Sequence[np.ndarray[Any, Any]]) -> int:
-        digest = 0
-        for x, weights, spec in zip(stored, self._weights, self.model.inputs, strict=True):
-            if x.shape != spec.shape:
-                raise ValueError(f"input {spec.name!r}: shape {x.shape}, expected {spec.shape}")
-            terms = _bits(x).astype(np.uint64)
-            np.multiply(terms, weights, out=terms)
-            total = int(terms.sum(dtype=np.uint64))  # wraps: the sum is mod 2**64
-            digest = _finalize_int((digest + total + _G) & _MASK)
-        return digest
 
     def __call__(self, stored: Sequence[np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
         digest = self.digest(stored)
@@ -198,18 +283,21 @@ class ModelRunner:
         # Device buffers are shared with copies on the stream, so a task writes every
         # byte of its outputs each time (padding as zeros), as the format says.
         self._padded = [not target.spec._is_dense() for target in self._targets]
-        self._mix = _Mix(model) if model.op in ("mix", "detect") else None
+        self._mix = _Mix(model) if model.op == "mix" else None
+        self._digest = _Digest(model) if model.op == "detect" else None
 
     def __call__(self) -> None:
-        if self.model.op == "detect" and self._mix is not None:
-            # sparse: the heads' background bytes, then the object cells (_detector)
-            from ._detector import logical_picture, write_heads
+        if self._digest is not None:
+            # Sparse, from the buffers as they lie: the digest's grid and the picture's
+            # cell corners are all it reads of the input, then the heads' background
+            # and the object cells are written (_detector).
+            from ._detector import laid_picture, write_heads
 
-            stored = [source.read(dequantize=False) for source in self._sources]
-            digest = self._mix.digest(stored)
-            picture = logical_picture(stored[0]) if stored else None
-            raws = [target.raw for target in self._targets]
-            write_heads(raws, self.model.outputs, digest, picture)
+            raws = [source.raw for source in self._sources]
+            digest = self._digest.laid(raws)
+            picture = laid_picture(self.model.inputs[0], raws[0]) if raws else None
+            targets = [target.raw for target in self._targets]
+            write_heads(targets, self.model.outputs, digest, picture)
             return
         if self._mix is not None:
             stored = [source.read(dequantize=False) for source in self._sources]

@@ -1,6 +1,6 @@
 """The emulator op detect and ``aiodla emulate --preset yolov5s``: raw YOLOv5 heads with
 a few dozen objects a frame, their definition (written out cell by cell below, apart
-from the vectorized numpy), and the refusals."""
+from the vectorized numpy), objects only in the picture, and the refusals."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from aiodla import Detect, Engine, ImagePreprocess, TensorSpec, _cli
 from aiodla._errors import ModelError
 from aiodla.emulator import make_loadable, parse_loadable
 from aiodla.emulator._detector import PRESETS
-from aiodla.emulator._ops import compute_outputs, mix_digest, run_model
+from aiodla.emulator._ops import compute_outputs, run_model
+
+from vectors import vectors
 
 M64 = (1 << 64) - 1
 G = 0x9E3779B97F4A7C15
@@ -25,6 +27,26 @@ def finalize(z: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
     return z ^ (z >> 31)
+
+
+def reference_digest(stored: list[np.ndarray[Any, Any]]) -> int:
+    """The format's digest of op detect, on Python ints: mix's weighted sum of each
+    input's stored bits, over the elements whose h and w are multiples of 8 only, ``j``
+    each element's row-major index in its whole tensor."""
+    digest = 0
+    for t, x in enumerate(stored):
+        seed = finalize(0x41494F444C41 + t)
+        bits = x.view(np.dtype(f"<u{x.itemsize}"))
+        n, c, h, w = x.shape
+        total = 0
+        for index in np.ndindex(n, c, h, w):
+            if index[2] % 8 or index[3] % 8:
+                continue
+            j = int(np.ravel_multi_index(index, x.shape))
+            weight = finalize((seed + (j + 1) * G) & M64) | 1
+            total = (total + int(bits[index]) * weight) & M64
+        digest = finalize((digest + total + G) & M64)
+    return digest
 
 
 def in_picture(image: np.ndarray[Any, Any], y: int, x: int, height: int, width: int) -> bool:
@@ -91,11 +113,49 @@ def test_op_matches_its_definition(rows: int) -> None:
     rng = np.random.default_rng(0)
     for _ in range(3):
         x = letterboxed(rng.normal(size=SMALL[0][0].shape).astype(np.float16), rows)
-        digest = mix_digest(model, [x])
+        digest = reference_digest([x])
         outputs = compute_outputs(model, [x])
         for o, (spec, got) in enumerate(zip(SMALL[1], outputs, strict=True)):
             assert got.dtype == spec.numpy_dtype and got.shape == spec.shape
             assert (got == reference_head(spec, digest, o, x)).all()
+
+
+DETECT_VECTORS = [v for v in vectors(requests=2) if v.model.op == "detect"]
+
+
+@pytest.mark.parametrize("vector", DETECT_VECTORS, ids=[v.name for v in DETECT_VECTORS])
+def test_shared_vectors_follow_the_definition(vector: Any) -> None:
+    """The shared vectors (the GPU stand-in is held to them): several inputs, images in
+    a batch, sizes no multiple of the grid."""
+    for arrays in vector.arrays:
+        digest = reference_digest(list(arrays))
+        outputs = compute_outputs(vector.model, list(arrays))
+        for o, (spec, got) in enumerate(zip(vector.model.outputs, outputs, strict=True)):
+            assert (got == reference_head(spec, digest, o, arrays[0])).all(), spec.name
+
+
+def test_the_digest_reads_the_grid_only() -> None:
+    """An emulated task's objects follow the input's elements on the 8 x 8 grid of (h, w)
+    and no other: a frame changed between the grid's points keeps its heads, one changed
+    element on the grid gives other objects. The task reads nothing else of the input
+    but the cell corners, so NaN anywhere off the grid changes nothing either."""
+    model = parse_loadable(make_loadable(*SMALL, "detect"))
+    (image,) = SMALL[0]
+    x = np.random.default_rng(5).normal(size=image.shape).astype(np.float16)
+
+    def task(x: np.ndarray[Any, Any]) -> list[bytes]:
+        outputs = [np.zeros(spec.size, np.uint8) for spec in SMALL[1]]
+        run_model(model, [image.pack(x)], outputs)
+        return [out.tobytes() for out in outputs]
+
+    before = task(x)
+    off_grid = x.copy()
+    off_grid[:, :, 1::8] = np.nan  # cell corners of both heads lie on rows 0, 7, 8, 15, ...
+    off_grid[:, :, 2:7, :] += 1
+    assert task(off_grid) == before
+    on_grid = x.copy()
+    on_grid[0, 2, 8, 16] += 1
+    assert task(on_grid) != before
 
 
 @pytest.mark.parametrize("rows", [0, 6, 8], ids=["square", "letterboxed", "all padding"])

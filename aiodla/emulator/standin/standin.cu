@@ -295,7 +295,8 @@ __device__ inline void run_mix(const ModuleTable& table, const TaskArgs& args) {
     __syncthreads();
     for (uint32_t t = 0; t < table.num_inputs; ++t) {
         const uint64_t part =
-            mix_partial_sum(table.inputs[t], t, args.inputs[t], threadIdx.x, blockDim.x);
+            mix_partial_sum(table.inputs[t], t, args.inputs[t], digest_grid(table.op), threadIdx.x,
+                            blockDim.x);
         atomicAdd(&sums[t], static_cast<unsigned long long>(part));
     }
     __syncthreads();

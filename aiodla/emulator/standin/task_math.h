@@ -14,9 +14,9 @@
  * - mix: a digest of every input element's bits (an order-free uint64 sum, so any
  *   split of the work gives the same number), then per output element a SplitMix64
  *   draw whose top 16 bits pick its value; see mix_partial_sum and mix_store;
- * - detect: mix's digest, then raw detector heads with a few objects each: per cell
- *   one draw decides whether it holds an object and what, and input 0 whether the cell
- *   lies in the picture (detect_store);
+ * - detect: mix's digest over the input elements on an 8 x 8 grid of (h, w), then raw
+ *   detector heads with a few objects each: per cell one draw decides whether it holds
+ *   an object and what, and input 0 whether the cell lies in the picture (detect_store);
  * - element (n, c, h, w) lives at n*s3 + (c/L)*s2 + h*s1 + w*s0 + (c%L)*E, and every
  *   byte of an output buffer is written: padding lanes, rows, surfaces and tail are 0.
  *
@@ -330,6 +330,14 @@ AIODLA_HD inline void compute_pair(const ModuleTable& table, uint32_t pair, cons
 constexpr uint64_t kMixGolden = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t kMixOutputStep = 0xD1B54A32D192ED03ull;
 constexpr uint64_t kMixInputSeed = 0x41494F444C41ull; /* "AIODLA" */
+/* detect's digest reads the input elements whose h and w are multiples of this (one in
+ * 64 for images): the emulated runtime then reads a frame's grid, not the whole frame. */
+constexpr uint32_t kDetectGrid = 8;
+
+/* The digest's grid of a digest op (mix, detect): see mix_partial_sum. */
+AIODLA_HD inline uint32_t digest_grid(uint32_t op) {
+    return op == kOpDetect ? kDetectGrid : 1;
+}
 
 /* SplitMix64's finalizer. */
 AIODLA_HD inline uint64_t mix_finalize(uint64_t z) {
@@ -346,18 +354,22 @@ AIODLA_HD inline uint64_t load_bits(const uint8_t* p, uint32_t esize) {
 }
 
 /* The part of S[t] = sum of b[t, j] * w[t, j] (mod 2^64) that worker `index` of `count`
- * owns; the parts add up, in any order, to S[t]. */
+ * owns; the parts add up, in any order, to S[t]. The sum runs over the elements whose
+ * h and w are multiples of `grid` (1 for mix: every element; kDetectGrid for detect),
+ * j staying the element's row-major index in the whole tensor. */
 AIODLA_HD inline uint64_t mix_partial_sum(const TensorLayout& src, uint32_t t, const uint8_t* in,
-                                          uint32_t index, uint32_t count) {
+                                          uint32_t grid, uint32_t index, uint32_t count) {
     const uint64_t C = src.c, H = src.h, W = src.w;
-    const uint64_t total = static_cast<uint64_t>(src.n) * C * H * W;
+    const uint64_t rows = (H + grid - 1) / grid, columns = (W + grid - 1) / grid;
+    const uint64_t total = static_cast<uint64_t>(src.n) * C * rows * columns;
     const uint64_t seed = mix_finalize(kMixInputSeed + t);
     uint64_t sum = 0;
-    for (uint64_t j = index; j < total; j += count) {
-        const uint64_t w = j % W;
-        const uint64_t h = (j / W) % H;
-        const uint64_t c = (j / (W * H)) % C;
-        const uint64_t n = j / (W * H * C);
+    for (uint64_t e = index; e < total; e += count) {
+        const uint64_t w = (e % columns) * grid;
+        const uint64_t h = ((e / columns) % rows) * grid;
+        const uint64_t c = (e / (columns * rows)) % C;
+        const uint64_t n = e / (columns * rows * C);
+        const uint64_t j = ((n * C + c) * H + h) * W + w;
         const uint64_t weight = mix_finalize(seed + (j + 1) * kMixGolden) | 1ull;
         sum += load_bits(in + element_offset(src, n, c, h, w), src.esize) * weight;
     }
@@ -503,7 +515,7 @@ inline void run_task_serially(const ModuleTable& table, const uint8_t* const* in
     if (table.op == kOpMix || table.op == kOpDetect) {
         uint64_t sums[kMaxPairs];
         for (uint32_t t = 0; t < table.num_inputs; ++t) {
-            sums[t] = mix_partial_sum(table.inputs[t], t, inputs[t], 0, 1);
+            sums[t] = mix_partial_sum(table.inputs[t], t, inputs[t], digest_grid(table.op), 0, 1);
         }
         const uint64_t digest = mix_digest(sums, table.num_inputs);
         for (uint32_t o = 0; o < table.num_outputs; ++o) {
