@@ -199,6 +199,27 @@ def test_objects_only_in_the_picture() -> None:
     assert len(set(seen)) == 4  # each frame its own objects
 
 
+@pytest.mark.parametrize("convert", ["host", "device"])
+@pytest.mark.asyncio
+async def test_no_box_from_the_padding_through_an_engine(convert: str) -> None:
+    """The emulated task as an engine runs it (reading the input buffer as it lies in the
+    DLA layout), frames of four shapes letterboxed into the preset: padding above and
+    below, left and right, none. Every frame has boxes, all with an area, and none that
+    Detect finds in the padding (``outside``), on the numpy path and the stream op."""
+    inputs, outputs, _ = PRESETS["yolov5s"]
+    letterbox = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+    options: dict[str, Any] = {"preprocess": {"images": letterbox}, "convert": convert}
+    rng = np.random.default_rng(6)
+    async with Engine(
+        make_loadable(inputs, outputs, "detect"), postprocess=Detect(head="yolov5"), **options
+    ) as engine:
+        for size in ((1080, 1920), (960, 540), (480, 640), (640, 640)):
+            found = await engine.infer(rng.integers(0, 256, (*size, 3), np.uint8))
+            boxes = np.asarray(found.boxes)
+            assert len(found) >= 10 and found.outside == 0, (size, len(found), found.outside)
+            assert ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).all()
+
+
 def test_preset_heads_have_a_few_dozen_detections() -> None:
     inputs, outputs, _ = PRESETS["yolov5s"]
     model = parse_loadable(make_loadable(inputs, outputs, "detect"))
