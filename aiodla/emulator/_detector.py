@@ -42,7 +42,7 @@ from .._tensors import TensorSpec
 from ._detect_heads import ANCHORS
 from ._detect_heads import check_detect_outputs as check_detect_outputs
 from ._draws import _OUTPUT_STEP, _finalize, _finalize_int, _stream
-from ._ops import element_offsets, laid_bits
+from ._elements import element_offsets, laid_bits
 
 __all__ = [
     "PRESETS",

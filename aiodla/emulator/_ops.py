@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 from .._tensors import TensorSpec
+from . import _detector
 from ._draws import _G, _MASK, _OUTPUT_STEP, _finalize, _finalize_int, _stream
+from ._elements import element_offsets, laid_bits
 from ._format import EmulatorModel
 
 __all__ = [
@@ -22,8 +24,6 @@ __all__ = [
     "ModelRunner",
     "compute_logical",
     "compute_outputs",
-    "element_offsets",
-    "laid_bits",
     "mix_digest",
     "run_model",
     "to_storage",
@@ -73,10 +73,8 @@ def compute_outputs(
     if model.op == "mix":
         return (mix or _Mix(model))(stored)
     if model.op == "detect":
-        from ._detector import detect_heads  # (it builds on this module)
-
         image = stored[0] if stored else None
-        return detect_heads(model.outputs, _Digest(model)(stored), image)
+        return _detector.detect_heads(model.outputs, _Digest(model)(stored), image)
     return [
         to_storage(compute_logical(model, index, x), target.numpy_dtype)
         for index, (x, target) in enumerate(zip(stored, model.outputs, strict=True))
@@ -110,31 +108,6 @@ _CHUNK = 1 << 15
 
 def _grid(model: EmulatorModel) -> int:
     return DETECT_GRID if model.op == "detect" else 1
-
-
-def element_offsets(spec: TensorSpec, n: Any, c: Any, h: Any, w: Any) -> np.ndarray[Any, Any]:
-    """Byte offsets of elements (n, c, h, w) (broadcast integer arrays) in the tensor's
-    layout, by the format's one addressing formula."""
-    assert spec.strides is not None
-    pixel, line, surface, batch = spec.strides
-    lanes, esize = spec.lanes, spec.numpy_dtype.itemsize
-    c = np.asarray(c, np.int64)
-    at: np.ndarray[Any, Any] = (
-        np.asarray(n, np.int64) * batch
-        + (c // lanes) * surface
-        + np.asarray(h, np.int64) * line
-        + np.asarray(w, np.int64) * pixel
-        + (c % lanes) * esize
-    )
-    return at
-
-
-def laid_bits(raw: np.ndarray[Any, Any], spec: TensorSpec, offsets: np.ndarray[Any, Any]) -> Any:
-    """The stored bits of the elements at byte ``offsets`` of ``raw`` (the tensor's
-    buffer, uint8), as unsigned integers of their width, shaped as ``offsets``."""
-    esize = spec.numpy_dtype.itemsize
-    picked = raw.take(offsets[..., np.newaxis] + np.arange(esize))
-    return picked.view(np.dtype(f"<u{esize}"))[..., 0]
 
 
 @functools.lru_cache(maxsize=32)
@@ -291,13 +264,11 @@ class ModelRunner:
             # Sparse, from the buffers as they lie: the digest's grid and the picture's
             # cell corners are all it reads of the input, then the heads' background
             # and the object cells are written (_detector).
-            from ._detector import laid_picture, write_heads
-
             raws = [source.raw for source in self._sources]
             digest = self._digest.laid(raws)
-            picture = laid_picture(self.model.inputs[0], raws[0]) if raws else None
+            picture = _detector.laid_picture(self.model.inputs[0], raws[0]) if raws else None
             targets = [target.raw for target in self._targets]
-            write_heads(targets, self.model.outputs, digest, picture)
+            _detector.write_heads(targets, self.model.outputs, digest, picture)
             return
         if self._mix is not None:
             stored = [source.read(dequantize=False) for source in self._sources]
