@@ -24,7 +24,7 @@ import numpy as np
 
 from ._core_record import CoreRecord, expect
 from ._core_setup import Opened, open_model, read_model
-from ._device import CompletionSink, device_error, is_sticky
+from ._device import device_error, is_sticky
 from ._device_arrays import DeviceSource
 from ._errors import ConfigurationError
 from ._frame_buffers import FrameBuffers
@@ -134,7 +134,6 @@ class LocalCores:
             if options.stage_times
             else None
         )
-        self._pollers: list[Poller] = []  # the one :meth:`start` made, once started
         self._frames: FrameBuffers | None = None  # made by the first frame_buffers()
 
     @classmethod
@@ -153,26 +152,15 @@ class LocalCores:
     def runtime(self) -> Runtime:
         return self._runtime
 
-    def start(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        sink: CompletionSink,
-        die: Callable[[BaseException], None],
-    ) -> Poller:
-        """The poller thread that reports this process's completions to ``sink``."""
-        poller = self.poller(loop, sink.on_completions, die)
-        self._pollers.append(poller)
-        poller.start()
-        return poller
-
     def poller(
         self,
         loop: asyncio.AbstractEventLoop,
         deliver: Callable[[list[tuple[Slot, int]]], None],
         fail: Callable[[BaseException], None],
     ) -> Poller:
-        """A poller of these slots' events, not started (the worker process's delivers
-        on its own thread)."""
+        """A poller of these slots' events, not started, for the worker process (which
+        delivers on its own thread); in the engine's process the poller is its
+        :class:`aiodla.Cores`'."""
         runtime = self._runtime
         return Poller(completion_probe(runtime), loop, deliver, fail, pause=runtime.poll_pause)
 
@@ -249,9 +237,8 @@ class LocalCores:
             runtime.close()
 
     def abandon(self) -> None:
-        """The engine was collected unclosed: stop the poller, without waiting."""
-        for poller in self._pollers:
-            poller.stop()
+        """The engine was collected unclosed: nothing runs here (the poller thread is
+        its :class:`aiodla.Cores`')."""
 
     def make_current(self) -> None:
         """Make the device current on the calling thread (the loop's, after opening)."""

@@ -3,14 +3,14 @@
 Opening gives a :class:`DeviceLayer` whose cores, slots, tensors and data path are set:
 :class:`~aiodla._cores.LocalCores` drives the runtime in this process,
 :class:`~aiodla._isolation.RemoteCores` hands slots to a worker process that does.
-:meth:`DeviceLayer.start` binds it to the flow (a :class:`CompletionSink`) and returns
-where the flow's completions come from (a :class:`CompletionSource`). Runtime failures
+The flow's completions (a :class:`CompletionSource`) come from the poller of the
+engine's :class:`aiodla.Cores` in-process, or from the worker's supervisor, which
+``RemoteCores.start`` binds to the flow (a :class:`CompletionSink`). Runtime failures
 become aiodla errors here, once (:func:`device_error`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -90,15 +90,6 @@ class DeviceLayer(Protocol):
         request's results are the few boxes kept, not its outputs."""
         ...
 
-    def start(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        sink: CompletionSink,
-        die: Callable[[BaseException], None],
-    ) -> CompletionSource:
-        """Report completions to ``sink`` from now on; ``die`` when the device breaks."""
-        ...
-
     def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int: ...
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None: ...
     def write_zeros(self, slot: Slot) -> None: ...
@@ -161,14 +152,6 @@ class NotOpen:
     @property
     def runtime(self) -> Runtime:
         raise EngineClosedError("the engine is not open: its runtime is not chosen yet")
-
-    def start(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        sink: CompletionSink,
-        die: Callable[[BaseException], None],
-    ) -> CompletionSource:
-        raise EngineClosedError("the engine is not open")
 
     def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
         raise EngineClosedError("the engine is not open")

@@ -8,8 +8,10 @@ core's one record (:class:`~aiodla._core_record.CoreRecord`: the tasks it holds 
 engine, when it should finish them), and makes one decision, :meth:`Dispatcher.assign`,
 after every admission, completion, cancellation and release of any engine on the
 cores. A lone engine's own :meth:`~aiodla._scheduler.Scheduler.next_assignment` is this
-rule's fast path for one engine: nobody ranks above or beside it, so the rule reduces
-to the next request on the core with the least work held.
+rule's fast path for one engine (every lone engine runs on cores of its own, a private
+:class:`~aiodla.Cores`): nobody ranks above or beside it, so depth and weight have
+nothing to decide, its own ring bounds what it queues, and the rule reduces to the
+next request on the core with the least work held.
 
 The rule:
 
@@ -138,8 +140,9 @@ class Dispatcher:
     """The decision for the cores whose records are ``records`` (by core number).
 
     State (loop thread only): ``clients`` in the order they joined; ``shares``, the
-    fair-queuing clock and tags (:class:`FairShares`); ``_top``, per core, the highest
-    priority of its engines; ``_running`` / ``_again``: an assignment started from
+    fair-queuing clock and tags (:class:`FairShares`); ``_alone``, the flow of the one
+    engine on the cores while it is alone (the fast path); ``_top``, per core, the
+    highest priority of its engines; ``_running`` / ``_again``: an assignment started from
     within a grant (a request that ended at its start released its slot) is folded into
     the one running; ``_reopen``: the timer of the next assignment, when the depth rule
     held a task back until a core's work left is short enough (``_reopen_at``: when it
@@ -155,6 +158,7 @@ class Dispatcher:
         self._again = False
         self._reopen: asyncio.TimerHandle | None = None
         self._reopen_at = float("inf")
+        self._alone: Starter | None = None
         self._top: dict[int, int] = dict.fromkeys(self.records, 0)
 
     def join(self, flow: Starter, priority: int, weight: float) -> Client:
@@ -173,9 +177,10 @@ class Dispatcher:
             self.assign()
 
     def _rank(self) -> None:
+        clients = self.clients
+        self._alone = clients[0].flow if len(clients) == 1 else None
         self._top = {
-            n: max((c.priority for c in self.clients if n in c.lanes), default=0)
-            for n in self.records
+            n: max((c.priority for c in clients if n in c.lanes), default=0) for n in self.records
         }
 
     def held(self, number: int) -> int:
@@ -184,6 +189,13 @@ class Dispatcher:
 
     def assign(self) -> None:
         """Start waiting requests while some core has room (see the module's rule)."""
+        alone = self._alone
+        if alone is not None:  # the fast path: one engine, bounded by its ring alone
+            if alone.life.state is EngineState.OPEN:
+                next_assignment = alone.scheduler.next_assignment
+                while (assignment := next_assignment()) is not None:
+                    alone.start(*assignment)
+            return
         if self._running:
             self._again = True
             return

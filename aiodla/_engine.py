@@ -3,8 +3,9 @@
 One request, through the modules in the order it passes them::
 
     _engine     Engine.infer: validate the input, Scheduler.admit, await the future
-    _flow       Flow.transition: Scheduler.next_assignment gives it a slot, then
-    _scheduler    (the least-loaded core's; FIFO among waiting requests)
+    _flow       Flow.transition, the dispatcher's assign (_dispatch): for a lone
+    _scheduler    engine Scheduler.next_assignment gives it a slot (the least-loaded
+                  core's; FIFO among waiting requests)
     _cores      Cores.write_inputs, Cores.submit: copies, task, event on the stream
     runtime     the cuDLA and CUDA calls (or the emulated runtime's)
     _poller     its thread sees the event: one call_soon_threadsafe per batch
@@ -34,7 +35,7 @@ import numpy as np
 from ._batching import Batcher, Item, open_batcher
 from ._cores import open_cores
 from ._data_path import release_sources
-from ._device import DeviceLayer, NotOpen
+from ._device import CompletionSource, DeviceLayer, NotOpen
 from ._device_arrays import DeviceSource, is_device_array
 from ._errors import (
     AiodlaError,
@@ -100,6 +101,11 @@ class Engine:
             )
         keywords, self._shared = shared_cores(dict(options), runtime)
         self._options = EngineOptions.from_keywords(keywords)
+        # The cores it runs on: the shared ones, or (a lone engine) a private Cores,
+        # opened and closed with it (as an HTTP client makes its own pool).
+        self._dla = (
+            Cores.private(self._options.cores, runtime) if self._shared is None else self._shared
+        )
         self._model = model
         self._runtime_choice = runtime
         self._life = Life()  # the one record of its life: the flow reads it, only this writes
@@ -178,19 +184,33 @@ class Engine:
             raise AiodlaError(f"the engine is {life.state.value}; open it once")
         life.state = EngineState.OPENING
         options = self._options
-        opening = open_remote if options.process_isolation is not None else open_cores
+        isolated = options.process_isolation is not None
         opened: list[DeviceLayer] = []
-        shared = self._shared
+        dla = self._dla
+        loop = asyncio.get_running_loop()
         try:  # (an opening leaves nothing open when it raises)
             trace = TraceFile.of(options, self._model)  # (a bad path fails here, first)
-            choice = self._runtime_choice
-            if shared is not None:  # (closing the shared cores waits for this open)
-                shared.attach(self, None if options.process_isolation is not None else self._die)
-                choice = await shared.runtime_for(self._model, options)
-            # The physical cores' records: the shared cores', or (None) its own.
-            records = None if shared is None else shared.records
-            cores = await opening(self._model, choice, options, records)
-            opened.append(cores)
+            if dla.is_private:
+                await dla.open()
+            # (closing the shared cores waits for this open)
+            dla.attach(self, None if isolated else self._die)
+            choice = await dla.runtime_for(self._model, options)
+            # Its lanes share the physical cores' records, which the Cores holds.
+            if isolated:
+                remote = await open_remote(self._model, choice, options, dla.records)
+                opened.append(remote)
+                cores: DeviceLayer = remote
+
+                def from_worker(flow: Flow) -> CompletionSource:
+                    return remote.start(loop, flow, self._die)
+
+                completions: Callable[[Flow], CompletionSource] = from_worker
+
+            else:
+                local = await open_cores(self._model, choice, options, dla.records)
+                opened.append(local)
+                cores = local
+                completions = dla.poller_share(local.runtime, local.cores, options.priority)
             postprocess = cores.postprocess  # (matched to the model once, as it opened)
             self._batcher = open_batcher(
                 options.batch,
@@ -204,8 +224,9 @@ class Engine:
             )
         except BaseException:
             await _release(opened)
-            if shared is not None:
-                shared.detach(self)
+            dla.detach(self)
+            if dla.is_private:
+                await dla.aclose()
             life.state = EngineState.CLOSED
             self._closed.set()
             self._open_done.set()
@@ -213,13 +234,7 @@ class Engine:
         self._cores = cores
         self._input_names = frozenset(s.name for s in cores.inputs)
         life.state = EngineState.OPEN
-        loop = asyncio.get_running_loop()
-        dispatcher = share = None
-        if shared is not None:
-            dispatcher = shared.dispatcher
-            if options.process_isolation is None:  # (a worker's completions come from it)
-                share = shared.poller_share(cores.cores, options.priority)
-        self._flow = Flow(options, cores, life, loop, self._die, dispatcher, share)
+        self._flow = Flow(options, cores, life, loop, self._die, dla.dispatcher, completions)
         self._trace = trace and trace.start(self._flow)
         self._open_done.set()
         logger.debug("aiodla: opened %r", self)
@@ -269,6 +284,10 @@ class Engine:
         poller = flow.poller
         poller.stop()
         await anyio.to_thread.run_sync(poller.join)
+        dla = self._dla
+        if dla.is_private:  # its poller thread ends before the handles it queries go
+            dla.detach(self)
+            await dla.aclose()
         if hung and not self.dead:
             logger.warning(
                 "aiodla: core(s) %s still had tasks running at close; their memory "
@@ -283,8 +302,7 @@ class Engine:
             if slot not in slot.core.idle:
                 flow.scheduler.release(slot)
         flow.leave()
-        if self._shared is not None:
-            self._shared.detach(self)
+        dla.detach(self)
         await _closed_with(self._trace, flow, self._closed)
         logger.debug("aiodla: closed %r", self)
 
@@ -293,6 +311,9 @@ class Engine:
         if life is None or life.state in (EngineState.NEW, EngineState.CLOSED):
             return
         self._cores.abandon()  # a worker process is killed and reaped at once
+        dla = getattr(self, "_dla", None)
+        if dla is not None and dla.is_private:
+            dla.abandon()  # its poller thread stops
         _warn(
             f"unclosed engine {self!r}; use 'async with' or 'await engine.aclose()'",
             ResourceWarning,

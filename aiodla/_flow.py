@@ -43,10 +43,11 @@ class Flow:
     Built when the engine opens, over its device layer (``device``) and its loop; it
     reads the engine's :class:`~aiodla._life.Life` (work starts only while it is OPEN;
     after CLOSED a late completion is ignored) and never writes it. ``poller`` is where
-    completions come from: the device layer's, started here, or (``share``) the one
-    poller of the :class:`aiodla.Cores` the engine is on. ``dispatcher``: that
-    ``Cores``' dispatcher, which decides who starts next across its engines (None: the
-    engine's own scheduler decides, the dispatcher's fast path for one engine).
+    completions come from (``completions`` makes it for the flow): the one poller of
+    the :class:`aiodla.Cores` the engine is on, or the worker's supervisor with process
+    isolation. ``dispatcher``: that ``Cores``' dispatcher (a lone engine's own cores
+    have one too), which decides who starts next; :meth:`transition` is its
+    ``assign``.
     """
 
     def __init__(
@@ -56,8 +57,8 @@ class Flow:
         life: Life,
         loop: asyncio.AbstractEventLoop,
         die: Callable[[BaseException], None],
-        dispatcher: Dispatcher | None = None,
-        share: Callable[[Flow], CompletionSource] | None = None,
+        dispatcher: Dispatcher,
+        completions: Callable[[Flow], CompletionSource],
     ) -> None:
         self._options = options
         self.device = device
@@ -84,17 +85,18 @@ class Flow:
         # Set once every slot is idle again while the engine closes (``drain``).
         self._drained = asyncio.Event()
         self._draining = False
-        # It reports from now on.
-        self.poller = device.start(loop, self, die) if share is None else share(self)
         self.dispatcher = dispatcher
-        self.client = (
-            None if dispatcher is None else dispatcher.join(self, options.priority, options.weight)
-        )
+        # Give idle slots to waiting requests: called after every admission, completion,
+        # cancellation and release. The one decision, the dispatcher's, bound here (a
+        # call of the flow's own in between would cost every request one more call).
+        self.transition: Callable[[], None] = dispatcher.assign
+        self.client = dispatcher.join(self, options.priority, options.weight)
+        # It reports from now on.
+        self.poller = completions(self)
 
     def leave(self) -> None:
         """The engine is closed: its share of the cores goes to the others."""
-        if self.dispatcher is not None and self.client is not None:
-            self.dispatcher.leave(self.client)
+        self.dispatcher.leave(self.client)
 
     def cancel_probes(self) -> None:
         for core in self.device.cores:
@@ -154,19 +156,7 @@ class Flow:
             self.transition()
         return request
 
-    # -- the state transition -----------------------------------------------------------------
-
-    def transition(self) -> None:
-        """Give idle slots to waiting requests; called after every submit, completion,
-        cancellation and release."""
-        if self.dispatcher is not None:  # (a closing engine's release gives others room)
-            self.dispatcher.assign()
-            return
-        if self.life.state is not EngineState.OPEN:
-            return
-        next_assignment = self.scheduler.next_assignment
-        while (assignment := next_assignment()) is not None:
-            self.start(*assignment)
+    # -- starting a request ---------------------------------------------------------------
 
     def start(self, request: Request, slot: Slot) -> None:
         """Start ``request`` on the slot it was given (or end it, past its deadline)."""

@@ -142,6 +142,10 @@ class Poller:
     def start(self) -> None:
         self._thread.start()
 
+    def deliver_to(self, deliver: Callable[[list[tuple[Slot, int]]], None]) -> None:
+        """Post the next batches to ``deliver`` (weakly held, as the first one was)."""
+        self._deliver = weakref.WeakMethod(deliver)
+
     def watch(self, slot: Slot) -> None:
         """Poll ``slot`` from now on (loop thread). Wakes the poller only if it would
         otherwise sleep past the slot's expected completion."""
@@ -397,9 +401,14 @@ class SharedPoller:
 
     Each engine's flow takes its completions from a :class:`PollerShare`, made by
     :meth:`share`; a batch the thread (or a loop's harvest) found goes to the flows of
-    its slots, the highest priority first. The thread lives until :meth:`stop`, when the
-    cores close; an engine that closes only leaves. A failure of the thread, or of a
-    sweep on the loop, is the CUDA context's, under every engine here (``fail``).
+    its slots, the highest priority first. On a lone engine's own cores (``private``:
+    one engine, ever), its batches go straight to its flow and its harvests straight
+    to the poller: no routing, no call more than a poller of its own made. (On shared
+    cores a batch may still hold the slots of an engine that left, whose tasks ran
+    past its close: those go nowhere, never to the engine that stayed.) The thread
+    lives until :meth:`stop`, when the cores close; an engine that closes only leaves.
+    A failure of the thread, or of a sweep on the loop, is the CUDA context's, under
+    every engine here (``fail``).
     Only the event loop's thread calls it, except ``stop`` and ``join``.
     """
 
@@ -410,8 +419,10 @@ class SharedPoller:
         fail: Callable[[BaseException], None],
         *,
         pause: float,
+        private: bool = False,
     ) -> None:
         self._fail = fail
+        self._private = private
         self._sinks: dict[int, _Sink] = {}  # by id of each engine's lane on a core
         self._members: list[PollerShare] = []  # highest priority first
         self.poller = Poller(probe, loop, self.deliver, self.failed, pause=pause)
@@ -425,6 +436,7 @@ class SharedPoller:
             self._sinks[id(lane)] = sink
         self._members.append(member)
         self._members.sort(key=lambda m: -m.priority)
+        self._route()
         return member
 
     def leave(self, member: PollerShare) -> None:
@@ -433,6 +445,20 @@ class SharedPoller:
             self._members.remove(member)
             for lane in member.lanes:
                 self._sinks.pop(id(lane), None)
+            self._route()
+
+    def _route(self) -> None:
+        """Batches straight to a lone engine's flow on its own cores, else through
+        :meth:`deliver`; its harvests likewise."""
+        members, poller = self._members, self.poller
+        if self._private and len(members) == 1:
+            alone = members[0]
+            poller.deliver_to(alone.sink.on_completions)
+            alone.harvest = poller.harvest  # type: ignore[method-assign]
+            return
+        poller.deliver_to(self.deliver)
+        for member in members:
+            member.harvest = member.routed_harvest  # type: ignore[method-assign]
 
     @property
     def engines(self) -> int:
@@ -497,7 +523,18 @@ class PollerShare:
         self.consumed = poller.consumed
 
     def harvest(self, at_least: int | None = None) -> list[tuple[Slot, int]]:
+        """A sweep on the loop (the poller's own while the engine is alone on it)."""
         return self.shared.harvest(self, at_least)
+
+    routed_harvest = harvest
+
+    @property
+    def sweeps(self) -> int:
+        return self.shared.poller.sweeps
+
+    @property
+    def wakeups(self) -> int:
+        return self.shared.poller.wakeups
 
     def stop(self) -> None:
         self.shared.leave(self)

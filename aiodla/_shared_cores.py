@@ -1,4 +1,8 @@
-"""DLA cores shared by several engines: :class:`Cores`, opened once.
+"""DLA cores and the engines on them: :class:`Cores`, opened once.
+
+Every engine runs on a ``Cores``: ``Engine(model, cores=[0, 1])`` makes a private one
+(as an HTTP client makes its own connection pool), ``Engine(model, cores=dla)`` joins
+one the application shares between engines.
 
 ``async with aiodla.Cores([0, 1]) as dla:`` owns what the engines on it share: the
 runtime, one record per physical core (``_core_record``: the tasks it holds of every
@@ -83,6 +87,9 @@ class Cores:
             raise ConfigurationError(f"trust_compute={trust_compute!r} must be a bool")
         self._choice = runtime
         self._trust_compute = trust_compute
+        # A lone engine's own cores: its runtime is the engine's (made and closed by
+        # its device layer, as a lone engine's always was), not chosen here.
+        self._private = False
         self._runtime: Runtime | None = None  # chosen with the first model opened here
         self._owns_runtime = False
         self._choosing: asyncio.Lock | None = None
@@ -95,6 +102,19 @@ class Cores:
         self.records = {number: CoreRecord(number) for number in self._numbers}
         self.dispatcher = Dispatcher(self.records)
         self._poller: SharedPoller | None = None  # started with the first engine in-process
+
+    @classmethod
+    def private(cls, numbers: tuple[int, ...], runtime: str | Runtime) -> Cores:
+        """The cores of one engine alone (``Engine(model, cores=[0, 1])``): opened and
+        closed with it; the engine's ``runtime`` choice goes to its device layer."""
+        cores = cls(numbers, runtime=runtime)
+        cores._private = True
+        return cores
+
+    @property
+    def is_private(self) -> bool:
+        """Whether these are one lone engine's own cores (made by the engine)."""
+        return self._private
 
     @property
     def cores(self) -> tuple[int, ...]:
@@ -162,6 +182,8 @@ class Cores:
         now for the first model), or its name for an engine whose runtime lives in a
         worker process. Raises before anything opens when the cores cannot take it."""
         self.check_open()
+        if self._private:  # (the engine's own choice, which its device layer makes)
+            return self._choice
         if asyncio.get_running_loop() is not self._loop:
             raise AiodlaError("an engine opens on shared cores from the cores' own event loop")
         if options.trust_compute:
@@ -218,15 +240,21 @@ class Cores:
         for die in list(self._in_process.values()):
             die(cause)
 
-    def poller_share(self, lanes: list[Any], priority: int) -> Callable[[Any], CompletionSource]:
+    def poller_share(
+        self, runtime: Runtime, lanes: list[Any], priority: int
+    ) -> Callable[[Any], CompletionSource]:
         """How an engine in this process whose lanes on the cores are ``lanes`` takes
-        its completions: from the cores' one poller thread (started with the first)."""
+        its completions: from the cores' one poller thread (started with the first, on
+        ``runtime``: the cores' own, or a lone engine's)."""
         poller = self._poller
         if poller is None:
-            runtime = self.runtime
             assert self._loop is not None  # (open: an engine opens only then)
             poller = self._poller = SharedPoller(
-                completion_probe(runtime), self._loop, self._lose_context, pause=runtime.poll_pause
+                completion_probe(runtime),
+                self._loop,
+                self._lose_context,
+                pause=runtime.poll_pause,
+                private=self._private,
             )
 
         def share(flow: Any) -> CompletionSource:
@@ -234,12 +262,17 @@ class Cores:
 
         return share
 
-    def __del__(self) -> None:
-        # Dropped unclosed: its poller thread must not outlive it (the engines on it
-        # were closed, or hold it alive).
+    def abandon(self) -> None:
+        """The cores' engine (a lone engine's own cores) was collected unclosed: stop the
+        poller thread, without waiting."""
         poller = getattr(self, "_poller", None)
         if poller is not None:
             poller.stop()
+
+    def __del__(self) -> None:
+        # Dropped unclosed: its poller thread must not outlive it (the engines on it
+        # were closed, or hold it alive).
+        self.abandon()
 
     @property
     def pollers(self) -> int:
@@ -292,8 +325,9 @@ class CoreSet:
 
 def shared_cores(options: dict[str, Any], runtime: object) -> tuple[dict[str, Any], Cores | None]:
     """``Engine``'s keywords with ``cores=`` a shared :class:`Cores` (or a subset)
-    turned into its core numbers, and that :class:`Cores`; else as they came, and None.
-    ``runtime``: the engine's own choice, which shared cores make for it."""
+    turned into its core numbers, and that :class:`Cores`; else as they came, and None
+    (the engine makes cores of its own). ``runtime``: the engine's own choice, which
+    shared cores make for it."""
     cores = options.get("cores")
     if isinstance(cores, Cores):
         shared, numbers = cores, cores.cores

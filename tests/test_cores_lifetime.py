@@ -1,14 +1,18 @@
 """The poller thread of an aiodla.Cores lives as long as the Cores: closed, or dropped
-unclosed, it stops (the engines' own lifetimes are the engine suites')."""
+unclosed, it stops (the engines' own lifetimes are the engine suites'). A lone engine's
+own Cores opens and closes with it."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
+import warnings
 
 import numpy as np
 import pytest
 
+import aiodla
 from aiodla import Cores, EmulatedRuntime, Engine
 
 from support import X, affine_model, wait_until
@@ -33,3 +37,53 @@ async def test_cores_dropped_unclosed_stop_their_poller(runtime: EmulatedRuntime
     del dla, engine
     gc.collect()
     await wait_until(lambda: not its.is_alive())
+
+
+class TestALoneEnginesOwnCores:
+    """``Engine(model, cores=[0, 1])`` runs on a private Cores (docs/design.md): one
+    dispatcher, one poller thread, one record per core, opened and closed with it."""
+
+    @pytest.mark.asyncio
+    async def test_its_cores_open_and_close_with_it(self, runtime: EmulatedRuntime) -> None:
+        before = poller_threads()
+        engine = Engine(affine_model(), runtime=runtime, cores=[0, 1])
+        own = engine._dla
+        assert own.is_private and engine.shared_cores is None
+        async with engine:
+            await engine.infer(np.ones(X.shape, np.float32))
+            (its,) = poller_threads() - before  # the cores' one thread, no other
+            assert own.pollers == 1
+            # Its flow is the one client of the cores' dispatcher; its lanes on the
+            # cores are those cores' records.
+            (client,) = own.dispatcher.clients
+            assert client.flow is engine._flow
+            lanes = engine._cores.cores
+            assert [lane.record for lane in lanes] == [own.records[0], own.records[1]]
+        assert own.state.value == "closed" and own.pollers == 0
+        assert not its.is_alive()
+        assert own.dispatcher.clients == []
+
+    @pytest.mark.asyncio
+    async def test_a_failed_open_closes_its_cores(self) -> None:
+        engine = Engine(b"not a loadable", runtime="emulated")
+        with pytest.raises(aiodla.RuntimeUnavailableError):
+            await engine.open()
+        assert engine._dla.state.value == "closed" and engine._dla.pollers == 0
+
+    def test_dropped_unclosed_its_poller_stops(self, leaky_runtime: EmulatedRuntime) -> None:
+        before = poller_threads()
+        threads: list[threading.Thread] = []
+
+        async def leak() -> None:
+            engine = Engine(affine_model(), runtime=leaky_runtime)
+            await engine.open()
+            await engine.infer(np.ones(X.shape, np.float32))
+            threads.extend(poller_threads() - before)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            asyncio.run(leak())
+            gc.collect()
+        (its,) = threads
+        its.join(5)
+        assert not its.is_alive()
