@@ -103,9 +103,7 @@ class Engine:
         self._options = EngineOptions.from_keywords(keywords)
         # The cores it runs on: the shared ones, or (a lone engine) a private Cores,
         # opened and closed with it (as an HTTP client makes its own pool).
-        self._dla = (
-            Cores.private(self._options.cores, runtime) if self._shared is None else self._shared
-        )
+        self._dla = Cores.private(self._options.cores) if self._shared is None else self._shared
         self._model = model
         self._runtime_choice = runtime
         self._life = Life()  # the one record of its life: the flow reads it, only this writes
@@ -194,7 +192,9 @@ class Engine:
                 await dla.open()
             # (closing the shared cores waits for this open)
             dla.attach(self, None if isolated else self._die)
-            choice = await dla.runtime_for(self._model, options)
+            choice = self._runtime_choice  # (its own cores': its device layer makes it)
+            if not dla.is_private:
+                choice = await dla.runtime_for(self._model, options)
             # Its lanes share the physical cores' records, which the Cores holds.
             if isolated:
                 remote = await open_remote(self._model, choice, options, dla.records)

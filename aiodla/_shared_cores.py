@@ -87,8 +87,7 @@ class Cores:
             raise ConfigurationError(f"trust_compute={trust_compute!r} must be a bool")
         self._choice = runtime
         self._trust_compute = trust_compute
-        # A lone engine's own cores: its runtime is the engine's (made and closed by
-        # its device layer, as a lone engine's always was), not chosen here.
+        # A lone engine's own cores (see ``private``): no runtime is chosen here.
         self._private = False
         self._runtime: Runtime | None = None  # chosen with the first model opened here
         self._owns_runtime = False
@@ -104,10 +103,11 @@ class Cores:
         self._poller: SharedPoller | None = None  # started with the first engine in-process
 
     @classmethod
-    def private(cls, numbers: tuple[int, ...], runtime: str | Runtime) -> Cores:
-        """The cores of one engine alone (``Engine(model, cores=[0, 1])``): opened and
-        closed with it; the engine's ``runtime`` choice goes to its device layer."""
-        cores = cls(numbers, runtime=runtime)
+    def private(cls, numbers: tuple[int, ...]) -> Cores:
+        """The cores of one engine alone (``Engine(model, cores=[0, 1])``), opened and
+        closed with it. Their runtime is the engine's: its device layer makes it from
+        the engine's own choice and closes it, as a lone engine's always did."""
+        cores = cls(numbers)
         cores._private = True
         return cores
 
@@ -182,8 +182,6 @@ class Cores:
         now for the first model), or its name for an engine whose runtime lives in a
         worker process. Raises before anything opens when the cores cannot take it."""
         self.check_open()
-        if self._private:  # (the engine's own choice, which its device layer makes)
-            return self._choice
         if asyncio.get_running_loop() is not self._loop:
             raise AiodlaError("an engine opens on shared cores from the cores' own event loop")
         if options.trust_compute:
