@@ -28,9 +28,15 @@ The rule:
   model on the core, besides the top-priority work admitted before it, then runs. Its
   latency is at most its own task time plus two task times of the longest
   lower-priority model on the core (plus the loop's round trip). Engines of the top
-  priority, which nobody can be kept waiting behind, may fill a core up to
-  :data:`TOP_DEPTH` tasks: more queued work bridges the loop's round trip at each
-  task's end, so the core never idles.
+  priority, which nobody can be kept waiting behind, may fill a core up to the
+  smallest ring among them there (their ``streams_per_core``), never past
+  :data:`TOP_DEPTH` tasks nor short of :data:`DEPTH`: then the core's room runs out
+  before any such engine's ring, so each time a place frees every engine with work
+  has an idle slot for it, and weights decide who takes it (were the room larger, the
+  rings would decide instead; engines with a ring of one slot take turns). Rings of 4
+  (``streams_per_core=4``) give the core more queued work to bridge the loop's round
+  trip at each task's end; the default 2 keeps one task queued behind the running
+  one, as a lone engine does. One engine alone on a core is bounded by its ring.
 - **Priority.** Among engines with a request waiting, a higher ``priority`` goes first,
   always; a lower one gets a core only when no engine above it can start there.
 - **Weight.** Within one priority, core time is shared in proportion to ``weight``
@@ -72,7 +78,8 @@ __all__ = ["DEPTH", "TOP_DEPTH", "Client", "Dispatcher", "FairShares", "Starter"
 # Tasks a core may hold when a task below the top priority starts: one running, one
 # queued behind it.
 DEPTH = 2
-# Tasks a core may hold when a task of the top priority starts.
+# Tasks a core may hold at most when a task of the top priority starts (fewer where an
+# engine of that priority has a smaller ring on the core: see the depth rule).
 TOP_DEPTH = 4
 # Fair-queuing tags count core time in these units per unit of weight (femtoseconds):
 # integers, exact however far the clock runs. (A float clock grown large rounds a small
@@ -142,7 +149,8 @@ class Dispatcher:
     State (loop thread only): ``clients`` in the order they joined; ``shares``, the
     fair-queuing clock and tags (:class:`FairShares`); ``_alone``, the flow of the one
     engine on the cores while it is alone (the fast path); ``_top``, per core, the
-    highest priority of its engines; ``_running`` / ``_again``: an assignment started from
+    highest priority of its engines, and ``_depth``, the tasks a top-priority task may
+    fill it to; ``_running`` / ``_again``: an assignment started from
     within a grant (a request that ended at its start released its slot) is folded into
     the one running; ``_reopen``: the timer of the next assignment, when the depth rule
     held a task back until a core's work left is short enough (``_reopen_at``: when it
@@ -160,6 +168,7 @@ class Dispatcher:
         self._reopen_at = float("inf")
         self._alone: Starter | None = None
         self._top: dict[int, int] = dict.fromkeys(self.records, 0)
+        self._depth: dict[int, int] = dict.fromkeys(self.records, TOP_DEPTH)
 
     def join(self, flow: Starter, priority: int, weight: float) -> Client:
         lanes = {core.core: core for core in flow.scheduler.cores}
@@ -182,6 +191,19 @@ class Dispatcher:
         self._top = {
             n: max((c.priority for c in clients if n in c.lanes), default=0) for n in self.records
         }
+        self._depth = {n: self._room(n) for n in self.records}
+
+    def _room(self, number: int) -> int:
+        """Tasks a top-priority task may fill core ``number`` to: the smallest ring of
+        the top-priority engines there, at most :data:`TOP_DEPTH` and at least
+        :data:`DEPTH` (one engine alone on the core: its ring, as a lone engine's)."""
+        on_core = [c for c in self.clients if number in c.lanes]
+        rings = [len(c.lanes[number].slots) for c in on_core if c.priority >= self._top[number]]
+        if not rings:
+            return TOP_DEPTH
+        if len(on_core) == 1:
+            return rings[0]
+        return max(DEPTH, min(TOP_DEPTH, *rings))
 
     def held(self, number: int) -> int:
         """Tasks core ``number`` holds, of every engine (assigned slots)."""
@@ -213,8 +235,10 @@ class Dispatcher:
     def _grant(self) -> bool:
         """Start one request on the best core for it; False when none can start."""
         records = self.records
-        for record in records.values():
-            if record.held < TOP_DEPTH:
+        depth = self._depth
+        for number, record in records.items():
+            held = record.held
+            if held < depth[number] or held < DEPTH:  # (room for the top, or below it)
                 break
         else:
             return False
@@ -272,8 +296,9 @@ class Dispatcher:
         core's work left holds it back, the next assignment is timed for when that
         work is short enough."""
         held = record.held
-        if client.priority >= self._top[record.number]:
-            return held < TOP_DEPTH
+        number = record.number
+        if client.priority >= self._top[number]:
+            return held < self._depth[number]
         if held >= DEPTH:
             return False
         left = free - now

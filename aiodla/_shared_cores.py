@@ -26,7 +26,7 @@ import anyio
 from ._core_record import CoreRecord
 from ._cores import read_model, release_runtime
 from ._device import CompletionSource
-from ._dispatch import TOP_DEPTH, Dispatcher
+from ._dispatch import Dispatcher
 from ._errors import AiodlaError, ConfigurationError, EngineClosedError
 from ._options import DEFAULT_TRACE_CAPACITY, EngineOptions
 from ._poller import SharedPoller
@@ -67,10 +67,11 @@ class Cores:
             ):
                 ...
 
-    ``dla.subset([1])`` puts an engine on some of the cores only. An engine here has
-    ``streams_per_core=4`` unless told otherwise (a slot for each task a core may hold:
-    see ``aiodla._dispatch``). Closing the cores closes the engines still open on them
-    first.
+    ``dla.subset([1])`` puts an engine on some of the cores only. An engine keeps its
+    own ``streams_per_core`` here too; engines of one priority fill a core up to the
+    smallest ring among them, so that weights decide (``streams_per_core=4`` queues
+    more work on each core: see ``aiodla._dispatch``). Closing the cores closes the
+    engines still open on them first.
     """
 
     def __init__(
@@ -325,7 +326,7 @@ def shared_cores(options: dict[str, Any], runtime: object) -> tuple[dict[str, An
     """``Engine``'s keywords with ``cores=`` a shared :class:`Cores` (or a subset)
     turned into its core numbers, and that :class:`Cores`; else as they came, and None
     (the engine makes cores of its own). ``runtime``: the engine's own choice, which
-    shared cores make for it."""
+    shared cores make for it. The engine's options stay as the caller gave them."""
     cores = options.get("cores")
     if isinstance(cores, Cores):
         shared, numbers = cores, cores.cores
@@ -340,6 +341,4 @@ def shared_cores(options: dict[str, Any], runtime: object) -> tuple[dict[str, An
         )
     if shared.state in (CoresState.CLOSING, CoresState.CLOSED):
         shared.check_open()
-    # A slot per task a core may hold (TOP_DEPTH): then the core's room, not the
-    # engine's own ring, is what runs out, and the dispatcher's weights decide.
-    return {"streams_per_core": TOP_DEPTH, **options, "cores": numbers}, shared
+    return {**options, "cores": numbers}, shared

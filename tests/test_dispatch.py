@@ -26,7 +26,7 @@ class Core:
 
     core: int
     record: CoreRecord
-    slots: int = 4
+    ring: int = 4
     service_time: float = 0.001
     outstanding: int = 0
     in_rotation: bool = True
@@ -34,7 +34,12 @@ class Core:
 
     @property
     def idle(self) -> bool:
-        return self.outstanding < self.slots
+        return self.outstanding < self.ring
+
+    @property
+    def slots(self) -> list[None]:
+        """Its ring (the dispatcher reads its length)."""
+        return [None] * self.ring
 
 
 class Engine:
@@ -176,3 +181,48 @@ def test_fair_shares_stay_exact_however_far_the_clock_has_run() -> None:
         shares.charge(chosen, 0.001)
         grants[chosen.order] += 1
     assert grants == {three.order: 300, one.order: 100}
+
+
+def test_engines_of_one_priority_fill_a_core_to_their_smallest_ring() -> None:
+    # Rings of 2 (the default streams_per_core): were the core's room TOP_DEPTH, each
+    # engine's ring would run out first, each end would free only its engine's slot,
+    # and the grants would alternate whatever the weights. The room is the rings'.
+    started: list[str] = []
+    records = {0: CoreRecord(0)}
+    heavy, light = Engine("heavy", started, records, 2), Engine("light", started, records, 2)
+    feeds = Dispatcher(records)
+    feeds.join(heavy, priority=0, weight=2.0)
+    feeds.join(light, priority=0, weight=1.0)
+    heavy.queued = light.queued = 100
+    feeds.assign()
+    assert feeds.held(0) == 2
+    engines = {"heavy": heavy, "light": light}
+    for task in range(60):  # the core ends its tasks in the order they started
+        engines[started[task]].end_one(feeds)
+        assert feeds.held(0) == 2
+    assert started[2:62].count("heavy") == pytest.approx(40, abs=2)
+
+
+def test_a_ring_of_one_slot_still_leaves_room_for_a_task_queued_behind() -> None:
+    started: list[str] = []
+    records = {0: CoreRecord(0)}
+    one, other = Engine("one", started, records, 1), Engine("other", started, records, 1)
+    feeds = Dispatcher(records)
+    feeds.join(one, priority=0, weight=1.0)
+    feeds.join(other, priority=0, weight=1.0)
+    one.queued = other.queued = 3
+    feeds.assign()
+    assert started == ["one", "other"] and feeds.held(0) == DEPTH
+
+
+def test_one_engine_alone_on_a_core_fills_its_whole_ring() -> None:
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    wide = Engine("wide", started, {0: records[0]}, 8)
+    other = Engine("other", started, {1: records[1]}, 2)
+    feeds = Dispatcher(records)
+    feeds.join(wide, priority=0, weight=1.0)
+    feeds.join(other, priority=0, weight=1.0)
+    wide.queued = 10
+    feeds.assign()
+    assert feeds.held(0) == 8 > TOP_DEPTH  # nobody beside it there: its ring bounds it

@@ -223,7 +223,7 @@ class TestOneOwner:
     ) -> None:
         # docs/design.md: one poller thread for every engine on a Cores; per engine and
         # core, one device handle (a module each: its status latch is its own) and its
-        # ring of streams_per_core streams (4 on a Cores unless told otherwise).
+        # ring of streams_per_core streams (its own option, 2 unless told otherwise).
         before = poller_threads()
         async with Cores([0, 1], runtime=runtime) as dla:
             engines = [
@@ -237,7 +237,8 @@ class TestOneOwner:
             assert dla.pollers == 1 and poller_threads() == before + 1
             handles = runtime.live_handles()
             assert handles["devices"] == 3 * 2 and handles["modules"] == 3 * 2
-            assert handles["streams"] == 3 * 2 * TOP_DEPTH
+            assert handles["streams"] == 3 * 2 * 2
+            assert all(e.options.streams_per_core == 2 for e in engines)
             # One record per physical core, shared by every engine's lane on it.
             for engine in engines:
                 lanes = engine._cores.cores
@@ -252,8 +253,8 @@ class TestOneOwner:
         self, dla: Cores, aiodla_controls: DLAControls
     ) -> None:
         async with (
-            Engine(affine_model(), cores=dla.subset([0])) as a,
-            Engine(affine_model(), cores=dla.subset([0])) as b,
+            Engine(affine_model(), cores=dla.subset([0]), streams_per_core=4) as a,
+            Engine(affine_model(), cores=dla.subset([0]), streams_per_core=4) as b,
         ):
             with aiodla_controls.hold(0) as gate:
                 calls = [asyncio.ensure_future(e.infer(ONES)) for e in (a, b) for _ in range(2)]
@@ -309,8 +310,8 @@ class TestExactlyOnce:
         self, dla: Cores, aiodla_controls: DLAControls
     ) -> None:
         async with (
-            Engine(affine_model(), cores=dla) as a,
-            Engine(affine_model(), cores=dla) as b,
+            Engine(affine_model(), cores=dla, streams_per_core=4) as a,
+            Engine(affine_model(), cores=dla, streams_per_core=4) as b,
         ):
             room = 2 * TOP_DEPTH  # (a fills both cores; b's requests wait for room)
             with aiodla_controls.hold() as gate:
@@ -385,7 +386,8 @@ class TestExactlyOnce:
             assert {**runtime.live_handles(), "graphs": 0} == {**alone, "graphs": 0}
             assert len(dla.dispatcher.clients) == 1
             stats = stays.statistics()
-            assert stats.completed == 3 and all(c.idle_slots == TOP_DEPTH for c in stats.cores)
+            ring = stays.options.streams_per_core
+            assert stats.completed == 3 and all(c.idle_slots == ring for c in stats.cores)
             assert counts_add_up(goes.statistics())
             await stays.infer(ONES)
 
@@ -394,8 +396,8 @@ class TestExactlyOnce:
         self, runtime: EmulatedRuntime, aiodla_controls: DLAControls
     ) -> None:
         async with Cores([0, 1], runtime=runtime) as dla:
-            a = Engine(affine_model(), cores=dla)
-            b = Engine(affine_model(), cores=dla)
+            a = Engine(affine_model(), cores=dla, streams_per_core=4)
+            b = Engine(affine_model(), cores=dla, streams_per_core=4)
             await a.open()
             await b.open()
             with aiodla_controls.hold() as gate:
