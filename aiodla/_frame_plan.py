@@ -33,6 +33,14 @@ _PLANAR = ("nv12", "i420")
 #: Where R, G and B sit in a packed pixel (planar sources are converted to R, G, B first).
 _RGB_AT = {"bgr": (2, 1, 0), "rgb": (0, 1, 2), "bgra": (2, 1, 0), "rgba": (0, 1, 2)}
 _ORDERS = {"rgb": (0, 1, 2), "bgr": (2, 1, 0)}
+#: Each YUV ``color_range``'s coefficients (``_preprocess``'s docstring, step 1): the
+#: black level Y starts from, Y's gain, then the gains of V in R, V in G, U in G and U
+#: in B, in units of 2**-20.
+_YUV_COEFFICIENTS = {
+    "limited": (16, 1220542, 1673527, -852492, -409993, 2116026),
+    # OpenCV's YCrCb coefficients (22987, -11698, -5636, 29049 in units of 2**-14) x 64
+    "full": (0, 1 << 20, 1471168, -748672, -360704, 1859136),
+}
 
 
 class Preprocessing(Protocol):
@@ -54,6 +62,8 @@ class Preprocessing(Protocol):
     def std(self) -> float | Sequence[float]: ...
     @property
     def max_frame(self) -> tuple[int, int]: ...
+    @property
+    def color_range(self) -> str: ...
     def check_target(self, spec: TensorSpec) -> None: ...
     def apply(
         self, frame: Any, spec: TensorSpec, out: _Array | None = None, *, validate: bool = True

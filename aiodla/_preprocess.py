@@ -28,12 +28,22 @@ or ``-fmad=false``).
    chroma row r = y//2 (U) or r = Hf/2 + y//2 (V), column c = x//2, which lies at
    a[Hf + r//2, (r % 2)*(Wf/2) + c] (two chroma rows of Wf/2 bytes to an array row).
    Then, for both, in int32 (no intermediate overflows), with ``>>`` an arithmetic
-   shift::
+   shift, for ``color_range="limited"`` (BT.601 limited range, 16..235: what H.264 and
+   H.265 cameras send)::
 
        l = max(Y - 16, 0) * 1220542 + 2**19
        R = clamp((l + 1673527 * (V - 128)) >> 20, 0, 255)
        G = clamp((l - 852492 * (V - 128) - 409993 * (U - 128)) >> 20, 0, 255)
        B = clamp((l + 2116026 * (U - 128)) >> 20, 0, 255)
+
+   and for ``color_range="full"`` (BT.601 full range, 0..255, as JPEG codes it: an MJPEG
+   camera's ``yuvj420p``), exactly OpenCV's ``COLOR_YCrCb2RGB`` of Y and the U, V taken
+   above (its 14-bit coefficients, times 64)::
+
+       l = Y * 2**20 + 2**19
+       R = clamp((l + 1471168 * (V - 128)) >> 20, 0, 255)
+       G = clamp((l - 748672 * (V - 128) - 360704 * (U - 128)) >> 20, 0, 255)
+       B = clamp((l + 1859136 * (U - 128)) >> 20, 0, 255)
 
    Model channel k reads R, G or B as ``order`` says.
 2. **Sample tables**, per axis, in float64 (each operation rounded to double; OpenCV
@@ -76,7 +86,16 @@ from typing import Any, Literal
 import numpy as np
 
 from ._errors import ConfigurationError, InputTypeError, InputValueError
-from ._frame_plan import _ORDERS, _PACKED, _PLANAR, Geometry, _geometry, _Plan, _plan
+from ._frame_plan import (
+    _ORDERS,
+    _PACKED,
+    _PLANAR,
+    _YUV_COEFFICIENTS,
+    Geometry,
+    _geometry,
+    _Plan,
+    _plan,
+)
 from ._frame_plan import _axis as _axis  # (the kernels' tests compare with it here)
 from ._tensors import TensorSpec
 from ._video_frame import VideoFrame
@@ -103,11 +122,27 @@ _BLOCK_ELEMENTS = 1 << 15
 # nv12 and i420 in OpenCV's fixed point (modules/imgproc/src/color_yuv.simd.hpp, ITUR_BT_601_*),
 # split into 256-entry tables per operand; the rounding term 2**19 rides on the Y table.
 _LEVELS = np.arange(256, dtype=np.int32)
-_Y_TERM = np.maximum(_LEVELS - 16, 0) * 1220542 + (1 << 19)
-_RV_TERM = (_LEVELS - 128) * 1673527
-_GV_TERM = (_LEVELS - 128) * -852492
-_GU_TERM = (_LEVELS - 128) * -409993
-_BU_TERM = (_LEVELS - 128) * 2116026
+
+
+def _terms(black: int, gain: int, rv: int, gv: int, gu: int, bu: int) -> tuple[_Array, ...]:
+    """The tables of one YUV range (module docstring, step 1): Y's, then R's of V, G's
+    of V, G's of U and B's of U."""
+    chroma = _LEVELS - 128
+    tables = (
+        np.maximum(_LEVELS - black, 0) * gain + (1 << 19),
+        chroma * rv,
+        chroma * gv,
+        chroma * gu,
+        chroma * bu,
+    )
+    for table in tables:
+        table.flags.writeable = False
+    return tables
+
+
+_TERMS = {name: _terms(*values) for name, values in _YUV_COEFFICIENTS.items()}
+ColorRange = Literal["limited", "full"]
+_RANGE_LEVELS = {"limited": "16..235, as H.264 and H.265 send", "full": "0..255, as JPEG codes"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,6 +158,10 @@ class ImagePreprocess:
       nv12: U, V interleaved at half resolution in H/2 rows; i420: the U plane, then the
       V plane, each (H/2) x (W/2), packed row after row into those H/2 rows, as FFmpeg's
       decoders give them);
+    - ``color_range``: for ``"nv12"`` and ``"i420"``, the YUV levels the frames use:
+      ``"limited"`` (16..235, what H.264 and H.265 cameras send) or ``"full"`` (0..255,
+      as JPEG codes them: a USB camera's MJPEG). A :class:`~aiodla.VideoFrame` says its
+      own (``frame.color_range``), and must match;
     - ``order``: the model's channel order, ``"rgb"`` or ``"bgr"``;
     - ``resize``: ``"letterbox"`` (keep the aspect ratio, centre on a canvas of
       ``pad_value``), ``"stretch"`` (each axis to the model's size) or ``None`` (frames
@@ -153,6 +192,7 @@ class ImagePreprocess:
     mean: float | Sequence[float] = 0.0
     std: float | Sequence[float] = 1.0
     max_frame: tuple[int, int] = (1080, 1920)
+    color_range: ColorRange = "limited"
     # float32 scale, mean and std (3, 1), and the normalized canvas per channel (3, 1, 1)
     _constants: tuple[_Array, _Array, _Array, _Array] = dataclasses.field(
         init=False, repr=False, compare=False
@@ -168,6 +208,15 @@ class ImagePreprocess:
         if self.resize not in _RESIZES:
             raise ConfigurationError(
                 f"resize={self.resize!r} must be 'letterbox', 'stretch' or None"
+            )
+        if self.color_range not in _TERMS:
+            raise ConfigurationError(
+                f"color_range={self.color_range!r} must be 'limited' or 'full'"
+            )
+        if self.color_range != "limited" and self.source not in _PLANAR:
+            raise ConfigurationError(
+                f"color_range={self.color_range!r} is for YUV frames (source 'nv12' or "
+                f"'i420'); {self.source} frames are RGB levels already"
             )
         pad = self.pad_value
         if not _is_real(pad) or not (0 <= pad <= 255 and int(pad) == pad):
@@ -367,9 +416,10 @@ class ImagePreprocess:
         target = out[0, :, top : top + rows, left : left + columns].transpose(1, 0, 2)
         array = np.ascontiguousarray(array)
         step = max(1, _BLOCK_ELEMENTS // (3 * columns))
+        terms = _TERMS[self.color_range]
         for start in range(0, rows, step):
             block = slice(start, min(start + step, rows))
-            value = _interpolate(array, plan, block)
+            value = _interpolate(array, plan, block, terms)
             view = target[block]
             np.multiply(value, scale, out=view)
             np.subtract(view, mean, out=view)
@@ -468,8 +518,11 @@ def _rows(frame: _Array, plan: _Plan, which: _Array) -> tuple[_Array, ...]:
     return luma, planes[0].take(which // 2, axis=0), planes[1].take(which // 2, axis=0)
 
 
-def _pixels(rows: tuple[_Array, ...], plan: _Plan, second: bool) -> _Array:
-    """float32 (rows, channel, column) pixels at columns x0 (x1 when ``second``)."""
+def _pixels(
+    rows: tuple[_Array, ...], plan: _Plan, second: bool, terms: tuple[_Array, ...]
+) -> _Array:
+    """float32 (rows, channel, column) pixels at columns x0 (x1 when ``second``);
+    ``terms``: the YUV range's tables (planar sources)."""
     columns = plan.columns1 if second else plan.columns0
     if plan.planar is None:
         (packed,) = rows
@@ -481,39 +534,40 @@ def _pixels(rows: tuple[_Array, ...], plan: _Plan, second: bool) -> _Array:
         v = rows[1].take(columns + 1, axis=1)
     else:  # i420: V at the same column of its own plane
         v = rows[2].take(columns, axis=1)
-    base = _Y_TERM.take(y)
+    y_term, rv_term, gv_term, gu_term, bu_term = terms
+    base = y_term.take(y)
     result = np.empty((len(luma), 3, y.shape[1]), np.float32)
     for channel, lane in enumerate(plan.lanes):
         if lane == 0:
-            level = base + _RV_TERM.take(v)
+            level = base + rv_term.take(v)
         elif lane == 1:
-            level = base + _GV_TERM.take(v)
-            level += _GU_TERM.take(u)
+            level = base + gv_term.take(v)
+            level += gu_term.take(u)
         else:
-            level = base + _BU_TERM.take(u)
+            level = base + bu_term.take(u)
         level >>= 20
         np.clip(level, 0, 255, out=level)
         result[:, channel] = level
     return result
 
 
-def _interpolate(frame: _Array, plan: _Plan, block: slice) -> _Array:
+def _interpolate(frame: _Array, plan: _Plan, block: slice, terms: tuple[_Array, ...]) -> _Array:
     """float32 v (module docstring, step 3) for output rows ``block`` of the resized
     frame, as (rows, channel, column)."""
     fx = plan.fx
     rows = _rows(frame, plan, plan.y0[block])
-    upper = _pixels(rows, plan, False)
+    upper = _pixels(rows, plan, False, terms)
     if plan.blend_x:
-        step = _pixels(rows, plan, True)
+        step = _pixels(rows, plan, True, terms)
         step -= upper
         step *= fx
         upper += step
     if not plan.blend_y:
         return upper
     rows = _rows(frame, plan, plan.y1[block])
-    lower = _pixels(rows, plan, False)
+    lower = _pixels(rows, plan, False, terms)
     if plan.blend_x:
-        step = _pixels(rows, plan, True)
+        step = _pixels(rows, plan, True, terms)
         step -= lower
         step *= fx
         lower += step
@@ -542,6 +596,14 @@ def video_frame_pixels(
             f"input {name!r}: the frame is {frame.format}, and this engine pre-processes "
             f"{pre.source} frames (ImagePreprocess(source={pre.source!r})); open the engine "
             f"with ImagePreprocess(source={frame.format!r}) for this source's frames"
+        )
+    if frame.color_range != pre.color_range:
+        raise InputValueError(
+            f"input {name!r}: the frame's YUV levels are {frame.color_range} range "
+            f"({_RANGE_LEVELS[frame.color_range]}), and this engine reads "
+            f"{pre.color_range} range (ImagePreprocess(color_range={pre.color_range!r})); "
+            f"open the engine with ImagePreprocess(source={pre.source!r}, "
+            f"color_range={frame.color_range!r}) for this source's frames"
         )
     array = frame.array
     expected = (frame.height * 3 // 2, frame.width)

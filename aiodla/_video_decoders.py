@@ -72,6 +72,7 @@ class Picture(Protocol):
     """One decoded picture, still where the decoder put it."""
 
     format: Literal["nv12", "i420"]
+    color_range: Literal["limited", "full"]  # the YUV levels: 16..235 or 0..255
     width: int
     height: int
     pts: float | None

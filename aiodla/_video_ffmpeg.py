@@ -3,7 +3,10 @@
 Pictures are taken in the planes FFmpeg decoded them into: its H.264 and H.265
 decoders give I420 (``yuv420p``), which is copied plane by plane into the frame's
 buffer, once, with no colour conversion. Only what has no 4:2:0 layout (a USB camera's
-YUYV or 4:2:2 MJPEG, 10-bit H.265) is converted to I420 first, on this thread.
+YUYV or 4:2:2 MJPEG, 10-bit H.265) is converted to I420 first, on this thread, its
+levels kept. A picture's YUV range goes with it: MJPEG's ``yuvj`` formats (and any
+picture FFmpeg marks so) are full range, 0..255, which the engine's pre-processing
+reads with ``ImagePreprocess(color_range="full")``; the rest limited.
 
 Errors are classified once, here: what retrying cannot fix (a missing file, 401, 404,
 no video stream, a codec aiodla does not take) is ``retryable=False``; anything else
@@ -29,15 +32,21 @@ from ._video_decoders import CAMERA_CODECS, CODECS, DecodeTrouble, OpenOptions, 
 __all__ = ["decoder"]
 
 _I420 = ("yuv420p", "yuvj420p")  # yuvj: full range (MJPEG); the planes are the same
+#: FFmpeg's AVCOL_RANGE_JPEG: full range, whatever the pixel format's name says.
+_FULL_RANGE = 2
 
 
 class _Picture:
-    __slots__ = ("_frame", "format", "height", "on_device", "pts", "width")
+    __slots__ = ("_frame", "color_range", "format", "height", "on_device", "pts", "width")
 
     def __init__(self, frame: av.VideoFrame) -> None:
+        full = frame.format.name.startswith("yuvj") or frame.color_range == _FULL_RANGE
         if frame.format.name not in (*_I420, "nv12"):
+            # The layout only: PyAV keeps the picture's levels (a yuvj422p picture
+            # stays full range), which the frame then says.
             frame = frame.reformat(format="yuv420p")
         self._frame = frame
+        self.color_range: Literal["limited", "full"] = "full" if full else "limited"
         self.format: Literal["nv12", "i420"] = "nv12" if frame.format.name == "nv12" else "i420"
         self.width = frame.width - frame.width % 2
         self.height = frame.height - frame.height % 2

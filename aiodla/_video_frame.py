@@ -16,8 +16,10 @@ import numpy as np
 from ._errors import InputValueError
 
 VideoFormat = Literal["nv12", "i420"]
+ColorRange = Literal["limited", "full"]
 
 _FORMATS: tuple[str, ...] = ("nv12", "i420")
+_RANGES: tuple[str, ...] = ("limited", "full")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,6 +53,9 @@ class VideoFrame:
             the stream gives none.
         captured_at: The wall-clock time (``time.time()``) at which it was decoded.
         on_device: Whether ``array`` is in device memory.
+        color_range: The YUV levels: ``"limited"`` (16..235; H.264 and H.265 cameras)
+            or ``"full"`` (0..255, as JPEG codes them: a USB camera's MJPEG). The
+            engine's ``ImagePreprocess(color_range=...)`` must be the same.
     """
 
     array: Any
@@ -62,10 +67,15 @@ class VideoFrame:
     pts: float | None
     captured_at: float
     on_device: bool
+    color_range: ColorRange = "limited"
 
     def __post_init__(self) -> None:
         if self.format not in _FORMATS:
             raise InputValueError(f"VideoFrame format={self.format!r} must be one of {_FORMATS}")
+        if self.color_range not in _RANGES:
+            raise InputValueError(
+                f"VideoFrame color_range={self.color_range!r} must be one of {_RANGES}"
+            )
         if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
             raise InputValueError(
                 f"VideoFrame {self.width}x{self.height} must have a positive, even width "

@@ -43,6 +43,8 @@ Gst.init(None)
 
 _CODECS = {"video/x-h264": "h264", "video/x-h265": "hevc"}
 _CAMERA_CODECS = {"image/jpeg": "mjpeg", "video/x-raw": "rawvideo"}
+#: GstVideo's "0_255" range (a name Python cannot spell as an attribute).
+_FULL_RANGE = getattr(GstVideo.VideoColorRange, "0_255")
 _POLL = 100 * Gst.MSECOND  # how long one pull waits before looking at stop and stall
 
 
@@ -62,11 +64,15 @@ def _on_jetson() -> bool:
 
 
 class _Picture:
-    __slots__ = ("_sample", "format", "height", "on_device", "pts", "width")
+    __slots__ = ("_sample", "color_range", "format", "height", "on_device", "pts", "width")
 
     def __init__(self, sample: Any, info: Any, fmt: Literal["nv12", "i420"]) -> None:
         self._sample = (sample, info)
         self.format: Literal["nv12", "i420"] = fmt
+        # The caps' colorimetry says the levels: jpegdec's MJPEG pictures are full range
+        # (videoconvert passes them on as they are), H.264 and H.265 limited.
+        full = info.colorimetry.range == _FULL_RANGE
+        self.color_range: Literal["limited", "full"] = "full" if full else "limited"
         self.width = info.width - info.width % 2
         self.height = info.height - info.height % 2
         pts = sample.get_buffer().pts

@@ -99,11 +99,14 @@ class _DeviceNV12:
 
 
 class _Picture:
-    __slots__ = ("_array", "format", "height", "on_device", "pts", "width")
+    __slots__ = ("_array", "color_range", "format", "height", "on_device", "pts", "width")
 
     def __init__(self, array: _DeviceNV12, width: int, height: int, pts: float | None) -> None:
         self._array = array
         self.format: Literal["nv12", "i420"] = "nv12"
+        # H.264 and H.265 cameras send limited range; NVDEC keeps the stream's levels
+        # and this version does not read a stream's full-range flag.
+        self.color_range: Literal["limited", "full"] = "limited"
         self.width = width
         self.height = height
         self.pts = pts

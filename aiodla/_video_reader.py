@@ -205,6 +205,7 @@ class Reader:
                 pts=picture.pts,
                 captured_at=time.time(),
                 on_device=picture.on_device,
+                color_range=picture.color_range,
             )
             self.decoded += 1
             self.format = picture.format

@@ -169,6 +169,8 @@ class TestConfiguration:
             ({"max_frame": 1080}, "max_frame=1080 must be"),
             ({"max_frame": (1080.0, 1920)}, r"max_frame=\(1080.0, 1920\) must be"),
             ({"max_frame": (1080, 1920, 3)}, r"max_frame=\(1080, 1920, 3\) must be"),
+            ({"color_range": "pc"}, "color_range='pc' must be 'limited' or 'full'"),
+            ({"color_range": "full"}, "color_range='full' is for YUV frames .* bgr frames"),
         ],
     )
     def test_bad_keyword(self, keywords: dict[str, Any], match: str) -> None:
@@ -575,3 +577,36 @@ class TestAgainstOpenCV:
             out = pre.apply(image, spec(512, 512))
             expected = cv2.cvtColor(image, cv2.COLOR_YUV2RGB_I420).transpose(2, 0, 1)
             assert np.array_equal(out[0], expected), k
+
+    @pytest.mark.parametrize("source", ["nv12", "i420"])
+    def test_full_range_every_colour(self, cv2: Any, source: str) -> None:
+        """color_range="full" converts every (Y, U, V) triple exactly as OpenCV's
+        COLOR_YCrCb2RGB (BT.601 full range, as JPEG codes it) of Y and its pixel's
+        chroma: 64 frames of 512 x 512, each (U, V) pair over four Y values. The limited
+        range's conversion of the same planes differs (by up to 37 levels at black)."""
+        pre = ImagePreprocess(
+            source=source, order="rgb", resize=None, scale=1.0, color_range="full"
+        )
+        limited = ImagePreprocess(source=source, order="rgb", resize=None, scale=1.0)
+        levels = np.arange(256, dtype=np.uint8)
+        u_plane = np.repeat(levels[:, None], 256, axis=1)  # U by row, V by column
+        v_plane = np.repeat(levels[None, :], 256, axis=0)
+        if source == "nv12":
+            chroma = np.stack([u_plane, v_plane], axis=-1).reshape(256, 512)
+        else:
+            chroma = np.concatenate([u_plane.ravel(), v_plane.ravel()]).reshape(256, 512)
+        # each pixel's (Cr, Cb): its 2 x 2 block's chroma sample
+        cr = np.repeat(np.repeat(v_plane, 2, axis=0), 2, axis=1)
+        cb = np.repeat(np.repeat(u_plane, 2, axis=0), 2, axis=1)
+        for k in range(64):
+            luma = np.empty((512, 512), np.uint8)
+            for dy in (0, 1):
+                for dx in (0, 1):
+                    luma[dy::2, dx::2] = 4 * k + 2 * dy + dx
+            image = np.concatenate([luma, chroma])
+            out = pre.apply(image, spec(512, 512))
+            ycrcb = np.dstack([luma, cr, cb])
+            expected = cv2.cvtColor(ycrcb, cv2.COLOR_YCrCb2RGB).transpose(2, 0, 1)
+            assert np.array_equal(out[0], expected), k
+            if k == 0:
+                assert np.abs(limited.apply(image, spec(512, 512))[0] - expected).max() > 30

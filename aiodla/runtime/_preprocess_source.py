@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .._frame_plan import _ORDERS, _PACKED, _PLANAR, _RGB_AT
+from .._frame_plan import _ORDERS, _PACKED, _PLANAR, _RGB_AT, _YUV_COEFFICIENTS
 from ._conversion_source import BLOCK, CONVERSIONS, KERNELS, KernelPlan, _traits
 
 if TYPE_CHECKING:
@@ -138,9 +138,10 @@ template <class P> AIODLA_FN void fetch(const Frame& f, i32 y, i32 x, float* out
             v = (i32)vp[x / 2] - 128;
         }
         const i32 luma = row[x];
-        const i32 l = (luma > 16 ? luma - 16 : 0) * 1220542 + (1 << 19);
-        i32 rgb[3] = {(l + 1673527 * v) >> 20, (l - 852492 * v - 409993 * u) >> 20,
-                      (l + 2116026 * u) >> 20};  // >> of a negative i32: arithmetic
+        // The YUV range's coefficients (limited or full), in units of 2**-20.
+        const i32 l = (luma > P::BLACK ? luma - P::BLACK : 0) * P::GAIN + (1 << 19);
+        i32 rgb[3] = {(l + P::RV * v) >> 20, (l + P::GV * v + P::GU * u) >> 20,
+                      (l + P::BU * u) >> 20};  // >> of a negative i32: arithmetic
 #pragma unroll
         for (int k = 0; k < 3; ++k) rgb[k] = rgb[k] < 0 ? 0 : (rgb[k] > 255 ? 255 : rgb[k]);
         out[0] = (float)rgb[P::LANE0];
@@ -226,9 +227,12 @@ def _constants(index: int, pre: Preprocessing) -> str:
     # __post_init__ made mean and std three floats each
     mean = [_bits(value) for value in pre.mean]  # type: ignore[union-attr]
     std = [_bits(value) for value in pre.std]  # type: ignore[union-attr]
+    black, gain, rv, gv, gu, bu = _YUV_COEFFICIENTS[pre.color_range]
     return f"""
-struct P{index} {{  // source {pre.source}, order {pre.order}, resize {pre.resize}
+struct P{index} {{  // {pre.source} ({pre.color_range} range), {pre.order}, {pre.resize}
     static constexpr int PLANAR = {planar};  // 0 packed, 1 nv12, 2 i420
+    static constexpr i32 BLACK = {black}, GAIN = {gain};
+    static constexpr i32 RV = {rv}, GV = {gv}, GU = {gu}, BU = {bu};
     static constexpr int BPP = {bpp}, AT0 = {at[0]}, AT1 = {at[1]}, AT2 = {at[2]};
     static constexpr int LANE0 = {lanes[0]}, LANE1 = {lanes[1]}, LANE2 = {lanes[2]};
     static constexpr int PAD = {pre.pad_value};

@@ -109,6 +109,7 @@ _FRAME_SETTINGS: dict[str, Callable[[str], Any]] = {
     "mean": _floats,
     "std": _floats,
     "max_frame": _size,
+    "color_range": str,
 }
 _DETECT_SETTINGS: dict[str, Callable[[str], Any]] = {
     "head": str,
@@ -291,7 +292,8 @@ def _announce(server: Server) -> None:
     help="Serve INPUT as camera frames (UINT8 HxWx3, or NV12), pre-processed by the engine: "
     "ImagePreprocess's settings source, order, resize (letterbox, stretch or none), "
     "pad_value, scale, mean, std (one or three joined by /), max_frame (HxW, default "
-    "1080x1920). E.g. images:source=bgr,order=rgb,resize=letterbox. MODEL/ names the "
+    "1080x1920), color_range (limited or full, for nv12 and i420). E.g. "
+    "images:source=bgr,order=rgb,resize=letterbox. MODEL/ names the "
     "model when several are served. Repeatable.",
 )
 @click.option(

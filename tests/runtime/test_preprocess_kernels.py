@@ -78,6 +78,11 @@ CASES = [
              resize="stretch", pad_value=255), RESIZED_NV12),
     (*target("i420_chw32", (38, 50), "int8", "chw32", 0.03, source="i420", order="rgb",
              resize=None, mean=(0.2, 0.5, 0.7), std=0.5), [(38, 50)]),
+    # full-range YUV (an MJPEG camera's): its own coefficients
+    (*target("i420_full", (48, 64), "float16", "chw16", source="i420", order="rgb",
+             resize="letterbox", color_range="full", **IMAGENET), [*RESIZED_NV12, (6, 10)]),
+    (*target("nv12_full", (29, 41), "float32", "nchw", source="nv12", order="bgr",
+             resize="stretch", color_range="full"), RESIZED_NV12),
 ]  # fmt: skip
 
 

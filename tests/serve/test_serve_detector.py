@@ -236,7 +236,8 @@ def test_the_command_passes_frames_and_detect_settings(monkeypatch: pytest.Monke
     result = CliRunner().invoke(
         _cli.cli,
         ["serve", "det.bin", "--preprocess",
-         "images:source=nv12,order=bgr,resize=stretch,max_frame=480x640,mean=0.1/0.2/0.3,std=0.5",
+         "images:source=nv12,order=bgr,resize=stretch,max_frame=480x640,mean=0.1/0.2/0.3,std=0.5,"
+         "color_range=full",
          "--detect", "head=yolov8,classes=3,conf=0.5,iou=0.6,max_det=7,class_agnostic=true,"
          "strides=8/16,outputs=a/b"],
     )  # fmt: skip
@@ -245,7 +246,7 @@ def test_the_command_passes_frames_and_detect_settings(monkeypatch: pytest.Monke
         "": {
             "images": ImagePreprocess(
                 source="nv12", order="bgr", resize="stretch", max_frame=(480, 640),
-                mean=(0.1, 0.2, 0.3), std=0.5,
+                mean=(0.1, 0.2, 0.3), std=0.5, color_range="full",
             )
         }
     }  # fmt: skip

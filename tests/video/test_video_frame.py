@@ -46,6 +46,7 @@ def test_is_public_frozen_and_slotted() -> None:
         "pts",
         "captured_at",
         "on_device",
+        "color_range",
     ]
 
 
