@@ -1,17 +1,23 @@
 """The dispatcher of an :class:`aiodla.Cores`: which engine's waiting request starts
-next, and on which core.
+next, on which core and slot, and which cores are in rotation.
 
-Each engine keeps its own waiting line, slots, statistics and health (its
-:class:`~aiodla._scheduler.Scheduler`); the dispatcher decides, across all of them, who
-may start a task on a core and when. It reads each physical core as it is, from the
-core's one record (:class:`~aiodla._core_record.CoreRecord`: the tasks it holds of every
-engine, when it should finish them), and makes one decision, :meth:`Dispatcher.assign`,
-after every admission, completion, cancellation and release of any engine on the
-cores. A lone engine's own :meth:`~aiodla._scheduler.Scheduler.next_assignment` is this
-rule's fast path for one engine (every lone engine runs on cores of its own, a private
-:class:`~aiodla.Cores`): nobody ranks above or beside it, so depth and weight have
-nothing to decide, its own ring bounds what it queues, and the rule reduces to the
-next request on the core with the least work held.
+Each engine keeps its own waiting line, request counts, statistics and health (its
+:class:`~aiodla._scheduler.Scheduler`) and its ring of slots on each core; the
+dispatcher decides, across all of them, who may start a task on a core and when, pairs
+the request with a slot, takes the slot back when its work is over, and applies the
+fault policy: a core that fails too many tasks in a row leaves an engine's rotation,
+and a probe task, started by the same decision once its time has come, brings it back.
+It reads each physical core as it is, from the core's one record
+(:class:`~aiodla._core_record.CoreRecord`: the tasks it holds of every engine, when it
+should finish them), and makes one decision, :meth:`Dispatcher.assign`, after every
+admission, completion, cancellation and release of any engine on the cores, and when
+a timer it set comes due (a held-back task's or a probe's): no other timer decides.
+
+A lone engine (every lone engine runs on cores of its own, a private
+:class:`~aiodla.Cores`) is the fast path of the same decision: nobody ranks above or
+beside it, so depth and weight have nothing to decide, its own ring bounds what it
+queues, and the rule reduces to its next request on the core in rotation that holds
+least (ties: the one it used less).
 
 The rule:
 
@@ -66,7 +72,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from ._core_record import CoreRecord
+from ._core_record import CoreRecord, give_back, take
 from ._life import EngineState, Life
 
 if TYPE_CHECKING:
@@ -93,19 +99,26 @@ class Starter(Protocol):
 
     life: Life
     scheduler: Scheduler
+    lanes: list[CoreLane]  # its lane on each core, in the order of its cores
 
     def start(self, request: Request, slot: Slot) -> None: ...
+    def probe(self, slot: Slot) -> None: ...
 
 
 @dataclasses.dataclass(eq=False)
 class Client:
-    """One engine on the dispatcher: its place in the order, and what it was granted."""
+    """One engine on the dispatcher: its place in the order, its slots and fault
+    policy, and what it was granted."""
 
     flow: Starter
     priority: int
     weight: float
     order: int  # ties go to the engine that joined first
     lanes: dict[int, CoreLane]  # its own lane on each core it uses, by core number
+    cores: list[CoreLane]  # the same lanes, in the order of its cores
+    idle_slots: int  # its slots not assigned
+    max_faults: int | None = None  # failures in a row that take a core out of rotation
+    probe_interval: float = 1.0  # seconds between probes of a core out of rotation
     finish_tag: int = 0  # start-time fair queuing: where its last grant ended
     # The weight as an exact fraction: a grant's cost in tags is cost * den // num.
     weight_ratio: tuple[int, int] = (1, 1)
@@ -146,15 +159,19 @@ class FairShares:
 class Dispatcher:
     """The decision for the cores whose records are ``records`` (by core number).
 
-    State (loop thread only): ``clients`` in the order they joined; ``shares``, the
-    fair-queuing clock and tags (:class:`FairShares`); ``_alone``, the flow of the one
-    engine on the cores while it is alone (the fast path); ``_top``, per core, the
+    State (loop thread only): ``clients`` in the order they joined, each with its
+    ``idle_slots``; every lane's ``in_rotation`` and ``consecutive_failures`` (the
+    fault policy) and every request's ``slot`` and slot's ``request`` (the pairing);
+    ``_probes``, the lanes out of rotation and when each one's probe is due;
+    ``shares``, the fair-queuing clock and tags (:class:`FairShares`); ``_alone``, the
+    one engine on the cores while it is alone (the fast path); ``_top``, per core, the
     highest priority of its engines, and ``_depth``, the tasks a top-priority task may
     fill it to; ``_running`` / ``_again``: an assignment started from
     within a grant (a request that ended at its start released its slot) is folded into
     the one running; ``_reopen``: the timer of the next assignment, when the depth rule
     held a task back until a core's work left is short enough (``_reopen_at``: when it
-    is due). The records themselves are written by ``_core_record`` alone.
+    is due; a probe's comes due the same way). The records themselves are written by
+    ``_core_record`` alone.
     """
 
     def __init__(self, records: Mapping[int, CoreRecord]) -> None:
@@ -166,13 +183,27 @@ class Dispatcher:
         self._again = False
         self._reopen: asyncio.TimerHandle | None = None
         self._reopen_at = float("inf")
-        self._alone: Starter | None = None
+        self._alone: Client | None = None
+        self._probes: dict[int, tuple[Client, CoreLane, float]] = {}  # by id of the lane
         self._top: dict[int, int] = dict.fromkeys(self.records, 0)
         self._depth: dict[int, int] = dict.fromkeys(self.records, TOP_DEPTH)
 
-    def join(self, flow: Starter, priority: int, weight: float) -> Client:
-        lanes = {core.core: core for core in flow.scheduler.cores}
-        client = Client(flow, priority, weight, next(self._orders), lanes)
+    def join(
+        self,
+        flow: Starter,
+        priority: int,
+        weight: float,
+        *,
+        max_faults: int | None = None,
+        probe_interval: float = 1.0,
+    ) -> Client:
+        cores = list(flow.lanes)
+        lanes = {core.core: core for core in cores}
+        idle = sum(len(core.idle) for core in cores)
+        order = next(self._orders)
+        client = Client(
+            flow, priority, weight, order, lanes, cores, idle, max_faults, probe_interval
+        )
         self.shares.joined(client)
         self.clients.append(client)
         self._rank()
@@ -180,6 +211,7 @@ class Dispatcher:
 
     def leave(self, client: Client) -> None:
         """The engine is closed: its tasks no longer count, others take its room."""
+        self.cancel_probes(client)
         if client in self.clients:
             self.clients.remove(client)
             self._rank()
@@ -187,7 +219,7 @@ class Dispatcher:
 
     def _rank(self) -> None:
         clients = self.clients
-        self._alone = clients[0].flow if len(clients) == 1 else None
+        self._alone = clients[0] if len(clients) == 1 else None
         self._top = {
             n: max((c.priority for c in clients if n in c.lanes), default=0) for n in self.records
         }
@@ -211,12 +243,37 @@ class Dispatcher:
 
     def assign(self) -> None:
         """Start waiting requests while some core has room (see the module's rule)."""
+        if self._probes:
+            self._start_probes()
         alone = self._alone
         if alone is not None:  # the fast path: one engine, bounded by its ring alone
-            if alone.life.state is EngineState.OPEN:
-                next_assignment = alone.scheduler.next_assignment
-                while (assignment := next_assignment()) is not None:
-                    alone.start(*assignment)
+            flow = alone.flow
+            if flow.life.state is not EngineState.OPEN:
+                return
+            scheduler = flow.scheduler
+            cores = alone.cores
+            while alone.idle_slots and scheduler.queued:
+                best: CoreLane | None = None
+                for core in cores:  # in rotation, with an idle slot, holding least
+                    if (
+                        core.idle
+                        and core.in_rotation
+                        and (
+                            best is None
+                            or (core.record.held, core.assigned_total)
+                            < (best.record.held, best.assigned_total)
+                        )
+                    ):
+                        best = core
+                if best is None:
+                    return
+                # (as _pair, inlined: a call less for every request of a lone engine)
+                slot: Slot = take(best)
+                alone.idle_slots -= 1
+                request = scheduler.next_request()
+                request.slot = slot
+                slot.request = request
+                flow.start(request, slot)
             return
         if self._running:
             self._again = True
@@ -258,16 +315,120 @@ class Dispatcher:
             core = self._best_core(client, now)
             if core is None:
                 continue
-            assignment = client.flow.scheduler.next_on(core)
-            if assignment is None:  # (it has a request queued: cannot happen)
-                continue
             cost = core.service_time
             self.shares.charge(client, cost)
             client.granted_time += cost
             client.grants += 1
-            client.flow.start(*assignment)
+            client.flow.start(*self._pair(client, core))
             return True
         return False
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _pair(self, client: Client, core: CoreLane) -> tuple[Request, Slot]:
+        """Give ``client``'s next waiting request an idle slot of ``core`` (it has
+        both): PACKING from then on."""
+        slot: Slot = take(core)
+        client.idle_slots -= 1
+        request = client.flow.scheduler.next_request()
+        request.slot = slot
+        slot.request = request
+        return request, slot
+
+    def release(self, client: Client, slot: Slot) -> None:
+        """``slot``'s work is over: idle again, its request (if it still had one) no
+        longer holds it (the caller assigns again afterwards)."""
+        request = slot.request
+        if request is not None:
+            request.slot = None
+            slot.request = None
+        give_back(slot)
+        client.idle_slots += 1
+
+    def lost_slot(self, request: Request) -> None:
+        """The request's slot failed to take its work: the request no longer holds it
+        (the slot comes back, with no request, once its stream ran what reached it)."""
+        slot = request.slot
+        request.slot = None
+        if slot is not None:
+            slot.request = None
+
+    # -- the fault policy --------------------------------------------------------------
+
+    def task_ended(self, client: Client, core: CoreLane, status: int) -> bool:
+        """Count a task's status against ``client``'s lane ``core``; True when the core
+        leaves rotation now (too many failures in a row while another of its cores
+        serves), and its probe is then due a ``probe_interval`` later. A success only
+        resets the count (the flow asks only when there is one to reset)."""
+        if not status:
+            core.consecutive_failures = 0
+            return False
+        core.consecutive_failures += 1
+        limit = client.max_faults
+        if (
+            limit is None
+            or not core.in_rotation
+            or core.consecutive_failures < limit
+            or not any(other.in_rotation for other in client.cores if other is not core)
+        ):
+            return False
+        core.in_rotation = False
+        self.probe_later(client, core)
+        return True
+
+    def probe_ended(self, client: Client, core: CoreLane, status: int) -> bool:
+        """A probe task of a core out of rotation ended; True when it brings the core
+        back (it succeeded), else the core is probed again later."""
+        if status:
+            self.probe_later(client, core)
+            return False
+        core.in_rotation = True
+        core.consecutive_failures = 0
+        return True
+
+    def suspend(self, client: Client) -> None:
+        """No core of ``client`` takes a request until :meth:`resume` (its worker
+        process is replaced); no probe runs meanwhile."""
+        self.cancel_probes(client)
+        for core in client.cores:
+            core.in_rotation = False
+
+    def resume(self, client: Client) -> None:
+        """Every core of ``client`` is back in rotation with a clean record of faults."""
+        for core in client.cores:
+            core.in_rotation = True
+            core.consecutive_failures = 0
+
+    def probe_later(self, client: Client, core: CoreLane) -> None:
+        """Probe ``client``'s lane ``core`` (out of rotation) a ``probe_interval`` from
+        now: the assignment then starts its probe task."""
+        due = time.monotonic() + client.probe_interval
+        self._probes[id(core)] = (client, core, due)
+        self._assign_at(due)
+
+    def cancel_probes(self, client: Client) -> None:
+        """No probe of ``client``'s cores is due any more (it closes, or dies)."""
+        for core in client.cores:
+            self._probes.pop(id(core), None)
+
+    def _start_probes(self) -> None:
+        """Start each probe that is due, on an idle slot of its core (one whose slots
+        are all still busy, a hung task's, is probed again later); time the next."""
+        now = time.monotonic()
+        for key, (client, core, due) in list(self._probes.items()):
+            if due > now:
+                self._assign_at(due)
+                continue
+            del self._probes[key]
+            flow = client.flow
+            if flow.life.state is not EngineState.OPEN or core.in_rotation:
+                continue
+            if not core.idle:
+                self.probe_later(client, core)
+                continue
+            slot: Slot = take(core)
+            client.idle_slots -= 1
+            flow.probe(slot)
 
     def _best_core(self, client: Client, now: float) -> CoreLane | None:
         """The core with room for ``client``'s task where it would end soonest, by the

@@ -3,14 +3,15 @@
 One request, through the modules in the order it passes them::
 
     _engine     Engine.infer: validate the input, Scheduler.admit, await the future
-    _flow       Flow.transition, the dispatcher's assign (_dispatch): for a lone
-    _scheduler    engine Scheduler.next_assignment gives it a slot (the least-loaded
-                  core's; FIFO among waiting requests)
+    _flow       Flow.transition, the dispatcher's assign: a slot of the core that
+    _dispatch     holds least for a lone engine (by priority, weight and the depth
+                  rule across the engines of shared cores), paired with the first
+    _scheduler    waiting request (FIFO)
     _cores      Cores.write_inputs, Cores.submit: copies, task, event on the stream
     runtime     the cuDLA and CUDA calls (or the emulated runtime's)
     _poller     its thread sees the event: one call_soon_threadsafe per batch
-    _flow       Flow.on_completions: Cores.account, Scheduler.task_ended (fault
-                policy), Cores.read_outputs, Scheduler.release, Scheduler.finish,
+    _flow       Flow.on_completions: Cores.account, Dispatcher.task_ended (fault
+                policy), Cores.read_outputs, Dispatcher.release, Scheduler.finish,
                 the future resolved
 
 The engine owns the lifecycle (open, close, death), the public calls and the
@@ -300,7 +301,7 @@ class Engine:
         # not its requests.
         for slot in slots:
             if slot not in slot.core.idle:
-                flow.scheduler.release(slot)
+                flow.dispatcher.release(flow.client, slot)
         flow.leave()
         dla.detach(self)
         await _closed_with(self._trace, flow, self._closed)
@@ -448,7 +449,7 @@ class Engine:
             sources = tuple([a for a in arrays if isinstance(a, DeviceSource)])
         scheduler = flow.scheduler
         limit = self._options.max_queue
-        if not wait and scheduler.queued >= limit and not scheduler.idle_slots:
+        if not wait and scheduler.queued >= limit and not flow.client.idle_slots:
             scheduler.reject()
             release_sources(sources)
             raise QueueFullError(

@@ -1,10 +1,10 @@
 """One request's path on the event loop's thread: from its slot to its future.
 
-The engine admits a request; from there the flow starts it on the slot the scheduler
-gives it (through the device layer), takes the completions the device layer reports,
-applies the fault policy's probes, ends each request exactly once and hands the outcome
-to its future, or to its coroutine for the steps it does itself (``_offload``
-drives that coroutine).
+The engine admits a request; from there the flow starts it on the slot the dispatcher
+gives it (through the device layer), takes the completions the device layer reports
+(telling the dispatcher's fault policy each task's status), runs the probe tasks the
+dispatcher starts, ends each request exactly once and hands the outcome to its future,
+or to its coroutine for the steps it does itself (``_offload`` drives that coroutine).
 
 Only the event loop's thread runs this code.
 """
@@ -66,7 +66,8 @@ class Flow:
         self.loop = loop
         self._die = die
         self.postprocess = device.postprocess  # Engine(postprocess=...), else None
-        self.scheduler = Scheduler(device.cores, options.max_consecutive_faults)
+        self.scheduler = Scheduler()
+        self.lanes = device.cores  # its lane on each core (the dispatcher reads them)
         # A step runs in a worker thread when it would move more than ``offload_bytes``
         # on the host: a thread hop costs the loop less than copying megabytes, more
         # than a step with no copy. Packing is weighed per request (a device array or a
@@ -90,7 +91,13 @@ class Flow:
         # cancellation and release. The one decision, the dispatcher's, bound here (a
         # call of the flow's own in between would cost every request one more call).
         self.transition: Callable[[], None] = dispatcher.assign
-        self.client = dispatcher.join(self, options.priority, options.weight)
+        self.client = dispatcher.join(
+            self,
+            options.priority,
+            options.weight,
+            max_faults=options.max_consecutive_faults,
+            probe_interval=options.probe_interval,
+        )
         # It reports from now on.
         self.poller = completions(self)
 
@@ -99,10 +106,7 @@ class Flow:
         self.dispatcher.leave(self.client)
 
     def cancel_probes(self) -> None:
-        for core in self.device.cores:
-            if core.probe is not None:
-                core.probe.cancel()
-                core.probe = None
+        self.dispatcher.cancel_probes(self.client)
 
     def fail_waiting(self, error: AiodlaError) -> None:
         for request in self.scheduler.drain(failure_reason(error)):
@@ -119,12 +123,11 @@ class Flow:
     def worker_lost(self) -> None:
         """The worker process that ran the cores was lost: no request starts on them
         until :meth:`worker_replaced`."""
-        self.scheduler.suspend()
-        self.cancel_probes()
+        self.dispatcher.suspend(self.client)
 
     def worker_replaced(self) -> None:
         """A new worker process serves: the cores are back, their estimates fresh."""
-        self.scheduler.resume()
+        self.dispatcher.resume(self.client)
         for core in self.device.cores:
             forget(core)
             forget_completions(core)
@@ -140,7 +143,7 @@ class Flow:
     async def drain(self, timeout: float) -> None:
         """Wait, at most ``timeout`` seconds, until every slot is idle again."""
         self._draining = True
-        if self.scheduler.idle_slots < len(self.device.slots):
+        if self.client.idle_slots < len(self.device.slots):
             with anyio.move_on_after(timeout):
                 await self._drained.wait()
 
@@ -150,9 +153,8 @@ class Flow:
         if timeout is not None:
             request.deadline = self.loop.time() + timeout
             request.timer = self.loop.call_at(request.deadline, self._expire, request)
-        scheduler = self.scheduler
-        scheduler.admit(request)
-        if scheduler.idle_slots:
+        self.scheduler.admit(request)
+        if self.client.idle_slots:
             self.transition()
         return request
 
@@ -217,13 +219,13 @@ class Flow:
             error.__cause__ = exc
         request = slot.request
         if request is not None:
-            self.scheduler.lost_slot(request)
+            self.dispatcher.lost_slot(request)
             self.finish(request, error=error)
         else:
             logger.warning("aiodla: %s", error)
         if slot.probing:  # the probe never ran: try again later
             slot.probing = False
-            self._schedule_probe(slot.core)
+            self.dispatcher.probe_later(self.client, slot.core)
         return True
 
     # -- completions (loop thread, one call per poller sweep) -----------------------------------
@@ -234,7 +236,7 @@ class Flow:
             return  # a late wake-up after close: nothing is left to touch
         try:
             now = time.monotonic()
-            scheduler = self.scheduler
+            dispatcher = self.dispatcher
             take_compute_failure = self.device.take_compute_failure
             for slot, status in finished:
                 core = slot.core
@@ -247,17 +249,15 @@ class Flow:
                     if status:
                         self._task_failed(core, status)
                     elif core.consecutive_failures:  # a success ends a run of failures
-                        scheduler.task_ended(core, 0)
+                        dispatcher.task_ended(self.client, core, 0)
                 if slot.probing:
                     slot.probing = False
                     self.release(slot)
-                    if scheduler.probe_ended(core, status):
+                    if dispatcher.probe_ended(self.client, core, status):
                         logger.warning(
                             "aiodla: core %d is back in rotation (a probe task succeeded)",
                             core.core,
                         )
-                    else:
-                        self._schedule_probe(core)
                     continue
                 if request is None or request.future.done():  # none, or ended meanwhile
                     self.release(slot)
@@ -274,7 +274,7 @@ class Flow:
                     self.finish(request, error=failure)
                     continue
                 if self.offload_unpack and not slot.pooled:  # (pool memory: nothing to unpack)
-                    scheduler.advance(request, RequestState.UNPACKING)
+                    self.scheduler.advance(request, RequestState.UNPACKING)
                     self._step(request, unpack(self, request, slot))  # off the loop
                     continue
                 try:
@@ -319,7 +319,7 @@ class Flow:
             status_name(status),
             core.consecutive_failures + 1,
         )
-        if self.scheduler.task_ended(core, status):
+        if self.dispatcher.task_ended(self.client, core, status):
             logger.warning(
                 "aiodla: core %d is out of rotation after %d consecutive faults; "
                 "probing it every %g s",
@@ -327,22 +327,11 @@ class Flow:
                 core.consecutive_failures,
                 self._options.probe_interval,
             )
-            self._schedule_probe(core)
 
-    # -- the fault policy: probing a core out of rotation ------------------------------------
-
-    def _schedule_probe(self, core: CoreLane) -> None:
-        core.probe = self.loop.call_later(self._options.probe_interval, self._probe, core)
-
-    def _probe(self, core: CoreLane) -> None:
-        """Run one task on a core out of rotation; success brings it back."""
-        core.probe = None
-        if self.life.state is not EngineState.OPEN or core.in_rotation:
-            return
-        if not core.idle:  # its slots are still busy (a hung task): try again later
-            self._schedule_probe(core)
-            return
-        slot = self.scheduler.take(core)
+    def probe(self, slot: Slot) -> None:
+        """Run one task on a core out of rotation, on the slot the dispatcher took for
+        it (its probe was due); success brings the core back."""
+        core = slot.core
         slot.probing = True
         self.device.write_zeros(slot)
         logger.info("aiodla: probing core %d", core.core)
@@ -353,9 +342,9 @@ class Flow:
     def release(self, slot: Slot) -> None:
         """Return ``slot`` to the pool (the caller runs the transition afterwards)."""
         self.device.recycle(slot)
-        scheduler = self.scheduler
-        scheduler.release(slot)
-        if self._draining and scheduler.idle_slots == len(self.device.slots):
+        client = self.client
+        self.dispatcher.release(client, slot)
+        if self._draining and client.idle_slots == len(self.device.slots):
             self._drained.set()
 
     def finish(

@@ -1,10 +1,10 @@
-"""Who runs next, and where: requests, every transition of theirs, and the policy.
+"""One engine's requests: the waiting line, every state of a request, and their counts.
 
-A *request* is one ``infer`` call. The scheduler holds the waiting line, pairs waiting
-requests with idle slots (FIFO among requests; the core in rotation with the least
-outstanding work among cores), moves each request through its states and counts how
-each one ended, and applies the fault policy that takes a failing core out of rotation.
-It decides and returns what to do; it never touches a runtime or a tensor.
+A *request* is one ``infer`` call. The scheduler holds the engine's waiting line (FIFO),
+hands the dispatcher (``_dispatch``) the next waiting request when it gives the engine
+a slot, moves each request through its states and counts how each one ended. Which
+slot, which core, and the fault policy that takes a failing core out of rotation are
+the dispatcher's. It never touches a runtime or a tensor.
 
 Only the event loop's thread touches this state.
 """
@@ -16,8 +16,7 @@ import collections
 import enum
 from typing import Any
 
-from ._core_record import give_back, take
-from ._slots import CoreLane, Slot
+from ._slots import Slot
 from ._statistics import FAILURE_REASONS
 from ._trace import TraceRecorder
 
@@ -95,28 +94,23 @@ class Request:
 
 
 class Scheduler:
-    """The waiting line, the idle slots, the request counts and the fault policy.
+    """The waiting line and the request counts of one engine.
 
     State (loop thread only):
     - ``_line``: requests in arrival order; one that ended while queued (cancelled,
       timed out) stays in it until it reaches the front, so ending it is O(1).
     - ``queued`` / ``in_progress``: requests in those states, changed only by
-      :meth:`admit`, :meth:`next_assignment` and :meth:`finish`, so that
+      :meth:`admit`, :meth:`next_request` and :meth:`finish`, so that
       ``submitted == completed + failed + cancelled + timed_out + queued + in_progress``
-      holds after every step.
-    - ``idle_slots``: the engine's slots not assigned, changed by :meth:`take` and
-      :meth:`release` (which change the core's record through ``_core_record``).
-    - each core's ``in_rotation`` and ``consecutive_failures`` (the fault policy).
-    - every request's ``state``, ``slot``, ``outcome``, ``reason``.
+      holds after every step (``queued`` > 0: a QUEUED request is in the line).
+    - every request's ``state``, ``outcome``, ``reason`` (its ``slot`` is the
+      dispatcher's, which pairs requests with slots).
     """
 
     trace: TraceRecorder | None = None  # engine.trace() installs one
 
-    def __init__(self, cores: list[CoreLane], max_consecutive_faults: int | None = None) -> None:
-        self.cores = cores
-        self._max_faults = max_consecutive_faults
+    def __init__(self) -> None:
         self._line: collections.deque[Request] = collections.deque()
-        self.idle_slots = sum(len(core.idle) for core in cores)
         self.queued = 0
         self.in_progress = 0
         self.submitted = 0
@@ -135,51 +129,22 @@ class Scheduler:
         """A request refused at admission (queue full); it was never submitted."""
         self.rejected += 1
 
-    def next_assignment(self) -> tuple[Request, Slot] | None:
-        """Pop the first waiting request and give it an idle slot of the best core; None
-        if either is missing. The request is PACKING from then on."""
+    def next_request(self) -> Request:
+        """Pop the first waiting request (``queued`` says there is one): the dispatcher
+        gave it a slot, and it is PACKING from then on."""
         line = self._line
-        while self.idle_slots and line:
-            core = self._best_core()
-            if core is None:
-                return None
+        while True:
             request = line.popleft()
-            if request.state is not RequestState.QUEUED:
-                continue  # it ended while it waited
-            return request, self._assign(request, core)
-        return None
-
-    def next_on(self, core: CoreLane) -> tuple[Request, Slot] | None:
-        """Pop the first waiting request and give it an idle slot of ``core`` (which
-        must have one): the choice of the shared cores' dispatcher (``_dispatch``)."""
-        line = self._line
-        while line:
-            request = line.popleft()
-            if request.state is RequestState.QUEUED:
-                return request, self._assign(request, core)
-        return None
-
-    def _assign(self, request: Request, core: CoreLane) -> Slot:
-        self.idle_slots -= 1
-        slot: Slot = take(core)
-        self.queued -= 1
-        self.in_progress += 1
-        request.state = RequestState.PACKING
-        request.slot = slot
-        slot.request = request
-        return slot
+            if request.state is RequestState.QUEUED:  # else it ended while it waited
+                self.queued -= 1
+                self.in_progress += 1
+                request.state = RequestState.PACKING
+                return request
 
     def advance(self, request: Request, state: RequestState) -> None:
         """Move a request on between the in-progress states (packing, in flight,
         unpacking): counted in ``in_progress`` throughout."""
         request.state = state
-
-    def lost_slot(self, request: Request) -> None:
-        """The request's slot failed to take its work: the request no longer holds it."""
-        slot = request.slot
-        request.slot = None
-        if slot is not None:
-            slot.request = None
 
     def finish(self, request: Request, outcome: Outcome, reason: str | None = None) -> bool:
         """Decide the request's one outcome; False if it had one already."""
@@ -224,77 +189,3 @@ class Scheduler:
         for request in waiting:
             self.finish(request, Outcome.FAILED, reason)
         return waiting
-
-    # -- slots --------------------------------------------------------------------------------
-
-    def _best_core(self) -> CoreLane | None:
-        """The core in rotation with an idle slot and the least outstanding work."""
-        best: CoreLane | None = None
-        for core in self.cores:
-            if (
-                core.idle
-                and core.in_rotation
-                and (
-                    best is None
-                    or (core.record.held, core.assigned_total)
-                    < (best.record.held, best.assigned_total)
-                )
-            ):
-                best = core
-        return best
-
-    def take(self, core: CoreLane) -> Slot:
-        """Take an idle slot of ``core`` (which must have one)."""
-        self.idle_slots -= 1
-        slot: Slot = take(core)
-        return slot
-
-    def release(self, slot: Slot) -> None:
-        """The slot's work is over; it is idle again."""
-        request = slot.request
-        if request is not None:
-            request.slot = None
-            slot.request = None
-        give_back(slot)
-        self.idle_slots += 1
-
-    # -- the fault policy ---------------------------------------------------------------------
-
-    def task_ended(self, core: CoreLane, status: int) -> bool:
-        """Count a task's status against its core; True when the core must leave
-        rotation now (too many failures in a row while another core serves). A success
-        only resets the count (the flow asks only when there is one to reset)."""
-        if not status:
-            core.consecutive_failures = 0
-            return False
-        core.consecutive_failures += 1
-        limit = self._max_faults
-        if (
-            limit is None
-            or not core.in_rotation
-            or core.consecutive_failures < limit
-            or not any(other.in_rotation for other in self.cores if other is not core)
-        ):
-            return False
-        core.in_rotation = False
-        return True
-
-    def suspend(self) -> None:
-        """No core takes a request until :meth:`resume` (a worker process is replaced)."""
-        for core in self.cores:
-            core.in_rotation = False
-
-    def resume(self) -> None:
-        """Every core is back in rotation with a clean record of faults."""
-        for core in self.cores:
-            core.in_rotation = True
-            core.consecutive_failures = 0
-
-    def probe_ended(self, core: CoreLane, status: int) -> bool:
-        """A probe task of a core out of rotation ended; True when it brings the core
-        back (it succeeded), False when the core must be probed again."""
-        if status:
-            return False
-        core.in_rotation = True
-        core.consecutive_failures = 0
-        return True

@@ -3,7 +3,6 @@ flow read and write of the device layer, with no runtime call of their own."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 from collections.abc import Callable, Hashable
@@ -61,10 +60,10 @@ class CoreLane:
     observed: collections.deque[float] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=32)
     )
-    # Fault policy: out of rotation, no request is assigned here; probes test the core.
+    # Fault policy (the dispatcher's): out of rotation, no request is assigned here;
+    # probe tasks test the core.
     in_rotation: bool = True
     consecutive_failures: int = 0
-    probe: asyncio.TimerHandle | None = None
     # Observability.
     busy_window: BusyWindow = dataclasses.field(default_factory=BusyWindow)
     dla_times: LatencyWindow | None = None

@@ -6,6 +6,8 @@ granted nothing); a lower priority goes only where no higher one can start."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import time
 from typing import Any
@@ -19,27 +21,38 @@ from aiodla._life import EngineState
 from support import wait_until
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
+class Slot:
+    core: Core
+    request: Any = None
+
+
+@dataclasses.dataclass(eq=False)
+class Started:
+    """A request the dispatcher started (it holds its slot)."""
+
+    name: str
+    slot: Any = None
+
+
+@dataclasses.dataclass(eq=False)
 class Core:
-    """An engine's own lane on one core, as the dispatcher reads it; ``record`` is the
-    physical core's, shared by every engine on it."""
+    """An engine's own lane on one core, as the dispatcher reads and takes it; ``record``
+    is the physical core's, shared by every engine on it."""
 
     core: int
     record: CoreRecord
     ring: int = 4
     service_time: float = 0.001
-    outstanding: int = 0
     in_rotation: bool = True
+    consecutive_failures: int = 0
     assigned_total: int = 0
+    slots: list[Slot] = dataclasses.field(default_factory=list)
+    idle: collections.deque[Slot] = dataclasses.field(default_factory=collections.deque)
 
-    @property
-    def idle(self) -> bool:
-        return self.outstanding < self.ring
-
-    @property
-    def slots(self) -> list[None]:
-        """Its ring (the dispatcher reads its length)."""
-        return [None] * self.ring
+    def __post_init__(self) -> None:
+        self.slots = [Slot(self) for _ in range(self.ring)]
+        self.idle.extend(self.slots)
 
 
 class Engine:
@@ -53,22 +66,32 @@ class Engine:
         self.life = dataclasses.make_dataclass("Life", ["state"])(EngineState.OPEN)
         self.scheduler = self
         self.cores = [Core(n, record, slots) for n, record in records.items()]
+        self.lanes = self.cores
         self.queued = 0
+        self.client: Client | None = None  # (the dispatcher's, once it joined)
 
-    def next_on(self, core: Core) -> tuple[Any, Any]:
+    def next_request(self) -> Started:
         self.queued -= 1
-        core.outstanding += 1
-        core.record.held += 1
-        core.assigned_total += 1
-        return self.name, core
+        return Started(self.name)
 
-    def start(self, request: str, core: Core) -> None:
-        self.started.append(request)
+    def start(self, request: Started, slot: Slot) -> None:
+        self.started.append(request.name)
+
+    def probe(self, slot: Slot) -> None:
+        self.started.append(f"probe {self.name}")
 
     def end_one(self, feeds: Dispatcher, number: int = 0) -> None:
-        self.cores[number].outstanding -= 1
-        self.cores[number].record.held -= 1
+        """The oldest of its tasks on core ``number`` ended."""
+        core = self.cores[number]
+        busy = next(slot for slot in core.slots if slot not in core.idle)
+        assert self.client is not None
+        feeds.release(self.client, busy)
         feeds.assign()
+
+
+def join(feeds: Dispatcher, engine: Engine, priority: int, weight: float) -> Client:
+    engine.client = feeds.join(engine, priority=priority, weight=weight)
+    return engine.client
 
 
 def low_and_high(high_slots: int = 4) -> tuple[list[str], Engine, Engine, Dispatcher]:
@@ -78,8 +101,8 @@ def low_and_high(high_slots: int = 4) -> tuple[list[str], Engine, Engine, Dispat
     records = {0: CoreRecord(0)}
     low, high = Engine("low", started, records), Engine("high", started, records, high_slots)
     feeds = Dispatcher(records)
-    feeds.join(low, priority=0, weight=1.0)
-    feeds.join(high, priority=1, weight=1.0)
+    join(feeds, low, 0, 1.0)
+    join(feeds, high, 1, 1.0)
     return started, low, high, feeds
 
 
@@ -138,7 +161,7 @@ async def test_a_held_back_task_starts_when_the_work_left_is_short_with_no_other
     assert started == ["high"]
     await wait_until(lambda: started == ["high", "low"])
     assert time.monotonic() >= end - 0.010  # not before the work left was short enough
-    assert high.cores[0].outstanding == 1  # the high task still held: no end was needed
+    assert not high.cores[0].idle  # the high task still held: no end was needed
 
 
 @pytest.mark.asyncio
@@ -162,7 +185,15 @@ async def test_every_held_back_task_gets_its_timer_not_only_the_first() -> None:
 
 
 def client(priority: int, weight: float, order: int) -> Client:
-    return Client(flow=None, priority=priority, weight=weight, order=order, lanes={})  # type: ignore[arg-type]
+    return Client(
+        flow=None,  # type: ignore[arg-type]
+        priority=priority,
+        weight=weight,
+        order=order,
+        lanes={},
+        cores=[],
+        idle_slots=0,
+    )
 
 
 def test_fair_shares_stay_exact_however_far_the_clock_has_run() -> None:
@@ -191,8 +222,8 @@ def test_engines_of_one_priority_fill_a_core_to_their_smallest_ring() -> None:
     records = {0: CoreRecord(0)}
     heavy, light = Engine("heavy", started, records, 2), Engine("light", started, records, 2)
     feeds = Dispatcher(records)
-    feeds.join(heavy, priority=0, weight=2.0)
-    feeds.join(light, priority=0, weight=1.0)
+    join(feeds, heavy, 0, 2.0)
+    join(feeds, light, 0, 1.0)
     heavy.queued = light.queued = 100
     feeds.assign()
     assert feeds.held(0) == 2
@@ -208,8 +239,8 @@ def test_a_ring_of_one_slot_still_leaves_room_for_a_task_queued_behind() -> None
     records = {0: CoreRecord(0)}
     one, other = Engine("one", started, records, 1), Engine("other", started, records, 1)
     feeds = Dispatcher(records)
-    feeds.join(one, priority=0, weight=1.0)
-    feeds.join(other, priority=0, weight=1.0)
+    join(feeds, one, 0, 1.0)
+    join(feeds, other, 0, 1.0)
     one.queued = other.queued = 3
     feeds.assign()
     assert started == ["one", "other"] and feeds.held(0) == DEPTH
@@ -221,8 +252,48 @@ def test_one_engine_alone_on_a_core_fills_its_whole_ring() -> None:
     wide = Engine("wide", started, {0: records[0]}, 8)
     other = Engine("other", started, {1: records[1]}, 2)
     feeds = Dispatcher(records)
-    feeds.join(wide, priority=0, weight=1.0)
-    feeds.join(other, priority=0, weight=1.0)
+    join(feeds, wide, 0, 1.0)
+    join(feeds, other, 0, 1.0)
     wide.queued = 10
     feeds.assign()
     assert feeds.held(0) == 8 > TOP_DEPTH  # nobody beside it there: its ring bounds it
+
+
+@pytest.mark.asyncio
+async def test_a_core_out_of_rotation_is_probed_by_the_assignment_when_due() -> None:
+    # The fault policy is the dispatcher's: a core leaves rotation after max_faults
+    # failures in a row (another core serving), and its probe starts on its own timer,
+    # a probe_interval later, on an idle slot of that core; a failed probe is retried.
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    one = Engine("one", started, records, 2)
+    feeds = Dispatcher(records)
+    client = one.client = feeds.join(one, 0, 1.0, max_faults=2, probe_interval=0.02)
+    core = one.cores[0]
+    assert not feeds.task_ended(client, core, 7) and core.in_rotation
+    began = time.monotonic()
+    assert feeds.task_ended(client, core, 7) and not core.in_rotation
+    one.queued = 1
+    feeds.assign()
+    assert started == ["one"] and one.cores[1].record.held == 1  # the core in rotation
+    await wait_until(lambda: started == ["one", "probe one"])
+    assert time.monotonic() - began >= 0.015
+    assert len(core.idle) == 1 and client.idle_slots == 2
+    assert not feeds.probe_ended(client, core, 7)  # failed: probed again later
+    feeds.release(client, next(s for s in core.slots if s not in core.idle))
+    await wait_until(lambda: started.count("probe one") == 2)
+    assert feeds.probe_ended(client, core, 0) and core.in_rotation
+
+
+@pytest.mark.asyncio
+async def test_a_closing_engines_probe_does_not_start() -> None:
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    one = Engine("one", started, records, 2)
+    feeds = Dispatcher(records)
+    client = one.client = feeds.join(one, 0, 1.0, max_faults=1, probe_interval=0.01)
+    assert feeds.task_ended(client, one.cores[0], 7)
+    feeds.cancel_probes(client)
+    await asyncio.sleep(0.05)
+    feeds.assign()
+    assert started == []

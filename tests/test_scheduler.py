@@ -1,4 +1,5 @@
-"""Scheduling policy: FIFO among waiters, least outstanding work first, fairness."""
+"""Scheduling policy: FIFO among waiters, least outstanding work first, fairness (a
+lone engine's: the dispatcher's fast path, over the engine's scheduler)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine, QueueFullError
+from aiodla._core_record import CoreRecord
 from aiodla._cores import CoreLane, Slot
+from aiodla._dispatch import Client, Dispatcher
+from aiodla._life import EngineState, Life
 from aiodla._scheduler import Outcome, Request, Scheduler
 
 from support import X, affine_model, expected_affine, wait_until
@@ -18,16 +22,37 @@ from support import X, affine_model, expected_affine, wait_until
 ONES = np.ones(X.shape, np.float32)
 
 
-def make_scheduler(slots_per_core: dict[int, int]) -> Scheduler:
-    cores = []
-    for number, count in slots_per_core.items():
-        core = CoreLane(number)
-        for index in range(count):
-            slot = Slot(core, index, 0, 0, None, [], [])
-            core.slots.append(slot)
-            core.idle.append(slot)
-        cores.append(core)
-    return Scheduler(cores)
+class Lone:
+    """A lone engine as its cores' dispatcher sees it: its lanes, its scheduler, and
+    the requests it was told to start (with their slots)."""
+
+    def __init__(self, slots_per_core: dict[int, int]) -> None:
+        self.life = Life()
+        self.life.state = EngineState.OPEN
+        self.scheduler = Scheduler()
+        self.lanes: list[CoreLane] = []
+        for number, count in slots_per_core.items():
+            core = CoreLane(number, CoreRecord(number))
+            for index in range(count):
+                slot = Slot(core, index, 0, 0, None, [], [])
+                core.slots.append(slot)
+                core.idle.append(slot)
+            self.lanes.append(core)
+        self.dispatcher = Dispatcher({core.core: core.record for core in self.lanes})
+        self.client: Client = self.dispatcher.join(self, 0, 1.0)
+        self.started: list[tuple[Request, Slot]] = []
+
+    def start(self, request: Request, slot: Slot) -> None:
+        self.started.append((request, slot))
+
+    def probe(self, slot: Slot) -> None:
+        raise AssertionError("no core is out of rotation here")
+
+    def assign(self) -> list[tuple[Request, Slot]]:
+        """What one assignment started."""
+        before = len(self.started)
+        self.dispatcher.assign()
+        return self.started[before:]
 
 
 def request(loop: asyncio.AbstractEventLoop, tag: int) -> Request:
@@ -38,49 +63,49 @@ class TestPolicy:
     @pytest.mark.asyncio
     async def test_fifo_and_least_outstanding(self) -> None:
         loop = asyncio.get_running_loop()
-        scheduler = make_scheduler({0: 2, 1: 2})
+        lone = Lone({0: 2, 1: 2})
         waiting = [request(loop, i) for i in range(5)]
         for r in waiting:
-            scheduler.admit(r)
-        assigned = []
-        while (pair := scheduler.next_assignment()) is not None:
-            assigned.append((pair[0].arrays[0], pair[1].core.core))
+            lone.scheduler.admit(r)
+        assigned = [(r.arrays[0], s.core.core) for r, s in lone.assign()]
         # Requests in arrival order; cores alternate as each gains outstanding work.
         assert assigned == [(0, 0), (1, 1), (2, 0), (3, 1)]
-        assert scheduler.queued == 1 and scheduler.idle_slots == 0
+        assert lone.scheduler.queued == 1 and lone.client.idle_slots == 0
 
     @pytest.mark.asyncio
     async def test_released_slot_goes_to_the_least_loaded_core(self) -> None:
         loop = asyncio.get_running_loop()
-        scheduler = make_scheduler({0: 2, 1: 2})
+        lone = Lone({0: 2, 1: 2})
         for i in range(4):
-            scheduler.admit(request(loop, i))
-        slots = [scheduler.next_assignment()[1] for _ in range(4)]  # type: ignore[index]
+            lone.scheduler.admit(request(loop, i))
+        slots = [slot for _, slot in lone.assign()]
         core1 = [s for s in slots if s.core.core == 1]
-        scheduler.release(core1[0])
-        scheduler.release(core1[1])
-        scheduler.release(next(s for s in slots if s.core.core == 0))
-        scheduler.admit(request(loop, 9))
-        pair = scheduler.next_assignment()
-        assert pair is not None and pair[1].core.core == 1  # 0 outstanding beats 1
+        release = lone.dispatcher.release
+        release(lone.client, core1[0])
+        release(lone.client, core1[1])
+        release(lone.client, next(s for s in slots if s.core.core == 0))
+        lone.scheduler.admit(request(loop, 9))
+        (pair,) = lone.assign()
+        assert pair[1].core.core == 1  # 0 outstanding beats 1
 
     @pytest.mark.asyncio
     async def test_cancelled_waiters_are_skipped_and_not_counted(self) -> None:
         loop = asyncio.get_running_loop()
-        scheduler = make_scheduler({0: 1})
+        lone = Lone({0: 1})
+        scheduler = lone.scheduler
         waiting = [request(loop, i) for i in range(3)]
         for r in waiting:
             scheduler.admit(r)
         scheduler.finish(waiting[0], Outcome.CANCELLED)
         assert scheduler.queued == 2
-        pair = scheduler.next_assignment()
-        assert pair is not None and pair[0] is waiting[1]
+        (pair,) = lone.assign()
+        assert pair[0] is waiting[1] and pair[0].slot is pair[1]
         assert scheduler.queued == 1
 
     @pytest.mark.asyncio
     async def test_drain_returns_live_waiters(self) -> None:
         loop = asyncio.get_running_loop()
-        scheduler = make_scheduler({0: 1})
+        scheduler = Lone({0: 1}).scheduler
         waiting = [request(loop, i) for i in range(3)]
         for r in waiting:
             scheduler.admit(r)

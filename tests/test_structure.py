@@ -291,6 +291,15 @@ def test_the_single_writer_rule_sees_a_second_writer() -> None:
     assert writers()[("Request", "state")] == {"aiodla._scheduler"}
 
 
+def test_the_dispatcher_alone_writes_the_fault_policy_and_the_pairing() -> None:
+    # Which cores are in rotation, their runs of failures, and which slot a request
+    # holds are the dispatcher's decision (the flow and the scheduler only ask).
+    found = writers()
+    for field in ("in_rotation", "consecutive_failures"):
+        assert found[("CoreLane", field)] == {"aiodla._dispatch"}, field
+    assert found[("Request", "slot")] == {"aiodla._dispatch"}
+
+
 # -- imports: no cycle, and each layer imports only what lies below it --------------------
 
 
