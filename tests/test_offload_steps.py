@@ -13,7 +13,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from aiodla import EngineClosedError
+from aiodla import EngineClosedError, RequestTimeoutError
 from aiodla.testing import EngineFactory
 
 from support import (
@@ -72,3 +72,47 @@ class TestWaitingToPack:
         await closing
         stats = engine.statistics()
         assert stats.failed == 1 and counts_add_up(stats)
+
+    @pytest.mark.asyncio
+    async def test_a_deadline_passed_meanwhile_times_it_out_when_the_step_ends(
+        self, aiodla_engine: EngineFactory
+    ) -> None:
+        # The timer leaves a packing request alone (its step holds the slot); the step
+        # reads the deadline once its thread is done: timed out, not submitted, the slot
+        # back for the next request.
+        engine = await aiodla_engine(affine_model(), cores=[0], streams_per_core=1, offload_bytes=0)
+        async with NoThreads() as no_threads:
+            task = asyncio.ensure_future(engine.infer(ONES, timeout=0.02))
+            await wait_until(lambda: no_threads.waiting() == 1)  # its packing step
+            await asyncio.sleep(0.1)  # past its deadline
+            assert not task.done()
+        with pytest.raises(RequestTimeoutError):
+            await asyncio.wait_for(task, 5)
+        assert all_idle(engine)
+        np.testing.assert_array_equal(await engine.infer(ONES * 2), expected_affine(ONES * 2))
+        stats = engine.statistics()
+        assert (stats.timed_out, stats.completed, stats.failed) == (1, 1, 0)
+        assert counts_add_up(stats)
+
+    @pytest.mark.asyncio
+    async def test_a_close_that_drains_meanwhile_fails_it_when_the_step_ends(
+        self, aiodla_engine: EngineFactory
+    ) -> None:
+        # The close waits for work in flight (close_timeout): the packed request is not
+        # submitted to an engine that stopped serving; it fails as closed, not as timed
+        # out, and the close ends without waiting out its timeout.
+        engine = await aiodla_engine(
+            affine_model(), cores=[0], streams_per_core=1, offload_bytes=0, close_timeout=30
+        )
+        async with NoThreads() as no_threads:
+            task = asyncio.ensure_future(engine.infer(ONES, timeout=60))
+            await wait_until(lambda: no_threads.waiting() == 1)  # its packing step
+            closing = asyncio.ensure_future(engine.aclose())
+            await wait_until(lambda: engine.state.value == "closing")
+            assert not task.done()
+        with pytest.raises(EngineClosedError, match="the engine was closed"):
+            await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(closing, 5)
+        stats = engine.statistics()
+        assert (stats.failed, stats.timed_out, stats.completed) == (1, 0, 0)
+        assert counts_add_up(stats)

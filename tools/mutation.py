@@ -106,6 +106,25 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "trace": ("aiodla/_trace.py", TRACE_TESTS),
     "trace_events": ("aiodla/_trace_events.py", TRACE_TESTS),
     "batching": ("aiodla/_batching.py", ["tests/test_batching.py"]),
+    # Issue 44's as well: the steps done off the loop, the numpy post-processing step.
+    "offload": (
+        "aiodla/_offload.py",
+        [
+            "tests/test_offload_steps.py",
+            "tests/test_offload_failures.py",
+            "tests/test_offload_choice.py",
+            "tests/test_cancellation.py",
+            "tests/test_mutant_survivors.py",
+        ],
+    ),
+    "postprocess": (
+        "aiodla/_postprocess.py",
+        [
+            "tests/test_detect_engine.py",
+            "tests/test_postprocess_once.py",
+            "tests/test_offload_choice.py",
+        ],
+    ),
     # Not one of the three above (issue 34's list): where the HTTP byte budget went.
     "budget": (
         "aiodla/serve/_budget.py",
