@@ -512,3 +512,90 @@ class TestLoopSteps:
         (pack,) = [e for e in events if e["name"] == "pack"]
         ends = [e for e in events if e["name"] == "frame" and e["ph"] == "f"]
         assert [(e["tid"], e["ts"]) for e in ends] == [(1, pack["ts"])]
+
+
+def one_request(
+    recorder: TraceRecorder, clock: Clock, times: dict[str, float], where: Slot
+) -> None:
+    """A request through the hooks at the times given: assigned, packed, submitted,
+    completed (the loop took its completion: its unpack starts) and ended."""
+    request = Request(times["assigned"])
+    recorder.assigned(request, where, times["assigned"])
+    for hook, step in (
+        (recorder.packed, "packed"),
+        (recorder.submitted, "submitted"),
+        (lambda r: recorder.completed(r, where), "completed"),
+        (lambda r: recorder.ended(r, "completed"), "ended"),
+    ):
+        clock.now = times[step]
+        hook(request)
+
+
+class TestUntangle:
+    """The loop's slices that overlap an earlier one (a step done in a worker thread
+    while the loop went on) are drawn as async slices of their request instead."""
+
+    def loop_and_off_loop(self, overlap_us: float) -> tuple[list[Any], list[Any], Any]:
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        # Request 0 unpacks from 1.003 s to 1.0101 s (off the loop, in a thread)...
+        first = {"assigned": 1.0, "packed": 1.001, "submitted": 1.002, "completed": 1.003,
+                 "ended": 1.0101}  # fmt: skip
+        one_request(recorder, clock, first, slot(0, 0))
+        # ... request 1's pack starts overlap_us before that unpack ends, and ends at a
+        # fraction of a microsecond.
+        start = 1.0101 - overlap_us * 1e-6
+        second = {"assigned": start, "packed": 1.0102004567, "submitted": 1.0103,
+                  "completed": 1.0104, "ended": 1.0105}  # fmt: skip
+        one_request(recorder, clock, second, slot(0, 1))
+        document = recorder.trace_events()
+        check_trace_format(document)
+        events = document["traceEvents"]
+        loop = [
+            (e["name"], e["args"]["request"]) for e in events if e["ph"] == "X" and e["tid"] == 1
+        ]
+        off = [e for e in events if e["tid"] == 4 and e["name"] == "pack"]
+        return loop, off, document
+
+    def test_a_slice_overlapping_by_half_a_microsecond_goes_off_the_loop(self) -> None:
+        loop, off, document = self.loop_and_off_loop(0.5)
+        assert ("pack", 1) not in loop and ("submit", 1) in loop and ("unpack", 0) in loop
+        begin, end = off
+        assert (begin["ph"], begin["cat"], begin["id"], begin["tid"]) == ("b", "off-loop", 1, 4)
+        assert (end["ph"], end["cat"], end["id"], end["args"]) == ("e", "off-loop", 1, {})
+        assert begin["args"] == {"request": 1, "model": "r", "outcome": "completed"}
+        assert begin["ts"] == round(1.0101 * 1e6 - 0.5, 3)
+        assert end["ts"] == 1010200.457  # to the nanosecond, as every time in the file
+        names = {e["tid"]: e["args"]["name"] for e in document["traceEvents"]
+                 if e["name"] == "thread_name"}  # fmt: skip
+        assert names[4] == "off-loop steps"
+
+    def test_an_overlap_of_rounding_alone_stays_on_the_loop(self) -> None:
+        # Up to 0.01 us (ten times the file's resolution) is rounding's, not a thread's.
+        for overlap in (0.005, 0.01):
+            loop, off, document = self.loop_and_off_loop(overlap)
+            assert ("pack", 1) in loop and off == []
+            names = [e["args"]["name"] for e in document["traceEvents"]
+                     if e["name"] == "thread_name"]  # fmt: skip
+            assert "off-loop steps" not in names
+
+
+class TestBusySpans:
+    def test_tasks_back_to_back_on_a_core_are_one_busy_span(self) -> None:
+        # Request 1 was submitted while request 0 ran: its task starts when request 0's
+        # was seen done, so the core was busy without a gap: one span. Request 2 came
+        # after a pause: a span of its own.
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        times = [
+            {"assigned": 1.0, "packed": 1.001, "submitted": 1.002, "completed": 1.010, "ended": 1.011},
+            {"assigned": 1.003, "packed": 1.004, "submitted": 1.005, "completed": 1.020, "ended": 1.021},
+            {"assigned": 1.030, "packed": 1.031, "submitted": 1.032, "completed": 1.040, "ended": 1.041},
+        ]  # fmt: skip
+        for index, at in enumerate(times):
+            one_request(recorder, clock, at, slot(0, index % 2))
+        events = recorder.trace_events()["traceEvents"]
+        tasks = sorted((e["ts"], e["dur"]) for e in events if e["name"] == "DLA task")
+        assert tasks == [(1002000.0, 8000.0), (1010000.0, 10000.0), (1032000.0, 8000.0)]
+        busy = sorted((e["ts"], e["dur"]) for e in events if e["name"] == "busy")
+        assert busy == [(1002000.0, 18000.0), (1032000.0, 8000.0)]
