@@ -9,11 +9,12 @@ long as the test needs, without sleeping.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
 
-from aiodla import EngineClosedError, RequestTimeoutError
+from aiodla import Engine, EngineClosedError, RequestTimeoutError
 from aiodla.testing import EngineFactory
 
 from support import (
@@ -51,6 +52,22 @@ class TestWaitingToUnpack:
         assert (stats.cancelled, stats.completed) == (1, 1) and counts_add_up(stats)
 
 
+async def one_slot(aiodla_engine: EngineFactory, **options: Any) -> Engine:
+    """An engine of one slot whose every packing and unpacking runs in a worker thread."""
+    return await aiodla_engine(
+        affine_model(), cores=[0], streams_per_core=1, offload_bytes=0, **options
+    )
+
+
+async def waiting_to_pack(
+    engine: Engine, no_threads: NoThreads, timeout: float | None = None
+) -> asyncio.Future[Any]:
+    """A request whose packing step waits for one of the thread tokens the test holds."""
+    task = asyncio.ensure_future(engine.infer(ONES, timeout=timeout))
+    await wait_until(lambda: no_threads.waiting() == 1)
+    return task
+
+
 class TestWaitingToPack:
     @pytest.mark.asyncio
     async def test_an_outcome_decided_meanwhile_reaches_the_caller_at_once(
@@ -59,12 +76,9 @@ class TestWaitingToPack:
         # The engine closes while a request's packing step waits for a thread: the
         # caller has its EngineClosedError at once (its one future, resolved once), and
         # the step gives the slot back when it ends.
-        engine = await aiodla_engine(
-            affine_model(), cores=[0], streams_per_core=1, offload_bytes=0, close_timeout=0
-        )
+        engine = await one_slot(aiodla_engine, close_timeout=0)
         async with NoThreads() as no_threads:
-            task = asyncio.ensure_future(engine.infer(ONES))
-            await wait_until(lambda: no_threads.waiting() == 1)  # its packing step
+            task = await waiting_to_pack(engine, no_threads)
             closing = asyncio.ensure_future(engine.aclose())
             with pytest.raises(EngineClosedError):
                 await asyncio.wait_for(task, 5)
@@ -80,10 +94,9 @@ class TestWaitingToPack:
         # The timer leaves a packing request alone (its step holds the slot); the step
         # reads the deadline once its thread is done: timed out, not submitted, the slot
         # back for the next request.
-        engine = await aiodla_engine(affine_model(), cores=[0], streams_per_core=1, offload_bytes=0)
+        engine = await one_slot(aiodla_engine)
         async with NoThreads() as no_threads:
-            task = asyncio.ensure_future(engine.infer(ONES, timeout=0.02))
-            await wait_until(lambda: no_threads.waiting() == 1)  # its packing step
+            task = await waiting_to_pack(engine, no_threads, timeout=0.02)
             await asyncio.sleep(0.1)  # past its deadline
             assert not task.done()
         with pytest.raises(RequestTimeoutError):
@@ -101,12 +114,9 @@ class TestWaitingToPack:
         # The close waits for work in flight (close_timeout): the packed request is not
         # submitted to an engine that stopped serving; it fails as closed, not as timed
         # out, and the close ends without waiting out its timeout.
-        engine = await aiodla_engine(
-            affine_model(), cores=[0], streams_per_core=1, offload_bytes=0, close_timeout=30
-        )
+        engine = await one_slot(aiodla_engine, close_timeout=30)
         async with NoThreads() as no_threads:
-            task = asyncio.ensure_future(engine.infer(ONES, timeout=60))
-            await wait_until(lambda: no_threads.waiting() == 1)  # its packing step
+            task = await waiting_to_pack(engine, no_threads, timeout=60)
             closing = asyncio.ensure_future(engine.aclose())
             await wait_until(lambda: engine.state.value == "closing")
             assert not task.done()
