@@ -22,7 +22,7 @@ from aiodla._trace import (
     install,
     uninstall,
 )
-from aiodla._trace_events import TRACE_FORMAT, CoresTrace
+from aiodla._trace_events import TRACE_FORMAT, CoresTrace, stream_tid
 
 from support import FakeCudaArray, X, affine_model
 from trace_format import check_trace_format
@@ -599,3 +599,56 @@ class TestBusySpans:
         assert tasks == [(1002000.0, 8000.0), (1010000.0, 10000.0), (1032000.0, 8000.0)]
         busy = sorted((e["ts"], e["dur"]) for e in events if e["name"] == "busy")
         assert busy == [(1002000.0, 18000.0), (1032000.0, 8000.0)]
+
+
+class TestRequestFlows:
+    def test_a_flow_runs_between_the_steps_drawn_on_the_loop(self) -> None:
+        """Submit, DLA task, unpack; a request whose submit went off the loop has no
+        flow, and one whose unpack did ends at its DLA task; neither hides later ones."""
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        requests = [
+            # 0: on the loop, its unpack long (a worker thread's)
+            (1.0, 1.001, 1.002, 1.003, 1.0101),
+            # 1: every step inside request 0's unpack: all off the loop
+            (1.004, 1.005, 1.006, 1.007, 1.008),
+            # 2: on the loop, its unpack long again
+            (1.011, 1.012, 1.013, 1.020, 1.030),
+            # 3: submitted on the loop, unpacked inside request 2's unpack
+            (1.014, 1.0145, 1.015, 1.025, 1.026),
+        ]
+        steps = ("assigned", "packed", "submitted", "completed", "ended")
+        for core, times in enumerate(requests):  # a core each: a task starts when submitted
+            one_request(recorder, clock, dict(zip(steps, times, strict=True)), slot(core, 0))
+        document = recorder.trace_events()
+        check_trace_format(document)
+        flows: dict[int, list[tuple[str, int, float]]] = {}
+        for e in document["traceEvents"]:
+            if e["name"] == "request":
+                flows.setdefault(e["id"], []).append((e["ph"], e["tid"], e["ts"]))
+        assert flows == {
+            0: [("s", 1, 1001000.0), ("t", stream_tid(0, 0), 1002000.0), ("f", 1, 1003000.0)],
+            2: [("s", 1, 1012000.0), ("t", stream_tid(2, 0), 1013000.0), ("f", 1, 1020000.0)],
+            3: [("s", 1, 1014500.0), ("f", stream_tid(3, 0), 1015000.0)],
+        }
+
+
+class TestARecordingOfRequestsAlone:
+    def test_without_video_frames_is_written_without_their_tracks(self) -> None:
+        # What a writer reads of a recorder (Recording): no frames, no frame links.
+        clock = Clock(0.0)
+        full = TraceRecorder("r", clock=clock)
+        run_request(full, clock, 1.0)
+        bare = SimpleNamespace(
+            name="r",
+            capacity=full.capacity,
+            origin=full.origin,
+            recorded=full.recorded,
+            swept=full.swept,
+            requests=full.requests,
+            sweeps=full.sweeps,
+        )
+        document = CoresTrace([bare]).trace_events()
+        check_trace_format(document)
+        assert document["traceEvents"] == CoresTrace([full]).trace_events()["traceEvents"]
+        assert not any(e["name"] == "frame" for e in document["traceEvents"])
