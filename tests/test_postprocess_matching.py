@@ -42,6 +42,13 @@ def postprocess_of(engine: Engine) -> Postprocess:
     return post
 
 
+def frame_of(post: Postprocess, inputs: list[Any]) -> tuple[Any, tuple[int, int]]:
+    """Where the request's frame lands, and its size (the engines here map boxes)."""
+    found = post.frame_of(inputs)
+    assert found is not None
+    return found
+
+
 class TestTheImageInput:
     @pytest.mark.asyncio
     async def test_is_the_one_preprocess_names_wherever_it_stands(self) -> None:
@@ -56,7 +63,7 @@ class TestTheImageInput:
                     {"extra": np.zeros(EXTRA.shape, np.float32), "images": frame(height, width)}
                 )
                 assert isinstance(got, Detections)
-                geometry, size = post.frame_of([np.zeros(EXTRA.shape), frame(height, width)])
+                geometry, size = frame_of(post, [np.zeros(EXTRA.shape), frame(height, width)])
                 assert size == (height, width)
                 assert geometry == LETTERBOX.geometry(height, width, 16, 16)
 
@@ -101,9 +108,9 @@ async def test_the_geometries_kept_are_bounded_at_64_frame_sizes_and_no_sooner()
         post = postprocess_of(engine)
         kept = []
         for width in range(1, 66):
-            geometry, size = post.frame_of([frame(8, width)])
+            geometry, size = frame_of(post, [frame(8, width)])
             assert size == (8, width) and geometry == LETTERBOX.geometry(8, width, 16, 16)
             kept.append(len(post._geometries))
         assert kept[:64] == list(range(1, 65)) and kept[64] == 1
-        again, _ = post.frame_of([frame(8, 65)])  # the one size kept since
+        again, _ = frame_of(post, [frame(8, 65)])  # the one size kept since
         assert again is post._geometries[(8, 65)] and len(post._geometries) == 1
