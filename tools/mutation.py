@@ -105,7 +105,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "trace": ("aiodla/_trace.py", TRACE_TESTS),
     "trace_events": ("aiodla/_trace_events.py", TRACE_TESTS),
-    "batching": ("aiodla/_batching.py", ["tests/test_batching.py"]),
+    "batching": (
+        "aiodla/_batching.py",
+        ["tests/test_batching.py", "tests/test_batching_edges.py"],
+    ),
     # Issue 44's as well: the steps done off the loop, the numpy post-processing step.
     "offload": (
         "aiodla/_offload.py",
@@ -123,6 +126,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_detect_engine.py",
             "tests/test_postprocess_once.py",
             "tests/test_offload_choice.py",
+            "tests/test_postprocess_matching.py",
         ],
     ),
     # Not one of the three above (issue 34's list): where the HTTP byte budget went.

@@ -1,0 +1,189 @@
+"""Batch assembly's edges (issue 44's mutation run of ``_batching``): a model of several
+inputs and outputs, items by name, each caller's rows of every output; the refusals
+word for word (a full queue, a model that cannot be batched, the options batching does
+not take, an item of the wrong shape, device output)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodla import (
+    Batching,
+    ConfigurationError,
+    Engine,
+    InputValueError,
+    QueueFullError,
+    TensorSpec,
+)
+from aiodla._batching import open_batcher
+from aiodla.emulator import make_loadable
+from aiodla.testing import DLAControls
+
+N = 4
+A = TensorSpec("a", (N, 3, 2, 2), "float16", "nchw")
+B = TensorSpec("b", (N, 1, 2, 2), "float16", "nchw")
+OUT_A = TensorSpec("out_a", (N, 3, 2, 2), "float32", "nchw")
+OUT_B = TensorSpec("out_b", (N, 1, 2, 2), "float32", "nchw")
+
+
+def two_inputs() -> bytes:
+    """Batch 4, two inputs: each output is its input, doubled, plus one."""
+    return make_loadable([A, B], [OUT_A, OUT_B], "affine", 0.001, scale=2.0, bias=1.0)
+
+
+async def _never(arrays: Any) -> Any:
+    raise AssertionError("nothing runs here")
+
+
+def item(value: float) -> dict[str, Any]:
+    return {
+        "a": np.full((1, 3, 2, 2), value, np.float32),
+        "b": np.full((1, 1, 2, 2), -value, np.float32),
+    }
+
+
+class TestSeveralInputs:
+    @pytest.mark.asyncio
+    async def test_each_caller_gets_its_own_row_of_every_output(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with Engine(
+            two_inputs(), runtime=aiodla_controls.runtime, batch=Batching(max_delay=10.0)
+        ) as engine:
+            # Six items: a full task of four, then two that go at once by flush.
+            calls = [engine.infer_nowait(item(k)) for k in range(6)]
+            engine._batcher.flush()  # type: ignore[union-attr]
+            results = await asyncio.gather(*calls)
+            stats = engine.statistics().batching
+        for k, got in enumerate(results):
+            assert set(got) == {"out_a", "out_b"}
+            np.testing.assert_array_equal(
+                got["out_a"], np.full((1, 3, 2, 2), 2 * k + 1, np.float32)
+            )
+            np.testing.assert_array_equal(
+                got["out_b"], np.full((1, 1, 2, 2), 1 - 2 * k, np.float32)
+            )
+        assert stats is not None and dict(stats.sizes) == {2: 1, 4: 1}
+
+    @pytest.mark.asyncio
+    async def test_a_whole_batch_by_name_runs_as_it_is(self, aiodla_controls: DLAControls) -> None:
+        async with Engine(
+            two_inputs(), runtime=aiodla_controls.runtime, batch=Batching(max_delay=10.0)
+        ) as engine:
+            whole = {"a": np.ones(A.shape, np.float32), "b": np.zeros(B.shape, np.float32)}
+            got = await engine.infer(whole)
+            stats = engine.statistics().batching
+        np.testing.assert_array_equal(got["out_a"], np.full(A.shape, 3, np.float32))
+        np.testing.assert_array_equal(got["out_b"], np.ones(B.shape, np.float32))
+        assert stats is not None and stats.items == 0
+
+
+class TestRefusals:
+    @pytest.mark.asyncio
+    async def test_a_full_queue_says_how_full_and_of_what(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with Engine(
+            two_inputs(),
+            runtime=aiodla_controls.runtime,
+            cores=[0],
+            streams_per_core=1,
+            max_queue=2,
+            batch=Batching(max_delay=10.0),
+        ) as engine:
+            with aiodla_controls.hold(0) as gate:
+                running = [engine.infer_nowait(item(k)) for k in range(N)]
+                await gate.reached(1)
+                waiting = [engine.infer_nowait(item(k)) for k in range(2 * N)]  # two tasks' worth
+                with pytest.raises(QueueFullError) as refused:
+                    engine.infer_nowait(item(0))
+                assert str(refused.value) == (
+                    "the batching queue is full (8 items waiting for a task, "
+                    "max_queue=2 tasks of 4)"
+                )
+            await asyncio.gather(*running, *waiting)
+
+    @pytest.mark.asyncio
+    async def test_a_model_without_one_batch_size_is_refused_naming_its_shapes(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        mixed = make_loadable(
+            [A], [TensorSpec("out_a", (2, 3, 2, 2), "float32", "nchw")], "mix", 0.001
+        )
+        for model, shapes in (
+            (mixed, "{'a': (4, 3, 2, 2), 'out_a': (2, 3, 2, 2)}"),
+            (
+                make_loadable(
+                    [TensorSpec("x", (1, 3, 2, 2), "float16", "nchw")],
+                    [TensorSpec("y", (1, 3, 2, 2), "float32", "nchw")],
+                    "affine",
+                ),
+                "{'x': (1, 3, 2, 2), 'y': (1, 3, 2, 2)}",
+            ),
+        ):
+            engine = Engine(model, runtime=aiodla_controls.runtime, batch=Batching())
+            with pytest.raises(ConfigurationError) as refused:
+                await engine.open()
+            assert str(refused.value) == (
+                "batch=Batching(...) needs a model whose inputs and outputs all have one "
+                f"batch size N > 1; this one has {shapes}"
+            )
+            assert engine.state.value == "closed"
+
+    @pytest.mark.parametrize(
+        "options",
+        [{"postprocess": object()}, {"preprocess": {"a": object()}}],
+        ids=["postprocess", "preprocess"],
+    )
+    def test_postprocess_and_preprocess_are_refused(self, options: dict[str, Any]) -> None:
+        # (An engine's Detect and ImagePreprocess refuse a batch-N model first, each for
+        # its own reason; the batcher refuses them again, should either learn batches.)
+        model = SimpleNamespace(inputs=(A, B), outputs=(OUT_A, OUT_B), slots=[0, 1])
+        with pytest.raises(ConfigurationError) as refused:
+            open_batcher(
+                Batching(), model, _never, "same_kind", max_queue=4, latency_window=8, **options
+            )
+        assert str(refused.value) == (
+            "batch=Batching(...) with postprocess= or preprocess=: not in this version"
+        )
+        batcher = open_batcher(
+            Batching(), model, _never, "same_kind", max_queue=4, latency_window=8,
+            postprocess=None, preprocess={},
+        )  # fmt: skip
+        assert batcher is not None and batcher.size == N
+
+    @pytest.mark.asyncio
+    async def test_an_item_of_the_wrong_shape_names_both_shapes_a_batch_may_have(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with Engine(
+            two_inputs(), runtime=aiodla_controls.runtime, batch=Batching(max_delay=10.0)
+        ) as engine:
+            wrong = {"a": np.ones((2, 3, 2, 2), np.float32), "b": np.ones((2, 1, 2, 2), np.float32)}
+            with pytest.raises(InputValueError) as refused:
+                await engine.infer(wrong)
+            message = str(refused.value)
+            assert message.endswith(
+                " (a batched engine takes one item, or a whole batch [(4, 3, 2, 2), (4, 1, 2, 2)])"
+            )
+            assert refused.value.__cause__ is not None
+            assert message.startswith(str(refused.value.__cause__))
+            assert engine.statistics().submitted == 0
+
+    @pytest.mark.in_process
+    @pytest.mark.asyncio
+    async def test_device_output_of_an_item_is_refused_saying_why(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with Engine(
+            two_inputs(), runtime=aiodla_controls.runtime, batch=Batching(max_delay=10.0)
+        ) as engine:
+            with pytest.raises(ConfigurationError) as refused:
+                await engine.infer(item(0), output="device")
+            assert str(refused.value) == "output='device' takes whole batches, not items"
+            assert engine.statistics().batching.items == 0  # type: ignore[union-attr]
