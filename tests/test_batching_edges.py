@@ -16,11 +16,13 @@ from aiodla import (
     Batching,
     ConfigurationError,
     Engine,
+    EngineClosedError,
     InputValueError,
     QueueFullError,
+    RequestTimeoutError,
     TensorSpec,
 )
-from aiodla._batching import open_batcher
+from aiodla._batching import Batcher, open_batcher
 from aiodla.emulator import make_loadable
 from aiodla.testing import DLAControls
 
@@ -187,3 +189,45 @@ class TestRefusals:
                 await engine.infer(item(0), output="device")
             assert str(refused.value) == "output='device' takes whole batches, not items"
             assert engine.statistics().batching.items == 0  # type: ignore[union-attr]
+
+
+class TestEndings:
+    @pytest.mark.asyncio
+    async def test_a_timed_out_item_and_a_closed_batchers_items_say_why(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        engine = Engine(two_inputs(), runtime=aiodla_controls.runtime, batch=Batching(10.0))
+        await engine.open()
+        expiring = engine.infer_nowait(item(1), timeout=0)
+        with pytest.raises(RequestTimeoutError) as timed_out:
+            await expiring
+        assert str(timed_out.value) == "the item's timeout passed before its result was ready"
+        waiting = engine.infer_nowait(item(2))
+        await engine.aclose()
+        with pytest.raises(EngineClosedError) as closed:
+            await waiting
+        assert str(closed.value) == "the engine was closed while the item waited for its batch"
+
+    @pytest.mark.asyncio
+    async def test_a_closed_batcher_admits_nothing_and_assembles_nothing(self) -> None:
+        # (An engine refuses its calls once closing, before its batcher; the batcher
+        # holds to it as well, so that nothing it has reaches a closed engine.)
+        ran: list[Any] = []
+
+        async def run(arrays: Any) -> Any:
+            ran.append(arrays)
+            return {"out_a": np.zeros(OUT_A.shape), "out_b": np.zeros(OUT_B.shape)}
+
+        batcher = Batcher(
+            Batching(max_delay=0), (A, B), (OUT_A, OUT_B), run, "same_kind",
+            slots=1, max_queue=4, latency_window=8,
+        )  # fmt: skip
+        arrays = batcher.item(item(1))
+        assert arrays is not None
+        batcher.close()
+        with pytest.raises(EngineClosedError) as refused:
+            batcher.admit(arrays, None)
+        assert str(refused.value) == "the engine is closed"
+        batcher.flush()
+        await asyncio.sleep(0.01)
+        assert ran == [] and batcher.statistics().items == 0
