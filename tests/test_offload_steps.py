@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from aiodla import Engine, EngineClosedError, RequestTimeoutError
-from aiodla.testing import EngineFactory
+from aiodla.testing import DLAControls, EngineFactory
 
 from support import (
     HeldRequest,
@@ -126,3 +126,24 @@ class TestWaitingToPack:
         stats = engine.statistics()
         assert (stats.failed, stats.timed_out, stats.completed) == (1, 0, 0)
         assert counts_add_up(stats)
+
+
+class TestPackedOffTheLoop:
+    @pytest.mark.asyncio
+    async def test_on_the_dla_it_times_out_at_its_deadline(
+        self, aiodla_engine: EngineFactory, aiodla_controls: DLAControls
+    ) -> None:
+        # Packed in a worker thread, then submitted: from then on the request is in
+        # flight like any other, and its timer ends it at its deadline while the DLA
+        # still holds its task.
+        engine = await one_slot(aiodla_engine)
+        with aiodla_controls.hold(0) as gate:
+            task = asyncio.ensure_future(engine.infer(ONES, timeout=0.05))
+            await gate.reached(1)  # packed (in a thread) and submitted
+            with pytest.raises(RequestTimeoutError):
+                await asyncio.wait_for(task, 5)
+            assert engine.statistics().timed_out == 1
+        await wait_until(lambda: all_idle(engine))
+        np.testing.assert_array_equal(await engine.infer(ONES * 2), expected_affine(ONES * 2))
+        stats = engine.statistics()
+        assert (stats.timed_out, stats.completed) == (1, 1) and counts_add_up(stats)
