@@ -652,3 +652,21 @@ class TestARecordingOfRequestsAlone:
         check_trace_format(document)
         assert document["traceEvents"] == CoresTrace([full]).trace_events()["traceEvents"]
         assert not any(e["name"] == "frame" for e in document["traceEvents"])
+
+
+class TestVideoSources:
+    def test_a_track_per_source_in_order_of_appearance_and_a_slice_per_frame(self) -> None:
+        recorder = TraceRecorder("v", clock=Clock(0.0))
+        for source, index, start in (("cam-a", 0, 1.0), ("cam-b", 0, 1.1), ("cam-a", 1, 1.2)):
+            recorder.frame(source, index, start, start + 0.05, 0)
+        document = recorder.trace_events()
+        check_trace_format(document)
+        events = document["traceEvents"]
+        decodes = [(e["tid"], e["ts"], e["args"]) for e in events if e["name"] == "decode"]
+        assert decodes == [
+            (500, 1e6, {"source": "cam-a", "frame": 0}),
+            (501, 1.1e6, {"source": "cam-b", "frame": 0}),
+            (500, 1.2e6, {"source": "cam-a", "frame": 1}),
+        ]
+        names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+        assert (names[500], names[501]) == ("video: cam-a", "video: cam-b")
