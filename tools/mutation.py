@@ -362,6 +362,7 @@ _EXTRA_WAKE = (
 _ALWAYS_THERE = "every engine's Request has arrays and sources (slots set in its __init__)"
 _COMPACT = "the JSON's whitespace only: the same document, parsed"
 _SAME_CODEC = "'UTF-8' and 'utf-8' name the same codec"
+_SAME_FLOAT = "float() reads '-INF' as '-inf'"
 _SAME_LENGTHS = "one recorder per engine, made from the same list: zip's strictness never acts"
 _EQUIVALENT_BY_MODULE.update(
     {
@@ -407,6 +408,19 @@ _EQUIVALENT_BY_MODULE.update(
                 )
                 for n in (3, 6)
             },
+            "xǁEventWriterǁ_tasks__mutmut_3": (
+                "a record's core and stream are set together (by assigned) or neither: "
+                "'or' and 'and' read them alike"
+            ),
+            "xǁEventWriterǁ_tasks__mutmut_23": _SAME_FLOAT,
+            "xǁEventWriterǁ_untangle__mutmut_21": _SAME_FLOAT,
+            "xǁEventWriterǁ_untangle__mutmut_38": (
+                "ts and dur are whole nanoseconds (3 decimals of a microsecond): their sum "
+                "rounded to 4 decimals is the same whole nanosecond"
+            ),
+        },
+        "aiodla._offload.": {
+            "xǁStepperǁfinish__mutmut_1": "a Protocol's default: the flow's own finish applies",
         },
     }
 )
