@@ -231,3 +231,27 @@ class TestEndings:
         batcher.flush()
         await asyncio.sleep(0.01)
         assert ran == [] and batcher.statistics().items == 0
+
+    @pytest.mark.asyncio
+    async def test_finished_waits_out_a_withdrawn_task_without_raising(self) -> None:
+        # Every item of a running task ended (here: cancelled), so the task is
+        # withdrawn; a close that waits for the batcher's tasks at that moment sees it
+        # end cancelled, and goes on.
+        started = asyncio.Event()
+
+        async def run(arrays: Any) -> Any:
+            started.set()
+            await asyncio.Event().wait()  # the engine never answers: only a cancel ends it
+
+        batcher = Batcher(
+            Batching(max_delay=0), (A, B), (OUT_A, OUT_B), run, "same_kind",
+            slots=1, max_queue=4, latency_window=8,
+        )  # fmt: skip
+        arrays = batcher.item(item(1))
+        assert arrays is not None
+        admitted = batcher.admit(arrays, None)
+        await started.wait()
+        batcher.end(admitted, "cancelled")
+        await asyncio.wait_for(batcher.finished(), 5)
+        stats = batcher.statistics()
+        assert (stats.withdrawn, stats.cancelled, stats.running, stats.tasks) == (1, 1, 0, 1)
