@@ -59,7 +59,7 @@ class TensorBinding:
     raw: int = 0
     # An input that takes camera frames: their pre-processing, and (host conversion)
     # where it writes the float32 model input before packing.
-    frames: ImagePreprocess | None = None
+    preprocess: ImagePreprocess | None = None
     scratch: _Array | None = None
     # Device conversion, per request: the staging as a dense array of each source dtype
     # with the read the pack kernel makes from it (inputs), and the results' view

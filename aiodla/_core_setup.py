@@ -19,7 +19,7 @@ from ._errors import ConfigurationError, ModelError, RuntimeUnavailableError
 from ._graphs import Graphs
 from ._options import EngineOptions
 from ._postprocess import Postprocess, open_postprocess
-from ._preprocess import ImagePreprocess, frames_for
+from ._preprocess import ImagePreprocess, preprocessing_for
 from ._resources import ResourceStack
 from ._slots import CoreLane, Slot, new_core
 from ._tensors import TensorSpec, specs_by_name
@@ -49,7 +49,7 @@ class Opened:
     slots: list[Slot]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    frames: tuple[ImagePreprocess | None, ...]
+    preprocessing: tuple[ImagePreprocess | None, ...]  # each input's, if it takes frames
     path: DataPath
     graphs: Graphs | None  # None when Engine(graphs=False)
     take_compute_failure: Callable[[Slot], BaseException | None] | None
@@ -135,17 +135,17 @@ class _Opening:
         stated = runtime.stated_service_time(model)
         first, *others = options.cores
         found = self._open_core(first, stated, model)
-        inputs, outputs, frames = self._specs(found)
+        inputs, outputs, preprocessing = self._specs(found)
         postprocess = open_postprocess(options, inputs, outputs)
-        path = self._choose_path(inputs, outputs, frames, postprocess)
-        self._open_slots(self.cores[0], path, inputs, outputs, frames)
+        path = self._choose_path(inputs, outputs, preprocessing, postprocess)
+        self._open_slots(self.cores[0], path, inputs, outputs, preprocessing)
         for number in others:
             if self._open_core(number, stated, model) != found:
                 raise ModelError(
                     f"core {number} reports other tensor descriptors than core "
                     f"{first}; the same loadable must describe the same tensors"
                 )
-            self._open_slots(self.cores[-1], path, inputs, outputs, frames)
+            self._open_slots(self.cores[-1], path, inputs, outputs, preprocessing)
         take = None
         computes: ComputeFunctions | None = offers(runtime, ComputeFunctions)
         if computes is not None and any(
@@ -164,7 +164,7 @@ class _Opening:
             self.slots,
             inputs,
             outputs,
-            frames,
+            preprocessing,
             path,
             graphs,
             take,
@@ -231,13 +231,13 @@ class _Opening:
                 )
         inputs = tuple(s.with_scale(scales.get(s.name)) for s in inputs)
         outputs = tuple(s.with_scale(scales.get(s.name)) for s in outputs)
-        return inputs, outputs, frames_for(inputs, self._options.preprocess)
+        return inputs, outputs, preprocessing_for(inputs, self._options.preprocess)
 
     def _choose_path(
         self,
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
-        frames: tuple[ImagePreprocess | None, ...],
+        preprocessing: tuple[ImagePreprocess | None, ...],
         postprocess: Postprocess | None,
     ) -> DataPath:
         """Host or device conversion (``Engine(convert=...)``); the device path's
@@ -260,7 +260,7 @@ class _Opening:
             zero_copy = self._call("is_integrated", kernels.is_integrated)
         path = DevicePath(kernels, zero_copy)
         try:
-            path.prepare(inputs, outputs, frames)
+            path.prepare(inputs, outputs, preprocessing)
         except RuntimeUnavailableError as exc:
             if convert == "device":
                 raise
@@ -279,10 +279,10 @@ class _Opening:
         path: DataPath,
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
-        frames: tuple[ImagePreprocess | None, ...],
+        preprocessing: tuple[ImagePreprocess | None, ...],
     ) -> None:
         for index in range(self._options.streams_per_core):
-            slot = self._open_slot(core, index, path, inputs, outputs, frames)
+            slot = self._open_slot(core, index, path, inputs, outputs, preprocessing)
             core.slots.append(slot)
             core.idle.append(slot)
             self.slots.append(slot)
@@ -294,7 +294,7 @@ class _Opening:
         path: DataPath,
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
-        frames: tuple[ImagePreprocess | None, ...],
+        preprocessing: tuple[ImagePreprocess | None, ...],
     ) -> Slot:
         runtime = self.runtime
         where = f"core {core.core} slot {index}"
@@ -323,7 +323,7 @@ class _Opening:
                 return self._create(f"{where} tensor {name!r}", core.core, create, release, nbytes)
 
             output = number >= len(inputs)
-            pre = None if output else frames[number]
+            pre = None if output else preprocessing[number]
             bindings.append(path.bind(spec, pointer, registered, output, allocate, pre))
         ins, outs = bindings[: len(inputs)], bindings[len(inputs) :]
         task = self._call(

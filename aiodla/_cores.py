@@ -122,7 +122,7 @@ class LocalCores:
         self.slots = opened.slots
         self.inputs = opened.inputs
         self.outputs = opened.outputs
-        self.frames = opened.frames
+        self.preprocessing = opened.preprocessing
         self.path = opened.path
         # Captures and launches the slots' graphs; None when Engine(graphs=False).
         self.graphs = opened.graphs

@@ -119,13 +119,13 @@ class HostPath:
         registered: int,
         output: bool,
         allocate: Allocate,
-        frames: ImagePreprocess | None = None,
+        preprocess: ImagePreprocess | None = None,
     ) -> TensorBinding:
         runtime = self.runtime
         host = allocate(spec.name, runtime.host_alloc, runtime.host_free, spec.size)
         binding = TensorBinding(spec, device_ptr, registered, host, spec.bind(host.array))
-        if frames is not None:  # opened once: pre-processing allocates nothing per frame
-            binding.frames, binding.scratch = frames, np.empty(spec.shape, np.float32)
+        if preprocess is not None:  # opened once: pre-processing allocates nothing per frame
+            binding.preprocess, binding.scratch = preprocess, np.empty(spec.shape, np.float32)
         return binding
 
     def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
@@ -135,15 +135,16 @@ class HostPath:
         total = 0
         for binding, array in zip(slot.inputs, arrays, strict=True):
             total += binding.spec.size
-            if binding.frames is not None and binding.scratch is not None:
+            if binding.preprocess is not None and binding.scratch is not None:
                 total += array.nbytes + binding.scratch.nbytes
         return total
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         for binding, array in zip(slot.inputs, arrays, strict=True):
             assert binding.bound is not None
-            if binding.frames is not None:
-                array = binding.frames.apply(array, binding.spec, binding.scratch, validate=False)
+            if binding.preprocess is not None:
+                pre = binding.preprocess
+                array = pre.apply(array, binding.spec, binding.scratch, validate=False)
             binding.bound.write(array, checked=True)
 
     def write_zeros(self, slot: Slot) -> None:
@@ -207,7 +208,7 @@ class DevicePath:
         self.frame_buffers: FrameSource | None = None  # the engine's, once it makes some
         self.detect: StreamDetect | None = None  # post-processing on the slot's stream
         # input name -> its pre-processing, for the inputs that take camera frames
-        self.frames: dict[str, ImagePreprocess] = {}
+        self.preprocessing: dict[str, ImagePreprocess] = {}
 
     def use_frame_buffers(self, frames: FrameSource) -> None:
         """Read frames lying in these engine frame buffers in place (or by one copy)."""
@@ -217,7 +218,7 @@ class DevicePath:
         """A device array as input ``spec``: checked, and its export ordered before the
         ingest stream (raises an InputError, before anything is queued). For an input
         with an ``ImagePreprocess``, a camera frame (:func:`import_device_frame`)."""
-        pre = self.frames.get(spec.name)
+        pre = self.preprocessing.get(spec.name)
         if pre is not None:
             if not self.fused:
                 raise InputTypeError(
@@ -255,16 +256,18 @@ class DevicePath:
         self,
         inputs: Sequence[TensorSpec],
         outputs: Sequence[TensorSpec],
-        frames: Sequence[ImagePreprocess | None] = (),
+        preprocessing: Sequence[ImagePreprocess | None] = (),
     ) -> None:
         """Have the runtime ready every conversion requests may need (the CUDA runtime
         compiles them now, at open, never on the request path)."""
         packs = [(spec, dtype) for spec in inputs for dtype in accepted_dtypes(spec)]
         unpacks = [(spec, spec.result_dtype) for spec in outputs]
         self.runtime.prepare_conversions(packs, unpacks)
-        if any(frames):
-            targets = [(s, pre) for s, pre in zip(inputs, frames, strict=True) if pre is not None]
-            self.frames = {spec.name: pre for spec, pre in targets}
+        if any(preprocessing):
+            targets = [
+                (s, pre) for s, pre in zip(inputs, preprocessing, strict=True) if pre is not None
+            ]
+            self.preprocessing = {spec.name: pre for spec, pre in targets}
             try:
                 self.runtime.prepare_preprocess(targets)
             except RuntimeUnavailableError as exc:
@@ -301,25 +304,25 @@ class DevicePath:
         registered: int,
         output: bool,
         allocate: Allocate,
-        frames: ImagePreprocess | None = None,
+        preprocess: ImagePreprocess | None = None,
     ) -> TensorBinding:
         runtime = self.runtime
         # Inputs: the caller's bytes in any accepted type (or a camera frame up to its
         # largest); outputs: the logical results.
         itemsize = spec.result_dtype.itemsize if output else WIDEST
         nbytes = _elements(spec) * itemsize
-        if frames is not None:
-            nbytes = max(nbytes, frames.max_frame_nbytes)
+        if preprocess is not None:
+            nbytes = max(nbytes, preprocess.max_frame_nbytes)
         if self.zero_copy:
 
             def host_alloc(nbytes: int) -> HostBuffer:  # mapped: kernels reach it in place
                 return runtime.host_alloc(nbytes, mapped=True)
 
             host = allocate(spec.name, host_alloc, runtime.host_free, nbytes)
-            return TensorBinding(spec, device_ptr, registered, host, frames=frames)
+            return TensorBinding(spec, device_ptr, registered, host, preprocess=preprocess)
         host = allocate(spec.name, runtime.host_alloc, runtime.host_free, nbytes)
         raw = allocate(spec.name, runtime.malloc, runtime.free, nbytes)
-        return TensorBinding(spec, device_ptr, registered, host, raw=raw, frames=frames)
+        return TensorBinding(spec, device_ptr, registered, host, raw=raw, preprocess=preprocess)
 
     # -- one request (loop thread, or a worker thread for large inputs) -----------------
 
@@ -332,10 +335,10 @@ class DevicePath:
         for binding, value in zip(slot.inputs, arrays, strict=True):
             if isinstance(value, DeviceSource):
                 continue
-            frames = binding.frames
-            if frames is None or not self.fused:
+            pre = binding.preprocess
+            if pre is None or not self.fused:
                 total += value.nbytes
-                if frames is not None:
+                if pre is not None:
                     total += _elements(binding.spec) * 4  # (the float32 model input)
             elif self._frame_buffer_read(binding, value) is None:
                 total += value.nbytes
@@ -346,13 +349,13 @@ class DevicePath:
         arrays stay where they are. Records what each pack kernel reads."""
         reads: list[Read] = []
         for binding, value in zip(slot.inputs, arrays, strict=True):
-            if isinstance(value, DeviceSource) and binding.frames is not None:
-                reads.append(device_frame_read(binding.frames, value))
+            if isinstance(value, DeviceSource) and binding.preprocess is not None:
+                reads.append(device_frame_read(binding.preprocess, value))
             elif isinstance(value, DeviceSource):
                 n, c, h, w = value.strides
                 # 0: after the ingest stream (DLPack); else the interface's own stream
                 reads.append((value.pointer, value.dtype, (n, c, h, w), value.wait_stream or 0))
-            elif binding.frames is None:
+            elif binding.preprocess is None:
                 reads.append(self._stage_array(binding, value))
             else:
                 reads.append(self._stage(binding, value))
@@ -360,7 +363,7 @@ class DevicePath:
 
     def _stage(self, binding: TensorBinding, array: _Array) -> Read:
         spec = binding.spec
-        if binding.frames is not None and self.fused:
+        if binding.preprocess is not None and self.fused:
             in_place = self._frame_buffer_read(binding, array)
             if in_place is not None:  # no staging copy: the frame is already pinned
                 return in_place
@@ -368,15 +371,15 @@ class DevicePath:
             staged = binding.host.array[: array.nbytes].reshape(array.shape)
             np.copyto(staged, array)
             height, width = array.shape[:2]
-            if binding.frames.source in _PLANAR:
+            if binding.preprocess.source in _PLANAR:
                 height = height * 2 // 3
             pointer = self._staged_at(binding)
             # The staged copy is dense whatever the caller's strides (a crop, a flip).
             return FrameRead(pointer, height, width, staged.strides[0], array.nbytes)
-        if binding.frames is not None:
+        if binding.preprocess is not None:
             # The model input, pre-processed on the host straight into staging.
             staged = binding.host.array[: _elements(spec) * 4].view(np.float32)
-            binding.frames.apply(array, spec, staged.reshape(spec.shape), validate=False)
+            binding.preprocess.apply(array, spec, staged.reshape(spec.shape), validate=False)
             array = staged.reshape(spec.shape)
             pointer = self._staged_at(binding)
             return (pointer, array.dtype, _dense_strides(spec.shape), None)
@@ -402,7 +405,7 @@ class DevicePath:
         if not packed or pitch < row:
             return None
         height, width = array.shape[:2]
-        if binding.frames is not None and binding.frames.source in _PLANAR:
+        if binding.preprocess is not None and binding.preprocess.source in _PLANAR:
             height = height * 2 // 3
         span = (array.shape[0] - 1) * pitch + row
         if self.zero_copy and buffer.device_ptr:

@@ -70,7 +70,7 @@ class DeviceLayer(Protocol):
     slots: list[Slot]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    frames: tuple[ImagePreprocess | None, ...]  # each input's pre-processing, if any
+    preprocessing: tuple[ImagePreprocess | None, ...]  # each input's, if it takes frames
     stated_service_time: float | None  # what the loadable says, if anything
     # Engine(postprocess=...) matched to the model, once; read_outputs applies it.
     postprocess: Postprocess | None
@@ -142,7 +142,7 @@ class NotOpen:
         self.slots: list[Slot] = []
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()
-        self.frames: tuple[ImagePreprocess | None, ...] = ()
+        self.preprocessing: tuple[ImagePreprocess | None, ...] = ()
         self.detects_on_stream = False
         self.stated_service_time: float | None = None
         self.postprocess: Postprocess | None = None

@@ -441,7 +441,7 @@ class Engine:
             inputs,
             self._options.casting,
             cores.import_device,
-            cores.frames,
+            cores.preprocessing,
         )
         if len(arrays) == 1 and type(arrays[0]) is np.ndarray:
             sources: tuple[DeviceSource, ...] = ()  # (the common case, with no search)
@@ -479,7 +479,7 @@ class Engine:
             inputs,
             self._options.casting,
             cores.import_device,
-            cores.frames,
+            cores.preprocessing,
         )
 
     # -- observation ---------------------------------------------------------------------------
@@ -535,13 +535,13 @@ def _validated(
     inputs: Any,
     casting: Any,
     import_device: ImportDevice,
-    frames: tuple[ImagePreprocess | None, ...] = (),
+    preprocessing: tuple[ImagePreprocess | None, ...] = (),
 ) -> tuple[Any, ...]:
     """The arrays of ``inputs`` in the model's input order, each checked by its spec:
     numpy arrays, :class:`DeviceSource` for device arrays, camera frames for inputs with
-    pre-processing (``frames``). On an error, the device arrays taken so far are
+    pre-processing (``preprocessing``). On an error, the device arrays taken so far are
     released."""
-    if type(inputs) is np.ndarray and len(specs) == 1 and not any(frames):
+    if type(inputs) is np.ndarray and len(specs) == 1 and not any(preprocessing):
         spec = specs[0]
         if inputs.dtype == spec.numpy_dtype and inputs.shape == spec.shape:
             return (inputs,)  # the common case, valid as it stands
@@ -549,7 +549,9 @@ def _validated(
     taken: list[Any] = []
     try:
         values = inputs_in_order(specs, names, inputs)
-        for spec, value, pre in zip(specs, values, frames or (None,) * len(specs), strict=True):
+        for spec, value, pre in zip(
+            specs, values, preprocessing or (None,) * len(specs), strict=True
+        ):
             planes = None
             if type(value) is VideoFrame:
                 value, planes = video_frame_pixels(value, spec, pre)

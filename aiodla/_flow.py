@@ -74,7 +74,7 @@ class Flow:
         # frame read in place from a frame buffer costs the host nothing);
         # ``offload_pack`` False skips the weighing where no request can pass the limit.
         self._offload_limit = limit = options.offload_bytes
-        self.offload_pack = sum(s.size for s in device.inputs) > limit or any(device.frames)
+        self.offload_pack = sum(s.size for s in device.inputs) > limit or any(device.preprocessing)
         # With the heads decoded on the stream the host reads back only the kept boxes.
         self.offload_unpack = (
             not device.detects_on_stream and sum(s.size for s in device.outputs) > limit

@@ -100,7 +100,7 @@ from ._frame_plan import _axis as _axis  # (the kernels' tests compare with it h
 from ._tensors import TensorSpec
 from ._video_frame import VideoFrame
 
-__all__ = ["Geometry", "ImagePreprocess", "frames_for", "video_frame_pixels"]
+__all__ = ["Geometry", "ImagePreprocess", "preprocessing_for", "video_frame_pixels"]
 
 _Array = np.ndarray[Any, Any]
 
@@ -623,7 +623,7 @@ def video_frame_pixels(
     return array, expected
 
 
-def frames_for(
+def preprocessing_for(
     inputs: Sequence[TensorSpec], preprocess: Mapping[str, ImagePreprocess]
 ) -> tuple[ImagePreprocess | None, ...]:
     """Each model input's pre-processing (None where it takes tensors); the names and

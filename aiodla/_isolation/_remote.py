@@ -36,7 +36,7 @@ from .._errors import ConfigurationError, InputTypeError
 from .._frame_buffers import FrameBuffers
 from .._options import EngineOptions
 from .._postprocess import open_postprocess
-from .._preprocess import ImagePreprocess, frames_for
+from .._preprocess import ImagePreprocess, preprocessing_for
 from .._slots import CoreLane, Slot, account, new_core, record_stages
 from .._statistics import EngineHealth, LatencyWindow, WorkerStatistics
 from .._tensors import TensorSpec
@@ -123,7 +123,7 @@ class RemoteCores:
         ready = worker.ready
         self.inputs: tuple[TensorSpec, ...] = tuple(ready["inputs"])
         self.outputs: tuple[TensorSpec, ...] = tuple(ready["outputs"])
-        self.frames: tuple[ImagePreprocess | None, ...] = frames_for(
+        self.preprocessing: tuple[ImagePreprocess | None, ...] = preprocessing_for(
             self.inputs, options.preprocess
         )
         self.stated_service_time: float | None = ready["stated_service_time"]
@@ -173,9 +173,9 @@ class RemoteCores:
         bindings = []
         for number, spec in enumerate(specs):
             binding = TensorBinding(spec, 0, 0, empty)
-            frames = self.frames[number] if inputs else None
-            if frames is not None:  # as HostPath.bind: allocated once, used per frame
-                binding.frames, binding.scratch = frames, np.empty(spec.shape, np.float32)
+            pre = self.preprocessing[number] if inputs else None
+            if pre is not None:  # as HostPath.bind: allocated once, used per frame
+                binding.preprocess, binding.scratch = pre, np.empty(spec.shape, np.float32)
             bindings.append(binding)
         return bindings
 
