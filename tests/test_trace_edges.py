@@ -670,3 +670,78 @@ class TestVideoSources:
         ]
         names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
         assert (names[500], names[501]) == ("video: cam-a", "video: cam-b")
+
+
+class TestFrameFlows:
+    """A frame's flow ends at the first step on the loop of the request that read it:
+    its pack, else its submit (packed in a worker thread), else its unpack (packed in a
+    worker process); none when no step of it is drawn on the loop."""
+
+    def trace(self, steps: list[str], *, before: bool = False) -> tuple[list[Any], list[Any]]:
+        """The frame's flow ends and the loop's slices, for a request that read the frame
+        and went through ``steps``; ``before``: an earlier request's unpack on the loop
+        outlasts them all (so they are drawn off the loop)."""
+        buffer = np.zeros(4, np.uint8)
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        recorder.frame("cam", 0, 0.5, 0.6, data_address(buffer))
+        if before:
+            times = {"assigned": 0.9, "packed": 0.91, "submitted": 0.92, "completed": 0.93,
+                     "ended": 2.0}  # fmt: skip
+            one_request(recorder, clock, times, slot(1, 0))
+        request = Request(1.0, (buffer,))
+        where = slot(0, 0)
+        recorder.assigned(request, where, 1.0)
+        for at, step in enumerate(steps, start=1):
+            clock.now = 1.0 + at / 10
+            if step == "packed in a thread":
+                thread = threading.Thread(target=recorder.packed, args=(request,))
+                thread.start()
+                thread.join()
+            elif step == "completed":
+                recorder.completed(request, where)
+            else:
+                getattr(recorder, step)(request)
+        clock.now = 1.9
+        recorder.ended(request, "completed")
+        document = recorder.trace_events()
+        check_trace_format(document)
+        events = document["traceEvents"]
+        ends = [(e["tid"], e["ts"]) for e in events if e["name"] == "frame" and e["ph"] == "f"]
+        loop = [(e["name"], e["ts"]) for e in events if e["ph"] == "X" and e["tid"] == 1]
+        return ends, loop
+
+    def test_packed_in_a_thread_it_ends_at_the_submit(self) -> None:
+        ends, loop = self.trace(["packed in a thread", "submitted", "completed"])
+        assert ("submit", 1.1e6) in loop and ends == [(1, 1.1e6)]  # (from the pack's end)
+
+    def test_packed_in_a_worker_process_it_ends_at_the_unpack(self) -> None:
+        ends, loop = self.trace(["completed"])
+        assert loop == [("unpack", 1.1e6)] and ends == [(1, 1.1e6)]
+
+    def test_a_request_without_a_step_on_the_loop_has_none(self) -> None:
+        ends, loop = self.trace([])  # ended once assigned: never packed
+        assert loop == [] and ends == []
+        ends, loop = self.trace(["packed", "submitted", "completed"], before=True)
+        assert ("pack", 1.0e6) not in loop and ends == []  # its steps went off the loop
+
+    def test_a_request_whose_record_was_dropped_has_none(self) -> None:
+        # Capacity 2 keeps the last two requests, and the links of eight: request 0's
+        # link outlives its record; its frame is still drawn, without a flow.
+        buffer = np.zeros(4, np.uint8)
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", capacity=2, clock=clock)
+        recorder.frame("cam", 0, 0.5, 0.6, data_address(buffer))
+        request = Request(1.0, (buffer,))
+        recorder.assigned(request, slot(0, 0), 1.0)
+        clock.now = 1.1
+        recorder.packed(request)
+        recorder.ended(request, "completed")
+        for at in (2.0, 3.0):
+            run_request(recorder, clock, at)
+        assert recorder.frame_of == {0: 0} and [r[0] for r in recorder.requests] == [1, 2]
+        document = recorder.trace_events()
+        check_trace_format(document)
+        events = document["traceEvents"]
+        assert [e["ts"] for e in events if e["name"] == "decode"] == [0.5e6]
+        assert not any(e["name"] == "frame" for e in events)
