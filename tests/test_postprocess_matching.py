@@ -4,6 +4,7 @@ failure wrapped with its cause, and the bound on the frame sizes whose geometry 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from aiodla import (
     PostprocessError,
     TensorSpec,
 )
-from aiodla._postprocess import Postprocess
+from aiodla._postprocess import Postprocess, open_postprocess
 from aiodla.emulator import make_loadable
 
 # Small heads (a 16x16 input, strides 4 and 8), so that every request is quick.
@@ -84,6 +85,11 @@ class TestTheImageInput:
         with pytest.raises(ConfigurationError) as refused:
             Engine(model, postprocess="yolov5")  # type: ignore[arg-type]
         assert str(refused.value) == "postprocess='yolov5' must be an aiodla.Detect"
+        # The options refuse it first; matching at open (a worker process's too) again.
+        options = SimpleNamespace(postprocess="yolov5", preprocess={})
+        with pytest.raises(ConfigurationError) as refused:
+            open_postprocess(options, [IMAGES], HEADS)  # type: ignore[arg-type]
+        assert str(refused.value) == "postprocess='yolov5' must be an aiodla.Detect"
 
 
 @pytest.mark.asyncio
@@ -114,3 +120,24 @@ async def test_the_geometries_kept_are_bounded_at_64_frame_sizes_and_no_sooner()
         assert kept[:64] == list(range(1, 65)) and kept[64] == 1
         again, _ = frame_of(post, [frame(8, 65)])  # the one size kept since
         assert again is post._geometries[(8, 65)] and len(post._geometries) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_frame_size_seen_before_reuses_its_geometry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    computed: list[tuple[int, ...]] = []
+    geometry = ImagePreprocess.geometry
+
+    def counted(self: ImagePreprocess, *sizes: int) -> Any:
+        computed.append(sizes)
+        return geometry(self, *sizes)
+
+    monkeypatch.setattr(ImagePreprocess, "geometry", counted)
+    model = make_loadable([IMAGES], HEADS, "detect", 0.002)
+    async with Engine(model, postprocess=DETECT, preprocess={"images": LETTERBOX}) as engine:
+        post = postprocess_of(engine)
+        computed.clear()  # (what the engine's open computed)
+        firsts = [frame_of(post, [frame(h, w)])[0] for h, w in ((48, 64), (30, 20), (48, 64))]
+        assert computed == [(48, 64, 16, 16), (30, 20, 16, 16)]
+        assert firsts[2] is firsts[0]
