@@ -419,6 +419,15 @@ _EQUIVALENT_BY_MODULE.update(
                 "rounded to 4 decimals is the same whole nanosecond"
             ),
         },
+        "aiodla._postprocess.": {
+            **{
+                f"xǁPostprocessǁframe_of__mutmut_{n}": (
+                    "the name is read only by _frame_size's refusal, and the request's frame "
+                    "passed that same check, under its input's name, when it was admitted"
+                )
+                for n in (6, 10, 11)
+            },
+        },
         "aiodla._offload.": {
             "xǁStepperǁfinish__mutmut_1": "a Protocol's default: the flow's own finish applies",
         },
