@@ -12,7 +12,8 @@ both cores. Cases, interleaved and repeated (median and min..max of each):
 - **(i) engine alone**: I420 frames already in the engine's frame buffers -> Detections;
 - **(ii) today**: ``cv2.VideoCapture(clip).read()`` (FFmpeg decode and its BGR
   conversion, in a worker thread) -> ``ImagePreprocess(source="bgr")`` -> Detections;
-- **decode alone**: PyAV decoding the clip, nothing else.
+- **decode alone**: PyAV decoding the clip on one thread (as the ``ffmpeg`` decoder
+  does), nothing else.
 
 ``host us/frame`` is the process's CPU (every thread: the loop, the poller, the
 decoder's threads) per frame, less the emulated device's work (the emulated runtime's
@@ -264,6 +265,10 @@ async def all_in(args: argparse.Namespace, clip: Path, decoder: str) -> dict[str
             window = Window(opened.runtime)
             count = await drive(opened.infer, taken(frames, args.frames), args.inflight, release)
             result = window.per_frame(count)
+            if video_source is not None:
+                # Frames that went into plain arrays, each staged by a copy of the
+                # engine's: none is expected (the source's buffers cover every slot).
+                result["unpooled"] = camera.statistics().unpooled
         finally:
             if video_source is not None:
                 await camera.__aexit__(None, None, None)
@@ -324,13 +329,18 @@ async def today(args: argparse.Namespace, clip: Path) -> dict[str, float]:
 
 def decode_alone(args: argparse.Namespace, clip: Path) -> dict[str, float]:
     """PyAV decoding the clip on this thread, opened and warmed up before the window
-    (as the all-in source is); at the clip's end it opens it again."""
+    (as the all-in source is); at the clip's end it opens it again. One decoding
+    thread, as the ffmpeg decoder sets it (``thread_count = 1``): PyAV's default adds
+    FFmpeg's slice threads, whose CPU varied from 0.2 to 2.7 ms a frame between runs
+    here, which would move the baseline, not aiodla's share of the all-in cost."""
     import av
 
     def pictures() -> Any:
         while True:
             with av.open(str(clip)) as container:
-                yield from container.decode(video=0)
+                stream = container.streams.video[0]
+                stream.codec_context.thread_count = 1
+                yield from container.decode(stream)
 
     decoded = pictures()
     for _ in range(args.inflight * 2):
@@ -456,6 +466,8 @@ def table(report: dict[str, Any]) -> str:
         threads = ", ".join(
             f"{thread} {us:.0f}" for thread, us in entry["threads_us"].items() if us >= 20
         )
+        if entry.get("unpooled", {}).get("max", 0):
+            threads += f"; frames unpooled (staged by a copy) up to {entry['unpooled']['max']:.0f}"
         lines.append(
             f"{name:<26}{host['median']:>14.0f}{spread:>16}{entry['loop_us']['median']:>7.0f}"
             f"{entry['poller_us']['median']:>7.0f}{entry['fps']['median']:>9.1f}  {threads}"
