@@ -27,6 +27,7 @@ from ._engine import Engine
 from ._errors import AiodlaError
 from ._preprocess import ImagePreprocess
 from ._session import LatestFrameStream
+from ._video_address import parse_address
 from ._video_source import VideoSource
 
 __all__ = ["watch_command"]
@@ -74,6 +75,18 @@ class _Camera:
         return line
 
 
+async def _color_range(uri: str, decoder: str) -> Any:
+    """The YUV range of a local source's frames, from its first frame (a USB camera's
+    MJPEG is full range); network streams are H.264 or H.265, limited range, and are
+    not opened twice for it."""
+    if parse_address(uri).kind not in ("file", "v4l2"):
+        return "limited"
+    async with VideoSource(uri, decoder, reconnect=False) as probe:
+        async for frame in probe:
+            return frame.color_range
+    return "limited"  # a file without a frame: the engine will not see one either
+
+
 async def watch(
     model: bytes,
     uris: Sequence[str],
@@ -91,7 +104,15 @@ async def watch(
     formats = {probe.format for probe in probes}
     if len(formats) != 1:
         raise CommandError(f"these cameras' decoders give different layouts: {sorted(formats)}")
-    letterbox = ImagePreprocess(source=formats.pop(), order="rgb", resize="letterbox")
+    ranges = {await _color_range(uri, decoder) for uri in uris}
+    if len(ranges) != 1:
+        raise CommandError(
+            f"these cameras' frames come in different YUV ranges: {sorted(ranges)} (a USB "
+            "camera's MJPEG is full range, H.264 and H.265 limited); watch them apart"
+        )
+    letterbox = ImagePreprocess(
+        source=formats.pop(), order="rgb", resize="letterbox", color_range=ranges.pop()
+    )
     async with Engine(model, runtime=runtime) as probe:
         image = probe.inputs[0].name
     detector = Detect(head=cast(Any, head), classes=classes)

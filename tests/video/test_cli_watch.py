@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from video_support import mjpeg_clip
 
 from aiodla import TensorSpec, _cli
 from aiodla.emulator import make_loadable
@@ -44,6 +45,25 @@ def test_two_cameras_reported_every_interval(clips: dict[str, Path], detector: P
     rows = [line.split() for line in lines if line.startswith(str(clips["h264.mp4"])[:38])]
     assert rows and any(float(row[1]) > 0 for row in rows)  # frames answered a second
     assert any(line.startswith("host CPU ") for line in lines)
+
+
+def test_a_full_range_camera_is_read_as_full_range(
+    tmp_path: Path, detector: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A USB camera's MJPEG (full-range YUV) stands in here as an MJPEG file: its frames
+    are answered, which an engine reading limited range would refuse one by one."""
+    from aiodla import _video_ffmpeg
+
+    monkeypatch.setattr(_video_ffmpeg, "CODECS", (*_video_ffmpeg.CODECS, "mjpeg"))
+    clip = mjpeg_clip(tmp_path / "mjpeg.mkv", "yuvj420p", frames=30)
+    result = CliRunner().invoke(
+        _cli.cli,
+        ["watch", str(clip), "--model", str(detector), "--seconds", "1.2", "--interval", "0.5",
+         "--decoder", "ffmpeg"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.startswith(str(clip)[:38])]
+    assert rows and any(float(row[1]) > 0 for row in rows), result.output
 
 
 def test_a_refused_camera_is_one_line_without_its_credentials(

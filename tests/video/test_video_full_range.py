@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from video_support import mjpeg_clip
 
 from aiodla import ImagePreprocess, InputValueError, TensorSpec, VideoFrame, VideoSource
 from aiodla.emulator import make_loadable
@@ -26,28 +27,6 @@ av = pytest.importorskip("av", reason="the video tests need PyAV (pip install 'a
 SIZE = (64, 48)  # width, height
 IMAGES = TensorSpec("images", (1, 3, SIZE[1], SIZE[0]), "float32", "nchw")
 OUT = TensorSpec("out", (1, 3, SIZE[1], SIZE[0]), "float32", "nchw")
-
-
-def mjpeg_clip(path: Path, pix_fmt: str, frames: int = 6) -> Path:
-    """Smooth colour ramps that move (MJPEG's chroma is subsampled: sharp colour edges
-    would measure the two conversions' chroma upsampling, not their levels), with
-    black and white in every frame."""
-    width, height = SIZE
-    rows, columns = np.mgrid[0:height, 0:width]
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mjpeg", rate=30)
-        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
-        for k in range(frames):
-            image = np.empty((height, width, 3), np.uint8)
-            image[..., 0] = (columns * 255 // (width - 1) + 8 * k) % 256
-            image[..., 1] = rows * 255 // (height - 1)
-            image[..., 2] = 255 - columns * 255 // (width - 1)
-            image[:4], image[-4:] = 0, 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
 
 
 def ffmpeg_rgb(path: Path, as_420: bool) -> list[np.ndarray[Any, Any]]:

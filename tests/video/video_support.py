@@ -73,3 +73,27 @@ async def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.01)
     return time.monotonic() - start
+
+
+def mjpeg_clip(path: Path, pix_fmt: str, frames: int = 6, size: tuple[int, int] = (64, 48)) -> Path:
+    """An MJPEG clip (``pix_fmt``: ``yuvj420p`` or ``yuvj422p``, full-range YUV as a USB
+    camera's) of ``size`` (width, height), made with PyAV: smooth colour ramps that
+    move (MJPEG's chroma is subsampled: sharp colour edges would measure two
+    conversions' chroma upsampling, not their levels), black and white in every frame."""
+    av = pytest.importorskip("av")
+    width, height = size
+    rows, columns = np.mgrid[0:height, 0:width]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mjpeg", rate=30)
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        for k in range(frames):
+            image = np.empty((height, width, 3), np.uint8)
+            image[..., 0] = (columns * 255 // (width - 1) + 8 * k) % 256
+            image[..., 1] = rows * 255 // (height - 1)
+            image[..., 2] = 255 - columns * 255 // (width - 1)
+            image[:4], image[-4:] = 0, 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
