@@ -255,3 +255,20 @@ class TestEndings:
         await asyncio.wait_for(batcher.finished(), 5)
         stats = batcher.statistics()
         assert (stats.withdrawn, stats.cancelled, stats.running, stats.tasks) == (1, 1, 0, 1)
+
+
+@pytest.mark.asyncio
+async def test_the_smallest_batch_two_assembles_items(aiodla_controls: DLAControls) -> None:
+    x = TensorSpec("x", (2, 1, 2, 2), "float16", "nchw")
+    y = TensorSpec("y", (2, 1, 2, 2), "float32", "nchw")
+    model = make_loadable([x], [y], "affine", 0.001, scale=2.0, bias=1.0)
+    async with Engine(
+        model, runtime=aiodla_controls.runtime, batch=Batching(max_delay=10.0)
+    ) as engine:
+        rows = await asyncio.gather(
+            *(engine.infer(np.full((1, 1, 2, 2), k, np.float32)) for k in (3, 5))
+        )
+        stats = engine.statistics().batching
+    for k, row in zip((3, 5), rows, strict=True):
+        np.testing.assert_array_equal(row, np.full((1, 1, 2, 2), 2 * k + 1, np.float32))
+    assert stats is not None and dict(stats.sizes) == {2: 1}

@@ -428,6 +428,16 @@ _EQUIVALENT_BY_MODULE.update(
                 for n in (6, 10, 11)
             },
         },
+        "aiodla._batching.": {
+            "xǁItemǁ__init____mutmut_8": (
+                "an item's batch is read only once it runs, and _send gives it its batch then"
+            ),
+            "xǁBatchǁ__init____mutmut_3": "_send sets the batch's task as soon as it makes it",
+            "xǁBatcherǁend__mutmut_4": (
+                "an ended item's arrays are never read again: () and None let them go alike"
+            ),
+            "x_open_batcher__mutmut_24": "the batcher keeps the outputs but never reads them",
+        },
         "aiodla._offload.": {
             "xǁStepperǁfinish__mutmut_1": "a Protocol's default: the flow's own finish applies",
         },
