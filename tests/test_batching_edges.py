@@ -6,6 +6,7 @@ not take, an item of the wrong shape, device output)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -58,9 +59,11 @@ class TestSeveralInputs:
             two_inputs(), runtime=aiodla_controls.runtime, batch=Batching(max_delay=10.0)
         ) as engine:
             # Six items: a full task of four, then two that go at once by flush.
+            began = time.monotonic()
             calls = [engine.infer_nowait(item(k)) for k in range(6)]
             engine._batcher.flush()  # type: ignore[union-attr]
             results = await asyncio.gather(*calls)
+            elapsed = time.monotonic() - began
             stats = engine.statistics().batching
         for k, got in enumerate(results):
             assert set(got) == {"out_a", "out_b"}
@@ -71,6 +74,8 @@ class TestSeveralInputs:
                 got["out_b"], np.full((1, 1, 2, 2), 1 - 2 * k, np.float32)
             )
         assert stats is not None and dict(stats.sizes) == {2: 1, 4: 1}
+        # Each item's latency: from its call to its row, within the test's own time.
+        assert stats.latency.count == 6 and 0 < stats.latency.max <= elapsed
 
     @pytest.mark.asyncio
     async def test_a_whole_batch_by_name_runs_as_it_is(self, aiodla_controls: DLAControls) -> None:
@@ -247,14 +252,16 @@ class TestEndings:
             Batching(max_delay=0), (A, B), (OUT_A, OUT_B), run, "same_kind",
             slots=1, max_queue=4, latency_window=8,
         )  # fmt: skip
-        arrays = batcher.item(item(1))
-        assert arrays is not None
-        admitted = batcher.admit(arrays, None)
-        await started.wait()
-        batcher.end(admitted, "cancelled")
-        await asyncio.wait_for(batcher.finished(), 5)
+        for _ in range(2):
+            started.clear()
+            arrays = batcher.item(item(1))
+            assert arrays is not None
+            admitted = batcher.admit(arrays, None)
+            await started.wait()
+            batcher.end(admitted, "cancelled")
+            await asyncio.wait_for(batcher.finished(), 5)
         stats = batcher.statistics()
-        assert (stats.withdrawn, stats.cancelled, stats.running, stats.tasks) == (1, 1, 0, 1)
+        assert (stats.withdrawn, stats.cancelled, stats.running, stats.tasks) == (2, 2, 0, 2)
 
 
 @pytest.mark.asyncio
@@ -272,3 +279,37 @@ async def test_the_smallest_batch_two_assembles_items(aiodla_controls: DLAContro
     for k, row in zip((3, 5), rows, strict=True):
         np.testing.assert_array_equal(row, np.full((1, 1, 2, 2), 2 * k + 1, np.float32))
     assert stats is not None and dict(stats.sizes) == {2: 1}
+
+
+@pytest.mark.asyncio
+async def test_an_item_after_a_full_task_waits_its_own_delay() -> None:
+    # The first item's look at its delay is armed once: a task sent full (by count)
+    # takes it away, so an item that comes later waits its own max_delay (the timers
+    # arm at most half of it early), not what was left of the first item's.
+    loop = asyncio.get_running_loop()
+    ran_at: list[float] = []
+
+    async def run(arrays: Any) -> Any:
+        ran_at.append(loop.time())
+        return {"out_a": np.zeros(OUT_A.shape), "out_b": np.zeros(OUT_B.shape)}
+
+    delay = 0.4
+    batcher = Batcher(
+        Batching(max_delay=delay), (A, B), (OUT_A, OUT_B), run, "same_kind",
+        slots=4, max_queue=4, latency_window=8,
+    )  # fmt: skip
+
+    def admit(value: float) -> Any:
+        arrays = batcher.item(item(value))
+        assert arrays is not None
+        return batcher.admit(arrays, None)
+
+    full = []
+    for k in range(N):  # a loop turn between items: each admission looks again
+        full.append(admit(k))
+        await asyncio.sleep(0)
+    await asyncio.gather(*(i.result() for i in full))
+    await asyncio.sleep(0.75 * delay)
+    arrived = loop.time()
+    await admit(N).result()
+    assert len(ran_at) == 2 and ran_at[1] - arrived >= delay / 2

@@ -437,6 +437,7 @@ _EQUIVALENT_BY_MODULE.update(
                 "an ended item's arrays are never read again: () and None let them go alike"
             ),
             "x_open_batcher__mutmut_24": "the batcher keeps the outputs but never reads them",
+            "xǁBatcherǁ_dispatch__mutmut_9": _FALSY,
         },
         "aiodla._offload.": {
             "xǁStepperǁfinish__mutmut_1": "a Protocol's default: the flow's own finish applies",
