@@ -22,10 +22,10 @@ or ``-fmad=false``).
 
 1. **Pixels**, uint8 R, G, B at frame pixel (y, x).
    bgr, rgb, bgra, rgba: the bytes at (y, x); alpha is ignored.
-   nv12 (BT.601 limited range, nearest chroma, exactly OpenCV's ``COLOR_YUV2RGB_NV12``):
+   nv12 (BT.601, nearest chroma; limited range exactly OpenCV's ``COLOR_YUV2RGB_NV12``):
    Y = a[y, x], U = a[Hf + y//2, 2*(x//2)], V = a[Hf + y//2, 2*(x//2) + 1].
-   i420 (the same, exactly OpenCV's ``COLOR_YUV2RGB_I420``): Y = a[y, x], and U, V at
-   chroma row r = y//2 (U) or r = Hf/2 + y//2 (V), column c = x//2, which lies at
+   i420 (the same; limited range exactly OpenCV's ``COLOR_YUV2RGB_I420``): Y = a[y, x],
+   and U, V at chroma row r = y//2 (U) or r = Hf/2 + y//2 (V), column c = x//2, which lies at
    a[Hf + r//2, (r % 2)*(Wf/2) + c] (two chroma rows of Wf/2 bytes to an array row).
    Then, for both, in int32 (no intermediate overflows), with ``>>`` an arithmetic
    shift, for ``color_range="limited"`` (BT.601 limited range, 16..235: what H.264 and
@@ -154,10 +154,10 @@ class ImagePreprocess:
 
     - ``source``: the frames' pixel format, ``"bgr"``, ``"rgb"``, ``"bgra"``, ``"rgba"``
       (H x W x C uint8; alpha is ignored), ``"nv12"`` or ``"i420"`` (YUV 4:2:0, BT.601
-      limited range, one (H*3/2) x W uint8 array, H and W even: the Y plane H x W, then
-      nv12: U, V interleaved at half resolution in H/2 rows; i420: the U plane, then the
-      V plane, each (H/2) x (W/2), packed row after row into those H/2 rows, as FFmpeg's
-      decoders give them);
+      in ``color_range``'s levels, one (H*3/2) x W uint8 array, H and W even: the Y
+      plane H x W, then nv12: U, V interleaved at half resolution in H/2 rows; i420:
+      the U plane, then the V plane, each (H/2) x (W/2), packed row after row into
+      those H/2 rows, as FFmpeg's decoders give them);
     - ``color_range``: for ``"nv12"`` and ``"i420"``, the YUV levels the frames use:
       ``"limited"`` (16..235, what H.264 and H.265 cameras send) or ``"full"`` (0..255,
       as JPEG codes them: a USB camera's MJPEG). A :class:`~aiodla.VideoFrame` says its
