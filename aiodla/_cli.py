@@ -49,7 +49,6 @@ from ._cli_frame import (
 from ._cli_trace import trace_option, trace_plot
 from ._cli_verify import verify_command
 from ._cli_watch import watch_command
-from ._cores import read_model
 from ._descriptors import TensorDescriptor
 from ._engine import Engine
 from ._errors import DeviceError, ModelError, status_name
@@ -61,6 +60,7 @@ from ._inspection import (
     dla_resources,
     version_text,
 )
+from ._local_device import read_model
 from ._tensors import TensorSpec
 from .emulator._detector import PRESETS, PRESETS_HELP, preset_io
 from .emulator._format import (

@@ -18,8 +18,8 @@ from ._cli_frame import (
     runtime_option,
     trust_compute_option,
 )
-from ._cores import read_model
 from ._errors import AiodlaError, ModelError
+from ._local_device import read_model
 from ._safe_paths import write_regular
 from ._verify import VerifyError, VerifySettings, verify
 from ._verify_report import report_markdown, summary_lines

@@ -1,11 +1,11 @@
 """The device layer as the engine and the flow see it: one opened object.
 
 Opening gives a :class:`DeviceLayer` whose cores, slots, tensors and data path are set:
-:class:`~aiodla._cores.LocalCores` drives the runtime in this process,
-:class:`~aiodla._isolation.RemoteCores` hands slots to a worker process that does.
+:class:`~aiodla._local_device.LocalDevice` drives the runtime in this process,
+:class:`~aiodla._isolation.RemoteDevice` hands slots to a worker process that does.
 The flow's completions (a :class:`CompletionSource`) come from the poller of the
 engine's :class:`aiodla.Cores` in-process, or from the worker's supervisor, which
-``RemoteCores.start`` binds to the flow (a :class:`CompletionSink`). Runtime failures
+``RemoteDevice.start`` binds to the flow (a :class:`CompletionSink`). Runtime failures
 become aiodla errors here, once (:func:`device_error`).
 """
 

@@ -2,17 +2,17 @@
 
 One request, through the modules in the order it passes them::
 
-    _engine     Engine.infer: validate the input, Scheduler.admit, await the future
-    _flow       Flow.transition, the dispatcher's assign: a slot of the core that
-    _dispatch     holds least for a lone engine (by priority, weight and the depth
-                  rule across the engines of shared cores), paired with the first
-    _scheduler    waiting request (FIFO)
-    _cores      Cores.write_inputs, Cores.submit: copies, task, event on the stream
-    runtime     the cuDLA and CUDA calls (or the emulated runtime's)
-    _poller     its thread sees the event: one call_soon_threadsafe per batch
-    _flow       Flow.on_completions: Cores.account, Dispatcher.task_ended (fault
-                policy), Cores.read_outputs, Dispatcher.release, Scheduler.finish,
-                the future resolved
+    _engine        Engine.infer: validate the input, Scheduler.admit, await the future
+    _flow          Flow.transition, the dispatcher's assign: a slot of the core that
+    _dispatch        holds least for a lone engine (by priority, weight and the depth
+                     rule across the engines of shared cores), paired with the first
+    _scheduler       waiting request (FIFO)
+    _local_device  LocalDevice.write_inputs, .submit: copies, task, event on the stream
+    runtime        the cuDLA and CUDA calls (or the emulated runtime's)
+    _poller        its thread sees the event: one call_soon_threadsafe per batch
+    _flow          Flow.on_completions: LocalDevice.account, Dispatcher.task_ended
+                   (fault policy), LocalDevice.read_outputs, Dispatcher.release,
+                   Scheduler.finish, the future resolved
 
 The engine owns the lifecycle (open, close, death), the public calls and the
 statistics; it decides nothing about a request and calls no runtime. Only the event
@@ -34,7 +34,6 @@ import anyio
 import numpy as np
 
 from ._batching import Batcher, Item, open_batcher
-from ._cores import open_cores
 from ._data_path import release_sources
 from ._device import CompletionSource, DeviceLayer, NotOpen
 from ._device_arrays import DeviceSource, is_device_array
@@ -49,6 +48,7 @@ from ._errors import (
 from ._flow import Flow
 from ._isolation import open_remote
 from ._life import EngineState, Life
+from ._local_device import open_local_device
 from ._observation import engine_statistics
 from ._offload import drive
 from ._options import EngineKeywords, EngineOptions, check_timeout
@@ -108,7 +108,7 @@ class Engine:
         self._model = model
         self._runtime_choice = runtime
         self._life = Life()  # the one record of its life: the flow reads it, only this writes
-        self._cores: DeviceLayer = NotOpen()
+        self._device: DeviceLayer = NotOpen()
         self._flow: Flow | None = None
         self._batcher: Batcher | None = None  # with batch=: single items' assembly
         self._input_names: frozenset[str] = frozenset()
@@ -130,22 +130,22 @@ class Engine:
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
         """The model's input tensors (known once the engine is open)."""
-        return self._cores.inputs
+        return self._device.inputs
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
         """The model's output tensors (known once the engine is open)."""
-        return self._cores.outputs
+        return self._device.outputs
 
     @property
     def runtime(self) -> Runtime:
         """The runtime in use, chosen at open (before that, EngineClosedError says so)."""
-        return self._cores.runtime
+        return self._device.runtime
 
     @property
     def stated_service_time(self) -> float | None:
         """Seconds a task as an emulator loadable states it (once open); None: learned."""
-        return self._cores.stated_service_time
+        return self._device.stated_service_time
 
     @property
     def shared_cores(self) -> Cores | None:
@@ -208,7 +208,7 @@ class Engine:
                 completions: Callable[[Flow], CompletionSource] = from_worker
 
             else:
-                local = await open_cores(self._model, choice, options, dla.records)
+                local = await open_local_device(self._model, choice, options, dla.records)
                 opened.append(local)
                 cores = local
                 completions = dla.poller_share(local.runtime, local.cores, options.priority)
@@ -232,7 +232,7 @@ class Engine:
             self._closed.set()
             self._open_done.set()
             raise
-        self._cores = cores
+        self._device = cores
         self._input_names = frozenset(s.name for s in cores.inputs)
         life.state = EngineState.OPEN
         self._flow = Flow(options, cores, life, loop, self._die, dla.dispatcher, completions)
@@ -275,7 +275,7 @@ class Engine:
         if batcher is not None:  # its waiting items fail; its tasks end as requests do
             batcher.close()
         flow.fail_waiting(EngineClosedError("the engine was closed while the request waited"))
-        slots = self._cores.slots
+        slots = self._device.slots
         if not self.dead:
             await flow.drain(self._options.close_timeout)
         hung = tuple(sorted({s.core.core for s in slots if s not in s.core.idle}))
@@ -295,7 +295,7 @@ class Engine:
                 "and device handles are released when those tasks end",
                 hung,
             )
-        await anyio.to_thread.run_sync(self._cores.release, () if self.dead else hung)
+        await anyio.to_thread.run_sync(self._device.release, () if self.dead else hung)
         self._life.state = EngineState.CLOSED  # a late poller wake-up is ignored from here
         # The engine's count of busy slots ends with it; a hung core keeps its memory,
         # not its requests.
@@ -311,7 +311,7 @@ class Engine:
         life = getattr(self, "_life", None)
         if life is None or life.state in (EngineState.NEW, EngineState.CLOSED):
             return
-        self._cores.abandon()  # a worker process is killed and reaped at once
+        self._device.abandon()  # a worker process is killed and reaped at once
         dla = getattr(self, "_dla", None)
         if dla is not None and dla.is_private:
             dla.abandon()  # its poller thread stops
@@ -347,7 +347,7 @@ class Engine:
     def check_inputs(self, inputs: Any) -> None:
         """Raise :class:`InputError` if ``inputs`` would be refused by :meth:`infer`,
         exactly as ``infer`` would (names, shapes, dtypes, NaN into integers)."""
-        if not self._cores.inputs:
+        if not self._device.inputs:
             raise EngineClosedError("the engine is not open: its inputs are not known yet")
         release_sources([a for a in self._validated(inputs) if isinstance(a, DeviceSource)])
 
@@ -430,11 +430,11 @@ class Engine:
         if timeout is not None:
             check_timeout(timeout)
         if output != "host":
-            _check_device_output(output, self._cores, flow.postprocess)
+            _check_device_output(output, self._device, flow.postprocess)
         batcher = self._batcher
         if batcher is not None and (item := batcher.item(inputs)) is not None:
             return batcher.admit(item, timeout, wait, output)
-        cores = self._cores
+        cores = self._device
         arrays = _validated(
             cores.inputs,
             self._input_names,
@@ -469,10 +469,10 @@ class Engine:
         state = self._life.state
         if state is not EngineState.OPEN:
             raise EngineClosedError(f"the engine is {state.value}: open it first")
-        return self._cores.frame_buffers(count, shape, dtype)
+        return self._device.frame_buffers(count, shape, dtype)
 
     def _validated(self, inputs: Any) -> tuple[Any, ...]:
-        cores = self._cores
+        cores = self._device
         return _validated(
             cores.inputs,
             self._input_names,
@@ -491,16 +491,16 @@ class Engine:
         """A snapshot of counts, per-core figures, latency percentiles and histograms."""
         life = self._life.state
         state = "dead" if self.dead and life is not EngineState.CLOSED else life.value
-        return engine_statistics(state, self._flow, self._cores, self._options, self._batcher)
+        return engine_statistics(state, self._flow, self._device, self._options, self._batcher)
 
     def health(self) -> EngineHealth:
         """``ok``; ``degraded`` with a core out of rotation; ``restarting`` while a worker
         process is replaced; ``dead`` once the device broke it; ``closed`` when not serving."""
-        return self._life.health(self._cores)
+        return self._life.health(self._device)
 
     def __repr__(self) -> str:
         state = "dead" if self.dead else self._life.state.value
-        cores = self._cores.cores
+        cores = self._device.cores
         flow = self._flow
         if not cores or flow is None:
             return f"<Engine {state}>"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._cores import device_error
 from ._descriptors import TensorDescriptor
 from ._errors import AiodlaError, ConfigurationError
+from ._local_device import device_error
 from ._resources import ResourceStack
 from .emulator._format import MAGIC
 from .runtime import _select

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 
 from ._core_record import CoreRecord
-from ._cores import read_model, release_runtime
 from ._device import CompletionSource
 from ._dispatch import Dispatcher
 from ._errors import AiodlaError, ConfigurationError, EngineClosedError
+from ._local_device import read_model, release_runtime
 from ._options import DEFAULT_TRACE_CAPACITY, EngineOptions
 from ._poller import SharedPoller
 from ._slots import completion_probe

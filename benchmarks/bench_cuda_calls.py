@@ -78,7 +78,7 @@ async def one_engine(runtime: Any, args: argparse.Namespace, graphs: bool) -> di
         convert=args.convert,
         graphs=graphs,
     ) as engine:
-        cores = engine._cores
+        cores = engine._device
         slot = cores.slots[0]
         stream = slot.stream
         path = cores.path

@@ -5,7 +5,7 @@ engine ``--factor`` times that; 64 callers keep both cores' rings (8 slots a cor
 for ``--seconds``. It prints the rate against the ideal ``cores / latency``, and per
 request the poller's event queries, its sweeps, its hand-offs to the event loop and
 the process's CPU. The engine's completion estimates follow what the poller finds
-(``aiodla._cores._follow_the_core``); without that, a time stated short drove the
+(``aiodla._local_device._follow_the_core``); without that, a time stated short drove the
 poller to query each task several times and a time stated long let the rings run dry.
 
 Usage (each factor in a fresh process; several factors interleave their repeats)::

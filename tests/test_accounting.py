@@ -196,14 +196,14 @@ class TestCountedAsTheCallerSawIt:
         self, engine: Engine, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         task = asyncio.create_task(engine.infer(ONES))
-        read_outputs = engine._cores.read_outputs
+        read_outputs = engine._device.read_outputs
 
         def read_then_cancel(slot: object) -> object:
             outputs = read_outputs(slot)  # type: ignore[arg-type]
             task.cancel()  # the caller is cancelled in the step its result arrives
             return outputs
 
-        monkeypatch.setattr(engine._cores, "read_outputs", read_then_cancel)
+        monkeypatch.setattr(engine._device, "read_outputs", read_then_cancel)
         with pytest.raises(asyncio.CancelledError):
             await task
         stats = engine.statistics()

@@ -59,7 +59,7 @@ class TestDeclared:
         assert offers(plain, GraphCapture) is None  # type: ignore[arg-type]
         async with Engine(affine_model(), runtime=plain) as engine:  # type: ignore[arg-type]
             np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
-            assert engine._cores.graphs is None  # type: ignore[attr-defined]
+            assert engine._device.graphs is None  # type: ignore[attr-defined]
 
     def test_declaring_what_is_no_capability_is_refused(self, runtime: EmulatedRuntime) -> None:
         odd = Declaring(runtime, frozenset())

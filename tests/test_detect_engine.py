@@ -186,7 +186,7 @@ async def test_candidates_past_the_cap_keep_the_best(convert: str) -> None:
     spec = plan.specs[0]
     model = make_loadable([TensorSpec("x", spec.shape, "float32")], [spec], "affine")
     async with Engine(model, postprocess=detect, convert=convert) as engine:
-        on_stream = engine._cores.path.detect is not None
+        on_stream = engine._device.path.detect is not None
         assert on_stream is (convert == "device")
         results = await asyncio.gather(*(engine.infer(heads[0]) for _ in range(6)))
         stats = engine.statistics()
@@ -214,7 +214,7 @@ async def test_boxes_as_rows_or_columns(convert: str) -> None:
         out = TensorSpec("boxes", shape, "float16", "chw16")
         model = make_loadable([TensorSpec("x", shape, "float16")], [out], "affine")
         async with Engine(model, postprocess=detect, convert=convert) as engine:
-            assert (engine._cores.path.detect is not None) is (convert == "device")
+            assert (engine._device.path.detect is not None) is (convert == "device")
             plan = engine._flow.postprocess.plan  # type: ignore[union-attr]
             assert plan.layouts[0].rows is (shape[1] == 150)
             got = await engine.infer(head)
@@ -257,7 +257,7 @@ class TestFrameBuffers:
             crop = buffers[0][100:900, 300:1500]  # a view: found with its offset
             for view in (buffers[0], crop):
                 got = await engine.infer(view)
-                pinned = engine._cores._frames
+                pinned = engine._device._frames
                 assert pinned is not None
                 buffer, offset = pinned.find(view)  # type: ignore[misc]
                 if zero_copy:  # read where it lies
@@ -295,7 +295,7 @@ class TestFrameBuffers:
             buffers = engine.frame_buffers(1, (8, 8, 3))
             with pytest.raises(ConfigurationError, match="count=0"):
                 engine.frame_buffers(0, (8, 8, 3))
-            frames = engine._cores._frames
+            frames = engine._device._frames
             assert frames is not None and len(frames) == 1
         assert buffers[0].shape == (8, 8, 3)
         assert len(frames) == 0  # given up at close, with the rest of the device layer

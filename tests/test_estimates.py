@@ -14,7 +14,7 @@ import pytest
 
 from aiodla import Engine, TensorSpec
 from aiodla._core_record import follow
-from aiodla._cores import LocalCores
+from aiodla._local_device import LocalDevice
 from aiodla._options import EngineOptions
 from aiodla._poller import Poller
 from aiodla._slots import CoreLane, Slot, completion_probe
@@ -162,7 +162,7 @@ def run_saturated(runtime: Misstated, now: list[float], late: float, tasks: int)
     busy, the poller sweeping when its plan says and waking ``late`` after that (a
     loaded host), and each slot given its next task at once. ``now`` is the device's
     clock: only this loop moves it, so no load on the machine changes the figures."""
-    cores = LocalCores.open(misstated_model(1e-3), runtime, EngineOptions(streams_per_core=8))
+    cores = LocalDevice.open(misstated_model(1e-3), runtime, EngineOptions(streams_per_core=8))
     sink = _Sink()
     # Not started: this loop is the poller's thread, and the event loop's refills.
     poller = Poller(completion_probe(runtime), None, sink.deliver, sink.fail, pause=0.0)  # type: ignore[arg-type]

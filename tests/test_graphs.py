@@ -38,7 +38,7 @@ def one_slot(**options: Any) -> dict[str, Any]:
 
 
 def graphs_of(engine: Engine) -> Graphs:
-    graphs = engine._cores.graphs
+    graphs = engine._device.graphs
     assert graphs is not None
     return graphs
 
@@ -85,7 +85,7 @@ async def test_graphs_false_captures_nothing() -> None:
     runtime = EmulatedRuntime()
     async with Engine(affine_model(), runtime=runtime, graphs=False) as e:
         await asyncio.gather(*(e.infer(x) for x in inputs(8)))
-        assert e._cores.graphs is None
+        assert e._device.graphs is None
         assert runtime.live_handles()["graphs"] == 0
 
 
@@ -96,7 +96,7 @@ async def test_one_graph_per_kind_of_request() -> None:
     xs32, xs16 = inputs(4), inputs(4, np.float16)
     async with Engine(affine_model(), runtime=runtime, convert="device", **one_slot()) as e:
         ys = [await e.infer(x) for pair in zip(xs32, xs16, strict=True) for x in pair]
-        slot = e._cores.slots[0]
+        slot = e._device.slots[0]
         assert len(slot.graphs_in) == 2  # float32 and float16 sources
         assert len(slot.graphs_out) == 1  # the outputs are the same for both
     for x, y in zip([x for pair in zip(xs32, xs16, strict=True) for x in pair], ys, strict=True):
@@ -121,7 +121,7 @@ async def test_camera_frames_of_each_size() -> None:
         for _ in range(2):
             for index, frame in enumerate(frames):
                 np.testing.assert_array_equal(await e.infer(frame), expected[index])
-        assert len(e._cores.slots[0].graphs_in) == 2
+        assert len(e._device.slots[0].graphs_in) == 2
 
 
 async def test_stage_times_are_measured_call_by_call() -> None:
@@ -137,9 +137,9 @@ async def test_what_changes_with_each_request_is_not_captured() -> None:
     new with each request: no kind, so each call is enqueued."""
     runtime = EmulatedRuntime()
     async with Engine(affine_model(), runtime=runtime, convert="device", **one_slot()) as e:
-        path = e._cores.path
+        path = e._device.path
         assert isinstance(path, DevicePath)
-        slot = e._cores.slots[0]
+        slot = e._device.slots[0]
         staged = (0x1000, np.dtype(np.float32), (1, 1, 1, 1), None)
         slot.reads = [staged]
         assert path.graph_kinds(slot, False)[0] == (staged,)
@@ -154,7 +154,7 @@ async def test_what_changes_with_each_request_is_not_captured() -> None:
 async def test_a_slot_keeps_at_most_max_graphs() -> None:
     runtime = EmulatedRuntime()
     async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
-        slot = e._cores.slots[0]
+        slot = e._device.slots[0]
         graphs = graphs_of(e)
         event = runtime.create_event()
         table: dict[Any, Any] = {}
@@ -195,7 +195,7 @@ class TestCaptureFails:
         runtime = EmulatedRuntime()
         async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
             graphs = graphs_of(e)
-            slot = e._cores.slots[0]
+            slot = e._device.slots[0]
             attempts = []
 
             def work() -> None:
@@ -215,7 +215,7 @@ class TestCaptureFails:
         the kind captures its graph."""
         runtime = EmulatedRuntime()
         async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
-            path = e._cores.path
+            path = e._device.path
             assert path is not None
             real = path.enqueue_inputs
             failures = [ValueError("a launch failed")]

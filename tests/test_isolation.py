@@ -353,7 +353,7 @@ class TestNothingLeaks:
             pid = worker_pid(engine)
             await engine.infer(ONES)
         assert not alive(pid)
-        supervisor = engine._cores.supervisor  # type: ignore[attr-defined]
+        supervisor = engine._device.supervisor  # type: ignore[attr-defined]
         assert supervisor.exit_status == 0  # the worker closed with no handle left alive
         gc.collect()
         assert shm_entries() == segments
@@ -467,7 +467,7 @@ class TestErrorPaths:
     @pytest.mark.asyncio
     async def test_replacements_that_fail_to_open_count_against_max_restarts(self) -> None:
         async with process_engine(max_restarts=2) as engine:
-            supervisor = engine._cores.supervisor  # type: ignore[attr-defined]
+            supervisor = engine._device.supervisor  # type: ignore[attr-defined]
             _, runtime, fields, standins, setup = supervisor._open_message
             # From now on a new worker cannot open the model (as if the device were gone).
             supervisor._open_message = (b"not a loadable", runtime, fields, standins, setup)

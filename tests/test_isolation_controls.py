@@ -33,7 +33,7 @@ async def process_engine(factory: EngineFactory, **options: Any) -> Engine:
 
 
 def supervisor_of(engine: Engine) -> Any:
-    return engine._cores.supervisor  # type: ignore[attr-defined]
+    return engine._device.supervisor  # type: ignore[attr-defined]
 
 
 class TestControls:

@@ -62,7 +62,7 @@ async def test_the_worker_converts_what_the_application_staged(zero_copy: bool) 
     xs.append(rng.integers(-3, 4, X.shape).astype(np.int16))
     xs.append(np.asfortranarray(xs[0]))  # strided: staged dense
     async with process_engine(affine_model(), zero_copy=zero_copy) as engine:
-        assert isinstance(engine._cores.path, DevicePath)  # type: ignore[attr-defined]
+        assert isinstance(engine._device.path, DevicePath)  # type: ignore[attr-defined]
         results = await asyncio.gather(*(engine.infer(x) for x in xs))
         stats = engine.statistics()
     for x, y in zip(xs, results, strict=True):
@@ -76,7 +76,7 @@ async def test_camera_frames_pre_processed_in_the_worker() -> None:
     async with Engine(camera_model(), runtime="emulated", convert="device", **options) as threaded:
         expected = [await threaded.infer(f) for f in frames]
     async with process_engine(camera_model(), **options) as engine:
-        assert engine._cores.path.fused  # type: ignore[attr-defined]  # one kernel, in the worker
+        assert engine._device.path.fused  # type: ignore[attr-defined]  # one kernel, in the worker
         got = await asyncio.gather(*(engine.infer(f) for f in frames))
     for want, result in zip(expected, got, strict=True):
         np.testing.assert_array_equal(result, want)
@@ -85,7 +85,7 @@ async def test_camera_frames_pre_processed_in_the_worker() -> None:
 async def test_auto_follows_the_worker_runtime() -> None:
     # The emulated runtime has no GPU memory: "auto" converts on the host, as in-process.
     async with Engine(affine_model(), runtime="emulated", isolation="process") as engine:
-        assert isinstance(engine._cores.path, HostPath)  # type: ignore[attr-defined]
+        assert isinstance(engine._device.path, HostPath)  # type: ignore[attr-defined]
         np.testing.assert_array_equal(
             await engine.infer(np.ones(X.shape)), expected_affine(np.ones(X.shape))
         )

@@ -67,7 +67,7 @@ def frame(seed: int, shape: tuple[int, ...] = SHAPE) -> np.ndarray[Any, Any]:
 
 def mark_staging(engine: Engine) -> list[np.ndarray[Any, Any]]:
     """Every slot's input staging (shared with the worker), filled with a sentinel."""
-    views = [slot.inputs[0].host.array for slot in engine._cores.slots]  # type: ignore[attr-defined]
+    views = [slot.inputs[0].host.array for slot in engine._device.slots]  # type: ignore[attr-defined]
     for view in views:
         view[:] = SENTINEL
     return views
@@ -79,7 +79,7 @@ def untouched(views: list[np.ndarray[Any, Any]]) -> bool:
 
 def spy_reads(engine: Engine) -> list[Any]:
     """What each submission sends the worker: the slot's number and its reads."""
-    cores = engine._cores  # type: ignore[attr-defined]
+    cores = engine._device  # type: ignore[attr-defined]
     sent: list[Any] = []
     real = cores.submission
 
@@ -95,7 +95,7 @@ def spy_reads(engine: Engine) -> list[Any]:
 def staged_on_the_loop(engine: Engine) -> list[bool]:
     """Per request staged, whether it was staged on the loop's thread (or in a worker
     thread, for a step that moves more than ``offload_bytes``)."""
-    cores = engine._cores  # type: ignore[attr-defined]
+    cores = engine._device  # type: ignore[attr-defined]
     on_loop: list[bool] = []
     real, loop_thread = cores.write_inputs, threading.current_thread()
 
@@ -180,7 +180,7 @@ class TestByReference:
     @pytest.mark.asyncio
     async def test_made_by_another_thread(self) -> None:
         async with process_engine() as engine:
-            channel = engine._cores.supervisor._channel  # type: ignore[attr-defined]
+            channel = engine._device.supervisor._channel  # type: ignore[attr-defined]
             writers: list[bool] = []
             real, loop_thread = channel.send, threading.current_thread()
 
@@ -208,7 +208,7 @@ class TestByReference:
                     await engine.infer(buffer), await engine.infer(buffer.copy())
                 )
             # The worker never reads them: nothing to map there.
-            assert engine._cores.shared_frames() == []  # type: ignore[attr-defined]
+            assert engine._device.shared_frames() == []  # type: ignore[attr-defined]
 
     @pytest.mark.asyncio
     async def test_a_latest_frame_stream_fills_them(self) -> None:
@@ -263,7 +263,7 @@ class TestRules:
             gc.collect()
             assert memfd_maps() == maps + 3  # freed at close
             assert memfd_fds() == 3 * (1 + MAP_FDS)
-        assert engine._cores.supervisor.exit_status == 0  # type: ignore[attr-defined]  # unlocked
+        assert engine._device.supervisor.exit_status == 0  # type: ignore[attr-defined]  # unlocked
         assert memfd_fds() == MAP_FDS  # no worker is left to hand them to
         assert memfd_maps() == maps + 1  # only the buffer with arrays left
         for target in (kept, view):

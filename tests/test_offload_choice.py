@@ -34,7 +34,7 @@ class Threads:
 
     def __init__(self, engine: Engine, name: str) -> None:
         self.on_loop: list[bool] = []
-        layer = engine._cores
+        layer = engine._device
         real = getattr(layer, name)
         loop_thread = threading.current_thread()
 

@@ -51,7 +51,7 @@ class TestAFailedStepGivesItsSlotBack:
         self, aiodla_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         engine = await one_slot(aiodla_engine)
-        device = engine._cores
+        device = engine._device
         monkeypatch.setattr(
             device, "write_inputs", fails_once(device.write_inputs, RuntimeError("broke"))
         )
@@ -77,7 +77,7 @@ class TestAFailedStepGivesItsSlotBack:
         self, aiodla_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         engine = await one_slot(aiodla_engine)
-        device = engine._cores
+        device = engine._device
         monkeypatch.setattr(
             device, "read_outputs", fails_once(device.read_outputs, RuntimeError("broke"))
         )

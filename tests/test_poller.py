@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from aiodla import _poller as poller_module
-from aiodla._cores import CoreLane, Slot, completion_probe
+from aiodla._local_device import CoreLane, Slot, completion_probe
 from aiodla._poller import MAX_BACKOFF, Poller
 from aiodla.runtime import CudaCallError
 

@@ -44,7 +44,7 @@ async def test_an_engine_builds_one_postprocess_and_applies_it_once(
         assert len(made) == 1 and detector._flow.postprocess is made[0]  # type: ignore[union-attr]
         for _ in range(3):
             assert isinstance(await detector.infer(frame), Detections)
-        on_stream = detector._cores.detects_on_stream
+        on_stream = detector._device.detects_on_stream
     assert len(made) == 1
     # On the host each request runs the step once; on the stream, never on the host.
     assert len(runs) == (0 if on_stream else 3)

@@ -73,7 +73,7 @@ async def reference(model: bytes, frames: list[Any]) -> list[Detections]:
     """The numpy path on the host: host conversion, Detect after the unpack."""
     options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "host"}
     async with Engine(model, postprocess=YOLOV5, **options) as engine:
-        assert engine._cores.path.detect is None
+        assert engine._device.path.detect is None
         return [await engine.infer(f) for f in frames]
 
 
@@ -85,7 +85,7 @@ async def test_equal_to_the_host_path_copying_back_only_the_kept(
     want = await reference(model, frames)
     options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
     async with Engine(model, postprocess=YOLOV5, **options) as engine:
-        detect = engine._cores.path.detect
+        detect = engine._device.path.detect
         assert detect is not None
         post = engine._flow.postprocess
         assert post is not None
@@ -126,20 +126,20 @@ async def test_the_device_does_the_work(model: bytes) -> None:
             patch.setattr(DetectPlan, "run", spy)
             before = runtime.device_time
             runtime.detect(  # the stream operation itself, as the engine enqueues it
-                engine._cores.path.detect.program,  # type: ignore[union-attr]
-                [b.device_ptr for b in engine._cores.slots[0].outputs],
+                engine._device.path.detect.program,  # type: ignore[union-attr]
+                [b.device_ptr for b in engine._device.slots[0].outputs],
                 *_slot_buffers(engine),
-                engine._cores.slots[0].stream,
+                engine._device.slots[0].stream,
             )
             assert calls == []  # queued, not run
-            runtime.synchronize_stream(engine._cores.slots[0].stream)
+            runtime.synchronize_stream(engine._device.slots[0].stream)
             assert calls == ["run"] and runtime.device_time > before
 
 
 def _slot_buffers(engine: Engine) -> tuple[int, int]:
-    detect = engine._cores.path.detect
+    detect = engine._device.path.detect
     assert detect is not None
-    buffers = detect._buffers[id(engine._cores.slots[0])]
+    buffers = detect._buffers[id(engine._device.slots[0])]
     return buffers.work, buffers.out
 
 
@@ -267,7 +267,7 @@ async def test_a_runtime_that_cannot_leaves_it_on_the_host(
     options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "convert": "device"}
     with caplog.at_level(logging.WARNING, logger="aiodla"):
         async with Engine(model, runtime=runtime, postprocess=YOLOV5, **options) as engine:
-            assert engine._cores.path.detect is None
+            assert engine._device.path.detect is None
             got = await engine.infer(frame(2))
     assert "post-processing detections on the host: no NVRTC here" in caplog.text
     same(got, (await reference(model, [frame(2)]))[0])
@@ -280,7 +280,7 @@ async def test_every_buffer_is_released_at_close(model: bytes) -> None:
     async with Engine(
         model, runtime=runtime, postprocess=YOLOV5, streams_per_core=3, **options
     ) as engine:
-        detect = engine._cores.path.detect
+        detect = engine._device.path.detect
         assert detect is not None and len(detect._buffers) == 6  # 2 cores x 3 slots
         await engine.infer(frame(3))
     assert all(count == 0 for count in runtime.live_handles().values())
@@ -335,7 +335,7 @@ async def test_a_box_in_the_padding_is_dropped_before_nms(
     }  # fmt: skip
     runtime = DeviceMemoryRuntime() if output == "device" else EmulatedRuntime()
     async with Engine(model, runtime=runtime, postprocess=YOLOV5, **options) as engine:
-        assert (engine._cores.path.detect is not None) == (convert == "device")
+        assert (engine._device.path.detect is not None) == (convert == "device")
         for size in ((1080, 1920), (640, 640), (1080, 1920), (640, 640)):
             got = await engine.infer(frame(0, size), output=output)
             boxes, scores = np.asarray(got.boxes), np.asarray(got.scores)
@@ -403,7 +403,7 @@ async def test_zero_copy_reads_the_output_where_the_device_wrote_it(model: bytes
     async with Engine(
         model, runtime=runtime, postprocess=YOLOV5, zero_copy=True, **options
     ) as engine:
-        detect = engine._cores.path.detect
+        detect = engine._device.path.detect
         assert detect is not None and detect.zero_copy
         counts = runtime.counts
         for camera, expected in zip(frames, want, strict=True):
@@ -446,7 +446,7 @@ async def test_the_detector_buffers_are_named_when_their_release_fails(
     with caplog.at_level(logging.WARNING, logger="aiodla"):
         async with engine:
             await engine.infer(frame(0, (480, 640)))
-            detect = engine._cores.path.detect
+            detect = engine._device.path.detect
             assert detect is not None
             (buffers,) = detect._buffers.values()
             runtime.refused |= {buffers.work, buffers.out, buffers.host.ptr}

@@ -363,7 +363,7 @@ class TestAfterClose:
     async def test_late_completion_after_close_is_harmless(self, runtime: EmulatedRuntime) -> None:
         engine = Engine(affine_model(), runtime=runtime)
         await engine.open()
-        slot = engine._cores.slots[0]
+        slot = engine._device.slots[0]
         await engine.aclose()
         engine._flow.on_completions([(slot, 0)])  # as a poller wake-up arriving late would
         assert engine.state is EngineState.CLOSED

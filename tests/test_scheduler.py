@@ -12,9 +12,9 @@ import pytest
 
 from aiodla import EmulatedRuntime, Engine, QueueFullError
 from aiodla._core_record import CoreRecord
-from aiodla._cores import CoreLane, Slot
 from aiodla._dispatch import Client, Dispatcher
 from aiodla._life import EngineState, Life
+from aiodla._local_device import CoreLane, Slot
 from aiodla._scheduler import Outcome, Request, Scheduler
 
 from support import X, affine_model, expected_affine, wait_until

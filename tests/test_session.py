@@ -556,7 +556,7 @@ class TestFrameBufferRing:
         again = stream.frame_buffer(X.shape, "float32")
         assert np.shares_memory(again, second)
         again[...] = -1.0  # the dropped frame's memory: nothing still to be read
-        frames = stream.engine._cores._frames  # type: ignore[attr-defined]
+        frames = stream.engine._device._frames  # type: ignore[attr-defined]
         assert frames is not None and len(frames) == 3  # one ring of the engine's buffers
         for buffer in (first, second, third):
             assert frames.find(buffer) is not None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine
-from aiodla._cores import CoreLane, Slot
+from aiodla._local_device import CoreLane, Slot
 from aiodla._slots import account
 from aiodla._statistics import LatencyWindow
 

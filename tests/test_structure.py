@@ -120,9 +120,9 @@ def test_only_the_device_layer_and_the_runtimes_call_the_runtime() -> None:
     # runtime, which they extend and own), so they may drive it. With
     # isolation="process" the worker process hosts the device layer: its main module
     # and its shared staging own the runtime there.
-    allowed = (  # the device layer: _core_setup opens it, _cores drives it
+    allowed = (  # the device layer: _core_setup opens it, _local_device drives it
         "aiodla._core_setup",
-        "aiodla._cores",
+        "aiodla._local_device",
         "aiodla._data_path",
         "aiodla._frame_buffers",  # the device layer's pinned memory, lent to the caller
         "aiodla._graphs",
@@ -145,7 +145,7 @@ def test_only_the_device_layer_and_the_runtimes_call_the_runtime() -> None:
 
 def test_the_rule_sees_a_runtime_call() -> None:
     # The check above must be able to fail: the device layer does call the runtime.
-    assert any("submit_task" in call for call in runtime_calls("aiodla._cores"))
+    assert any("submit_task" in call for call in runtime_calls("aiodla._local_device"))
 
 
 # -- the runtime seam: a small core; capabilities asked with isinstance ---------------------
@@ -378,7 +378,7 @@ ENGINE = (
     "aiodla._cli",
     "aiodla._core_record",
     "aiodla._core_setup",
-    "aiodla._cores",
+    "aiodla._local_device",
     "aiodla._data_path",
     "aiodla._device",
     "aiodla._engine",

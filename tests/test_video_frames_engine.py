@@ -166,7 +166,7 @@ class TestHostFrames:
         ) as engine:  # fmt: skip
             (buffer,) = engine.frame_buffers(1, (135, 160))
             buffer[:] = pixels(90, 160, 4)
-            frames = engine._cores._frames  # type: ignore[attr-defined]
+            frames = engine._device._frames  # type: ignore[attr-defined]
             assert frames is not None
             found = frames.find(buffer)
             assert found is not None
@@ -228,7 +228,7 @@ class TestDeviceFrames:
         async with await engine_for(pre, runtime) as engine:
             frame = DLPackFrame(runtime, image)
             result = await engine.infer(video_frame(frame, "nv12", 48, 64))
-            ingest = engine._cores.path.ingest_stream  # type: ignore[attr-defined]
+            ingest = engine._device.path.ingest_stream  # type: ignore[attr-defined]
         assert ingest != 0 and frame.streams == [ingest]
         np.testing.assert_array_equal(result, expected(pre, image))
 

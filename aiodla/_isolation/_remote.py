@@ -1,6 +1,6 @@
 """The device layer as the application's process sees it with ``isolation="process"``.
 
-:class:`RemoteCores` is a sibling of :class:`~aiodla._cores.LocalCores` (both are a
+:class:`RemoteDevice` is a sibling of :class:`~aiodla._local_device.LocalDevice` (both are a
 :class:`~aiodla._device.DeviceLayer`): the same cores, slots, service-time estimates and
 accounting, read by the same scheduler and flow, but no runtime in this process. Every
 slot's staging buffers are views of the worker's shared staging, and a submitted slot
@@ -47,7 +47,7 @@ from ._shared_frames import SharedFrame, SharedFrameMemory
 from ._staging import map_staging
 from ._supervisor import Supervisor, WorkerState, launch_worker
 
-__all__ = ["NO_CUDA_IPC", "RemoteCores", "open_remote"]
+__all__ = ["NO_CUDA_IPC", "RemoteDevice", "open_remote"]
 
 NO_CUDA_IPC = (
     "device arrays cannot cross into the worker process of isolation='process': "
@@ -67,7 +67,7 @@ async def open_remote(
     runtime_choice: str | Runtime,
     options: EngineOptions,
     records: Mapping[int, CoreRecord] | None = None,
-) -> RemoteCores:
+) -> RemoteDevice:
     """Start the worker, open the model there, and build the slots on its staging;
     each core's lane shares the physical core's record in ``records`` (the shared
     cores'; None: records of its own)."""
@@ -99,10 +99,10 @@ async def open_remote(
         setup.clear()
     if records is None:
         records = {number: CoreRecord(number) for number in options.cores}
-    return RemoteCores(options, message, worker, controls, data, records)
+    return RemoteDevice(options, message, worker, controls, data, records)
 
 
-class RemoteCores:
+class RemoteDevice:
     """Cores whose runtime runs in a supervised worker process (a
     :class:`~aiodla._device.DeviceLayer`), built from the first worker's layout."""
 
@@ -260,7 +260,7 @@ class RemoteCores:
         self.path.write_zeros(slot)
 
     def read_outputs(self, slot: Slot) -> Any:
-        """As :meth:`LocalCores.read_outputs`; post-processing runs here, on the host."""
+        """As :meth:`LocalDevice.read_outputs`; post-processing runs here, on the host."""
         results = self.path.read_outputs(slot, False)
         postprocess = self.postprocess
         if postprocess is not None:

@@ -123,7 +123,7 @@ class Supervisor:
         self._settings = options.process_isolation or ProcessIsolation()
         self._die = die
         self._open_message = open_message
-        self._cores = cores
+        self._served = cores
         self._sink = sink
         self._loop = loop
         self._loop_thread = threading.get_ident()
@@ -157,7 +157,7 @@ class Supervisor:
         # could never warn, and its worker would run as long as the loop).
         worker.channel.receive_with(_weakly(self._on_messages), _weakly(self._on_hang_up))
         # The engine's frame buffers, mapped by this worker before its first submission.
-        send_frames(worker.channel, self._cores.shared_frames())
+        send_frames(worker.channel, self._served.shared_frames())
         self._asked_at: float | None = None  # when the unanswered ping was sent
         self._schedule_heartbeat()
 
@@ -165,7 +165,7 @@ class Supervisor:
 
     def _on_messages(self, messages: list[Any]) -> None:
         self._asked_at = None  # any message answers the heartbeat
-        slots = self._cores.slots
+        slots = self._served.slots
         done: list[tuple[Slot, int]] = []
         for message in messages:
             kind = message[0]
@@ -176,9 +176,9 @@ class Supervisor:
                         # (its slot is retired: the completion below only returns it)
                         self._sink.fail_submission(slot, failure)
                     elif failure is not None:
-                        self._cores.record_failure(slot, failure)
+                        self._served.record_failure(slot, failure)
                     if stages is not None:
-                        self._cores.record_stages(slot, stages)
+                        self._served.record_stages(slot, stages)
                     done.append((slot, status))
             elif kind == "lost":
                 self._said = message[1]  # the hang-up follows
@@ -210,10 +210,10 @@ class Supervisor:
         if self.submit_hook is not None:
             self.submit_hook(slot.core.core)
         pending = self._pending
-        pending.append(self._cores.submission(slot))
+        pending.append(self._served.submission(slot))
         # Alone in the worker (light load), nothing can join its batch: it goes now,
         # not on the loop's next turn.
-        if sum(len(c.slots) - len(c.idle) for c in self._cores.cores) <= 1:
+        if sum(len(c.slots) - len(c.idle) for c in self._served.cores) <= 1:
             self._send_pending()
         elif len(pending) == 1:
             self._loop.call_soon(self._send_pending)
@@ -383,7 +383,7 @@ class Supervisor:
                 logger.error("aiodla: a new worker failed to start: %s", exc)
                 self._unproven += 1
                 continue
-            self._cores.bind_worker(worker.ready, worker.staging_fd)
+            self._served.bind_worker(worker.ready, worker.staging_fd)
             self._adopt(worker)
             break
         self.state = WorkerState.SERVING
@@ -395,7 +395,7 @@ class Supervisor:
         """Fail the requests the lost worker held and give their slots back."""
         self._failed_in_flight = True
         sink = self._sink
-        slots = self._cores.slots
+        slots = self._served.slots
         # A request packing or unpacking in a worker thread keeps its slot until that
         # thread is done with the staging; its coroutine then gives the slot back.
         held = {id(slot) for slot in slots if _in_a_thread(slot)}
@@ -475,7 +475,7 @@ async def inject_fault(engine: Any, name: str, *args: Any, **kwargs: Any) -> Non
     """Test control: call ``name`` (``fail_next_task``, ``hang_core``, ``poison``,
     ``fail_call``) with these arguments on the emulated runtime inside the worker of an
     ``isolation="process"`` engine, and return once it is armed there."""
-    supervisor = getattr(engine._cores, "supervisor", None)  # the engine's device layer
+    supervisor = getattr(engine._device, "supervisor", None)  # the engine's device layer
     if supervisor is None:
         raise TypeError("inject_fault needs an open engine with isolation='process'")
     await supervisor.inject(name, *args, **kwargs)

@@ -3,7 +3,7 @@ cuDLA handle and the poller live here, never in the application's process.
 
 It is started as a fresh interpreter (never forked from a process holding CUDA state)
 with one end of the control channel. It opens the model with the ordinary device
-layer (:class:`~aiodla._cores.LocalCores`, its staging in shared memory), says it is ready,
+layer (:class:`~aiodla._local_device.LocalDevice`, its staging in shared memory), says it is ready,
 then submits what the application sends as it arrives (a thread blocked on the
 channel, awake around its one task's end at light load: ``AWAKE_BEFORE``) and sends
 back what the ordinary poller finds done, one message per batch.
@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast, runtime_checkable
 
-from .._cores import LocalCores
 from .._device import device_error, is_sticky
 from .._errors import AiodlaError
+from .._local_device import LocalDevice
 from .._options import EngineOptions
 from .._poller import Poller
 from ..runtime._protocol import FaultControls, HostRegistration, Runtime
@@ -152,7 +152,7 @@ def _die_with(parent: int) -> None:
 
 def _open(
     sock: socket.socket,
-) -> tuple[LocalCores, Runtime, SharedStaging, MappedFrames | None] | None:
+) -> tuple[LocalDevice, Runtime, SharedStaging, MappedFrames | None] | None:
     """Open the model the application sends; tell it the layout, or why not."""
     model, runtime_choice, fields, libraries, setup = receive_blocking(sock)
     runtime: Runtime | None = None
@@ -168,7 +168,7 @@ def _open(
                 raise AiodlaError(f"the worker's {runtime.name} runtime has no control {name!r}")
             controls[name](*args, **kwargs)
         staging = SharedStaging(runtime)
-        cores = LocalCores.open(model, StagingRuntime(runtime, staging), EngineOptions(**fields))
+        cores = LocalDevice.open(model, StagingRuntime(runtime, staging), EngineOptions(**fields))
         frames = None
         if cores.path.converts_on_device:  # (host conversion packs frames in the application)
             # (SharedStaging made sure the runtime registers host memory)
@@ -236,12 +236,12 @@ class WorkerServer:
     def __init__(
         self,
         sock: socket.socket,
-        cores: LocalCores,
+        cores: LocalDevice,
         runtime: Runtime,
         frames: MappedFrames | None = None,
     ) -> None:
         self._sock = sock
-        self._cores = cores
+        self._device = cores
         self._runtime = runtime
         self._frames = frames  # the application's frame buffers, mapped here
         self._fds: list[int] = []  # descriptors received, for the "frames" messages
@@ -263,7 +263,7 @@ class WorkerServer:
         sock.setblocking(True)
         # (the worker has no event loop: its poller's batches go out on its own thread)
         direct = cast(asyncio.AbstractEventLoop, _Direct())
-        self._poller = self._cores.poller(direct, self._deliver, self._context_lost)
+        self._poller = self._device.poller(direct, self._deliver, self._context_lost)
         self._poller.start()
         incoming = bytearray()
         try:
@@ -353,7 +353,7 @@ class WorkerServer:
     def _submit(self, entries: list[Any]) -> None:
         """Submit each slot: an entry is its number, or (device conversion) its number
         and the reads the application staged for its conversion kernels."""
-        cores, poller = self._cores, self._poller
+        cores, poller = self._device, self._poller
         now = time.monotonic()
         for entry in entries:
             number, reads = entry if isinstance(entry, tuple) else (entry, None)
@@ -403,7 +403,7 @@ class WorkerServer:
     def _deliver(self, finished: list[tuple[Any, int]]) -> None:
         """A poller batch: one message, whatever its size (on the poller's thread; what
         it touches of a core, the accounting, only completions touch)."""
-        cores, poller = self._cores, self._poller
+        cores, poller = self._device, self._poller
         now = time.monotonic()
         take = cores.take_compute_failure
         batch = []

@@ -274,7 +274,7 @@ class DLAControls:
     def __init__(self, cores: int = 2) -> None:
         self._runtime = _ControlledRuntime(self, cores)
         self.runtime: EmulatedRuntime = self._runtime
-        self._cores = cores
+        self._core_count = cores
         self._failures: collections.deque[_Fault] = collections.deque()
         self._delays: collections.deque[_Fault] = collections.deque()
         # Cores held, by a Gate of the test's or by a delay; at most one gate each.
@@ -285,7 +285,7 @@ class DLAControls:
     @property
     def cores(self) -> int:
         """How many DLA cores the emulated device has."""
-        return self._cores
+        return self._core_count
 
     def fail_next(
         self, core: int | None = None, *, status: int = DLA_TASK_FAILURE, count: int = 1
@@ -318,7 +318,7 @@ class DLAControls:
     def hold(self, *cores: int) -> Gate:
         """Hold every task submitted to ``cores`` (all cores when none are given)
         before it starts, until the returned :class:`Gate` is released."""
-        chosen = cores or tuple(range(self._cores))
+        chosen = cores or tuple(range(self._core_count))
         for core in chosen:
             self._check_core(core)
             if self._is_held(core):
@@ -386,9 +386,9 @@ class DLAControls:
 
     def _check_core(self, core: int | None) -> None:
         if core is not None and (
-            not isinstance(core, int) or isinstance(core, bool) or not 0 <= core < self._cores
+            not isinstance(core, int) or isinstance(core, bool) or not 0 <= core < self._core_count
         ):
-            raise ValueError(f"{core=} is not one of the {self._cores} emulated DLA cores")
+            raise ValueError(f"{core=} is not one of the {self._core_count} emulated DLA cores")
 
     def _is_held(self, core: int) -> bool:
         gate = self._held.get(core)

@@ -74,7 +74,7 @@ class Workers:
     """The worker processes of the process-mode engines open on one controlled runtime."""
 
     def __init__(self, cores: int) -> None:
-        self._cores = cores
+        self._core_count = cores
         # Weakly: the controls must not keep an engine dropped unclosed alive (its
         # collection warns, and kills its worker).
         self._attached: weakref.WeakSet[Supervisor] = weakref.WeakSet()
@@ -107,7 +107,7 @@ class Workers:
 
     def _keep_counters(self, supervisor: Supervisor) -> None:
         """The worker is about to close: keep what its cores did."""
-        for core in range(self._cores):
+        for core in range(self._core_count):
             with contextlib.suppress(WorkerLostError, TimeoutError):
                 tasks = supervisor.control(None, "core_tasks", (core,))
                 busy = supervisor.control(None, "core_busy_time", (core,))

@@ -106,11 +106,11 @@ async def test_engine_on_the_stream_equals_the_numpy_path(model: bytes) -> None:
     frames = [frame(seed, size) for seed, size in enumerate([(1080, 1920), (480, 640)])]
     options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "postprocess": YOLOV5}
     async with Engine(model, runtime=CudaRuntime(0), convert="host", **options) as host:
-        assert host._cores.path.detect is None
+        assert host._device.path.detect is None
         want = [await host.infer(f) for f in frames]
     runtime = CudaRuntime(0)
     async with Engine(model, runtime=runtime, convert="device", **options) as engine:
-        detect = engine._cores.path.detect
+        detect = engine._device.path.detect
         assert detect is not None
         for _ in range(2):  # the second round replays the captured graphs
             for camera, expected in zip(frames, want, strict=True):
@@ -133,7 +133,7 @@ async def test_a_failed_launch_fails_that_request_only(model: bytes) -> None:
     runtime = CudaRuntime(0)
     options: dict[str, Any] = {"preprocess": {"images": LETTERBOX}, "postprocess": YOLOV5}
     async with Engine(model, runtime=runtime, convert="device", graphs=False, **options) as engine:
-        detect = engine._cores.path.detect
+        detect = engine._device.path.detect
         assert detect is not None
         kernels = detect.program
         real = kernels.launch  # type: ignore[attr-defined]

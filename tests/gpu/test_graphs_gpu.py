@@ -53,9 +53,9 @@ async def outputs(
             f.name: getattr(after, f.name) - getattr(before, f.name)
             for f in dataclasses.fields(after)
         }
-        captured = 0 if e._cores.graphs is None else e._cores.graphs.captured
+        captured = 0 if e._device.graphs is None else e._device.graphs.captured
         if graphs:
-            assert e._cores.graphs is not None and e._cores.graphs.enabled  # no fall-back
+            assert e._device.graphs is not None and e._device.graphs.enabled  # no fall-back
         assert all(runtime._held) if hold_gil else not any(runtime._held)
     return [first, *rest], made, captured
 

@@ -104,7 +104,7 @@ def accounted(real_gpu: None) -> Any:
 
 
 async def closed_cleanly(engine: Engine) -> None:
-    supervisor = engine._cores.supervisor  # type: ignore[attr-defined]
+    supervisor = engine._device.supervisor  # type: ignore[attr-defined]
     pid = worker_pid(engine)
     await engine.aclose()
     assert not alive(pid)
@@ -195,7 +195,7 @@ async def test_frame_buffers_are_read_where_they_lie(accounted: None, zero_copy:
         preprocess={"images": LETTERBOX},
     )
     await engine.open()
-    cores = engine._cores  # type: ignore[attr-defined]
+    cores = engine._device  # type: ignore[attr-defined]
     assert cores.path.fused, "the worker compiled no pre-processing kernels"
     buffers = engine.frame_buffers(2, (120, 160, 3))
     rng = np.random.default_rng(7)

@@ -2,7 +2,7 @@
 call the engine makes.
 
 A *slot* is one (core, CUDA stream) pair with its own registered buffers, prebuilt task
-and completion event. :class:`LocalCores` is what :func:`open_cores` opened (see
+and completion event. :class:`LocalDevice` is what :func:`open_local_device` opened (see
 ``_core_setup``): it writes inputs, enqueues a slot's work on its stream, reads outputs
 and stage times, keeps each core's busy time and service-time estimate, and releases
 every handle at the end. It is the only module of the engine that calls the
@@ -49,13 +49,13 @@ __all__ = [
     "DEFAULT_SERVICE_TIME",
     "CompletionProbe",
     "CoreLane",
-    "LocalCores",
+    "LocalDevice",
     "Slot",
     "completion_probe",
     "device_error",
     "is_sticky",
     "new_core",
-    "open_cores",
+    "open_local_device",
     "read_model",
     "release_runtime",
 ]
@@ -71,21 +71,21 @@ LATE_RELEASE_FIRST = 0.001
 LATE_RELEASE_MOST = 1.0
 
 
-async def open_cores(
+async def open_local_device(
     model: ModelSource,
     runtime_choice: str | Runtime,
     options: EngineOptions,
     records: Mapping[int, CoreRecord] | None = None,
-) -> LocalCores:
+) -> LocalDevice:
     """Open the model in this process, in a worker thread; then the loop's thread is
     made ready to enqueue device work too. Nothing is left open when it raises, even
     when it is cancelled once the thread has opened everything."""
-    opened: list[LocalCores] = []
+    opened: list[LocalDevice] = []
 
     # The thread gets what it opens, not the engine: a worker thread may hold its last
     # job's callable until its next, and an engine dropped unclosed must be collected.
     def open_here() -> None:
-        opened.append(LocalCores.open(read_model(model), runtime_choice, options, records))
+        opened.append(LocalDevice.open(read_model(model), runtime_choice, options, records))
 
     try:
         await anyio.to_thread.run_sync(open_here)
@@ -103,7 +103,7 @@ def release_runtime(runtime: Runtime) -> None:
     runtime.close()
 
 
-class LocalCores:
+class LocalDevice:
     """The DLA cores of one engine in this process, their slots, and the runtime that
     drives them (a :class:`~aiodla._device.DeviceLayer`).
 
@@ -143,7 +143,7 @@ class LocalCores:
         runtime_choice: str | Runtime,
         options: EngineOptions,
         records: Mapping[int, CoreRecord] | None = None,
-    ) -> LocalCores:
+    ) -> LocalDevice:
         """Open ``model`` on the runtime chosen (blocking), its lanes on the physical
         cores whose ``records`` they share (None: records of its own)."""
         return cls(options, open_model(model, runtime_choice, options, records))
