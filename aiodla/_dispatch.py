@@ -34,12 +34,15 @@ The rule:
   model on the core, besides the top-priority work admitted before it, then runs. Its
   latency is at most its own task time plus two task times of the longest
   lower-priority model on the core (plus the loop's round trip). Engines of the top
-  priority, which nobody can be kept waiting behind, may fill a core up to the
-  smallest ring among them there (their ``streams_per_core``), never past
-  :data:`TOP_DEPTH` tasks nor short of :data:`DEPTH`: then the core's room runs out
-  before any such engine's ring, so each time a place frees every engine with work
-  has an idle slot for it, and weights decide who takes it (were the room larger, the
-  rings would decide instead; engines with a ring of one slot take turns). Rings of 4
+  priority, which nobody can be kept waiting behind, may fill a core up to
+  :data:`TOP_DEPTH` tasks (a detector's task queues behind the lower tasks already
+  there at once, instead of waiting a round trip for one of them to end); several
+  engines of the top priority on a core, up to the smallest ring among them there
+  (their ``streams_per_core``), never short of :data:`DEPTH`: then the core's room
+  runs out before any such engine's ring, so each time a place frees every engine
+  with work has an idle slot for it, and weights decide who takes it (were the room
+  larger, the rings would decide instead; engines with a ring of one slot take
+  turns). Rings of 4
   (``streams_per_core=4``) give the core more queued work to bridge the loop's round
   trip at each task's end; the default 2 keeps one task queued behind the running
   one, as a lone engine does. One engine alone on a core is bounded by its ring.
@@ -226,15 +229,16 @@ class Dispatcher:
         self._depth = {n: self._room(n) for n in self.records}
 
     def _room(self, number: int) -> int:
-        """Tasks a top-priority task may fill core ``number`` to: the smallest ring of
-        the top-priority engines there, at most :data:`TOP_DEPTH` and at least
-        :data:`DEPTH` (one engine alone on the core: its ring, as a lone engine's)."""
+        """Tasks a top-priority task may fill core ``number`` to: :data:`TOP_DEPTH`; with
+        several engines of the top priority there, the smallest of their rings, at
+        least :data:`DEPTH` (so weights decide among them); one engine alone on the
+        core: its ring, as a lone engine's."""
         on_core = [c for c in self.clients if number in c.lanes]
         rings = [len(c.lanes[number].slots) for c in on_core if c.priority >= self._top[number]]
-        if not rings:
-            return TOP_DEPTH
         if len(on_core) == 1:
             return rings[0]
+        if len(rings) < 2:  # (one engine of the top priority: nobody to share it with)
+            return TOP_DEPTH
         return max(DEPTH, min(TOP_DEPTH, *rings))
 
     def held(self, number: int) -> int:

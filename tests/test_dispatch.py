@@ -297,3 +297,16 @@ async def test_a_closing_engines_probe_does_not_start() -> None:
     await asyncio.sleep(0.05)
     feeds.assign()
     assert started == []
+
+
+def test_the_one_top_priority_engine_queues_behind_lower_tasks_at_once() -> None:
+    # A detector with the default ring of 2 on a core where a classifier keeps two
+    # tasks (its depth): its request starts at once, queued behind them, instead of
+    # waiting a round trip for one of them to end. Its ring bounds its own tasks.
+    started, low, high, feeds = low_and_high(high_slots=2)
+    low.queued = 5
+    feeds.assign()
+    assert started == ["low", "low"] and feeds.held(0) == DEPTH
+    high.queued = 3
+    feeds.assign()
+    assert started == ["low", "low", "high", "high"] and feeds.held(0) == TOP_DEPTH
