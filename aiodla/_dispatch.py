@@ -24,16 +24,19 @@ The rule:
 - **Depth.** A task of an engine below the top priority on a core (some engine on the
   core has a higher one) starts only while the core holds fewer than :data:`DEPTH`
   tasks of all engines together (assigned to a slot and not yet ended), and only while
-  the work the core has left, by the estimates, is at most that task's own time. So the
-  work queued on the core is never more than two such tasks' time: a task below the top
-  priority is never queued behind a long one (a detector's task that just started), and
-  when the rule holds it back, a timer lets it start as soon as the core's work left is
-  short enough, so the core does not idle meanwhile (every held-back task gets one). A
-  DLA task cannot be pre-empted, so this is what bounds the wait of urgent work: a
-  top-priority request waits for at most two task times of the longest lower-priority
-  model on the core, besides the top-priority work admitted before it, then runs. Its
-  latency is at most its own task time plus two task times of the longest
-  lower-priority model on the core (plus the loop's round trip). Engines of the top
+  the work the core has left, by the estimates, is at most :data:`LOWER_LEAD` (or that
+  task's own time, if shorter): the lead the loop needs to submit it before the core
+  runs dry. So the work queued on the core is never more than one such task and that
+  lead: a task below the top priority is never queued behind a long one (a detector's
+  task that just started), and when the rule holds it back, a timer lets it start as
+  soon as the core's work left is short enough, so the core does not idle meanwhile
+  (every held-back task gets one). A DLA task cannot be pre-empted, so this is what
+  bounds the wait of urgent work: a top-priority request waits for at most one task
+  time of the longest lower-priority model on the core plus :data:`LOWER_LEAD`,
+  besides the top-priority work admitted before it, then runs. Its latency is at most
+  its own task time plus that (plus the loop's round trip). (Until the lead was its
+  own, the rule let a task queue with its own time left on the core: two lower task
+  times ahead of urgent work, which was most of a detector's tail.) Engines of the top
   priority, which nobody can be kept waiting behind, may fill a core up to
   :data:`TOP_DEPTH` tasks (a detector's task queues behind the lower tasks already
   there at once, instead of waiting a round trip for one of them to end); several
@@ -82,11 +85,17 @@ if TYPE_CHECKING:
     from ._scheduler import Request, Scheduler
     from ._slots import CoreLane, Slot
 
-__all__ = ["DEPTH", "TOP_DEPTH", "Client", "Dispatcher", "FairShares", "Starter"]
+__all__ = ["DEPTH", "LOWER_LEAD", "TOP_DEPTH", "Client", "Dispatcher", "FairShares", "Starter"]
 
 # Tasks a core may hold when a task below the top priority starts: one running, one
 # queued behind it.
 DEPTH = 2
+# A task below the top priority queues behind the core's work only when that work has
+# at most this long left (or its own task time, if shorter): enough for the loop to
+# see the time come and submit it (a timer's lateness and a submission, a few hundred
+# microseconds on a loaded virtual machine), so the core does not idle, and no more,
+# since urgent work arriving meanwhile waits for it.
+LOWER_LEAD = 0.5e-3
 # Tasks a core may hold at most when a task of the top priority starts (fewer where an
 # engine of that priority has a smaller ring on the core: see the depth rule).
 TOP_DEPTH = 4
@@ -467,9 +476,10 @@ class Dispatcher:
         if held >= DEPTH:
             return False
         left = free - now
-        if left <= core.service_time:
+        lead = core.service_time if core.service_time < LOWER_LEAD else LOWER_LEAD
+        if left <= lead:
             return True
-        self._assign_at(now + left - core.service_time)
+        self._assign_at(now + left - lead)
         return False
 
     def _assign_at(self, when: float) -> None:

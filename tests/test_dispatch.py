@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from aiodla._core_record import CoreRecord
-from aiodla._dispatch import DEPTH, TOP_DEPTH, Client, Dispatcher, FairShares
+from aiodla._dispatch import DEPTH, LOWER_LEAD, TOP_DEPTH, Client, Dispatcher, FairShares
 from aiodla._life import EngineState
 
 from support import wait_until
@@ -310,3 +310,20 @@ def test_the_one_top_priority_engine_queues_behind_lower_tasks_at_once() -> None
     high.queued = 3
     feeds.assign()
     assert started == ["low", "low", "high", "high"] and feeds.held(0) == TOP_DEPTH
+
+
+def test_a_lower_task_of_a_long_model_waits_for_the_lead_not_its_own_time() -> None:
+    # A 10 ms classifier below a detector whose task has 5 ms left: under the old
+    # rule (work left at most its own time) it would queue now, and urgent work
+    # arriving meanwhile would wait 5 + 10 ms; it waits until LOWER_LEAD is left.
+    started, low, high, feeds = low_and_high(high_slots=1)
+    low.cores[0].service_time = 0.010
+    high.queued = 1
+    feeds.assign()
+    feeds.records[0].expected_free = time.monotonic() + 0.005
+    low.queued = 1
+    feeds.assign()
+    assert started == ["high"] and low.queued == 1
+    feeds.records[0].expected_free = time.monotonic() + LOWER_LEAD / 2
+    feeds.assign()
+    assert started == ["high", "low"]
