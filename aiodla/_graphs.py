@@ -117,8 +117,10 @@ class Graphs:
 
     def _give_up(self, slot: Slot, exc: BaseException) -> None:
         self.enabled = False
+        # By its text: a record keeps its arguments, and the exception's traceback holds
+        # the frames that submitted this request, and so its result (device memory).
         logger.warning(
-            "aiodla: capturing %r's stream work failed (%s); enqueuing each call from now on",
-            slot,
-            exc,
+            "aiodla: capturing %s's stream work failed (%s); enqueuing each call from now on",
+            repr(slot),
+            str(exc),
         )

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -190,6 +192,28 @@ class TestCaptureFails:
         assert "enqueuing each call from now on" in caplog.text
         assert runtime.invalid_releases == 0
         assert set(runtime.live_handles().values()) == {0}
+
+    async def test_the_warning_keeps_no_request_alive(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The capture's failure is logged by its text: the exception's traceback holds
+        the frames that submitted the first request, and through them its result, which
+        a log handler that keeps records (pytest's own, a memory handler) would keep
+        for as long as it keeps the record: device outputs never freed."""
+        runtime = EmulatedRuntime()
+        runtime.fail_call("begin_capture", 900)
+        with caplog.at_level(logging.WARNING, logger="aiodla"):
+            async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
+                y = await e.infer(inputs(1)[0])
+                assert not graphs_of(e).enabled
+                result = weakref.ref(y)
+                del y
+                await asyncio.sleep(0)  # (the loop's handle that woke this task holds it)
+                gc.collect()
+                assert result() is None
+        (record,) = [r for r in caplog.records if "enqueuing each call" in r.getMessage()]
+        assert not any(isinstance(arg, BaseException) for arg in record.args or ())
+        assert "begin_capture failed" in record.getMessage()
 
     async def test_a_call_the_capture_refuses_runs_outside_it(self) -> None:
         runtime = EmulatedRuntime()
