@@ -215,6 +215,8 @@ class _Stream:
         address, stall = self._address, self._options.stall_timeout
         last = time.monotonic()
         decoder = self._decoder
+        lost: VideoSourceError | None = None
+        array: _DeviceNV12 | None = None
         try:
             for packet in self._demuxer:
                 if address.live and time.monotonic() - last > stall:
@@ -235,9 +237,14 @@ class _Stream:
         except VideoSourceError:
             raise
         except Exception as exc:
-            raise _error(
-                address, f"was lost: {address.redact(str(exc))}", "lost", address.live
-            ) from None
+            lost = _error(address, f"was lost: {address.redact(str(exc))}", "lost", address.live)
+        finally:
+            # A lost stream's error holds this frame in its traceback, and the error is
+            # kept (the source's health, the user's exception): not the decoder with it
+            # (PyNvVideoCodec frees its surfaces only when it is destroyed), nor a picture.
+            decoder = frame = array = None
+        if lost is not None:
+            raise lost  # outside the handler: no context holding the decoder's failure
 
     def close(self) -> None:
         # Both free their resources when collected; dropping them here frees NVDEC's

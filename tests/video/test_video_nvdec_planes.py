@@ -167,3 +167,91 @@ def test_a_picture_without_two_planes_is_refused(nvdec: tuple[Any, HostCuda]) ->
         module._copied(frame, pool, 4, 4)
     pool.close()
     assert not cuda.buffers  # nothing was taken for it
+
+
+class FakeDecoder:
+    """A PyNvVideoCodec decoder as far as aiodla drives it: one pitched picture a packet;
+    ``fail_at`` makes that packet's Decode raise, as a lost stream does."""
+
+    def __init__(self, fail_at: int | None) -> None:
+        self.fail_at = fail_at
+        self.packets = 0
+
+    def Decode(self, packet: int) -> list[PitchedFrame]:
+        self.packets += 1
+        if self.packets == self.fail_at:
+            raise RuntimeError("the demuxer's connection dropped")
+        frame = PitchedFrame(np.full((8, 16), packet, np.uint8), np.zeros((4, 16), np.uint8), 32)
+        frame.getPTS = lambda: packet  # type: ignore[attr-defined]
+        return [frame]
+
+    def GetWidth(self) -> int:
+        return 16
+
+    def GetHeight(self) -> int:
+        return 8
+
+
+class FakeDemuxer:
+    def __init__(self, packets: int) -> None:
+        self.packets = packets
+
+    def __iter__(self) -> Any:
+        return iter(range(self.packets))
+
+    def GetNvCodecId(self) -> str:
+        return "cudaVideoCodec.H264"
+
+    def GetTimebaseNum(self) -> int:
+        return 1
+
+    def GetTimebaseDen(self) -> int:
+        return 30
+
+
+@pytest.mark.parametrize("end", ["read to its end", "closed midway", "lost"])
+def test_a_closed_stream_lets_its_decoder_go(
+    nvdec: tuple[Any, HostCuda], tmp_path: Any, end: str
+) -> None:
+    """NVDEC's surfaces are the decoder's (PyNvVideoCodec frees them when its decoder is
+    destroyed): once a stream is closed, however it ended, nothing of aiodla's may keep
+    the decoder, not even the error a lost stream raised (its traceback's frames)."""
+    import weakref
+
+    from aiodla._errors import VideoSourceError
+    from aiodla._video_address import parse_address
+    from aiodla._video_decoders import OpenOptions
+
+    module, cuda = nvdec
+    made: list[FakeDecoder] = []
+
+    def create_decoder(**options: Any) -> FakeDecoder:
+        made.append(FakeDecoder(fail_at=3 if end == "lost" else None))
+        return made[-1]
+
+    module.nvc.CreateDemuxer = lambda uri: FakeDemuxer(5)
+    module.nvc.CreateDecoder = create_decoder
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"")
+    options = OpenOptions(transport="tcp", stall_timeout=5.0, gpu=0)
+    stream = module.NvdecDecoder().open(parse_address(str(clip)), options)
+    decoder = weakref.ref(made.pop())
+    pictures = stream.pictures()
+    kept: list[Any] = []
+    error: VideoSourceError | None = None
+    try:
+        for picture in pictures:
+            kept.append(picture)
+            if end == "closed midway" and len(kept) == 2:
+                break
+    except VideoSourceError as exc:
+        error = exc
+    picture = None  # (the loop's last one)
+    del pictures  # (the reader's loop lets its generator go as it returns)
+    stream.close()
+    del stream
+    assert decoder() is None
+    assert len(kept) == {"read to its end": 5, "closed midway": 2, "lost": 2}[end]
+    assert (error is not None) == (end == "lost")
+    del kept
+    assert not cuda.buffers  # every picture's buffer went back to the closed pool, freed
