@@ -3,11 +3,18 @@
 In hybrid mode the DLA task reads the packed input on the slot's stream: a pack kernel
 launched on another stream, or returning before its work is ordered on the given one,
 would let the task read half-packed bytes. Each test here puts a kernel ahead of the
-launch, on the given stream, that waits 50 ms and only then writes the input; a kernel
-of aiodla's that ran anywhere but after it reads the input's earlier bytes (zeros), and
-its output differs from what numpy makes of the late bytes. Without the ordering these
-fail on any GPU whose streams run kernels side by side, with or without
-compute-sanitizer; each test first checks that this GPU does (require_overlap).
+launch, on the given stream, that waits 50 ms and only then writes the input, then waits
+for the given stream alone; a kernel of aiodla's that ran anywhere but after it reads
+the input's earlier bytes (zeros), and its output differs from what numpy makes of the
+late bytes.
+
+Every kernel is launched once beforehand (``warm_up``): with CUDA's lazy module loading
+(the default since CUDA 12.2) a function's first launch loads it, and loading may wait
+for the kernels already running on the device, so a first launch on a wrong stream
+would still start after the 50 ms kernel and the test could not fail. Without that
+warm-up, an H100 showed no overlap at all. Each test then checks that this GPU runs a
+warmed kernel on a second stream beside the waiting one (``require_overlap``), and
+skips, saying so, where it does not (a time-sliced virtual GPU, say).
 """
 
 from __future__ import annotations
@@ -57,15 +64,12 @@ def fill_late(kernel: Any, buffer: Any) -> None:
     )
 
 
-def require_overlap(kernel: Any, tmp_path: Path) -> None:
-    """Skip unless this GPU lets a kernel on another stream run while LATE_NS of
-    late_fill runs: a conversion launched on a second non-blocking stream must read the
-    early bytes. Where streams do not overlap (a time-sliced virtual GPU, say), a kernel
-    on the wrong stream would still read the late bytes, and these tests could not fail."""
-    tmp_path.mkdir(exist_ok=True)
-    spec = TensorSpec("probe", (1, 16, 1, 8), "float16", "chw16")
+def require_overlap(kernel: Any, kernels: ConversionKernels, spec: TensorSpec) -> None:
+    """Skip unless this GPU runs a warmed conversion launched on a second non-blocking
+    stream while LATE_NS of late_fill runs on the first: it must read the early bytes.
+    Where streams do not overlap, a kernel on the wrong stream would still read the late
+    bytes, and these tests could not fail."""
     half = np.dtype("float16")
-    kernels = ConversionKernels.compile([(spec, half)], [], cache_dir=tmp_path)
     first, second = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     with first:
         logical = cp.zeros(spec.shape, cp.float16)
@@ -81,13 +85,24 @@ def require_overlap(kernel: Any, tmp_path: Path) -> None:
         pytest.skip("kernels on two streams did not overlap on this GPU: stream order unseen")
 
 
+def warm_up(kernel: Any, *launches: Any) -> None:
+    """Launch late_fill and each of ``launches`` (callables taking a stream pointer) once,
+    and wait: every function is loaded before the tests time anything."""
+    scratch = cp.cuda.Stream(non_blocking=True)
+    with scratch:
+        buffer = cp.zeros(16, cp.uint8)
+        kernel((1,), (32,), (buffer, np.uint64(16), np.uint64(0), np.uint8(LATE_BYTE)))
+    for launch in launches:
+        launch(scratch.ptr)
+    scratch.synchronize()
+
+
 def late_bytes(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
     count = int(np.prod(shape)) * np.dtype(dtype).itemsize
     return np.frombuffer(bytes([LATE_BYTE]) * count, np.uint8).view(dtype).reshape(shape)
 
 
 def test_pack_and_unpack_follow_their_stream(late_fill: Any, tmp_path: Path) -> None:
-    require_overlap(late_fill, tmp_path / "probe")
     spec = TensorSpec("t", (1, 19, 5, 7), "float16", "chw16")
     half = np.dtype("float16")
     kernels = ConversionKernels.compile([(spec, half)], [(spec, half)], cache_dir=tmp_path)
@@ -98,8 +113,15 @@ def test_pack_and_unpack_follow_their_stream(late_fill: Any, tmp_path: Path) -> 
         raw = cp.zeros(spec.size, cp.uint8)
         unpacked = cp.zeros(spec.shape, cp.float16)
         stream.synchronize()
+    steps = tuple(s // half.itemsize for s in logical.strides)
+    warm_up(
+        late_fill,
+        lambda on: kernels.pack(spec, half, logical.data.ptr, steps, packed.data.ptr, on),
+        lambda on: kernels.unpack(spec, half, raw.data.ptr, unpacked.data.ptr, on),
+    )
+    require_overlap(late_fill, kernels, spec)
+    with stream:
         fill_late(late_fill, logical.view(cp.uint8))
-        steps = tuple(s // half.itemsize for s in logical.strides)
         kernels.pack(spec, half, logical.data.ptr, steps, packed.data.ptr, stream.ptr)
         fill_late(late_fill, raw)
         kernels.unpack(spec, half, raw.data.ptr, unpacked.data.ptr, stream.ptr)
@@ -111,7 +133,6 @@ def test_pack_and_unpack_follow_their_stream(late_fill: Any, tmp_path: Path) -> 
 
 
 def test_preprocess_follows_its_stream(late_fill: Any, tmp_path: Path) -> None:
-    require_overlap(late_fill, tmp_path / "probe")
     spec = TensorSpec("images", (1, 3, 32, 32), "float16", "chw16")
     pre = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
     kernels = PreprocessKernels.compile([(spec, pre)], cache_dir=tmp_path)
@@ -121,6 +142,24 @@ def test_preprocess_follows_its_stream(late_fill: Any, tmp_path: Path) -> None:
         frame = cp.zeros((height, width, 3), cp.uint8)
         out = cp.zeros(spec.size, cp.uint8)
         stream.synchronize()
+    warm_up(
+        late_fill,
+        lambda on: kernels.launch(spec, frame.data.ptr, height, width, width * 3, out.data.ptr, on),
+    )
+    probe = TensorSpec("probe", (1, 16, 1, 8), "float16", "chw16")
+    half = np.dtype("float16")
+    conversions = ConversionKernels.compile([(probe, half)], [], cache_dir=tmp_path / "probe")
+    with stream:
+        logical = cp.zeros(probe.shape, cp.float16)
+        packed = cp.zeros(probe.size, cp.uint8)
+        stream.synchronize()
+    steps = tuple(s // half.itemsize for s in logical.strides)
+    warm_up(
+        late_fill,
+        lambda on: conversions.pack(probe, half, logical.data.ptr, steps, packed.data.ptr, on),
+    )
+    require_overlap(late_fill, conversions, probe)
+    with stream:
         fill_late(late_fill, frame)
         kernels.launch(spec, frame.data.ptr, height, width, width * 3, out.data.ptr, stream.ptr)
         stream.synchronize()
