@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,29 @@ class TestDeviceArrays:
             assert runtime.counts.allocations == opened
 
 
+def holders(objects: list[Any], depth: int = 4) -> str:
+    """Who keeps ``objects`` alive: their referrers, and theirs, ``depth`` levels up
+    (the test's own locals left out), for the failure message."""
+    lines: list[str] = []
+    seen = {id(objects)}
+
+    def walk(obj: Any, level: int) -> None:
+        if level == depth:
+            return
+        for referrer in gc.get_referrers(obj):
+            if id(referrer) in seen or referrer is objects:
+                continue
+            seen.add(id(referrer))
+            text = repr(referrer).replace("\n", " ")[:160]
+            lines.append(f"{'  ' * level}{type(referrer).__name__}: {text}")
+            walk(referrer, level + 1)
+
+    for obj in objects:
+        lines.append(f"{obj!r} is held by:")
+        walk(obj, 1)
+    return "\n".join(lines)
+
+
 class TestOrderingAndMemory:
     async def test_the_producers_stream_is_ordered_first(self, real_gpu: None, torch: Any) -> None:
         # The producer writes on a side stream after a long sleep: read too early, the
@@ -151,9 +175,15 @@ class TestOrderingAndMemory:
             before = in_use()
             outputs = [await engine.infer(frame(i), output="device") for i in range(4)]
             assert in_use() >= before + 4 * outputs[0].nbytes
+            dropped = [weakref.ref(output) for output in outputs]
             del outputs
-            gc.collect()
+            # The loop's handle that woke this task still holds the last result's future
+            # until the task yields; then the tensors are gone and their memory is freed
+            # at once (cudaFreeAsync), which the synchronization in in_use() completes.
             await asyncio.sleep(0)
+            gc.collect()
+            alive = [output for ref in dropped if (output := ref()) is not None]
+            assert not alive, holders(alive)
             assert in_use() == before
 
 
