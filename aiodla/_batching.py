@@ -391,8 +391,12 @@ class Batcher:
         count = len(items)
         for k, spec in enumerate(self._inputs):
             batch = np.empty(spec.shape, spec.numpy_dtype)
-            for row, item in enumerate(items):
-                batch[row] = item.arrays[k][0]
+            # casting="same_kind" admitted values beyond the tensor's range: they become
+            # infinity here, quietly, as in an engine's own conversion (a warning raised
+            # as an error would leave the whole task's items waiting forever).
+            with np.errstate(over="ignore"):
+                for row, item in enumerate(items):
+                    batch[row] = item.arrays[k][0]
             batch[count:] = 0
             arrays.append(batch)
         if len(arrays) == 1:
