@@ -18,6 +18,7 @@ from aiodla import (
     ConfigurationError,
     Engine,
     EngineClosedError,
+    InputError,
     InputValueError,
     QueueFullError,
     RequestTimeoutError,
@@ -313,3 +314,37 @@ async def test_an_item_after_a_full_task_waits_its_own_delay() -> None:
     arrived = loop.time()
     await admit(N).result()
     assert len(ran_at) == 2 and ran_at[1] - arrived >= delay / 2
+
+
+class TestItemsChecked:
+    @pytest.mark.asyncio
+    async def test_by_the_engines_casting(self, aiodla_controls: DLAControls) -> None:
+        # 1e6 does not fit float16: "safe" refuses it, "same_kind" takes it (as inf).
+        big = {"a": np.full((1, 3, 2, 2), 1e6, np.float32), "b": np.zeros((1, 1, 2, 2), np.float32)}
+        for casting in ("safe", "same_kind"):
+            async with Engine(
+                two_inputs(),
+                runtime=aiodla_controls.runtime,
+                batch=Batching(max_delay=0),
+                casting=casting,
+            ) as engine:
+                if casting == "safe":
+                    with pytest.raises(InputValueError, match="a batched engine takes one item"):
+                        await engine.infer(big)
+                else:  # (quietly, as the engine's own conversion: the tests' warnings fail)
+                    got = await asyncio.wait_for(engine.infer(big), 10)
+                    assert np.isinf(got["out_a"]).all()
+
+    @pytest.mark.asyncio
+    async def test_an_empty_mapping_or_a_list_is_an_input_error(
+        self, aiodla_controls: DLAControls
+    ) -> None:
+        async with Engine(
+            two_inputs(), runtime=aiodla_controls.runtime, batch=Batching(max_delay=0)
+        ) as engine:
+            with pytest.raises(InputError, match="'a'"):
+                await engine.infer({})
+            listed = {"a": [[[[1.0, 2.0], [3.0, 4.0]]] * 3], "b": np.zeros((1, 1, 2, 2))}
+            got = await engine.infer(listed)  # a nested list is an array as well
+            np.testing.assert_array_equal(got["out_a"][0, 1], [[3.0, 5.0], [7.0, 9.0]])
+            assert engine.statistics().batching.completed == 1  # type: ignore[union-attr]

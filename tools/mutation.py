@@ -438,6 +438,22 @@ _EQUIVALENT_BY_MODULE.update(
             ),
             "x_open_batcher__mutmut_24": "the batcher keeps the outputs but never reads them",
             "xǁBatcherǁ_dispatch__mutmut_9": _FALSY,
+            **{f"xǁBatcherǁ__init____mutmut_{n}": _FALSY for n in (32, 38)},
+            "xǁBatcherǁ__init____mutmut_6": "the batcher keeps the outputs but never reads them",
+            **{
+                f"xǁBatcherǁ__init____mutmut_{n}": (
+                    "an item's spec serves check_array alone, which reads neither strides "
+                    "nor nbytes"
+                )
+                for n in (13, 14)
+            },
+            **{
+                f"xǁBatcherǁitem__mutmut_{n}": (
+                    "inputs_in_order gives one value per item spec: zip's strictness never acts"
+                )
+                for n in (37, 40, 41)
+            },
+            "xǁBatcherǁadmit__mutmut_1": "its one caller, Engine._admit, always passes wait",
         },
         "aiodla._offload.": {
             "xǁStepperǁfinish__mutmut_1": "a Protocol's default: the flow's own finish applies",
