@@ -45,7 +45,7 @@ class Opened:
     runtime: Runtime
     owns_runtime: bool  # chosen by name: the engine made it, and closes it
     resources: ResourceStack  # every handle, in order of creation
-    cores: list[CoreLane]
+    lanes: list[CoreLane]  # its lane on each core
     slots: list[Slot]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -110,7 +110,7 @@ class _Opening:
         self._records = records
         self.runtime = runtime
         self.resources = ResourceStack()
-        self.cores: list[CoreLane] = []
+        self.lanes: list[CoreLane] = []
         self.slots: list[Slot] = []
 
     def open(self, model: bytes, owned: bool) -> Opened:
@@ -138,18 +138,18 @@ class _Opening:
         inputs, outputs, preprocessing = self._specs(found)
         postprocess = open_postprocess(options, inputs, outputs)
         path = self._choose_path(inputs, outputs, preprocessing, postprocess)
-        self._open_slots(self.cores[0], path, inputs, outputs, preprocessing)
+        self._open_slots(self.lanes[0], path, inputs, outputs, preprocessing)
         for number in others:
             if self._open_core(number, stated, model) != found:
                 raise ModelError(
                     f"core {number} reports other tensor descriptors than core "
                     f"{first}; the same loadable must describe the same tensors"
                 )
-            self._open_slots(self.cores[-1], path, inputs, outputs, preprocessing)
+            self._open_slots(self.lanes[-1], path, inputs, outputs, preprocessing)
         take = None
         computes: ComputeFunctions | None = offers(runtime, ComputeFunctions)
         if computes is not None and any(
-            computes.module_computes(core.module) for core in self.cores
+            computes.module_computes(core.module) for core in self.lanes
         ):
             failure_of = computes.take_compute_failure
 
@@ -160,7 +160,7 @@ class _Opening:
             runtime,
             owned,
             self.resources,
-            self.cores,
+            self.lanes,
             self.slots,
             inputs,
             outputs,
@@ -189,7 +189,7 @@ class _Opening:
         """Core ``number``'s device and module; the tensor descriptors it reports."""
         runtime = self.runtime
         core = new_core(number, stated, self._options, self._records[number])
-        self.cores.append(core)
+        self.lanes.append(core)
         where = f"core {number}"
         core.device = self._create(
             where, number, runtime.create_device, runtime.destroy_device, number

@@ -66,7 +66,7 @@ class DeviceLayer(Protocol):
     event loop's thread.
     """
 
-    cores: list[CoreLane]
+    lanes: list[CoreLane]  # its lane on each core
     slots: list[Slot]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -138,7 +138,7 @@ class NotOpen:
     device says the engine is not open."""
 
     def __init__(self) -> None:
-        self.cores: list[CoreLane] = []
+        self.lanes: list[CoreLane] = []
         self.slots: list[Slot] = []
         self.inputs: tuple[TensorSpec, ...] = ()
         self.outputs: tuple[TensorSpec, ...] = ()

@@ -127,7 +127,7 @@ class Client:
     weight: float
     order: int  # ties go to the engine that joined first
     lanes: dict[int, CoreLane]  # its own lane on each core it uses, by core number
-    cores: list[CoreLane]  # the same lanes, in the order of its cores
+    own_lanes: list[CoreLane]  # the same lanes, in the order of its cores
     idle_slots: int  # its slots not assigned
     max_faults: int | None = None  # failures in a row that take a core out of rotation
     probe_interval: float = 1.0  # seconds between probes of a core out of rotation
@@ -264,7 +264,7 @@ class Dispatcher:
             if flow.life.state is not EngineState.OPEN:
                 return
             scheduler = flow.scheduler
-            cores = alone.cores
+            cores = alone.own_lanes
             while alone.idle_slots and scheduler.queued:
                 best: CoreLane | None = None
                 for core in cores:  # in rotation, with an idle slot, holding least
@@ -382,7 +382,7 @@ class Dispatcher:
             limit is None
             or not core.in_rotation
             or core.consecutive_failures < limit
-            or not any(other.in_rotation for other in client.cores if other is not core)
+            or not any(other.in_rotation for other in client.own_lanes if other is not core)
         ):
             return False
         core.in_rotation = False
@@ -403,12 +403,12 @@ class Dispatcher:
         """No core of ``client`` takes a request until :meth:`resume` (its worker
         process is replaced); no probe runs meanwhile."""
         self.cancel_probes(client)
-        for core in client.cores:
+        for core in client.own_lanes:
             core.in_rotation = False
 
     def resume(self, client: Client) -> None:
         """Every core of ``client`` is back in rotation with a clean record of faults."""
-        for core in client.cores:
+        for core in client.own_lanes:
             core.in_rotation = True
             core.consecutive_failures = 0
 
@@ -421,7 +421,7 @@ class Dispatcher:
 
     def cancel_probes(self, client: Client) -> None:
         """No probe of ``client``'s cores is due any more (it closes, or dies)."""
-        for core in client.cores:
+        for core in client.own_lanes:
             self._probes.pop(id(core), None)
 
     def _start_probes(self) -> None:

@@ -211,7 +211,7 @@ class Engine:
                 local = await open_local_device(self._model, choice, options, dla.records)
                 opened.append(local)
                 cores = local
-                completions = dla.poller_share(local.runtime, local.cores, options.priority)
+                completions = dla.poller_share(local.runtime, local.lanes, options.priority)
             postprocess = cores.postprocess  # (matched to the model once, as it opened)
             self._batcher = open_batcher(
                 options.batch,
@@ -500,7 +500,7 @@ class Engine:
 
     def __repr__(self) -> str:
         state = "dead" if self.dead else self._life.state.value
-        cores = self._device.cores
+        cores = self._device.lanes
         flow = self._flow
         if not cores or flow is None:
             return f"<Engine {state}>"

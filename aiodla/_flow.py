@@ -67,7 +67,7 @@ class Flow:
         self._die = die
         self.postprocess = device.postprocess  # Engine(postprocess=...), else None
         self.scheduler = Scheduler()
-        self.lanes = device.cores  # its lane on each core (the dispatcher reads them)
+        self.lanes = device.lanes  # its lane on each core (the dispatcher reads them)
         # A step runs in a worker thread when it would move more than ``offload_bytes``
         # on the host: a thread hop costs the loop less than copying megabytes, more
         # than a step with no copy. Packing is weighed per request (a device array or a
@@ -128,7 +128,7 @@ class Flow:
     def worker_replaced(self) -> None:
         """A new worker process serves: the cores are back, their estimates fresh."""
         self.dispatcher.resume(self.client)
-        for core in self.device.cores:
+        for core in self.device.lanes:
             forget(core)
             forget_completions(core)
         self.transition()

@@ -54,7 +54,7 @@ class Life:
         restarting = device.health()
         if restarting is not None:
             return restarting
-        cores = device.cores
+        cores = device.lanes
         out = tuple(core.core for core in cores if not core.in_rotation)
         if out:
             serving = [core.core for core in cores if core.in_rotation]

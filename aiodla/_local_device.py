@@ -118,7 +118,7 @@ class LocalDevice:
         self._runtime = opened.runtime
         self._owns_runtime = opened.owns_runtime
         self._resources = opened.resources
-        self.cores = opened.cores
+        self.lanes = opened.lanes
         self.slots = opened.slots
         self.inputs = opened.inputs
         self.outputs = opened.outputs
@@ -198,7 +198,7 @@ class LocalDevice:
         if keep:
             running = {
                 core.core: [slot for slot in core.slots if slot not in core.idle]
-                for core in self.cores
+                for core in self.lanes
                 if core.core in keep
             }
             threading.Thread(

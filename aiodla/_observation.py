@@ -47,7 +47,7 @@ def engine_statistics(
         rejected=scheduler.rejected,
         queued=scheduler.queued,
         in_flight=scheduler.in_progress,
-        cores=tuple(_core_statistics(core, now) for core in device.cores),
+        cores=tuple(_core_statistics(core, now) for core in device.lanes),
         latency=flow.latency.window.summary(),
         queue_wait=flow.queue_wait.window.summary(),
         latency_histogram=flow.latency.histogram.snapshot(),

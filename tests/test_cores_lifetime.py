@@ -58,7 +58,7 @@ class TestALoneEnginesOwnCores:
             # cores are those cores' records.
             (client,) = own.dispatcher.clients
             assert client.flow is engine._flow
-            lanes = engine._device.cores
+            lanes = engine._device.lanes
             assert [lane.record for lane in lanes] == [own.records[0], own.records[1]]
         assert own.state.value == "closed" and own.pollers == 0
         assert not its.is_alive()

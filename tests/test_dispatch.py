@@ -191,7 +191,7 @@ def client(priority: int, weight: float, order: int) -> Client:
         weight=weight,
         order=order,
         lanes={},
-        cores=[],
+        own_lanes=[],
         idle_slots=0,
     )
 

@@ -241,7 +241,7 @@ class TestOneOwner:
             assert all(e.options.streams_per_core == 2 for e in engines)
             # One record per physical core, shared by every engine's lane on it.
             for engine in engines:
-                lanes = engine._device.cores
+                lanes = engine._device.lanes
                 assert [lane.record for lane in lanes] == [dla.records[0], dla.records[1]]
             for engine in engines:
                 await engine.aclose()

@@ -147,12 +147,12 @@ class RemoteDevice:
             path = DevicePath(_NO_RUNTIME, zero_copy=False)
             path.fused = ready["fused"]
             self.path = path
-        self.cores: list[CoreLane] = []
+        self.lanes: list[CoreLane] = []
         self.slots: list[Slot] = []
         self._numbers: dict[int, int] = {}  # slot id -> its number in the worker
         for number in options.cores:
             core = new_core(number, self.stated_service_time, options, records[number])
-            self.cores.append(core)
+            self.lanes.append(core)
             for index in range(options.streams_per_core):
                 inputs = self._bindings(self.inputs, True)
                 slot = Slot(core, index, 0, 0, None, inputs, self._bindings(self.outputs, False))

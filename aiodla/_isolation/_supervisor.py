@@ -80,7 +80,7 @@ async def launch_worker(loop: asyncio.AbstractEventLoop, open_message: tuple[Any
 class Served(Protocol):
     """What the supervisor serves: the application's side of the worker's cores."""
 
-    cores: list[CoreLane]
+    lanes: list[CoreLane]
     slots: list[Slot]
 
     def bind_worker(self, ready: dict[str, Any], fd: int) -> None: ...
@@ -213,7 +213,7 @@ class Supervisor:
         pending.append(self._served.submission(slot))
         # Alone in the worker (light load), nothing can join its batch: it goes now,
         # not on the loop's next turn.
-        if sum(len(c.slots) - len(c.idle) for c in self._served.cores) <= 1:
+        if sum(len(c.slots) - len(c.idle) for c in self._served.lanes) <= 1:
             self._send_pending()
         elif len(pending) == 1:
             self._loop.call_soon(self._send_pending)
