@@ -22,7 +22,7 @@ from aiodla._trace import (
     install,
     uninstall,
 )
-from aiodla._trace_events import TRACE_FORMAT, CoresTrace, stream_tid
+from aiodla._trace_events import FRAME_FLOW_BASE, TRACE_FORMAT, CoresTrace, stream_tid
 
 from support import FakeCudaArray, X, affine_model
 from trace_format import check_trace_format
@@ -745,3 +745,33 @@ class TestFrameFlows:
         events = document["traceEvents"]
         assert [e["ts"] for e in events if e["name"] == "decode"] == [0.5e6]
         assert not any(e["name"] == "frame" for e in events)
+
+
+class TestFrameFlowIds:
+    def test_unique_in_a_cores_trace_and_none_missing_after_a_request_without_a_step(
+        self,
+    ) -> None:
+        # The first engine's two requests take ids 0 and 1; the second engine's frame
+        # flows are numbered after them. Its request 0 read frame 0 but ended before a
+        # step on the loop; its request 1 read frame 1 and packed on the loop.
+        first = recorded("a", 0.0, [1.0, 2.0])
+        buffers = [np.zeros(4, np.uint8) for _ in range(2)]
+        clock = Clock(0.0)
+        second = TraceRecorder("b", clock=clock)
+        for index, buffer in enumerate(buffers):
+            second.frame("cam", index, 0.5 + index / 10, 0.55 + index / 10, data_address(buffer))
+        never = Request(1.0, (buffers[0],))
+        second.assigned(never, slot(0, 0), 1.0)
+        second.ended(never, "cancelled")
+        reader = Request(2.0, (buffers[1],))
+        second.assigned(reader, slot(0, 0), 2.0)
+        clock.now = 2.1
+        second.packed(reader)
+        second.ended(reader, "completed")
+        assert second.frame_of == {0: 0, 1: 1}
+        document = CoresTrace([first, second]).trace_events()
+        check_trace_format(document)
+        flows = sorted(
+            (e["id"], e["ph"], e["pid"]) for e in document["traceEvents"] if e["name"] == "frame"
+        )
+        assert flows == [(FRAME_FLOW_BASE + 2 + 1, "f", 2), (FRAME_FLOW_BASE + 2 + 1, "s", 2)]
