@@ -82,7 +82,7 @@ constexpr uint32_t kDefaultTimeoutMs = 30000;   /* cuDLA's default task timeout 
 constexpr uint32_t kMaxTimeoutMs = 1000000;     /* 1000 s */
 constexpr uint64_t kRegisteredTag = 1ull << 56; /* as the emulated runtime: never a raw address */
 constexpr uint64_t kRegistrationAlignment = 32;
-constexpr uint32_t kThreads = 256;
+constexpr uint32_t kThreads = 512;
 /* 2: aiodlaStandinLiveResources, ...ReleasedByDestroy; 3: aiodlaStandinFailNextTask's
  * on_stream argument, aiodlaStandinContextError */
 constexpr uint32_t kAbiVersion = 3;
@@ -312,8 +312,11 @@ __device__ inline void run_mix(const ModuleTable& table, const TaskArgs& args) {
     }
 }
 
-/* One block: a task is one serial unit whose phases are separated by __syncthreads, and
- * emulator tensors are small enough that one block's threads cover them quickly. */
+/* One block: a task is one serial unit whose phases are separated by __syncthreads. Its
+ * kThreads threads (512: 16 warps to hide the latency of the index arithmetic; 256 left a
+ * 640x640 detector's heads 3 ms over their stated time on an H100) cover an emulator
+ * tensor; a core's waiting tasks each hold a block, so more would leave fewer SMs for
+ * the tasks queued on other streams. */
 __global__ void __launch_bounds__(kThreads) task_kernel(const TaskArgs args) {
     __shared__ TaskStart started;
     if (threadIdx.x == 0) started = begin_task(args, acquire_turn(args, now_ns()));

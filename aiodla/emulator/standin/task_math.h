@@ -455,6 +455,25 @@ AIODLA_HD inline bool in_picture(const TensorLayout* src, const uint8_t* in, uin
            differs_from_corner(*src, in, ((y + 1) * h - 1) / H, ((x + 1) * w - 1) / W);
 }
 
+/* The value of channel c (of `per`) of a cell with draw r at (h, w) of an H x W output:
+ * see detect_store. */
+AIODLA_HD inline double detect_value(uint64_t r, uint64_t threshold, uint64_t c, uint64_t per,
+                                     const TensorLayout* src, const uint8_t* in, uint64_t h,
+                                     uint64_t w, uint64_t H, uint64_t W) {
+    double y;
+    if ((r >> 48) >= threshold || !in_picture(src, in, h, w, H, W)) {
+        y = c == 4 ? -8.0 : 0.0;
+    } else if (c < 4) {
+        const uint32_t shift = c < 2 ? 8 * static_cast<uint32_t>(c) : 32 + 8 * (c - 2);
+        y = static_cast<double>((r >> shift) & 255) / 128.0 - 1.0;
+    } else if (c == 4) {
+        y = 4.0;
+    } else {
+        y = (c - 5 == (r >> 16) % (per - 5)) ? 4.0 : -4.0;
+    }
+    return y;
+}
+
 /* Output o of op detect, from the digest D and input 0 (`in`, laid out as `src`; both
  * null without inputs): three anchors of (5 + k) channels. Cell i = (a*H + y)*W + x has
  * draw r = F(K[o] + (i + 1) * G) and holds an object when r >> 48 < max(1, floor(16 *
@@ -472,6 +491,30 @@ AIODLA_HD inline void detect_store(const ModuleTable& table, uint32_t o, uint64_
     const uint64_t key = mix_finalize(digest + (static_cast<uint64_t>(o) + 1) * kMixOutputStep);
     uint64_t threshold = (kDetectObjects << 16) / (kDetectAnchors * plane);
     if (threshold < 1) threshold = 1;
+    /* The index arithmetic in 32 bits where every extent fits (a detector's heads always
+     * do): the same quotients, at a fraction of the GPU's 64-bit division cost, which
+     * dominated a 640x640 detector's task (6.8 ms for 3.8 ms stated on an H100). */
+    if (total <= 0xFFFFFFFFull) {
+        const uint32_t w32 = static_cast<uint32_t>(W), h32 = static_cast<uint32_t>(H);
+        const uint32_t c32 = static_cast<uint32_t>(C), per32 = static_cast<uint32_t>(per);
+        const uint32_t plane32 = static_cast<uint32_t>(plane), lanes = dst.lanes;
+        for (uint64_t e64 = index; e64 < total; e64 += count) {
+            const uint32_t e = static_cast<uint32_t>(e64);
+            const uint32_t w = e % w32;
+            const uint32_t h = (e / w32) % h32;
+            const uint32_t channel = (e / plane32) % c32;
+            const uint32_t a = channel / per32, c = channel % per32;
+            const uint64_t cell = static_cast<uint64_t>(a) * plane + h * W + w;
+            const uint64_t r = mix_finalize(key + (cell + 1) * kMixGolden);
+            const double y = detect_value(r, threshold, c, per, src, in, h, w, H, W);
+            const uint64_t offset = static_cast<uint64_t>(channel / lanes) * dst.surface +
+                                    static_cast<uint64_t>(h) * dst.line +
+                                    static_cast<uint64_t>(w) * dst.pixel +
+                                    static_cast<uint64_t>(channel % lanes) * dst.esize;
+            store_element(out + offset, dst.type, y);
+        }
+        return;
+    }
     for (uint64_t e = index; e < total; e += count) {
         const uint64_t w = e % W;
         const uint64_t h = (e / W) % H;
@@ -479,17 +522,7 @@ AIODLA_HD inline void detect_store(const ModuleTable& table, uint32_t o, uint64_
         const uint64_t a = channel / per, c = channel % per;
         const uint64_t cell = a * plane + h * W + w;
         const uint64_t r = mix_finalize(key + (cell + 1) * kMixGolden);
-        double y;
-        if ((r >> 48) >= threshold || !in_picture(src, in, h, w, H, W)) {
-            y = c == 4 ? -8.0 : 0.0;
-        } else if (c < 4) {
-            const uint32_t shift = c < 2 ? 8 * static_cast<uint32_t>(c) : 32 + 8 * (c - 2);
-            y = static_cast<double>((r >> shift) & 255) / 128.0 - 1.0;
-        } else if (c == 4) {
-            y = 4.0;
-        } else {
-            y = (c - 5 == (r >> 16) % (per - 5)) ? 4.0 : -4.0;
-        }
+        const double y = detect_value(r, threshold, c, per, src, in, h, w, H, W);
         store_element(out + element_offset(dst, 0, channel, h, w), dst.type, y);
     }
 }
