@@ -33,9 +33,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     done
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-STANDIN=/tmp/aiodla-standin
-[ -f "$STANDIN/libcudla.so.1" ] \
-    || python3 -m aiodla.emulator.standin_build "$STANDIN" > "$OUT/build.log" 2>&1
+STANDIN=/tmp/aiodla-standin-verify  # built from this tree, never an earlier call's
+rm -rf "$STANDIN"
+python3 -m aiodla.emulator.standin_build "$STANDIN" > "$OUT/build.log" 2>&1
 export AIODLA_STANDIN_LIB="$STANDIN/libcudla.so.1"
 [ -f "$AIODLA_STANDIN_LIB" ] || { echo "CHECK build: FAIL (see build.log)"; exit 1; }
 SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
