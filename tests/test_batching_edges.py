@@ -28,6 +28,8 @@ from aiodla._batching import Batcher, open_batcher
 from aiodla.emulator import make_loadable
 from aiodla.testing import DLAControls
 
+from support import wait_until
+
 N = 4
 A = TensorSpec("a", (N, 3, 2, 2), "float16", "nchw")
 B = TensorSpec("b", (N, 1, 2, 2), "float16", "nchw")
@@ -348,3 +350,66 @@ class TestItemsChecked:
             got = await engine.infer(listed)  # a nested list is an array as well
             np.testing.assert_array_equal(got["out_a"][0, 1], [[3.0, 5.0], [7.0, 9.0]])
             assert engine.statistics().batching.completed == 1  # type: ignore[union-attr]
+
+
+class TestAssemblyOrder:
+    @staticmethod
+    def batcher(ran: list[Any], delay: float = 10.0) -> Batcher:
+        async def run(arrays: Any) -> Any:
+            ran.append(arrays["a"][:, 0, 0, 0].tolist())
+            return {"out_a": np.zeros(OUT_A.shape), "out_b": np.zeros(OUT_B.shape)}
+
+        return Batcher(
+            Batching(max_delay=delay), (A, B), (OUT_A, OUT_B), run, "same_kind",
+            slots=4, max_queue=4, latency_window=8,
+        )  # fmt: skip
+
+    @staticmethod
+    def admit(batcher: Batcher, value: float) -> Any:
+        arrays = batcher.item(item(value))
+        assert arrays is not None
+        return batcher.admit(arrays, None)
+
+    @pytest.mark.asyncio
+    async def test_an_item_that_ended_while_waiting_is_skipped_not_a_stop(self) -> None:
+        ran: list[Any] = []
+        batcher = self.batcher(ran)
+        items = [self.admit(batcher, k) for k in range(3)]
+        batcher.end(items[1], "cancelled")  # its caller gave up: it stays in line, ended
+        items += [self.admit(batcher, k) for k in (3, 4)]  # four wait: a task goes
+        await asyncio.wait_for(asyncio.gather(*(i.future for i in items if i is not items[1])), 5)
+        assert ran == [[0.0, 2.0, 3.0, 4.0]]
+        await batcher.finished()
+        assert not batcher._tasks  # (an ended task is not kept)
+
+    @pytest.mark.asyncio
+    async def test_the_item_left_after_a_full_task_waits_for_its_delay(self) -> None:
+        # One slot: while a task runs, N + 1 items wait; when it ends, N of them go as a
+        # task and the one left waits for its own delay, even once that task ends too.
+        ran: list[Any] = []
+        answers: list[asyncio.Event] = []
+
+        async def run(arrays: Any) -> Any:
+            ran.append(arrays["a"][:, 0, 0, 0].tolist())
+            answers.append(asyncio.Event())
+            await answers[-1].wait()
+            return {"out_a": np.zeros(OUT_A.shape), "out_b": np.zeros(OUT_B.shape)}
+
+        batcher = Batcher(
+            Batching(max_delay=10.0), (A, B), (OUT_A, OUT_B), run, "same_kind",
+            slots=1, max_queue=4, latency_window=8,
+        )  # fmt: skip
+        items = [self.admit(batcher, k) for k in range(2 * N + 1)]
+        for task in (1, 2):
+            await wait_until(lambda: len(answers) == task)  # noqa: B023 (awaited here)
+            answers[-1].set()
+        await asyncio.wait_for(asyncio.gather(*(i.future for i in items[: 2 * N])), 5)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        stats = batcher.statistics()
+        assert (stats.tasks, stats.waiting, len(ran)) == (2, 1, 2)
+        batcher.flush()  # (rather than wait out the delay)
+        await wait_until(lambda: len(answers) == 3)
+        answers[-1].set()
+        await asyncio.wait_for(items[-1].future, 5)
+        assert ran[2] == [8.0, 0.0, 0.0, 0.0]

@@ -454,6 +454,16 @@ _EQUIVALENT_BY_MODULE.update(
                 for n in (37, 40, 41)
             },
             "xǁBatcherǁadmit__mutmut_1": "its one caller, Engine._admit, always passes wait",
+            "xǁBatcherǁ_send__mutmut_16": _FALSY,
+            "xǁBatcherǁ_send__mutmut_35": (
+                "RUNNING is only ever told apart from WAITING and DONE: None is neither too"
+            ),
+            **{
+                f"xǁBatcherǁ_assemble__mutmut_{n}": (
+                    "one array per input, made from the same list: zip's strictness never acts"
+                )
+                for n in (23, 26, 27)
+            },
         },
         "aiodla._offload.": {
             "xǁStepperǁfinish__mutmut_1": "a Protocol's default: the flow's own finish applies",
