@@ -413,3 +413,45 @@ class TestAssemblyOrder:
         answers[-1].set()
         await asyncio.wait_for(items[-1].future, 5)
         assert ran[2] == [8.0, 0.0, 0.0, 0.0]
+
+
+class TestATaskThatEndsWithoutRows:
+    @staticmethod
+    def batcher(run: Any) -> Batcher:
+        return Batcher(
+            Batching(max_delay=10.0), (A, B), (OUT_A, OUT_B), run, "same_kind",
+            slots=1, max_queue=4, latency_window=8,
+        )  # fmt: skip
+
+    @pytest.mark.asyncio
+    async def test_cancelled_from_outside_its_items_end_cancelled(self) -> None:
+        # As at the loop's shutdown: the task is cancelled while every item waits for
+        # its row; each item ends cancelled, once, and the task ends cancelled itself.
+        async def run(arrays: Any) -> Any:
+            await asyncio.Event().wait()
+
+        batcher = self.batcher(run)
+        items = [TestAssemblyOrder.admit(batcher, k) for k in range(N)]
+        (task,) = batcher._tasks
+        await asyncio.sleep(0)  # (the task awaits its run)
+        task.cancel()
+        await batcher.finished()
+        assert task.cancelled() and all(i.future.cancelled() for i in items)
+        stats = batcher.statistics()
+        assert (stats.cancelled, stats.running, stats.withdrawn, stats.failed) == (N, 0, 0, 0)
+
+    @pytest.mark.asyncio
+    async def test_failed_its_items_fail_and_the_task_ends_cleanly(self) -> None:
+        async def run(arrays: Any) -> Any:
+            raise RuntimeError("the engine broke")
+
+        batcher = self.batcher(run)
+        items = [TestAssemblyOrder.admit(batcher, k) for k in range(N)]
+        (task,) = batcher._tasks
+        await batcher.finished()
+        assert task.done() and not task.cancelled() and task.exception() is None
+        for each in items:
+            with pytest.raises(RuntimeError, match="the engine broke"):
+                each.future.result()
+        stats = batcher.statistics()
+        assert (stats.failed, stats.running, stats.withdrawn) == (N, 0, 0)
