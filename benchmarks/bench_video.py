@@ -27,7 +27,12 @@ target: ffmpeg all-in / (decode alone + engine alone) <= 1.1; (ii) / ffmpeg all-
 ``--streams N``: N streams of the clip, each taken at 30 frames/s (a frame's capture
 time is its slot on a 30 Hz clock; decoding runs ahead of it, so the decoder's CPU and
 throughput count, its own latency does not), newest frame wins, into ``Detect`` on both
-cores; per-stream delivered frame rate and p99 capture-to-boxes. The stand-in's task
+cores; per-stream delivered frame rate and p99 capture-to-boxes. Every stream's clock
+starts together (the worst case: sixteen frames arrive at once each interval), and a
+stream keeps up to ``PIPELINE`` (3) frames in flight, as a camera app that awaits each
+result in its own task does: the target allows three frame intervals from capture to
+boxes, so a frame still in flight when the next is captured is no reason to drop that
+one. A frame captured while three are in flight is dropped (newest wins). The stand-in's task
 time is ``--task-ms`` (3.8 ms, YOLOv5s on an Orin DLA core): two cores carry
 2 / 3.8 ms = 526 frames/s, above 16 x 30 = 480; the report also gives what the runtime
 itself sustains for that task on both cores with no engine (``device_floor_per_s``,
@@ -73,6 +78,7 @@ from aiodla.emulator._detector import PRESETS
 
 SIZE = (1080, 1920)
 FPS = 30
+PIPELINE = 3  # frames in flight a stream, at most: the p99 target's three intervals
 CORES = 2
 COMPUTE_THREADS = "aiodla-emulated-compute"
 
@@ -509,6 +515,16 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
                 buffers = opened.frame_buffers(8, (SIZE[0] * 3 // 2, SIZE[1]))
                 reader = PyAVFrames(clip, buffers, 10**9)
                 source = aiter(reader)
+            in_flight: set[asyncio.Future[None]] = set()
+
+            async def boxes(frame: Any, due: float) -> None:
+                try:
+                    await opened.infer(frame)
+                finally:
+                    if reader is not None:
+                        reader.release(frame)
+                latencies.append(time.perf_counter() - due)
+
             try:
                 slot = 0
                 while (due := begin + slot / FPS) < end:
@@ -518,14 +534,15 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
                         dropped += late
                         slot += late
                         continue
-                    frame = await anext(source)
-                    try:
-                        await opened.infer(frame)
-                    finally:
-                        if reader is not None:
-                            reader.release(frame)
-                    latencies.append(time.perf_counter() - due)
                     slot += 1
+                    if len(in_flight) >= PIPELINE:  # newest wins over a full pipeline
+                        dropped += 1
+                        continue
+                    frame = await anext(source)
+                    task = asyncio.ensure_future(boxes(frame, due))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                await asyncio.gather(*in_flight)
             finally:
                 if reader is None:
                     await camera.__aexit__(None, None, None)
