@@ -383,6 +383,21 @@ class TestAssemblyOrder:
         assert not batcher._tasks  # (an ended task is not kept)
 
     @pytest.mark.asyncio
+    async def test_an_item_whose_caller_just_gave_up_is_skipped_not_a_stop(self) -> None:
+        # Its caller's cancellation cancelled its future; the caller has not run since
+        # (to end the item) when the task is assembled.
+        ran: list[Any] = []
+        batcher = self.batcher(ran)
+        items = [self.admit(batcher, k) for k in range(3)]
+        items[1].future.cancel()
+        items.append(self.admit(batcher, 3))  # four in line: a task goes, of three
+        kept = [i.future for i in items if i is not items[1]]
+        await asyncio.wait_for(asyncio.gather(*kept), 5)
+        assert ran == [[0.0, 2.0, 3.0, 0.0]]
+        stats = batcher.statistics()
+        assert (stats.cancelled, stats.completed, stats.tasks) == (1, 3, 1)
+
+    @pytest.mark.asyncio
     async def test_the_item_left_after_a_full_task_waits_for_its_delay(self) -> None:
         # One slot: while a task runs, N + 1 items wait; when it ends, N of them go as a
         # task and the one left waits for its own delay, even once that task ends too.

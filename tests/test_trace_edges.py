@@ -775,3 +775,24 @@ class TestFrameFlowIds:
             (e["id"], e["ph"], e["pid"]) for e in document["traceEvents"] if e["name"] == "frame"
         )
         assert flows == [(FRAME_FLOW_BASE + 2 + 1, "f", 2), (FRAME_FLOW_BASE + 2 + 1, "s", 2)]
+
+
+class TestTimesAndCategories:
+    def test_times_are_rounded_to_the_nanosecond_and_slices_are_aiodlas(self) -> None:
+        clock = Clock(0.0)
+        recorder = TraceRecorder("r", clock=clock)
+        # Each step a millisecond and a fraction of a nanosecond off.
+        times = {"assigned": 1.0000012344, "packed": 1.0010012346, "submitted": 1.0020012344,
+                 "completed": 1.0030012346, "ended": 1.0040012344}  # fmt: skip
+        one_request(recorder, clock, times, slot(0, 0))
+        recorder.sweep(1.0025, [])
+        events = recorder.trace_events()["traceEvents"]
+        loop = [(e["name"], e["ts"], e["dur"]) for e in events if e["ph"] == "X" and e["tid"] == 1]
+        assert loop == [
+            ("pack", 1000001.234, 1000.001),
+            ("submit", 1001001.235, 999.999),
+            ("unpack", 1003001.235, 999.999),
+        ]
+        slices = [e for e in events if e["ph"] == "X"]
+        assert {e["name"] for e in slices} >= {"pack", "DLA task", "busy", "sweep"}
+        assert {e["cat"] for e in slices} == {"aiodla"}

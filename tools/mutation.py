@@ -418,6 +418,14 @@ _EQUIVALENT_BY_MODULE.update(
                 "ts and dur are whole nanoseconds (3 decimals of a microsecond): their sum "
                 "rounded to 4 decimals is the same whole nanosecond"
             ),
+            "x_stream_tid__mutmut_4": (
+                "another numbering of a core's stream tracks that keeps them apart, in "
+                "order and below their core's"
+            ),
+            "xǁEventWriterǁslice__mutmut_33": (
+                "us() rounds both ends to whole nanoseconds: their difference rounded to 4 "
+                "decimals is the same whole nanosecond"
+            ),
         },
         "aiodla._postprocess.": {
             **{
