@@ -19,7 +19,18 @@ import collections
 import dataclasses
 from typing import Any, Protocol
 
-__all__ = ["CoreRecord", "Lane", "Placed", "expect", "follow", "forget", "give_back", "take"]
+__all__ = [
+    "CoreRecord",
+    "Lane",
+    "Placed",
+    "busy_stated",
+    "expect",
+    "follow",
+    "forget",
+    "give_back",
+    "span",
+    "take",
+]
 
 
 @dataclasses.dataclass(eq=False)
@@ -30,6 +41,10 @@ class CoreRecord:
     number: int = -1
     held: int = 0  # slots assigned on this core, of every engine: tasks it holds or will
     expected_free: float = 0.0  # when it should finish what every engine gave it
+    # Busy-time accounting, over every engine's tasks: a task of one engine cannot have
+    # started before the core finished another engine's, so the bounds are the core's.
+    last_completion: float = 0.0  # when the poller last saw one of its tasks done
+    accounted_until: float = 0.0  # how far stated service times' busy figures reached
 
 
 class Lane(Protocol):
@@ -99,6 +114,34 @@ def follow(slot: Placed) -> None:
     slot.core.record.expected_free += offset
 
 
+def span(slot: Placed, now: float) -> tuple[float, bool]:
+    """``slot``'s task was seen done at ``now``: how long it may have run, from its
+    submission or from the core's task before it (of any engine), whichever is later;
+    and whether it has a span of its own (False: a second task of the core seen done in
+    the same sweep, which ended somewhere before ``now``)."""
+    record = slot.core.record
+    spanned = record.last_completion != now
+    elapsed = now - max(slot.submitted_at, record.last_completion)
+    record.last_completion = now
+    return elapsed, spanned
+
+
+def busy_stated(slot: Placed, now: float) -> float:
+    """The busy time of ``slot``'s task seen done at ``now``, its service time stated by
+    the loadable: the stated time from where the task could start (not before its
+    submission, nor before the core's earlier tasks of every engine as counted), never
+    past ``now``. The time its predecessor was seen done is no bound: seen late (a
+    batch, a loaded host), it would count the task short, and the core idle when it
+    never was; and a time stated long must not count a core busier than the clock."""
+    record = slot.core.record
+    start = max(slot.submitted_at, record.accounted_until)
+    busy: float = min(slot.core.service_time, max(0.0, now - start))
+    record.accounted_until = start + busy
+    return busy
+
+
 def forget(core: Lane) -> None:
-    """The worker process that ran ``core`` was replaced: what it was given is gone."""
+    """The worker process that ran ``core`` was replaced: what it was given is gone,
+    and its last completion is no bound on the next task's span."""
     core.record.expected_free = 0.0
+    core.record.last_completion = 0.0

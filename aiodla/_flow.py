@@ -28,7 +28,7 @@ from ._life import EngineState, Life
 from ._offload import pack, unpack
 from ._options import EngineOptions
 from ._scheduler import Outcome, Request, RequestState, Scheduler
-from ._slots import CoreLane, Slot, forget_completions
+from ._slots import CoreLane, Slot
 from ._statistics import Durations, failure_reason
 from ._trace import TraceRecorder
 
@@ -130,7 +130,6 @@ class Flow:
         self.dispatcher.resume(self.client)
         for core in self.device.lanes:
             forget(core)
-            forget_completions(core)
         self.transition()
 
     def fail_all(self) -> None:

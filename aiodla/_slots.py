@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._core_record import CoreRecord, follow
+from ._core_record import CoreRecord, busy_stated, follow, span
 from ._options import EngineOptions
 from ._statistics import BusyWindow, HistogramRecorder, LatencyWindow
 from .runtime._protocol import Runtime, cudla_status
@@ -23,7 +23,6 @@ __all__ = [
     "Slot",
     "account",
     "completion_probe",
-    "forget_completions",
     "new_core",
     "record_stages",
 ]
@@ -49,9 +48,6 @@ class CoreLane:
     completed: int = 0
     failed: int = 0
     busy_time: float = 0.0
-    last_completion: float = 0.0
-    # How far a stated service time's busy figures reached on this core's timeline.
-    accounted_until: float = 0.0
     service_time: float = DEFAULT_SERVICE_TIME  # estimated seconds per task on this core
     learn_service_time: bool = True  # False when the loadable states it
     # Recent task times as observed: each is the true time plus how late the poller
@@ -149,28 +145,17 @@ def completion_probe(runtime: Runtime) -> CompletionProbe:
 
 def account(slot: Slot, status: int, now: float) -> None:
     """Count one finished DLA task: the core's busy time and its service-time estimate
-    (the fault policy is the scheduler's)."""
+    (the fault policy is the dispatcher's)."""
     core = slot.core
-    # A task's span as observed: from its submission, or from the end of the core's
-    # task before it, to when it was seen done. A second task of the core seen done
-    # in the same batch has no span of its own (it ended somewhere before ``now``).
-    spanned = core.last_completion != now
-    elapsed = now - max(slot.submitted_at, core.last_completion)
-    core.last_completion = now
+    elapsed, spanned = span(slot, now)
     if slot.behind:
         follow(slot)
+    # The bounds of a task's span are the physical core's, over every engine on it: an
+    # engine's own last completion would count the other engines' tasks as its own.
     if core.learn_service_time:
         busy = elapsed if spanned else core.service_time
     else:
-        # A service time the loadable states is the truth for the busy figures, from
-        # where the task could start: not before its submission, nor before the core's
-        # earlier tasks as counted. The time its predecessor was seen done is no bound:
-        # seen late (a batch, a loaded host), it would count the task short, and the
-        # cores idle when they never were. Never past ``now``: a time stated long must
-        # not count a core busier than the clock allows.
-        start = max(slot.submitted_at, core.accounted_until)
-        busy = min(core.service_time, max(0.0, now - start))
-        core.accounted_until = start + busy
+        busy = busy_stated(slot, now)
     core.busy_time += busy
     core.busy_window.add(now, busy)
     if status:
@@ -195,9 +180,3 @@ def record_stages(
     if core.dla_times is not None and core.dla_histogram is not None:
         core.dla_times.add(stages[1])
         core.dla_histogram.add(stages[1])
-
-
-def forget_completions(core: CoreLane) -> None:
-    """The worker process that ran ``core`` was replaced: its last completion is not a
-    bound on the next task's span."""
-    core.last_completion = 0.0

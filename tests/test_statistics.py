@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from aiodla import EmulatedRuntime, Engine
+from aiodla._core_record import CoreRecord
 from aiodla._local_device import CoreLane, Slot
 from aiodla._slots import account
 from aiodla._statistics import LatencyWindow
@@ -130,3 +131,23 @@ def test_tasks_of_one_core_seen_done_together_are_accounted_one_service_time_eac
         assert core.service_time == 0.001
         assert core.busy_time == pytest.approx(0.002)
     assert core.completed == 2
+
+
+@pytest.mark.parametrize(("learn", "second_seen"), [(True, 0.002), (False, 0.0015)])
+def test_two_engines_tasks_on_one_physical_core_count_no_more_than_the_clock(
+    learn: bool, second_seen: float
+) -> None:
+    # Two engines' lanes on one physical core (one record), a task of each queued at t0
+    # with a 1 ms service time, the first seen done at t0 + 1 ms, the second later: the
+    # core was busy no longer than the clock ran. Bounded by each engine's own last
+    # completion, the second engine's task would count from t0, as if the core ran both
+    # at once, and a learned service time would take in the other engine's task.
+    record = CoreRecord(0)
+    lanes = [CoreLane(0, record, service_time=0.001, learn_service_time=learn) for _ in range(2)]
+    t0 = 100.0
+    first, second = (Slot(lane, 0, 0, 0, None, [], []) for lane in lanes)
+    first.submitted_at = second.submitted_at = t0
+    account(first, 0, t0 + 0.001)
+    account(second, 0, t0 + second_seen)
+    assert lanes[0].busy_time + lanes[1].busy_time == pytest.approx(second_seen)
+    assert lanes[1].service_time == pytest.approx(0.001)
