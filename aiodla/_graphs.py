@@ -108,19 +108,36 @@ class Graphs:
     def _end_quietly(self, stream: int) -> None:
         try:
             graph = self.runtime.end_capture(stream)
-        except Exception:  # an invalidated capture has no graph to destroy
+        except Exception as exc:  # an invalidated capture has no graph to destroy
+            forget_frames(exc)
             return
         try:
             self.runtime.destroy_graph(graph)
         except Exception as exc:
+            forget_frames(exc)
             logger.debug("aiodla: destroying a graph of a failed capture: %s", exc)
 
     def _give_up(self, slot: Slot, exc: BaseException) -> None:
         self.enabled = False
-        # By its text: a record keeps its arguments, and the exception's traceback holds
-        # the frames that submitted this request, and so its result (device memory).
+        forget_frames(exc)
+        # By its text: a record keeps its arguments (see forget_frames for why).
         logger.warning(
             "aiodla: capturing %s's stream work failed (%s); enqueuing each call from now on",
             repr(slot),
             str(exc),
         )
+
+
+def forget_frames(exc: BaseException) -> None:
+    """Drop the tracebacks of a capture's failure that the engine handled, and of the
+    failures it happened during. A traceback holds the frames from where it was
+    caught down, and each frame its callers (the submission of a request: the
+    request, and so its result, device memory on a GPU). The runtime or its bindings
+    may keep the error they raised (a last error, an error made once and raised
+    again): through its traceback the request would never be freed."""
+    seen: set[int] = set()
+    failure: BaseException | None = exc
+    while failure is not None and id(failure) not in seen:
+        seen.add(id(failure))
+        failure.__traceback__ = None
+        failure = failure.__cause__ or failure.__context__

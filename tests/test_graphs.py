@@ -215,6 +215,48 @@ class TestCaptureFails:
         assert not any(isinstance(arg, BaseException) for arg in record.args or ())
         assert "begin_capture failed" in record.getMessage()
 
+    @pytest.mark.parametrize("point", ["begin_capture", "in_the_capture", "end_capture"])
+    async def test_a_kept_error_keeps_no_request_alive(self, point: str) -> None:
+        """A runtime, or its bindings, may keep the error it raised (a cached last
+        error, an error object made once): its traceback must not hold the frames that
+        submitted the request, which hold the request and its result (pool memory on a
+        GPU, never freed). Each place a capture can fail, with device outputs; the slot,
+        the statistics and every request are unharmed."""
+        runtime = EmulatedRuntime()
+        kept = CudaCallError(point, 900)  # cudaErrorStreamCaptureUnsupported
+        xs = inputs(4)
+        async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
+            if point == "in_the_capture":
+                path = e._device.path
+                assert path is not None
+                real = path.enqueue_inputs
+                raised: list[BaseException] = []
+
+                def refused(slot: Any) -> None:
+                    if not raised:
+                        raised.append(kept)
+                        raise kept
+                    real(slot)
+
+                path.enqueue_inputs = refused  # type: ignore[method-assign]
+            else:
+                runtime.fail_call(point, kept)
+            ys = [await e.infer(x, output="device") for x in xs]
+            assert not graphs_of(e).enabled
+            for x, y in zip(xs, ys, strict=True):
+                np.testing.assert_array_equal(y.to_host(), expected_affine(x))
+            results = [weakref.ref(y) for y in ys]
+            del ys, y
+            await asyncio.sleep(0)  # (the loop's handle that woke this task holds one)
+            gc.collect()
+            assert [ref() for ref in results if ref() is not None] == []
+            stats = e.statistics()
+            assert (stats.completed, stats.failed) == (len(xs), 0)
+            assert counts_add_up(stats)
+            assert all_idle(e)
+        assert runtime.live_handles()["graphs"] == 0
+        assert runtime.invalid_releases == 0
+
     async def test_a_call_the_capture_refuses_runs_outside_it(self) -> None:
         runtime = EmulatedRuntime()
         async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
