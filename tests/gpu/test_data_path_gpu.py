@@ -123,14 +123,16 @@ class TestDeviceArrays:
             assert runtime.counts.allocations == opened
 
 
-def holders(objects: list[Any], depth: int = 4) -> str:
+def holders(objects: list[Any], depth: int = 14, most: int = 400) -> str:
     """Who keeps ``objects`` alive: their referrers, and theirs, ``depth`` levels up
-    (the test's own locals left out), for the failure message."""
+    (the test's own locals left out), at most ``most`` lines, for the failure message.
+    Deep enough to pass a request's submitting frames (six, each the next one's
+    f_back) and reach what holds them: a traceback, its exception and its keeper."""
     lines: list[str] = []
     seen = {id(objects)}
 
     def walk(obj: Any, level: int) -> None:
-        if level == depth:
+        if level == depth or len(lines) >= most:
             return
         for referrer in gc.get_referrers(obj):
             if id(referrer) in seen or referrer is objects:
