@@ -215,27 +215,34 @@ class TestCaptureFails:
         assert not any(isinstance(arg, BaseException) for arg in record.args or ())
         assert "begin_capture failed" in record.getMessage()
 
-    @pytest.mark.parametrize("point", ["begin_capture", "in_the_capture", "end_capture"])
+    @pytest.mark.parametrize(
+        "point", ["begin_capture", "in_the_capture", "end_capture", "ending_a_refused_capture"]
+    )
     async def test_a_kept_error_keeps_no_request_alive(self, point: str) -> None:
         """A runtime, or its bindings, may keep the error it raised (a cached last
         error, an error object made once): its traceback must not hold the frames that
         submitted the request, which hold the request and its result (pool memory on a
-        GPU, never freed). Each place a capture can fail, with device outputs; the slot,
-        the statistics and every request are unharmed."""
+        GPU, never freed). Each place a capture can fail, with device outputs (and, as
+        on CUDA, a capture a refused call invalidated failing to end); the slot, the
+        statistics and every request are unharmed."""
         runtime = EmulatedRuntime()
         kept = CudaCallError(point, 900)  # cudaErrorStreamCaptureUnsupported
         xs = inputs(4)
         async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
-            if point == "in_the_capture":
+            if point in ("in_the_capture", "ending_a_refused_capture"):
                 path = e._device.path
                 assert path is not None
                 real = path.enqueue_inputs
                 raised: list[BaseException] = []
+                refusal = kept
+                if point == "ending_a_refused_capture":
+                    refusal = CudaCallError("cudaMemcpyAsync", 900)
+                    runtime.fail_call("end_capture", kept)  # (CUDA: 901, invalidated)
 
                 def refused(slot: Any) -> None:
                     if not raised:
-                        raised.append(kept)
-                        raise kept
+                        raised.append(refusal)
+                        raise refusal
                     real(slot)
 
                 path.enqueue_inputs = refused  # type: ignore[method-assign]
