@@ -81,31 +81,45 @@ class Graphs:
 
     def _capture(self, slot: Slot, work: Callable[..., None], args: tuple[Any, ...]) -> Any:
         """The graph of ``work(*args)`` on the slot's stream; None when capturing failed
-        (from then on this engine enqueues call by call)."""
+        (from then on this engine enqueues call by call).
+
+        A failure is handled by its text, after its ``except`` ended: what runs then
+        (ending the capture, the log's handlers) cannot keep the exception being handled
+        (``sys.exc_info()``) and, through its traceback, this request (see
+        :func:`forget_frames`)."""
         runtime = self.runtime
         stream = slot.stream
+        failure = None
         try:
             runtime.begin_capture(stream)
         except Exception as exc:
-            self._give_up(slot, exc)
+            failure = forget_frames(exc)
+        if failure is not None:
+            self._give_up(slot, failure)
             return None
         try:
             work(*args)
         except Exception as exc:
-            # Nothing ran (the calls were being recorded): stop capturing. A call the
-            # capture refused runs outside it; any other failure is the request's own.
-            self._end_quietly(stream)
+            # Nothing ran (the calls were being recorded). A call the capture refused
+            # runs outside it; any other failure is the request's own.
             if getattr(exc, "code", None) not in CAPTURE_REFUSED:
+                self._end_quietly(stream)
                 raise
-            self._give_up(slot, exc)
+            failure = forget_frames(exc)
+        if failure is not None:
+            self._end_quietly(stream)
+            self._give_up(slot, failure)
             return None
         try:
             return runtime.end_capture(stream)
         except Exception as exc:
-            self._give_up(slot, exc)
-            return None
+            failure = forget_frames(exc)
+        self._give_up(slot, failure)
+        return None
 
     def _end_quietly(self, stream: int) -> None:
+        """Stop capturing after a failure, whatever state the capture is in."""
+        failure = None
         try:
             graph = self.runtime.end_capture(stream)
         except Exception as exc:  # an invalidated capture has no graph to destroy
@@ -114,30 +128,31 @@ class Graphs:
         try:
             self.runtime.destroy_graph(graph)
         except Exception as exc:
-            forget_frames(exc)
-            logger.debug("aiodla: destroying a graph of a failed capture: %s", exc)
+            failure = forget_frames(exc)
+        if failure is not None:
+            logger.debug("aiodla: destroying a graph of a failed capture: %s", failure)
 
-    def _give_up(self, slot: Slot, exc: BaseException) -> None:
+    def _give_up(self, slot: Slot, failure: str) -> None:
         self.enabled = False
-        forget_frames(exc)
         # By its text: a record keeps its arguments (see forget_frames for why).
         logger.warning(
             "aiodla: capturing %s's stream work failed (%s); enqueuing each call from now on",
             repr(slot),
-            str(exc),
+            failure,
         )
 
 
-def forget_frames(exc: BaseException) -> None:
-    """Drop the tracebacks of a capture's failure that the engine handled, and of the
-    failures it happened during. A traceback holds the frames from where it was
-    caught down, and each frame its callers (the submission of a request: the
-    request, and so its result, device memory on a GPU). The runtime or its bindings
-    may keep the error they raised (a last error, an error made once and raised
-    again): through its traceback the request would never be freed."""
+def forget_frames(exc: BaseException) -> str:
+    """The text of a capture's failure that the engine handled, with its traceback
+    (and those of the failures it happened during) dropped. A traceback holds the
+    frames from where it was caught down, and each frame its callers (the submission
+    of a request: the request, and so its result, device memory on a GPU). The runtime
+    or its bindings may keep the error they raised (a last error, an error made once
+    and raised again): through its traceback the request would never be freed."""
     seen: set[int] = set()
     failure: BaseException | None = exc
     while failure is not None and id(failure) not in seen:
         seen.add(id(failure))
         failure.__traceback__ = None
         failure = failure.__cause__ or failure.__context__
+    return str(exc)

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import sys
 import threading
 import weakref
 from typing import Any
@@ -263,6 +264,57 @@ class TestCaptureFails:
             assert all_idle(e)
         assert runtime.live_handles()["graphs"] == 0
         assert runtime.invalid_releases == 0
+
+    @pytest.mark.parametrize("point", ["begin_capture", "in_the_capture", "end_capture"])
+    async def test_nothing_called_after_a_failure_sees_it_handled(self, point: str) -> None:
+        """What the engine calls once a capture failed (ending the capture, the log's
+        handlers) runs after the failure's handling ended: a binding or a handler that
+        keeps the exception being handled (``sys.exc_info()``: its traceback object
+        itself, which dropping the exception's ``__traceback__`` does not free) keeps
+        no request's frames, and so no result."""
+        runtime = EmulatedRuntime()
+        seen: list[Any] = []
+
+        class Keeping(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                seen.append(sys.exc_info())
+
+        xs = inputs(4)
+        handler = Keeping(logging.WARNING)
+        logging.getLogger("aiodla").addHandler(handler)
+        try:
+            async with Engine(affine_model(), runtime=runtime, **one_slot()) as e:
+                if point == "in_the_capture":
+                    path = e._device.path
+                    assert path is not None
+                    real, end = path.enqueue_inputs, runtime.end_capture
+                    refusals = [CudaCallError("cudaMemcpyAsync", 900)]
+
+                    def refused(slot: Any) -> None:
+                        if refusals:
+                            raise refusals.pop()
+                        real(slot)
+
+                    def ending(stream: int) -> Any:
+                        seen.append(sys.exc_info())
+                        return end(stream)
+
+                    path.enqueue_inputs = refused  # type: ignore[method-assign]
+                    runtime.end_capture = ending  # type: ignore[method-assign]
+                else:
+                    runtime.fail_call(point, 900)
+                ys = [await e.infer(x, output="device") for x in xs]
+                assert not graphs_of(e).enabled
+                results = [weakref.ref(y) for y in ys]
+                del ys
+                await asyncio.sleep(0)  # (the loop's handle that woke this task holds one)
+                gc.collect()
+                assert [ref() for ref in results if ref() is not None] == []
+                assert counts_add_up(e.statistics())
+        finally:
+            logging.getLogger("aiodla").removeHandler(handler)
+        assert seen  # the handler, and the end of the capture, were called
+        assert runtime.live_handles()["graphs"] == 0
 
     async def test_a_call_the_capture_refuses_runs_outside_it(self) -> None:
         runtime = EmulatedRuntime()
