@@ -129,6 +129,21 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_postprocess_matching.py",
         ],
     ),
+    # Issue 44's last: the shared cores' modules, as "One owner for each DLA core" made them.
+    **{
+        name: (
+            f"aiodla/_{name}.py",
+            [
+                "tests/test_estimates.py",
+                "tests/test_dispatch.py",
+                "tests/test_shared_poller.py",
+                "tests/test_scheduler.py",
+                "tests/test_shared_cores.py",
+                "tests/test_core_choice.py",
+            ],
+        )
+        for name in ("core_record", "dispatch", "shared_cores")
+    },
     # Not one of the three above (issue 34's list): where the HTTP byte budget went.
     "budget": (
         "aiodla/serve/_budget.py",
