@@ -140,6 +140,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                 "tests/test_scheduler.py",
                 "tests/test_shared_cores.py",
                 "tests/test_core_choice.py",
+                "tests/test_statistics.py",
+                "tests/test_accounting.py",
+                "tests/test_core_record.py",
             ],
         )
         for name in ("core_record", "dispatch", "shared_cores")
@@ -486,6 +489,19 @@ _EQUIVALENT_BY_MODULE.update(
                     "one array per input, made from the same list: zip's strictness never acts"
                 )
                 for n in (23, 26, 27)
+            },
+        },
+        "aiodla._core_record.": {
+            "x_take__mutmut_6": (
+                "assigned_total only breaks ties between lanes, each counted by the same "
+                "step: the order is the same"
+            ),
+            **{
+                f"x_forget__mutmut_{n}": (
+                    "1.0 as 0.0: a time before any submission on the loop's clock, which "
+                    "every later time passes"
+                )
+                for n in (2, 4)
             },
         },
         "aiodla._offload.": {
