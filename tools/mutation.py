@@ -494,10 +494,6 @@ _EQUIVALENT_BY_MODULE.update(
         "aiodla._core_record.": {
             "x_expect__mutmut_4": "behind is only tested for truth until the poller sets it",
             "x_expect__mutmut_11": "free equal to now: free + service_time is now + service_time",
-            "x_take__mutmut_6": (
-                "assigned_total only breaks ties between lanes, each counted by the same "
-                "step: the order is the same"
-            ),
             **{
                 f"x_forget__mutmut_{n}": (
                     "1.0 as 0.0: a time before any submission on the loop's clock, which "
