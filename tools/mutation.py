@@ -145,8 +145,22 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                 "tests/test_core_record.py",
             ],
         )
-        for name in ("core_record", "dispatch", "shared_cores")
+        for name in ("core_record", "dispatch")
     },
+    "shared_cores": (
+        "aiodla/_shared_cores.py",
+        [
+            "tests/test_shared_cores.py",
+            "tests/test_cores_lifetime.py",
+            "tests/test_shared_poller.py",
+            "tests/test_dispatch.py",
+            "tests/test_core_choice.py",
+            "tests/test_trace.py",
+            "tests/test_trace_edges.py",
+            "tests/test_reliability.py",
+            "tests/test_fault_policy.py",
+        ],
+    ),
     # Not one of the three above (issue 34's list): where the HTTP byte budget went.
     "budget": (
         "aiodla/serve/_budget.py",
