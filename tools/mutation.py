@@ -151,6 +151,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "aiodla/_shared_cores.py",
         [
             "tests/test_shared_cores.py",
+            "tests/test_shared_cores_refusals.py",
             "tests/test_cores_lifetime.py",
             "tests/test_shared_poller.py",
             "tests/test_dispatch.py",

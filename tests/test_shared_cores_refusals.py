@@ -1,0 +1,50 @@
+"""An engine refused at its open on shared cores, word for word (issue 44's mutation run
+of ``_shared_cores``: the refusals were matched by a part): cores not open yet, a
+``trust_compute`` of the engine's own, process isolation on a runtime instance."""
+
+from __future__ import annotations
+
+import pytest
+
+import aiodla
+from aiodla import ConfigurationError, Cores, EmulatedRuntime, Engine, EngineClosedError
+
+from support import affine_model
+
+
+@pytest.mark.asyncio
+async def test_cores_not_open_yet(runtime: EmulatedRuntime) -> None:
+    dla = Cores([0, 1], runtime=runtime)
+    engine = Engine(affine_model(), cores=dla)
+    with pytest.raises(EngineClosedError) as refused:
+        await engine.open()
+    assert str(refused.value) == (
+        "the shared cores are new: open them first ('async with aiodla.Cores(...) as dla')"
+    )
+    assert engine.state is aiodla.EngineState.CLOSED
+
+
+@pytest.mark.asyncio
+async def test_trust_compute_of_the_engines_own(runtime: EmulatedRuntime) -> None:
+    async with Cores([0, 1], runtime=runtime) as dla:
+        engine = Engine(affine_model(), cores=dla, trust_compute=True)
+        with pytest.raises(ConfigurationError) as refused:
+            await engine.open()
+        assert str(refused.value) == (
+            "trust_compute applies to the runtime of the shared cores: "
+            "aiodla.Cores(..., trust_compute=True)"
+        )
+        assert dla.engines == 0
+
+
+@pytest.mark.asyncio
+async def test_process_isolation_on_a_runtime_instance(runtime: EmulatedRuntime) -> None:
+    async with Cores([0, 1], runtime=runtime) as dla:
+        engine = Engine(affine_model(), cores=dla, isolation="process")
+        with pytest.raises(ConfigurationError) as refused:
+            await engine.open()
+        assert str(refused.value) == (
+            "isolation='process' on shared cores needs the runtime by name "
+            "(aiodla.Cores(runtime='auto' | 'cuda' | 'emulated'))"
+        )
+        assert dla.engines == 0
