@@ -48,3 +48,14 @@ async def test_process_isolation_on_a_runtime_instance(runtime: EmulatedRuntime)
             "(aiodla.Cores(runtime='auto' | 'cuda' | 'emulated'))"
         )
         assert dla.engines == 0
+
+
+@pytest.mark.asyncio
+async def test_cores_and_a_subset_read_as_their_numbers_and_say_what_they_hold(
+    runtime: EmulatedRuntime,
+) -> None:
+    dla = Cores([0, 1], runtime=runtime)
+    assert list(dla) == [0, 1] and list(dla.subset([1])) == [1]
+    async with dla, Engine(affine_model(), cores=dla.subset([1])):
+        assert repr(dla) == "<aiodla.Cores open [0: 0 held, 1: 0 held] engines=1>"
+        assert repr(dla.subset([1])) == f"<aiodla.CoreSet [1] of {dla!r}>"
