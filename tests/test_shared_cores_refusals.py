@@ -4,12 +4,13 @@ of ``_shared_cores``: the refusals were matched by a part): cores not open yet, 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import aiodla
 from aiodla import ConfigurationError, Cores, EmulatedRuntime, Engine, EngineClosedError
 
-from support import affine_model
+from support import X, affine_model
 
 
 @pytest.mark.asyncio
@@ -59,3 +60,24 @@ async def test_cores_and_a_subset_read_as_their_numbers_and_say_what_they_hold(
     async with dla, Engine(affine_model(), cores=dla.subset([1])):
         assert repr(dla) == "<aiodla.Cores open [0: 0 held, 1: 0 held] engines=1>"
         assert repr(dla.subset([1])) == f"<aiodla.CoreSet [1] of {dla!r}>"
+
+
+@pytest.mark.asyncio
+async def test_cores_opened_twice_or_given_a_trust_compute_not_bool(
+    runtime: EmulatedRuntime,
+) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        Cores([0, 1], runtime=runtime, trust_compute="yes")  # type: ignore[arg-type]
+    assert str(refused.value) == "trust_compute='yes' must be a bool"
+    async with Cores([0, 1], runtime=runtime) as dla:
+        with pytest.raises(aiodla.AiodlaError) as again:
+            await dla.open()
+        assert str(again.value) == "the cores are open; open them once"
+
+
+@pytest.mark.asyncio
+async def test_cores_choose_their_runtime_by_default() -> None:
+    # runtime="auto": the emulated runtime where no DLA answers, as an engine's own.
+    async with Cores([0, 1]) as dla, Engine(affine_model(), cores=dla) as engine:
+        await engine.infer(np.ones(X.shape, np.float32))
+        assert engine.statistics().completed == 1

@@ -506,6 +506,9 @@ _EQUIVALENT_BY_MODULE.update(
                 for n in (23, 26, 27)
             },
         },
+        "aiodla._shared_cores.": {
+            **{f"xǁCoresǁ__init____mutmut_{n}": _FALSY for n in (11, 12)},
+        },
         "aiodla._core_record.": {
             "x_expect__mutmut_4": "behind is only tested for truth until the poller sets it",
             "x_expect__mutmut_11": "free equal to now: free + service_time is now + service_time",
