@@ -388,7 +388,9 @@ class LocalDevice:
         try:
             self._runtime.record_event(slot.event, slot.stream)
         except Exception as exc:
-            logger.error("aiodla: %r retired: %s", slot, exc)
+            # By its text: a kept record would keep the error, whose traceback holds the
+            # frames that submitted the request, and so the request.
+            logger.error("aiodla: %r retired: %s", slot, str(exc))
             return False
         slot.submitted_at = slot.expected_done = now
         return True

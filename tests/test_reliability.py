@@ -379,3 +379,39 @@ class TestAfterClose:
         assert handles_released(runtime)
         with pytest.raises(EngineClosedError):
             await engine.infer(ONES)
+
+
+class TestLoggedFailuresKeepNothing:
+    @pytest.mark.asyncio
+    async def test_a_retired_slots_log_record_holds_no_error(
+        self, leaky_runtime: EmulatedRuntime
+    ) -> None:
+        # A submission fails, then marking the end of what reached the stream fails too:
+        # the slot is retired and logged. A handler that keeps the record (a test's log
+        # capture, an application's buffer) must not keep the error, whose traceback
+        # holds the frames that submitted the request, and so the request and its input.
+        runtime = leaky_runtime
+        kept: list[logging.LogRecord] = []
+
+        class Keeper(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                kept.append(record)
+
+        keeper = Keeper(logging.ERROR)
+        logging.getLogger("aiodla").addHandler(keeper)
+        try:
+            async with Engine(
+                affine_model(), runtime=runtime, streams_per_core=1, close_timeout=0.2
+            ) as engine:
+                runtime.fail_call("submit_task", 2)
+                runtime.fail_call("record_event", 999)
+                with pytest.raises(DeviceError, match="submitting the request failed"):
+                    await engine.infer(ONES)
+                retired = [r for r in kept if "retired" in r.getMessage()]
+                assert retired, [r.getMessage() for r in kept]
+                for record in retired:
+                    held = [a for a in record.args or () if isinstance(a, BaseException)]
+                    assert not held, held
+                    assert record.exc_info is None
+        finally:
+            logging.getLogger("aiodla").removeHandler(keeper)
