@@ -180,12 +180,21 @@ class TestOrderingAndMemory:
             assert in_use() >= before + 4 * outputs[0].nbytes
             dropped = [weakref.ref(output) for output in outputs]
             del outputs
-            # The loop's handle that woke this task still holds the last result's future
-            # until the task yields; then the tensors are gone and their memory is freed
-            # at once (cudaFreeAsync), which the synchronization in in_use() completes.
-            await asyncio.sleep(0)
-            gc.collect()
-            alive = [output for ref in dropped if (output := ref()) is not None]
+            # The loop's machinery that woke this task (the handle, the task's step) still
+            # holds the last result's future for a turn or more of the loop; how many
+            # depends on the machine's speed (under compute-sanitizer, more than one). So
+            # wait, bounded: a tensor that something of aiodla's keeps stays alive past
+            # the bound and fails, with what holds it. Once gone, their memory is freed at
+            # once (cudaFreeAsync), which the synchronization in in_use() completes.
+            deadline = time.monotonic() + 2.0
+            while True:
+                await asyncio.sleep(0)
+                gc.collect()
+                alive = [output for ref in dropped if (output := ref()) is not None]
+                if not alive or time.monotonic() >= deadline:
+                    break
+                del alive
+                await asyncio.sleep(0.01)
             assert not alive, holders(alive)
             # Freed (cudaFreeAsync on the legacy stream, which in_use() synchronizes):
             # the pool counts it back once that free has run; bounded, never a guess.
