@@ -332,24 +332,39 @@ class DevicePath:
         kernels read in place from an engine frame buffer; a frame pre-processed on the
         host (no pre-processing kernels) counts its model input too."""
         total = 0
+        found: list[FrameRead | None] = []
         for binding, value in zip(slot.inputs, arrays, strict=True):
+            read = None
             if isinstance(value, DeviceSource):
-                continue
-            pre = binding.preprocess
-            if pre is None or not self.fused:
+                pass
+            elif binding.preprocess is None or not self.fused:
                 total += value.nbytes
-                if pre is not None:
+                if binding.preprocess is not None:
                     total += _elements(binding.spec) * 4  # (the float32 model input)
-            elif self._frame_buffer_read(binding, value) is None:
-                total += value.nbytes
+            else:
+                read = self._frame_buffer_read(binding, value)
+                if read is None:
+                    total += value.nbytes
+            found.append(read)
+        # Nothing to copy: the engine stages these arrays on the loop, next (nothing
+        # weighs 0 bytes as worth a thread), so write_inputs takes the frames' reads
+        # found here instead of looking each frame up again.
+        slot.frames_found = (arrays, found) if total == 0 and any(found) else None
         return total
 
     def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
         """Copy host arrays' bytes into staging (any layout in, dense out); device
         arrays stay where they are. Records what each pack kernel reads."""
         reads: list[Read] = []
-        for binding, value in zip(slot.inputs, arrays, strict=True):
-            if isinstance(value, DeviceSource) and binding.preprocess is not None:
+        looked_up, slot.frames_found = slot.frames_found, None
+        if looked_up is not None and looked_up[0] is arrays:
+            found: Sequence[FrameRead | None] = looked_up[1]
+        else:
+            found = [None] * len(slot.inputs)
+        for binding, value, in_place in zip(slot.inputs, arrays, found, strict=True):
+            if in_place is not None:  # in an engine frame buffer: no staging copy
+                reads.append(in_place)
+            elif isinstance(value, DeviceSource) and binding.preprocess is not None:
                 reads.append(device_frame_read(binding.preprocess, value))
             elif isinstance(value, DeviceSource):
                 n, c, h, w = value.strides

@@ -102,3 +102,58 @@ async def test_host_pre_processing_weighs_the_frame(shape: tuple[int, int], on_l
         result = await engine.infer(frame(shape))
         assert packs.on_loop == [on_loop]
         assert result.shape == (1, 3, 16, 16)
+
+
+class Lookups:
+    """Counts the engine's look-ups of arrays in its frame buffers."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.calls = 0
+        frames = engine._device.path.frame_buffers
+        real = frames.find
+
+        def spy(array: Any) -> Any:
+            self.calls += 1
+            return real(array)
+
+        frames.find = spy
+
+
+@pytest.mark.asyncio
+async def test_a_frame_in_a_frame_buffer_is_looked_up_once(model: bytes) -> None:
+    """Weighing a request (is it worth a thread?) finds where its frame lies; staging
+    it uses what was found rather than looking again: one look-up a request."""
+    async with Engine(
+        model,
+        preprocess={"images": LETTERBOX},
+        postprocess=Detect(head="yolov5"),
+        convert="device",
+    ) as engine:
+        (buffer,) = engine.frame_buffers(1, (720, 1280, 3))
+        buffer[:] = frame()
+        want = await engine.infer(buffer.copy())
+        lookups = Lookups(engine)
+        got = [await engine.infer(buffer) for _ in range(3)]
+        assert lookups.calls == 3
+        assert all(result.boxes.tobytes() == want.boxes.tobytes() for result in got)
+
+
+@pytest.mark.asyncio
+async def test_what_was_found_for_other_arrays_is_not_used(model: bytes) -> None:
+    """The reads found while weighing one request's arrays serve those arrays only: a
+    slot staged with other arrays next looks them up itself."""
+    async with Engine(
+        model,
+        preprocess={"images": LETTERBOX},
+        postprocess=Detect(head="yolov5"),
+        convert="device",
+    ) as engine:
+        first, second = engine.frame_buffers(2, (720, 1280, 3))
+        first[:], second[:] = frame(), frame()[::-1]
+        path, slot = engine._device.path, engine._device.slots[0]
+        assert path.staging_bytes(slot, [first]) == 0  # (found in place)
+        arrays = [second]
+        path.write_inputs(slot, arrays)
+        expected = path._frame_buffer_read(slot.inputs[0], second)
+        assert expected is not None and slot.reads == [expected]
+        assert slot.frames_found is None  # taken, not left for a later request
