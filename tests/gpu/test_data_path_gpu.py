@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import sys
+import threading
 import time
+import types
 import weakref
 from typing import Any
 
@@ -125,27 +128,59 @@ class TestDeviceArrays:
 
 def holders(objects: list[Any], depth: int = 14, most: int = 400) -> str:
     """Who keeps ``objects`` alive: their referrers, and theirs, ``depth`` levels up
-    (the test's own locals left out), at most ``most`` lines, for the failure message.
-    Deep enough to pass a request's submitting frames (six, each the next one's
-    f_back) and reach what holds them: a traceback, its exception and its keeper."""
+    (the test's own locals and this walk's own lists and frames left out), at most
+    ``most`` lines, then every thread's frames whose locals hold one of them or a
+    referrer found (a holder the collector cannot see, such as a C structure, shows
+    only as a reference count above what was found), for the failure message. Deep
+    enough to pass a request's submitting frames (six, each the next one's f_back) and
+    reach what holds them: a traceback, its exception and its keeper."""
     lines: list[str] = []
-    seen = {id(objects)}
+    near: list[Any] = []
+    seen = {id(objects), id(lines), id(near)}
+    own_code = set()
 
     def walk(obj: Any, level: int) -> None:
         if level == depth or len(lines) >= most:
             return
-        for referrer in gc.get_referrers(obj):
+        found = gc.get_referrers(obj)
+        seen.add(id(found))
+        for index in range(len(found)):
+            referrer = found[index]
             if id(referrer) in seen or referrer is objects:
                 continue
+            if isinstance(referrer, types.FrameType) and referrer.f_code in own_code:
+                continue
             seen.add(id(referrer))
+            if level <= 2:  # looked for in the threads' frames below
+                near.append(referrer)
             text = repr(referrer).replace("\n", " ")[:160]
             lines.append(f"{'  ' * level}{type(referrer).__name__}: {text}")
-            walk(referrer, level + 1)
+            if not _global(referrer):
+                walk(referrer, level + 1)
 
+    own_code.update({walk.__code__, holders.__code__})
     for obj in objects:
-        lines.append(f"{obj!r} is held by:")
+        lines.append(f"{obj!r} (references: {sys.getrefcount(obj) - 2}) is held by:")
         walk(obj, 1)
+    wanted = {id(obj) for obj in objects} | {id(obj) for obj in near}
+    for thread_id, top in sys._current_frames().items():
+        frame: types.FrameType | None = top
+        while frame is not None:
+            if frame.f_code not in own_code:
+                for name, value in frame.f_locals.items():
+                    if id(value) in wanted:
+                        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+                        lines.append(f"thread {thread_id} {frame.f_code.co_name} ({where}): {name}")
+            frame = frame.f_back
     return "\n".join(lines)
+
+
+def _global(obj: Any) -> bool:
+    """A module, class, function or thread, or a module's namespace: everything reaches
+    those, so the walk names them and goes no further up."""
+    if isinstance(obj, (types.ModuleType, type, types.FunctionType, threading.Thread)):
+        return True
+    return isinstance(obj, dict) and "__name__" in obj and "__loader__" in obj
 
 
 class TestOrderingAndMemory:
