@@ -220,8 +220,8 @@ class Flow:
         if request is not None:
             self.dispatcher.lost_slot(request)
             self.finish(request, error=error)
-        else:
-            logger.warning("aiodla: %s", error)
+        else:  # (by its text: a kept record would keep the error's traceback, its frames)
+            logger.warning("aiodla: %s", str(error))
         if slot.probing:  # the probe never ran: try again later
             slot.probing = False
             self.dispatcher.probe_later(self.client, slot.core)

@@ -415,3 +415,43 @@ class TestLoggedFailuresKeepNothing:
                     assert record.exc_info is None
         finally:
             logging.getLogger("aiodla").removeHandler(keeper)
+
+    @pytest.mark.asyncio
+    async def test_a_failed_probes_log_record_holds_no_error(self) -> None:
+        # A probe (a core out of rotation, tested again) whose submission fails has no
+        # request to fail: it is logged. As with a retired slot, a handler that keeps
+        # the record must not keep the error and, through its traceback, the frames.
+        runtime = EmulatedRuntime()
+        kept: list[logging.LogRecord] = []
+
+        class Keeper(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                kept.append(record)
+
+        keeper = Keeper(logging.WARNING)
+        logging.getLogger("aiodla").addHandler(keeper)
+        try:
+            async with Engine(
+                affine_model(),
+                runtime=runtime,
+                cores=[0, 1],
+                max_consecutive_faults=1,
+                probe_interval=0.1,
+            ) as engine:
+                runtime.fail_next_task(0, 0x40000006)
+                for _ in range(4):  # until the faulty task ran on core 0
+                    try:
+                        await engine.infer(ONES)
+                    except Exception:
+                        break
+                assert not engine.statistics().cores[0].in_rotation
+                runtime.fail_call("submit_task", 1)  # the probe's submission
+                await wait_until(lambda: any("submitting" in r.getMessage() for r in kept))
+                logged = [r for r in kept if "submitting" in r.getMessage()]
+                assert "core 0: submitting the request" in logged[0].getMessage()
+                for record in logged:
+                    held = [a for a in record.args or () if isinstance(a, BaseException)]
+                    assert not held, held
+                    assert record.exc_info is None
+        finally:
+            logging.getLogger("aiodla").removeHandler(keeper)
