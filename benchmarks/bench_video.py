@@ -41,7 +41,7 @@ itself sustains for that task on both cores with no engine (``device_floor_per_s
 Usage::
 
     python benchmarks/bench_video.py [OUTPUT.json] [--gpu] [--repeats 5] [--frames 120]
-    python benchmarks/bench_video.py --gpu --streams 16 [--seconds 10]
+    python benchmarks/bench_video.py --gpu --streams 16 [--seconds 10] [--decoder ffmpeg]
 
 ``--gpu`` runs on the CUDA runtime with the GPU stand-in (built with nvcc, or
 ``--standin`` / ``AIODLA_STANDIN_LIB``); without it, the emulated runtime, which checks
@@ -492,7 +492,9 @@ def table(report: dict[str, Any]) -> str:
 async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
     """N streams at 30 frames/s into one engine: each stream's delivered rate and its
     capture-to-boxes latencies (capture: the frame's slot on its 30 Hz clock)."""
-    decoder = "nvdec" if "nvdec" in decoders_present(args) else "ffmpeg"
+    decoder = args.decoder
+    if decoder == "auto":
+        decoder = "nvdec" if "nvdec" in decoders_present(args) else "ffmpeg"
     source_format = await probe_format(clip, decoder)
     video_source = getattr(aiodla, "VideoSource", None)
     async with engine(args, source_format) as opened:
@@ -584,6 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-ms", type=float, default=3.8, help="the detector's task time")
     parser.add_argument("--streams", type=int, default=0, help="N 1080p30 streams instead")
     parser.add_argument("--seconds", type=float, default=10.0, help="--streams: how long")
+    parser.add_argument(
+        "--decoder",
+        default="auto",
+        choices=("auto", "nvdec", "ffmpeg", "gstreamer"),
+        help="--streams: the streams' decoder (auto: nvdec where present, else ffmpeg)",
+    )
     args = parser.parse_args(argv)
     args.runtime = "cuda" if args.gpu else "emulated"
     if args.gpu:
