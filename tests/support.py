@@ -66,6 +66,22 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
         await asyncio.sleep(0.001)
 
 
+async def take_core_out(engine: Any, arm: Callable[[], Any], core: int) -> None:
+    """Fail ``core``'s next task (``arm`` sets the fault up; it may return an awaitable)
+    and send requests of ones until it ran: with ``max_consecutive_faults=1`` the core
+    is then out of rotation."""
+    armed = arm()
+    if armed is not None:
+        await armed
+    ones = np.ones(X.shape, np.float32)
+    for _ in range(4):
+        try:
+            await engine.infer(ones)
+        except Exception:
+            break
+    assert not engine.statistics().cores[core].in_rotation
+
+
 def busy_slots(engine: Any) -> int:
     """Slots the DLA still holds (an ended request's task may still be running)."""
     return sum(core.busy_slots for core in engine.statistics().cores)

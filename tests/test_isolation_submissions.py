@@ -15,7 +15,7 @@ import pytest
 from aiodla import DeviceError, EmulatedRuntime, Engine, WorkerLostError
 from aiodla._isolation import _supervisor, inject_fault
 
-from support import X, affine_model
+from support import X, affine_model, take_core_out
 
 ONES = np.ones(X.shape, np.float32)
 ENGINE_TIMEOUT = 0x40000006
@@ -55,13 +55,9 @@ async def test_a_failed_submission_counts_no_task(mode: str) -> None:
 async def test_a_probe_that_was_never_submitted_keeps_its_core_out(mode: str) -> None:
     engine, runtime = engine_in(mode, cores=[0, 1], max_consecutive_faults=1, probe_interval=0.3)
     async with engine:
-        await arm(engine, runtime, "fail_next_task", 0, ENGINE_TIMEOUT)
-        for _ in range(4):  # until the faulty task ran on core 0
-            try:
-                await engine.infer(ONES)
-            except Exception:
-                break
-        assert not engine.statistics().cores[0].in_rotation
+        await take_core_out(
+            engine, lambda: arm(engine, runtime, "fail_next_task", 0, ENGINE_TIMEOUT), 0
+        )
         await arm(engine, runtime, "fail_call", "submit_task", 1)  # the probe's submission
         await asyncio.sleep(0.45)  # the first probe (~0.3 s) ran, the next (~0.6 s) not yet
         assert not engine.statistics().cores[0].in_rotation

@@ -29,6 +29,16 @@ def frame(shape: tuple[int, int] = (720, 1280)) -> Any:
     return np.random.default_rng(3).integers(0, 256, (*shape, 3), np.uint8)
 
 
+def detector(model: bytes, convert: str = "device") -> Engine:
+    """The detector with letterboxing and Detect on the engine."""
+    return Engine(
+        model,
+        preprocess={"images": LETTERBOX},
+        postprocess=Detect(head="yolov5"),
+        convert=convert,
+    )
+
+
 class Threads:
     """Records, per call of a device layer method, whether it ran on the loop's thread."""
 
@@ -47,12 +57,7 @@ class Threads:
 
 @pytest.mark.asyncio
 async def test_a_frame_in_a_frame_buffer_is_staged_on_the_loop(model: bytes) -> None:
-    async with Engine(
-        model,
-        preprocess={"images": LETTERBOX},
-        postprocess=Detect(head="yolov5"),
-        convert="device",
-    ) as engine:
+    async with detector(model) as engine:
         (buffer,) = engine.frame_buffers(1, (720, 1280, 3))
         buffer[:] = frame()
         packs = Threads(engine, "write_inputs")
@@ -72,12 +77,7 @@ async def test_detections_are_read_where_their_bytes_are_few(
 ) -> None:
     """Decoded on the stream (device conversion) the host reads back the kept boxes
     only; with host conversion it reads 3.2 MB of heads and decodes them itself."""
-    async with Engine(
-        model,
-        preprocess={"images": LETTERBOX},
-        postprocess=Detect(head="yolov5"),
-        convert=convert,
-    ) as engine:
+    async with detector(model, convert) as engine:
         reads = Threads(engine, "read_outputs")
         got = [await engine.infer(frame()) for _ in range(2)]
         assert reads.on_loop == [on_loop, on_loop]
@@ -123,12 +123,7 @@ class Lookups:
 async def test_a_frame_in_a_frame_buffer_is_looked_up_once(model: bytes) -> None:
     """Weighing a request (is it worth a thread?) finds where its frame lies; staging
     it uses what was found rather than looking again: one look-up a request."""
-    async with Engine(
-        model,
-        preprocess={"images": LETTERBOX},
-        postprocess=Detect(head="yolov5"),
-        convert="device",
-    ) as engine:
+    async with detector(model) as engine:
         (buffer,) = engine.frame_buffers(1, (720, 1280, 3))
         buffer[:] = frame()
         want = await engine.infer(buffer.copy())
@@ -142,12 +137,7 @@ async def test_a_frame_in_a_frame_buffer_is_looked_up_once(model: bytes) -> None
 async def test_what_was_found_for_other_arrays_is_not_used(model: bytes) -> None:
     """The reads found while weighing one request's arrays serve those arrays only: a
     slot staged with other arrays next looks them up itself."""
-    async with Engine(
-        model,
-        preprocess={"images": LETTERBOX},
-        postprocess=Detect(head="yolov5"),
-        convert="device",
-    ) as engine:
+    async with detector(model) as engine:
         first, second = engine.frame_buffers(2, (720, 1280, 3))
         first[:], second[:] = frame(), frame()[::-1]
         path, slot = engine._device.path, engine._device.slots[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from aiodla import (
 )
 from aiodla.runtime import CudaCallError
 
-from support import X, affine_model, all_idle, expected_affine, wait_until
+from support import X, affine_model, all_idle, expected_affine, take_core_out, wait_until
 
 # Every scenario ends with every request counted once, as what its caller saw.
 pytestmark = pytest.mark.usefixtures("engines_add_up")
@@ -381,77 +382,73 @@ class TestAfterClose:
             await engine.infer(ONES)
 
 
+class KeptRecords(logging.Handler):
+    """A handler that keeps every record of aiodla's logger, as a test's log capture or
+    an application's buffer does."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def saying(self, text: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if text in r.getMessage()]
+
+
+@pytest.fixture
+def kept_records() -> Iterator[KeptRecords]:
+    keeper = KeptRecords()
+    logging.getLogger("aiodla").addHandler(keeper)
+    yield keeper
+    logging.getLogger("aiodla").removeHandler(keeper)
+
+
+def assert_hold_no_error(records: list[logging.LogRecord]) -> None:
+    """A kept record must not keep an error, whose traceback holds the frames that
+    submitted a request, and so the request and its input."""
+    assert records
+    for record in records:
+        held = [a for a in record.args or () if isinstance(a, BaseException)]
+        assert not held, held
+        assert record.exc_info is None
+
+
 class TestLoggedFailuresKeepNothing:
     @pytest.mark.asyncio
     async def test_a_retired_slots_log_record_holds_no_error(
-        self, leaky_runtime: EmulatedRuntime
+        self, leaky_runtime: EmulatedRuntime, kept_records: KeptRecords
     ) -> None:
         # A submission fails, then marking the end of what reached the stream fails too:
-        # the slot is retired and logged. A handler that keeps the record (a test's log
-        # capture, an application's buffer) must not keep the error, whose traceback
-        # holds the frames that submitted the request, and so the request and its input.
+        # the slot is retired and logged.
         runtime = leaky_runtime
-        kept: list[logging.LogRecord] = []
-
-        class Keeper(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                kept.append(record)
-
-        keeper = Keeper(logging.ERROR)
-        logging.getLogger("aiodla").addHandler(keeper)
-        try:
-            async with Engine(
-                affine_model(), runtime=runtime, streams_per_core=1, close_timeout=0.2
-            ) as engine:
-                runtime.fail_call("submit_task", 2)
-                runtime.fail_call("record_event", 999)
-                with pytest.raises(DeviceError, match="submitting the request failed"):
-                    await engine.infer(ONES)
-                retired = [r for r in kept if "retired" in r.getMessage()]
-                assert retired, [r.getMessage() for r in kept]
-                for record in retired:
-                    held = [a for a in record.args or () if isinstance(a, BaseException)]
-                    assert not held, held
-                    assert record.exc_info is None
-        finally:
-            logging.getLogger("aiodla").removeHandler(keeper)
+        async with Engine(
+            affine_model(), runtime=runtime, streams_per_core=1, close_timeout=0.2
+        ) as engine:
+            runtime.fail_call("submit_task", 2)
+            runtime.fail_call("record_event", 999)
+            with pytest.raises(DeviceError, match="submitting the request failed"):
+                await engine.infer(ONES)
+            assert_hold_no_error(kept_records.saying("retired"))
 
     @pytest.mark.asyncio
-    async def test_a_failed_probes_log_record_holds_no_error(self) -> None:
+    async def test_a_failed_probes_log_record_holds_no_error(
+        self, kept_records: KeptRecords
+    ) -> None:
         # A probe (a core out of rotation, tested again) whose submission fails has no
-        # request to fail: it is logged. As with a retired slot, a handler that keeps
-        # the record must not keep the error and, through its traceback, the frames.
+        # request to fail: it is logged, and must keep no error either.
         runtime = EmulatedRuntime()
-        kept: list[logging.LogRecord] = []
-
-        class Keeper(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                kept.append(record)
-
-        keeper = Keeper(logging.WARNING)
-        logging.getLogger("aiodla").addHandler(keeper)
-        try:
-            async with Engine(
-                affine_model(),
-                runtime=runtime,
-                cores=[0, 1],
-                max_consecutive_faults=1,
-                probe_interval=0.1,
-            ) as engine:
-                runtime.fail_next_task(0, 0x40000006)
-                for _ in range(4):  # until the faulty task ran on core 0
-                    try:
-                        await engine.infer(ONES)
-                    except Exception:
-                        break
-                assert not engine.statistics().cores[0].in_rotation
-                runtime.fail_call("submit_task", 1)  # the probe's submission
-                await wait_until(lambda: any("submitting" in r.getMessage() for r in kept))
-                logged = [r for r in kept if "submitting" in r.getMessage()]
-                assert "core 0: submitting the request" in logged[0].getMessage()
-                for record in logged:
-                    held = [a for a in record.args or () if isinstance(a, BaseException)]
-                    assert not held, held
-                    assert record.exc_info is None
-        finally:
-            logging.getLogger("aiodla").removeHandler(keeper)
+        async with Engine(
+            affine_model(),
+            runtime=runtime,
+            cores=[0, 1],
+            max_consecutive_faults=1,
+            probe_interval=0.1,
+        ) as engine:
+            await take_core_out(engine, lambda: runtime.fail_next_task(0, ENGINE_TIMEOUT), 0)
+            runtime.fail_call("submit_task", 1)  # the probe's submission
+            await wait_until(lambda: bool(kept_records.saying("submitting")))
+            logged = kept_records.saying("submitting")
+            assert "core 0: submitting the request" in logged[0].getMessage()
+            assert_hold_no_error(logged)
