@@ -145,8 +145,26 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                 "tests/test_core_record.py",
             ],
         )
-        for name in ("core_record", "dispatch")
+        for name in ("core_record",)
     },
+    # The dispatcher: every engine's flow asks it, so these are the tests of its rule
+    # (depth, priority, weight, the core), its pairing of slots and its fault policy.
+    "dispatch": (
+        "aiodla/_dispatch.py",
+        [
+            "tests/test_dispatch.py",
+            "tests/test_shared_cores.py",
+            "tests/test_shared_cores_refusals.py",
+            "tests/test_cores_lifetime.py",
+            "tests/test_core_choice.py",
+            "tests/test_scheduler.py",
+            "tests/test_estimates.py",
+            "tests/test_shared_poller.py",
+            "tests/test_fault_policy.py",
+            "tests/test_reliability.py",
+            "tests/test_cancellation.py",
+        ],
+    ),
     "shared_cores": (
         "aiodla/_shared_cores.py",
         [
