@@ -9,12 +9,15 @@ import gc
 import threading
 import time
 import warnings
+import weakref
+from typing import Any
 
 import numpy as np
 import pytest
 
 import aiodla
 from aiodla import Cores, EmulatedRuntime, Engine
+from aiodla._poller import SharedPoller
 
 from support import X, affine_model, wait_until
 
@@ -40,6 +43,25 @@ async def test_cores_dropped_unclosed_stop_their_poller(runtime: EmulatedRuntime
     await wait_until(lambda: not its.is_alive())
 
 
+@pytest.mark.asyncio
+async def test_an_engine_closed_on_open_cores_is_let_go(runtime: EmulatedRuntime) -> None:
+    # The cores keep nothing of an engine that closed (an application opens and closes
+    # engines on cores that stay open): it goes once the caller drops it.
+    async with Cores([0, 1], runtime=runtime) as dla:
+        engine = Engine(affine_model(), cores=dla)
+        async with engine:
+            await engine.infer(np.ones(X.shape, np.float32))
+        gone = weakref.ref(engine)
+        del engine
+
+        def collected() -> bool:
+            gc.collect()
+            return gone() is None
+
+        await wait_until(collected)
+        assert dla.engines == 0
+
+
 class TestALoneEnginesOwnCores:
     """``Engine(model, cores=[0, 1])`` runs on a private Cores (docs/design.md): one
     dispatcher, one poller thread, one record per core, opened and closed with it."""
@@ -63,6 +85,38 @@ class TestALoneEnginesOwnCores:
         assert own.state.value == "closed" and own.pollers == 0
         assert not its.is_alive()
         assert own.dispatcher.clients == []
+
+    @pytest.mark.asyncio
+    async def test_its_completions_go_straight_to_its_flow(
+        self, runtime: EmulatedRuntime, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # One engine, ever, on its own cores: no routing between engines, neither of
+        # the poller thread's batches nor of the loop's harvests.
+        routed: list[str] = []
+        deliver, harvest = SharedPoller.deliver, SharedPoller.harvest
+
+        def counted_deliver(self: SharedPoller, finished: Any) -> None:
+            routed.append("deliver")
+            deliver(self, finished)
+
+        def counted_harvest(self: SharedPoller, member: Any, at_least: int | None) -> Any:
+            routed.append("harvest")
+            return harvest(self, member, at_least)
+
+        monkeypatch.setattr(SharedPoller, "deliver", counted_deliver)
+        monkeypatch.setattr(SharedPoller, "harvest", counted_harvest)
+        ones = np.ones(X.shape, np.float32)
+        async with Engine(affine_model(), runtime=runtime, cores=[0, 1]) as engine:
+            await asyncio.gather(*(engine.infer(ones) for _ in range(20)))
+            assert engine.statistics().completed == 20
+        assert routed == []
+        # (the same engine on shared cores, alone there for now, is routed)
+        async with (
+            Cores([0, 1], runtime=runtime) as dla,
+            Engine(affine_model(), cores=dla) as engine,
+        ):
+            await asyncio.gather(*(engine.infer(ones) for _ in range(20)))
+        assert "deliver" in routed
 
     @pytest.mark.asyncio
     async def test_a_failed_open_closes_its_cores(self) -> None:

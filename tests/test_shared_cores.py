@@ -363,6 +363,26 @@ class TestExactlyOnce:
         assert dla.engines == 0 and held_tasks(dla) == [0, 0]
 
     @pytest.mark.asyncio
+    async def test_a_sticky_error_seen_by_one_engine_kills_the_idle_others(
+        self, dla: Cores, runtime: EmulatedRuntime
+    ) -> None:
+        # Only the first engine meets the error (its packing step on the device): the
+        # other, idle, has nothing that would fail, yet the context under it is lost.
+        async with (
+            Engine(affine_model(), cores=dla, convert="device") as meets,
+            Engine(affine_model(), cores=dla) as idle,
+        ):
+            await idle.infer(ONES)
+            runtime.fail_call("pack", 700)  # cudaErrorIllegalAddress: the context is lost
+            with pytest.raises(aiodla.EngineDeadError):
+                await meets.infer(ONES)
+            assert meets.dead and idle.dead
+            assert idle.health().status == "dead"
+            assert idle._life.dead_cause is meets._life.dead_cause
+            with pytest.raises(aiodla.EngineDeadError):
+                await idle.infer(ONES)
+
+    @pytest.mark.asyncio
     async def test_closing_one_engine_leaves_the_others_slots_and_handles(
         self, dla: Cores, runtime: EmulatedRuntime, aiodla_controls: DLAControls
     ) -> None:
@@ -503,6 +523,17 @@ class TestConfiguration:
         with pytest.raises(ConfigurationError, match="trust_compute"):
             await engine.open()
         assert engine.state is aiodla.EngineState.CLOSED and dla.engines == 0
+
+    @pytest.mark.asyncio
+    async def test_the_cores_trust_compute_reaches_the_runtime_they_make(self) -> None:
+        for trust in (True, False):
+            async with (
+                Cores([0, 1], runtime="emulated", trust_compute=trust) as made,
+                Engine(affine_model(), cores=made) as engine,
+            ):
+                await engine.infer(ONES)
+                assert isinstance(made.runtime, EmulatedRuntime)
+                assert made.runtime.trust_compute is trust
 
     def test_cores_checks_its_numbers(self) -> None:
         with pytest.raises(ConfigurationError, match="names a core twice"):

@@ -188,7 +188,6 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 }
 
 # Mutants judged to change no behaviour any caller can see, each with why.
-_UNREACHABLE_TASK_OK = "unreachable: the flow calls task_ended only for a failed task"
 _SCRATCH_NAME = "a scratch buffer's name: any name no other buffer of the call uses is the same"
 _CAST = "the casting keyword dropped: numpy's default (same_kind) allows this cast"
 _SMALL = "where numpy's cast takes over, one element later: the kernels equal numpy bit for bit"
@@ -294,9 +293,6 @@ _EQUIVALENT_BY_MODULE = {
         "xǁSchedulerǁrecount_as_cancelled__mutmut_2": (
             "for CANCELLED, minus one plus one is no change; None is unreachable (DONE only)"
         ),
-        "xǁSchedulerǁtask_ended__mutmut_2": _UNREACHABLE_TASK_OK,
-        "xǁSchedulerǁtask_ended__mutmut_3": _UNREACHABLE_TASK_OK,
-        "xǁSchedulerǁtask_ended__mutmut_4": _UNREACHABLE_TASK_OK,
     },
     "aiodla._convert.": {
         **{f"xǁ_Scratchǁconstant__mutmut_{n}": _CONSTANT for n in (3, 4, 5, 6, 9)},
@@ -526,6 +522,19 @@ _EQUIVALENT_BY_MODULE.update(
         },
         "aiodla._shared_cores.": {
             **{f"xǁCoresǁ__init____mutmut_{n}": _FALSY for n in (11, 12)},
+            **{
+                f"xǁCoresǁ__init____mutmut_{n}": (
+                    "_owns_runtime is read only beside a runtime chosen here, and "
+                    "runtime_for sets both together"
+                )
+                for n in (15, 16)
+            },
+            **{
+                f"xǁCoresǁ__init____mutmut_{n}": (
+                    "open() sets it before the state is OPEN, and only an open Cores reads it"
+                )
+                for n in (17, 18)
+            },
         },
         "aiodla._core_record.": {
             "x_expect__mutmut_4": "behind is only tested for truth until the poller sets it",
