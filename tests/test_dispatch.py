@@ -161,6 +161,7 @@ async def test_a_held_back_task_starts_when_the_work_left_is_short_with_no_other
     assert started == ["high"]
     await wait_until(lambda: started == ["high", "low"])
     assert time.monotonic() >= end - 0.010  # not before the work left was short enough
+    assert time.monotonic() < end + 0.5  # (its timer's, not a later one's: 30 ms from now)
     assert not high.cores[0].idle  # the high task still held: no end was needed
 
 
@@ -327,3 +328,90 @@ def test_a_lower_task_of_a_long_model_waits_for_the_lead_not_its_own_time() -> N
     feeds.records[0].expected_free = time.monotonic() + LOWER_LEAD / 2
     feeds.assign()
     assert started == ["high", "low"]
+
+
+def probing_pair(
+    intervals: tuple[float, float] = (0.01, 0.01), first_ring: int = 2
+) -> tuple[list[str], Engine, Engine, Dispatcher]:
+    """Engines ``a`` and ``b`` (each on cores 0 and 1), ``a``'s core 0 out of rotation
+    first, then ``b``'s, with the probe intervals given: the probes are due in that
+    order. No loop runs: the assignment starts them only when called."""
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    a, b = Engine("a", started, records, first_ring), Engine("b", started, records)
+    feeds = Dispatcher(records)
+    for engine, interval in zip((a, b), intervals, strict=True):
+        engine.client = feeds.join(engine, 0, 1.0, max_faults=1, probe_interval=interval)
+    for engine in (a, b):
+        assert engine.client is not None and feeds.task_ended(engine.client, engine.cores[0], 7)
+    return started, a, b, feeds
+
+
+def test_a_probe_not_yet_due_does_not_hold_back_a_later_one_that_is() -> None:
+    started, _, _, feeds = probing_pair(intervals=(10.0, 0.01))
+    time.sleep(0.02)
+    feeds.assign()
+    assert started == ["probe b"]
+
+
+def test_a_closing_engines_due_probe_is_dropped_and_the_next_one_starts() -> None:
+    started, a, _, feeds = probing_pair()
+    a.life.state = EngineState.CLOSING
+    time.sleep(0.02)
+    feeds.assign()
+    assert started == ["probe b"]
+    assert not a.cores[0].in_rotation  # (left as it was: the engine is closing)
+    time.sleep(0.02)
+    feeds.assign()
+    assert started == ["probe b"]  # dropped, not put off
+
+
+def test_a_core_whose_slots_are_all_busy_is_probed_once_one_is_free() -> None:
+    # A hung task holds a's one slot on its core out of rotation: its probe, due, is
+    # put off by another interval; b's, due as well, starts meanwhile.
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    a, b = Engine("a", started, records, 1), Engine("b", started, records)
+    feeds = Dispatcher(records)
+    for engine in (a, b):
+        engine.client = feeds.join(engine, 0, 1.0, max_faults=1, probe_interval=0.01)
+    a.queued = 2
+    feeds.assign()  # a's one slot on each core
+    assert started == ["a", "a"] and not a.cores[0].idle
+    for engine in (a, b):
+        assert engine.client is not None and feeds.task_ended(engine.client, engine.cores[0], 7)
+    time.sleep(0.02)
+    feeds.assign()
+    assert started == ["a", "a", "probe b"]
+    a.end_one(feeds)  # the hung task ends: its slot is idle again
+    time.sleep(0.02)
+    feeds.assign()
+    assert started == ["a", "a", "probe b", "probe a"]
+
+
+def test_a_lost_worker_suspends_every_core_and_its_replacement_brings_them_back() -> None:
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    one = Engine("one", started, records, 2)
+    feeds = Dispatcher(records)
+    client = one.client = feeds.join(one, 0, 1.0, max_faults=2, probe_interval=0.01)
+    cores = one.cores
+    for _ in range(2):
+        feeds.task_ended(client, cores[0], 7)
+    assert not cores[0].in_rotation  # its probe is due in 10 ms
+    feeds.task_ended(client, cores[1], 7)  # (one failure of two allowed)
+    feeds.suspend(client)
+    # (the statistics report each core's flag as it is: False, not merely falsy)
+    assert [core.in_rotation for core in cores] == [False, False]
+    one.queued = 1
+    time.sleep(0.02)
+    feeds.assign()
+    assert started == []  # neither a request nor the probe cancelled with the worker
+    feeds.resume(client)
+    assert [core.in_rotation for core in cores] == [True, True]
+    assert [core.consecutive_failures for core in cores] == [0, 0]
+    feeds.assign()
+    assert started == ["one"]
+    # Counted from zero again: one failure on a core does not take it out.
+    assert not feeds.task_ended(client, cores[1], 7) and cores[1].in_rotation
+    assert feeds.task_ended(client, cores[1], 7) and not cores[1].in_rotation

@@ -282,7 +282,11 @@ class TestDeadEngine:
             assert caught.value.status == 2
             assert engine.statistics().failures["device"] == 1
             await wait_until(lambda: all_idle(engine))
+            # The slot came back with no request: its stream's end is no task of the
+            # core's (one that ran would count as completed or failed there).
+            assert [(c.completed, c.failed) for c in engine.statistics().cores] == [(0, 0)] * 2
             np.testing.assert_array_equal(await engine.infer(ONES), expected_affine(ONES))
+            assert sum(c.completed for c in engine.statistics().cores) == 1
         assert handles_released(runtime)
 
 

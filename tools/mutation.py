@@ -536,6 +536,25 @@ _EQUIVALENT_BY_MODULE.update(
                 for n in (17, 18)
             },
         },
+        "aiodla._dispatch.": {
+            "xǁDispatcherǁtask_ended__mutmut_4": (
+                "a success's answer: the flow reads task_ended's answer only for a failed "
+                "task (_task_failed) and drops a success's"
+            ),
+            "xǁDispatcherǁlost_slot__mutmut_2": (
+                "fail_submission finishes the request at once, and nothing reads a DONE "
+                "request's slot (give_back follows only steps that end before a submission)"
+            ),
+            "xǁDispatcherǁ_start_probes__mutmut_3": (
+                "a probe due exactly now (a float of the clock read equal to it) starts on "
+                "a timer of 0 s, one loop turn later, instead of now"
+            ),
+            "xǁDispatcherǁ_assign_at__mutmut_1": (
+                "a timer due when the pending one is: it replaces that one, the same "
+                "assignment at the same time"
+            ),
+            "xǁDispatcherǁ_reopened__mutmut_5": 'float("INF") equals float("inf")',
+        },
         "aiodla._core_record.": {
             "x_expect__mutmut_4": "behind is only tested for truth until the poller sets it",
             "x_expect__mutmut_11": "free equal to now: free + service_time is now + service_time",
