@@ -10,10 +10,12 @@ import asyncio
 import collections
 import dataclasses
 import time
+import types
 from typing import Any
 
 import pytest
 
+from aiodla import _dispatch
 from aiodla._core_record import CoreRecord
 from aiodla._dispatch import DEPTH, LOWER_LEAD, TOP_DEPTH, Client, Dispatcher, FairShares
 from aiodla._life import EngineState
@@ -415,3 +417,112 @@ def test_a_lost_worker_suspends_every_core_and_its_replacement_brings_them_back(
     # Counted from zero again: one failure on a core does not take it out.
     assert not feeds.task_ended(client, cores[1], 7) and cores[1].in_rotation
     assert feeds.task_ended(client, cores[1], 7) and not cores[1].in_rotation
+
+
+def test_an_engine_that_had_no_work_banks_no_credit() -> None:
+    # One engine ran alone for ten grants while the other, as heavy, had nothing to
+    # do: once both have work they take turns, the idle time counting for nothing.
+    shares = FairShares()
+    busy, idle = client(0, 1.0, 0), client(0, 1.0, 1)
+    for c in (busy, idle):
+        shares.joined(c)
+    for _ in range(10):
+        shares.charge(busy, 0.001)
+    order = []
+    for _ in range(10):
+        chosen = min((busy, idle), key=lambda c: (shares.start_tag(c), c.order))
+        shares.charge(chosen, 0.001)
+        order.append(chosen.order)
+    assert order == [idle.order, busy.order] * 5
+
+
+def test_a_weight_below_one_gets_its_share() -> None:
+    shares = FairShares()
+    half, one = client(0, 0.5, 0), client(0, 1.0, 1)
+    for c in (half, one):
+        shares.joined(c)
+    grants = {half.order: 0, one.order: 0}
+    for _ in range(300):
+        chosen = min((half, one), key=lambda c: (shares.start_tag(c), c.order))
+        shares.charge(chosen, 0.001)
+        grants[chosen.order] += 1
+    assert grants == {half.order: 100, one.order: 200}
+
+
+def test_a_task_goes_to_the_core_where_its_own_model_would_end_soonest() -> None:
+    # Both cores idle; the engine's model takes 10 ms on core 0, 1 ms on core 1 (its
+    # own estimates, core by core): core 1, whatever their order.
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    a, b = Engine("a", started, records, 2), Engine("b", started, records, 2)
+    feeds = Dispatcher(records)
+    join(feeds, a, 0, 1.0)
+    join(feeds, b, 0, 1.0)
+    a.cores[0].service_time, a.cores[1].service_time = 0.010, 0.001
+    a.queued = 1
+    feeds.assign()
+    assert started == ["a"] and [feeds.held(0), feeds.held(1)] == [0, 1]
+
+
+def test_the_top_engine_fills_its_core_to_top_depth_though_another_core_has_room() -> None:
+    # Core 1 is empty (no engine of these uses it), so the dispatcher looks on; the
+    # one top-priority engine on core 0, its ring of 8, still stops at TOP_DEPTH.
+    started: list[str] = []
+    records = {0: CoreRecord(0), 1: CoreRecord(1)}
+    low = Engine("low", started, {0: records[0]}, 2)
+    high = Engine("high", started, {0: records[0]}, 8)
+    feeds = Dispatcher(records)
+    join(feeds, low, 0, 1.0)
+    join(feeds, high, 1, 1.0)
+    high.queued = 10
+    feeds.assign()
+    assert started == ["high"] * TOP_DEPTH and feeds.held(0) == TOP_DEPTH
+
+
+@pytest.mark.asyncio
+async def test_a_held_back_lower_task_is_timed_for_when_its_lead_is_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The dispatcher's clock stands still at 100 s: the work left is what the test
+    # says, and the next assignment is timed for when the lead is left, no sooner.
+    monkeypatch.setattr(_dispatch, "time", types.SimpleNamespace(monotonic=lambda: 100.0))
+    started, low, high, feeds = low_and_high(high_slots=1)
+    high.queued = 1
+    feeds.assign()
+    record = feeds.records[0]
+    record.expected_free = 100.040  # the high task just started
+    low.cores[0].service_time = 0.010  # longer than the lead: LOWER_LEAD is its lead
+    low.queued = 1
+    feeds.assign()
+    assert started == ["high"]
+    assert feeds._reopen_at == pytest.approx(100.040 - LOWER_LEAD, abs=1e-9)
+    # A task shorter than the lead waits until only its own time is left.
+    low.cores[0].service_time = LOWER_LEAD / 5
+    record.expected_free = 100.0 + LOWER_LEAD * 0.8
+    feeds.assign()
+    assert started == ["high"]
+    assert feeds._reopen_at == pytest.approx(100.0 + LOWER_LEAD * 0.6, abs=1e-9)
+    record.expected_free = 100.0 + LOWER_LEAD / 10  # less than its own time left
+    feeds.assign()
+    assert started == ["high", "low"]
+    if feeds._reopen is not None:
+        feeds._reopen.cancel()
+
+
+def test_each_grant_counts_once_with_its_own_estimate() -> None:
+    # What Cores.shares() reports: per engine, tasks granted and their core time by
+    # the engine's own service-time estimate.
+    started: list[str] = []
+    records = {0: CoreRecord(0)}
+    a, b = Engine("a", started, records, 2), Engine("b", started, records, 2)
+    feeds = Dispatcher(records)
+    ca, cb = join(feeds, a, 0, 1.0), join(feeds, b, 0, 1.0)
+    a.cores[0].service_time, b.cores[0].service_time = 0.002, 0.003
+    a.queued = b.queued = 1
+    feeds.assign()
+    assert sorted(started) == ["a", "b"]
+    a.end_one(feeds)
+    a.queued = 1
+    feeds.assign()
+    assert (ca.grants, cb.grants) == (2, 1)
+    assert ca.granted_time == pytest.approx(0.004) and cb.granted_time == pytest.approx(0.003)

@@ -383,6 +383,23 @@ class TestExactlyOnce:
                 await idle.infer(ONES)
 
     @pytest.mark.asyncio
+    async def test_a_failed_submission_gives_its_slot_back_and_counts_no_task(
+        self, dla: Cores, runtime: EmulatedRuntime
+    ) -> None:
+        # Two engines: the dispatcher pairs each request with its slot (no lone fast
+        # path); the slot whose submission failed comes back with no request.
+        async with Engine(affine_model(), cores=dla) as a, Engine(affine_model(), cores=dla) as b:
+            runtime.fail_call("submit_task", 2)  # cudlaErrorOutOfResources, once
+            with pytest.raises(aiodla.DeviceError, match="submitting the request failed"):
+                await a.infer(ONES)
+            await settle(a, b)
+            assert [(c.completed, c.failed) for c in a.statistics().cores] == [(0, 0)] * 2
+            assert held_tasks(dla) == [0, 0]
+            y = await asyncio.gather(a.infer(ONES), b.infer(ONES))
+            np.testing.assert_array_equal(y[0], expected_affine(ONES))
+            assert sum(c.completed for c in a.statistics().cores) == 1
+
+    @pytest.mark.asyncio
     async def test_closing_one_engine_leaves_the_others_slots_and_handles(
         self, dla: Cores, runtime: EmulatedRuntime, aiodla_controls: DLAControls
     ) -> None:

@@ -402,6 +402,7 @@ _EQUIVALENT_BY_MODULE = {
     },
 }
 _FALSY = "the flag is only tested for truth: None and False read alike"
+_SAME_AT_EQUALITY = "where the two are equal, either branch gives the same value"
 _EXTRA_WAKE = (
     "one more wake-up of the loop per request, which finds the inbox taken already: "
     "the same requests reach the loop in the same order"
@@ -554,6 +555,25 @@ _EQUIVALENT_BY_MODULE.update(
                 "assignment at the same time"
             ),
             "xǁDispatcherǁ_reopened__mutmut_5": 'float("INF") equals float("inf")',
+            "xǁFairSharesǁstart_tag__mutmut_6": (
+                "before a priority's first grant every start tag is 1 unit instead of 0: "
+                "all its tags move by one unit together, the order is the same"
+            ),
+            "xǁFairSharesǁstart_tag__mutmut_10": _SAME_AT_EQUALITY,
+            "xǁDispatcherǁ_best_core__mutmut_26": _SAME_AT_EQUALITY,
+            "xǁDispatcherǁ_has_room__mutmut_12": _SAME_AT_EQUALITY,
+            **{
+                f"xǁDispatcherǁ_grant__mutmut_{n}": (
+                    "the shortcut lets a core just at its depth through to _has_room, which "
+                    "refuses it there: the same grants, one look more"
+                )
+                for n in (5, 6)
+            },
+            "xǁDispatcherǁ_grant__mutmut_15": "sorting a list of one client leaves it as it is",
+            "xǁDispatcherǁ_has_room__mutmut_13": (
+                "work left exactly the lead (a float of the clock read to match it): the "
+                "task starts on a timer of 0 s, one loop turn later, instead of now"
+            ),
         },
         "aiodla._core_record.": {
             "x_expect__mutmut_4": "behind is only tested for truth until the poller sets it",
