@@ -526,3 +526,24 @@ def test_each_grant_counts_once_with_its_own_estimate() -> None:
     feeds.assign()
     assert (ca.grants, cb.grants) == (2, 1)
     assert ca.granted_time == pytest.approx(0.004) and cb.granted_time == pytest.approx(0.003)
+
+
+def test_a_released_slot_and_its_request_let_go_of_each_other() -> None:
+    # A step off the loop gives its request's slot back when it ends, unless a close
+    # took the slot back meanwhile: it reads the request's slot to know. Released, the
+    # request holds no slot, and the idle slot no request.
+    started: list[str] = []
+    records = {0: CoreRecord(0)}
+    a, b = Engine("a", started, records, 2), Engine("b", started, records, 2)
+    feeds = Dispatcher(records)
+    client = join(feeds, a, 0, 1.0)
+    join(feeds, b, 0, 1.0)
+    pairs: list[tuple[Started, Slot]] = []
+    a.start = lambda request, slot: pairs.append((request, slot))  # type: ignore[method-assign]
+    a.queued = 1
+    feeds.assign()
+    ((request, slot),) = pairs
+    assert request.slot is slot and slot.request is request and feeds.held(0) == 1
+    feeds.release(client, slot)
+    assert request.slot is None and slot.request is None
+    assert slot in a.cores[0].idle and feeds.held(0) == 0 and client.idle_slots == 2
