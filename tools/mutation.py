@@ -522,7 +522,7 @@ _EQUIVALENT_BY_MODULE.update(
             },
         },
         "aiodla._shared_cores.": {
-            **{f"xǁCoresǁ__init____mutmut_{n}": _FALSY for n in (11, 12)},
+            "xǁCoresǁ__init____mutmut_12": _FALSY,
             **{
                 f"xǁCoresǁ__init____mutmut_{n}": (
                     "_owns_runtime is read only beside a runtime chosen here, and "
