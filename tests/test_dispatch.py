@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import sys
 import time
 import types
 from typing import Any
@@ -547,3 +548,26 @@ def test_a_released_slot_and_its_request_let_go_of_each_other() -> None:
     feeds.release(client, slot)
     assert request.slot is None and slot.request is None
     assert slot in a.cores[0].idle and feeds.held(0) == 0 and client.idle_slots == 2
+
+
+def test_requests_ending_at_their_start_are_assigned_in_one_loop_not_recursively() -> None:
+    # A request past its deadline ends at its start: its slot comes back and the flow
+    # asks for an assignment from within the grant. Thousands in a row are folded into
+    # the assignment running, not each a frame deeper on the stack.
+    started: list[str] = []
+    records = {0: CoreRecord(0)}
+    a, b = Engine("a", started, records, 2), Engine("b", started, records, 2)
+    feeds = Dispatcher(records)
+    client = join(feeds, a, 0, 1.0)
+    join(feeds, b, 0, 1.0)
+
+    def ends_at_its_start(request: Started, slot: Slot) -> None:
+        started.append(request.name)
+        feeds.release(client, slot)
+        feeds.assign()
+
+    a.start = ends_at_its_start  # type: ignore[method-assign]
+    many = 3 * sys.getrecursionlimit()
+    a.queued = many
+    feeds.assign()
+    assert len(started) == many and a.queued == 0 and feeds.held(0) == 0

@@ -290,6 +290,16 @@ class TestWeights:
         return [t / sum(time) for t in time]
 
     @pytest.mark.asyncio
+    async def test_shares_are_each_engines_by_its_order_of_opening(self, dla: Cores) -> None:
+        async with Engine(affine_model(), cores=dla) as a, Engine(affine_model(), cores=dla) as b:
+            await asyncio.gather(*(a.infer(ONES) for _ in range(3)))
+            await asyncio.gather(*(b.infer(ONES) for _ in range(5)))
+            shares = dla.shares()
+            assert sorted(shares) == [0, 1]
+            assert (shares[0][0], shares[1][0]) == (3, 5)
+            assert shares[0][1] > 0 and shares[1][1] > 0
+
+    @pytest.mark.asyncio
     async def test_core_time_follows_the_weights(self, runtime: EmulatedRuntime) -> None:
         model = affine_model()
         even = await self.shares(runtime, [(model, {}), (model, {})])

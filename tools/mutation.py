@@ -570,11 +570,18 @@ _EQUIVALENT_BY_MODULE.update(
                 for n in (5, 6)
             },
             "xǁDispatcherǁ_grant__mutmut_15": "sorting a list of one client leaves it as it is",
-            "xǁDispatcherǁassign__mutmut_28": (
-                "an assignment asked from within a grant (flow.start) is followed anyway by "
-                "another _grant of the running loop, since that grant returns True: the "
-                "extra round _again asks for finds nothing more"
+            "xǁDispatcherǁjoin__mutmut_1": (
+                "its one caller, the flow, always passes the engine's probe_interval"
             ),
+            **{f"xǁDispatcherǁassign__mutmut_{n}": _FALSY for n in (33, 36)},
+            **{
+                f"xǁDispatcherǁassign__mutmut_{n}": (
+                    "an assignment asked from within a grant (flow.start) is followed anyway "
+                    "by another _grant of the running loop, since that grant returns True: "
+                    "the extra round _again asks for finds nothing more"
+                )
+                for n in (28, 29)
+            },
             "xǁDispatcherǁ_has_room__mutmut_13": (
                 "work left exactly the lead (a float of the clock read to match it): the "
                 "task starts on a timer of 0 s, one loop turn later, instead of now"
