@@ -571,3 +571,31 @@ def test_requests_ending_at_their_start_are_assigned_in_one_loop_not_recursively
     a.queued = many
     feeds.assign()
     assert len(started) == many and a.queued == 0 and feeds.held(0) == 0
+
+
+def test_an_engine_joining_late_starts_at_its_prioritys_clock() -> None:
+    # One engine ran ten grants before the other joined: no credit for that past.
+    shares = FairShares()
+    early, late = client(0, 1.0, 0), client(0, 1.0, 1)
+    shares.joined(early)
+    for _ in range(10):
+        shares.charge(early, 0.001)
+    shares.joined(late)
+    order = []
+    for _ in range(10):
+        chosen = min((early, late), key=lambda c: (shares.start_tag(c), c.order))
+        shares.charge(chosen, 0.001)
+        order.append(chosen.order)
+    assert order == [late.order, early.order] * 5
+
+
+def test_engines_of_one_priority_with_large_rings_fill_a_core_to_top_depth() -> None:
+    started: list[str] = []
+    records = {0: CoreRecord(0)}
+    a, b = Engine("a", started, records, 8), Engine("b", started, records, 8)
+    feeds = Dispatcher(records)
+    join(feeds, a, 0, 1.0)
+    join(feeds, b, 0, 1.0)
+    a.queued = b.queued = 10
+    feeds.assign()
+    assert feeds.held(0) == TOP_DEPTH and sorted(started) == ["a", "a", "b", "b"]

@@ -582,6 +582,31 @@ _EQUIVALENT_BY_MODULE.update(
                 )
                 for n in (28, 29)
             },
+            "xǁFairSharesǁjoined__mutmut_3": (
+                "a joining client's finish tag of 0: start_tag takes the priority's clock "
+                "over any tag behind it (the clock never goes back), so it starts there anyway"
+            ),
+            "xǁFairSharesǁjoined__mutmut_7": (
+                "a client joining before its priority's first grant starts at 1 unit, not "
+                "0: all its tags move by one unit together, the order is the same"
+            ),
+            **{f"xǁDispatcherǁ__init____mutmut_{n}": _FALSY for n in (6, 8)},
+            "xǁDispatcherǁ__init____mutmut_9": "assign sets _again to False before it reads it",
+            "xǁDispatcherǁ__init____mutmut_14": 'float("INF") equals float("inf")',
+            **{
+                f"xǁDispatcherǁ__init____mutmut_{n}": (
+                    "_rank sets it at the first join, before anything reads it (every "
+                    "assignment comes from an engine that joined)"
+                )
+                for n in (15, 17, 19, 21)
+            },
+            **{
+                f"xǁDispatcherǁ_rank__mutmut_{n}": (
+                    "the default is a core no engine uses: _top is read only for a core of "
+                    "the engine asking (_has_room) or of engines on it (_room)"
+                )
+                for n in (10, 14)
+            },
             "xǁDispatcherǁ_has_room__mutmut_13": (
                 "work left exactly the lead (a float of the clock read to match it): the "
                 "task starts on a timer of 0 s, one loop turn later, instead of now"
