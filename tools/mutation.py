@@ -598,7 +598,7 @@ _EQUIVALENT_BY_MODULE.update(
                     "_rank sets it at the first join, before anything reads it (every "
                     "assignment comes from an engine that joined)"
                 )
-                for n in (15, 17, 19, 21)
+                for n in (15, 17, 19, 21, 22, 23, 25, 27)
             },
             **{
                 f"xǁDispatcherǁ_rank__mutmut_{n}": (
