@@ -6,6 +6,13 @@
 #     bash tests/gpu/device_run.sh                       # every step
 #     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
 #     STEPS="build pytest kernels datapath" bash tests/gpu/device_run.sh  # the data path
+#     STEPS="build pytest video poolsync shared" bash tests/gpu/device_run.sh  # cameras, in
+#         one call of about 9 minutes (the open questions of "Cameras in" and issue 45)
+#
+# Wheels the image lacks travel in .whl/ (installed one by one); PyAV and PyNvVideoCodec,
+# too large together for wheels within the carry limit, may travel as their installed
+# files, packed: .whlvid/videosite.tar.xz (made with `pip install --no-deps --target DIR
+# --python-version 3.12 --only-binary=:all: av pynvvideocodec` and tar cJf of DIR).
 #
 # Everything worth keeping goes under $OUT (default ./device-out): the build log, the
 # pytest log and JUnit XML, the coverage reports, the sanitizer's logs and verdict, the
@@ -59,6 +66,11 @@ if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
     done
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
     python3 -c "import pytest_asyncio" || STATUS[wheels]=1
+fi
+
+if [ -f .whlvid/videosite.tar.xz ]; then
+    mkdir -p /tmp/site && tar xJf .whlvid/videosite.tar.xz -C /tmp/site
+    [[ ":$PYTHONPATH:" == *":/tmp/site:"* ]] || export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
 wanted build && step build 240 python3 -m aiodla.emulator.standin_build "$STANDIN_DIR"
@@ -120,9 +132,32 @@ if wanted threads; then
         --profile-service 1e-3 --profile-out /tmp/profile-cuda-1000us"
 fi
 
+# Cameras: where the nvdec thread's CPU goes and whether PyNvVideoCodec's Decode keeps
+# the GIL from other threads; sixteen 1080p30 streams through NVDEC and, beside them,
+# through PyAV (which lets go of the GIL while decoding).
+if wanted video; then
+    step video 300 bash -c "python3 benchmarks/bench_nvdec_phases.py --repeats 2 --frames 150 \
+        --seconds 2 --json '$OUT/nvdec-phases.json' \
+        && python3 benchmarks/bench_video.py '$OUT/video-16-streams-nvdec.json' --gpu \
+        --streams 16 --seconds 8 --decoder nvdec \
+        && python3 benchmarks/bench_video.py '$OUT/video-16-streams-ffmpeg.json' --gpu \
+        --streams 16 --seconds 8 --decoder ffmpeg"
+fi
+# The pool-memory test under synccheck, whose verdict issue 45 still waits for.
+if wanted poolsync; then
+    SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+    step poolsync 90 "$SAN" --tool synccheck --target-processes all --print-limit 1000 \
+        python3 -m pytest "${PYTEST_ARGS[@]}" \
+        tests/gpu/test_data_path_gpu.py::TestOrderingAndMemory::test_pool_memory_goes_back_when_dropped
+fi
+# Two engines on one Cores on the CUDA runtime: utilisation, shares, the priority bound.
+wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu --repeats 2 \
+    --json "$OUT/shared-cores-standin.json"
+
 echo
 echo "=== summary"
-for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads; do
+for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads \
+    video poolsync shared; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
