@@ -200,6 +200,23 @@ def client(priority: int, weight: float, order: int) -> Client:
     )
 
 
+def granted(shares: FairShares, clients: tuple[Client, ...], grants: int) -> list[int]:
+    """The order of ``grants`` grants of a millisecond each to ``clients``, each going to
+    the one fair queuing puts first (the smallest start tag, then the earlier opened)."""
+    orders = []
+    for _ in range(grants):
+        chosen = min(clients, key=lambda c: (shares.start_tag(c), c.order))
+        shares.charge(chosen, 0.001)
+        orders.append(chosen.order)
+    return orders
+
+
+def grants_to(shares: FairShares, clients: tuple[Client, ...], grants: int) -> list[int]:
+    """How many of ``grants`` grants (as :func:`granted`) each of ``clients`` got."""
+    orders = granted(shares, clients, grants)
+    return [orders.count(c.order) for c in clients]
+
+
 def test_fair_shares_stay_exact_however_far_the_clock_has_run() -> None:
     # The smallest weight, alone on its priority for a while, moves the clock far (here
     # as far as centuries of grants would): costs of a millisecond must still count.
@@ -210,12 +227,7 @@ def test_fair_shares_stay_exact_however_far_the_clock_has_run() -> None:
         shares.charge(slow, 1e10)
     for c in (three, one):
         shares.joined(c)
-    grants = {three.order: 0, one.order: 0}
-    for _ in range(400):
-        chosen = min((three, one), key=lambda c: (shares.start_tag(c), c.order))
-        shares.charge(chosen, 0.001)
-        grants[chosen.order] += 1
-    assert grants == {three.order: 300, one.order: 100}
+    assert grants_to(shares, (three, one), 400) == [300, 100]
 
 
 def test_engines_of_one_priority_fill_a_core_to_their_smallest_ring() -> None:
@@ -250,17 +262,40 @@ def test_a_ring_of_one_slot_still_leaves_room_for_a_task_queued_behind() -> None
     assert started == ["one", "other"] and feeds.held(0) == DEPTH
 
 
-def test_one_engine_alone_on_a_core_fills_its_whole_ring() -> None:
+def two_engines_on_core_0(ring: int) -> tuple[Dispatcher, list[str], Engine, Engine, Client]:
+    """Engines "a" and "b", each with a ring of ``ring`` slots, of one priority and
+    weight on core 0 of a dispatcher; and a's client."""
+    started: list[str] = []
+    records = {0: CoreRecord(0)}
+    a, b = Engine("a", started, records, ring), Engine("b", started, records, ring)
+    feeds = Dispatcher(records)
+    client = join(feeds, a, 0, 1.0)
+    join(feeds, b, 0, 1.0)
+    return feeds, started, a, b, client
+
+
+def two_cores_with(
+    first: tuple[str, int, int, int], second: tuple[str, int, int, int]
+) -> tuple[Dispatcher, list[str], Engine, Engine]:
+    """A dispatcher over cores 0 and 1 and two engines of weight 1 on it, each given as
+    (name, its one core, its ring of slots, its priority)."""
     started: list[str] = []
     records = {0: CoreRecord(0), 1: CoreRecord(1)}
-    wide = Engine("wide", started, {0: records[0]}, 8)
-    other = Engine("other", started, {1: records[1]}, 2)
     feeds = Dispatcher(records)
-    join(feeds, wide, 0, 1.0)
-    join(feeds, other, 0, 1.0)
+    engines = []
+    for name, core, ring, priority in (first, second):
+        engine = Engine(name, started, {core: records[core]}, ring)
+        join(feeds, engine, priority, 1.0)
+        engines.append(engine)
+    return feeds, started, engines[0], engines[1]
+
+
+def test_one_engine_alone_on_a_core_fills_its_whole_ring() -> None:
+    feeds, started, wide, _ = two_cores_with(("wide", 0, 8, 0), ("other", 1, 2, 0))
     wide.queued = 10
     feeds.assign()
     assert feeds.held(0) == 8 > TOP_DEPTH  # nobody beside it there: its ring bounds it
+    assert started == ["wide"] * 8
 
 
 @pytest.mark.asyncio
@@ -429,12 +464,7 @@ def test_an_engine_that_had_no_work_banks_no_credit() -> None:
         shares.joined(c)
     for _ in range(10):
         shares.charge(busy, 0.001)
-    order = []
-    for _ in range(10):
-        chosen = min((busy, idle), key=lambda c: (shares.start_tag(c), c.order))
-        shares.charge(chosen, 0.001)
-        order.append(chosen.order)
-    assert order == [idle.order, busy.order] * 5
+    assert granted(shares, (busy, idle), 10) == [idle.order, busy.order] * 5
 
 
 def test_a_weight_below_one_gets_its_share() -> None:
@@ -442,12 +472,7 @@ def test_a_weight_below_one_gets_its_share() -> None:
     half, one = client(0, 0.5, 0), client(0, 1.0, 1)
     for c in (half, one):
         shares.joined(c)
-    grants = {half.order: 0, one.order: 0}
-    for _ in range(300):
-        chosen = min((half, one), key=lambda c: (shares.start_tag(c), c.order))
-        shares.charge(chosen, 0.001)
-        grants[chosen.order] += 1
-    assert grants == {half.order: 100, one.order: 200}
+    assert grants_to(shares, (half, one), 300) == [100, 200]
 
 
 def test_a_task_goes_to_the_core_where_its_own_model_would_end_soonest() -> None:
@@ -468,13 +493,7 @@ def test_a_task_goes_to_the_core_where_its_own_model_would_end_soonest() -> None
 def test_the_top_engine_fills_its_core_to_top_depth_though_another_core_has_room() -> None:
     # Core 1 is empty (no engine of these uses it), so the dispatcher looks on; the
     # one top-priority engine on core 0, its ring of 8, still stops at TOP_DEPTH.
-    started: list[str] = []
-    records = {0: CoreRecord(0), 1: CoreRecord(1)}
-    low = Engine("low", started, {0: records[0]}, 2)
-    high = Engine("high", started, {0: records[0]}, 8)
-    feeds = Dispatcher(records)
-    join(feeds, low, 0, 1.0)
-    join(feeds, high, 1, 1.0)
+    feeds, started, _, high = two_cores_with(("low", 0, 2, 0), ("high", 0, 8, 1))
     high.queued = 10
     feeds.assign()
     assert started == ["high"] * TOP_DEPTH and feeds.held(0) == TOP_DEPTH
@@ -533,12 +552,7 @@ def test_a_released_slot_and_its_request_let_go_of_each_other() -> None:
     # A step off the loop gives its request's slot back when it ends, unless a close
     # took the slot back meanwhile: it reads the request's slot to know. Released, the
     # request holds no slot, and the idle slot no request.
-    started: list[str] = []
-    records = {0: CoreRecord(0)}
-    a, b = Engine("a", started, records, 2), Engine("b", started, records, 2)
-    feeds = Dispatcher(records)
-    client = join(feeds, a, 0, 1.0)
-    join(feeds, b, 0, 1.0)
+    feeds, _, a, _, client = two_engines_on_core_0(ring=2)
     pairs: list[tuple[Started, Slot]] = []
     a.start = lambda request, slot: pairs.append((request, slot))  # type: ignore[method-assign]
     a.queued = 1
@@ -554,12 +568,7 @@ def test_requests_ending_at_their_start_are_assigned_in_one_loop_not_recursively
     # A request past its deadline ends at its start: its slot comes back and the flow
     # asks for an assignment from within the grant. Thousands in a row are folded into
     # the assignment running, not each a frame deeper on the stack.
-    started: list[str] = []
-    records = {0: CoreRecord(0)}
-    a, b = Engine("a", started, records, 2), Engine("b", started, records, 2)
-    feeds = Dispatcher(records)
-    client = join(feeds, a, 0, 1.0)
-    join(feeds, b, 0, 1.0)
+    feeds, started, a, _, client = two_engines_on_core_0(ring=2)
 
     def ends_at_its_start(request: Started, slot: Slot) -> None:
         started.append(request.name)
@@ -581,21 +590,11 @@ def test_an_engine_joining_late_starts_at_its_prioritys_clock() -> None:
     for _ in range(10):
         shares.charge(early, 0.001)
     shares.joined(late)
-    order = []
-    for _ in range(10):
-        chosen = min((early, late), key=lambda c: (shares.start_tag(c), c.order))
-        shares.charge(chosen, 0.001)
-        order.append(chosen.order)
-    assert order == [late.order, early.order] * 5
+    assert granted(shares, (early, late), 10) == [late.order, early.order] * 5
 
 
 def test_engines_of_one_priority_with_large_rings_fill_a_core_to_top_depth() -> None:
-    started: list[str] = []
-    records = {0: CoreRecord(0)}
-    a, b = Engine("a", started, records, 8), Engine("b", started, records, 8)
-    feeds = Dispatcher(records)
-    join(feeds, a, 0, 1.0)
-    join(feeds, b, 0, 1.0)
+    feeds, started, a, b, _ = two_engines_on_core_0(ring=8)
     a.queued = b.queued = 10
     feeds.assign()
     assert feeds.held(0) == TOP_DEPTH and sorted(started) == ["a", "a", "b", "b"]
