@@ -489,6 +489,15 @@ def table(report: dict[str, Any]) -> str:
 # -- --streams N --------------------------------------------------------------------------
 
 
+async def ticker(lags: list[float], stop: asyncio.Event) -> None:
+    """How late a 1 ms sleep on the loop ends, each time, until ``stop``."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + 1e-3
+        await asyncio.sleep(1e-3)
+        lags.append(max(0.0, loop.time() - due))
+
+
 async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
     """N streams at 30 frames/s into one engine: each stream's delivered rate and its
     capture-to-boxes latencies (capture: the frame's slot on its 30 Hz clock)."""
@@ -504,7 +513,7 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
 
         async def one(number: int) -> None:
             latencies: list[float] = []
-            dropped = 0
+            late_drops = full_drops = 0
             if video_source is not None:
                 camera = video_source(
                     str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=2,
@@ -533,12 +542,12 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
                     late = int((time.perf_counter() - due) * FPS)  # whole slots missed
                     if late:  # newest wins: the frames of the slots missed are dropped
-                        dropped += late
+                        late_drops += late
                         slot += late
                         continue
                     slot += 1
                     if len(in_flight) >= PIPELINE:  # newest wins over a full pipeline
-                        dropped += 1
+                        full_drops += 1
                         continue
                     frame = await anext(source)
                     task = asyncio.ensure_future(boxes(frame, due))
@@ -551,10 +560,24 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
                 else:
                     reader.close()
             results.append({"fps": len(latencies) / args.seconds, "latencies": latencies,
-                            "dropped": dropped})  # fmt: skip
+                            "late": late_drops, "full": full_drops})  # fmt: skip
 
+        # Which side runs short: the cores (busy all the time), the event loop (late
+        # to wake), or neither (the decoders, or the way frames reach the loop).
+        lags: list[float] = []
+        stop = asyncio.Event()
+        tick = asyncio.ensure_future(ticker(lags, stop))
+        busy_before = [core.busy_time for core in opened.statistics().cores]
         window = Window(opened.runtime)
+        started = time.perf_counter()
         await asyncio.gather(*(one(k) for k in range(args.streams)))
+        elapsed = time.perf_counter() - started
+        busy = [
+            (core.busy_time - before) / elapsed
+            for core, before in zip(opened.statistics().cores, busy_before, strict=True)
+        ]
+        stop.set()
+        await tick
         delivered = sum(len(r["latencies"]) for r in results)
         cpu = window.per_frame(max(delivered, 1))
     rates = [r["fps"] for r in results]
@@ -567,7 +590,14 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         "fps": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
         "p99_ms": summarize(p99) if p99 else None,
         "frame_interval_ms": 1e3 / FPS,
-        "dropped": sum(r["dropped"] for r in results),
+        "dropped": sum(r["late"] + r["full"] for r in results),
+        # frames dropped because the stream's loop woke a whole interval late, and
+        # because PIPELINE frames of the stream were still in flight
+        "dropped_late": sum(r["late"] for r in results),
+        "dropped_pipeline_full": sum(r["full"] for r in results),
+        # each core's busy time over the run (sources opening included) / its length
+        "core_busy_fraction": busy,
+        "loop_lag_p99_ms": 1e3 * float(np.percentile(lags, 99)) if lags else None,
         # the whole run's host CPU (sources opening included) per frame delivered
         "host_us_per_frame": cpu["host_us"],
         "host_cores": cpu["host_us"] * delivered / 1e6 / (args.seconds + 1.0),
