@@ -3,9 +3,9 @@ PyNvVideoCodec lets other threads run while it decodes.
 
 1. **Phases**, one thread, no engine: PyNvVideoCodec's demuxing (``next(demuxer)``),
    its ``Decode`` (NVDEC's parse, decode and map), and what aiodla's ``nvdec`` decoder
-   adds to each picture: reading the planes' views (``_planes``), the two
-   device-to-device copies into a buffer of the source's pool, and the synchronize
-   before the picture leaves. Thread CPU (``time.thread_time``) per frame, ``--repeats``
+   adds to each picture (``_copied``, as the decoder calls it: reading the planes'
+   views, the two device-to-device copies into a buffer of the source's pool, and the
+   synchronize before the picture leaves). Thread CPU (``time.thread_time``) per frame, ``--repeats``
    passes over the clip, median and min..max.
 2. **The GIL**: 0, 1, 4 and 16 threads demux and decode the clip flat out while the
    main thread sleeps 1 ms at a time: how late it wakes (p50, p99, max) says how long
@@ -32,15 +32,14 @@ from typing import Any
 
 import numpy as np
 import PyNvVideoCodec as nvc
-from cuda.bindings import runtime as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_video import make_clip
 
-from aiodla._video_nvdec import _planes
+from aiodla._video_nvdec import _copied, _DevicePool
 
-PHASES = ("demux", "decode", "views", "copies", "synchronize")
+PHASES = ("demux", "decode", "aiodla")
 THREADS = (0, 1, 4, 16)
 TICK = 1e-3
 
@@ -57,9 +56,8 @@ def phases(clip: str) -> dict[str, float]:
     """One pass: each phase's thread CPU per frame, in microseconds."""
     spent = dict.fromkeys(PHASES, 0.0)
     demuxer, decoder = opened(clip)
-    target = 0
+    pool: _DevicePool | None = None
     frames = 0
-    kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     packets = iter(demuxer)
     while True:
         began = time.thread_time()
@@ -73,23 +71,14 @@ def phases(clip: str) -> dict[str, float]:
         spent["decode"] += decoded - demuxed
         for picture in pictures:
             began = time.thread_time()
-            (luma, luma_pitch), (chroma, chroma_pitch) = _planes(picture)
             width, height = decoder.GetWidth(), decoder.GetHeight()
-            if not target:
-                target = int(rt.cudaMalloc(width * height * 3 // 2)[1])
-            viewed = time.thread_time()
-            rt.cudaMemcpy2DAsync(target, width, luma, luma_pitch, width, height, kind, 0)
-            rt.cudaMemcpy2DAsync(
-                target + width * height, width, chroma, chroma_pitch, width, height // 2, kind, 0
-            )
-            copied = time.thread_time()
-            rt.cudaStreamSynchronize(0)
-            spent["views"] += viewed - began
-            spent["copies"] += copied - viewed
-            spent["synchronize"] += time.thread_time() - copied
+            if pool is None:
+                pool = _DevicePool(width * height * 3 // 2)
+            _copied(picture, pool, width, height)  # (dropped at once: back to the pool)
+            spent["aiodla"] += time.thread_time() - began
             frames += 1
-    if target:
-        rt.cudaFree(target)
+    if pool is not None:
+        pool.close()
     return {name: value / max(frames, 1) * 1e6 for name, value in spent.items()} | {
         "frames": frames
     }
@@ -163,9 +152,6 @@ def main() -> None:
             }
             print(f"{name:12} {statistics.median(values):8.1f} us a frame "
                   f"({min(values):.1f}..{max(values):.1f})")  # fmt: skip
-        ours = sum(report["phases_us"][n]["median"] for n in ("views", "copies", "synchronize"))
-        report["aiodla_us"] = ours
-        print(f"aiodla's own share (views, copies, synchronize): {ours:.1f} us a frame")
         report["gil"] = {}
         for threads in THREADS:
             row = gil(clip, threads, args.seconds)

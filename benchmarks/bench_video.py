@@ -69,7 +69,7 @@ import numpy as np
 from _reports import report_path
 from _standin_lib import load_standin
 from _thread_cpu import per_request, snapshot
-from bench_data_path import device_floor
+from bench_data_path import device_floor, ticker
 
 import aiodla
 from aiodla import Detect, Engine, ImagePreprocess, VideoFrame
@@ -487,15 +487,6 @@ def table(report: dict[str, Any]) -> str:
 
 
 # -- --streams N --------------------------------------------------------------------------
-
-
-async def ticker(lags: list[float], stop: asyncio.Event) -> None:
-    """How late a 1 ms sleep on the loop ends, each time, until ``stop``."""
-    loop = asyncio.get_running_loop()
-    while not stop.is_set():
-        due = loop.time() + 1e-3
-        await asyncio.sleep(1e-3)
-        lags.append(max(0.0, loop.time() - due))
 
 
 async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
