@@ -6,8 +6,9 @@
 #     bash tests/gpu/device_run.sh                       # every step
 #     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
 #     STEPS="build pytest kernels datapath" bash tests/gpu/device_run.sh  # the data path
-#     STEPS="build pytest video poolsync shared" bash tests/gpu/device_run.sh  # cameras, in
-#         one call of about 9 minutes (the open questions of "Cameras in" and issue 45)
+#     STEPS="build pytest video poolsync shared" bash tests/gpu/device_run.sh  # cameras:
+#         the open questions of "Cameras in" and issue 45 (about 9 minutes by the steps'
+#         earlier timings; not yet run as one call)
 #
 # Wheels the image lacks travel in .whl/ (installed one by one); PyAV and PyNvVideoCodec,
 # too large together for wheels within the carry limit, may travel as their installed
