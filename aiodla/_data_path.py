@@ -128,24 +128,26 @@ class HostPath:
             binding.preprocess, binding.scratch = preprocess, np.empty(spec.shape, np.float32)
         return binding
 
-    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
-        """Bytes the host reads or writes to stage ``arrays`` into ``slot`` (what the
-        engine's ``offload_bytes`` weighs): every packed tensor's; a camera frame's own
-        bytes and its pre-processed model input, both on the host here."""
-        total = 0
-        for binding, array in zip(slot.inputs, arrays, strict=True):
-            total += binding.spec.size
-            if binding.preprocess is not None and binding.scratch is not None:
-                total += array.nbytes + binding.scratch.nbytes
-        return total
-
-    def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
+    def write_inputs(self, slot: Slot, arrays: Sequence[Any], limit: int | None = None) -> bool:
+        """Pack ``arrays`` into the slot's pinned buffers (a camera frame pre-processed
+        on the host first). Packs nothing and returns False when that moves more than
+        ``limit`` bytes on the host: every packed tensor's, and a frame's own bytes and
+        its pre-processed model input."""
+        if limit is not None:
+            moved = 0
+            for binding, array in zip(slot.inputs, arrays, strict=True):
+                moved += binding.spec.size
+                if binding.preprocess is not None and binding.scratch is not None:
+                    moved += array.nbytes + binding.scratch.nbytes
+            if moved > limit:
+                return False
         for binding, array in zip(slot.inputs, arrays, strict=True):
             assert binding.bound is not None
             if binding.preprocess is not None:
                 pre = binding.preprocess
                 array = pre.apply(array, binding.spec, binding.scratch, validate=False)
             binding.bound.write(array, checked=True)
+        return True
 
     def write_zeros(self, slot: Slot) -> None:
         for binding in slot.inputs:
@@ -326,75 +328,60 @@ class DevicePath:
 
     # -- one request (loop thread, or a worker thread for large inputs) -----------------
 
-    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
-        """Bytes the host copies to stage ``arrays`` into ``slot`` (what the engine's
-        ``offload_bytes`` weighs): none for a device array or for a camera frame the
-        kernels read in place from an engine frame buffer; a frame pre-processed on the
-        host (no pre-processing kernels) counts its model input too."""
-        total = 0
-        found: list[FrameRead | None] = []
+    def write_inputs(self, slot: Slot, arrays: Sequence[Any], limit: int | None = None) -> bool:
+        """Stage host arrays' bytes (any layout in, dense out) and record what each pack
+        kernel reads; device arrays, and camera frames the kernels read in place from an
+        engine frame buffer, stay where they are. Stages nothing and returns False when
+        that would copy more than ``limit`` bytes on the host (the engine's
+        ``offload_bytes``: the caller stages them in a worker thread instead)."""
+        found: list[Read | None] = []
+        copied = 0
         for binding, value in zip(slot.inputs, arrays, strict=True):
-            read = None
-            if isinstance(value, DeviceSource):
-                pass
-            elif binding.preprocess is None or not self.fused:
-                total += value.nbytes
-                if binding.preprocess is not None:
-                    total += _elements(binding.spec) * 4  # (the float32 model input)
-            else:
-                read = self._frame_buffer_read(binding, value)
-                if read is None:
-                    total += value.nbytes
+            read = self._read_in_place(binding, value)
+            if read is None:
+                copied += value.nbytes
+                if binding.preprocess is not None and not self.fused:
+                    copied += _elements(binding.spec) * 4  # (the float32 model input)
             found.append(read)
-        # Nothing to copy: the engine stages these arrays on the loop, next (nothing
-        # weighs 0 bytes as worth a thread), so write_inputs takes the frames' reads
-        # found here instead of looking each frame up again.
-        slot.frames_found = (arrays, found) if total == 0 and any(found) else None
-        return total
+        if limit is not None and copied > limit:
+            return False
+        slot.reads = [
+            self._stage(binding, value) if read is None else read
+            for binding, value, read in zip(slot.inputs, arrays, found, strict=True)
+        ]
+        return True
 
-    def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
-        """Copy host arrays' bytes into staging (any layout in, dense out); device
-        arrays stay where they are. Records what each pack kernel reads."""
-        reads: list[Read] = []
-        looked_up, slot.frames_found = slot.frames_found, None
-        if looked_up is not None and looked_up[0] is arrays:
-            found: Sequence[FrameRead | None] = looked_up[1]
-        else:
-            found = [None] * len(slot.inputs)
-        for binding, value, in_place in zip(slot.inputs, arrays, found, strict=True):
-            if in_place is not None:  # in an engine frame buffer: no staging copy
-                reads.append(in_place)
-            elif isinstance(value, DeviceSource) and binding.preprocess is not None:
-                reads.append(device_frame_read(binding.preprocess, value))
-            elif isinstance(value, DeviceSource):
-                n, c, h, w = value.strides
-                # 0: after the ingest stream (DLPack); else the interface's own stream
-                reads.append((value.pointer, value.dtype, (n, c, h, w), value.wait_stream or 0))
-            elif binding.preprocess is None:
-                reads.append(self._stage_array(binding, value))
-            else:
-                reads.append(self._stage(binding, value))
-        slot.reads = reads
+    def _read_in_place(self, binding: TensorBinding, value: Any) -> Read | None:
+        """The read of an input the kernels take where it lies (a device array, a frame
+        in an engine frame buffer); None for one the host must copy into staging."""
+        if isinstance(value, DeviceSource):
+            if binding.preprocess is not None:
+                return device_frame_read(binding.preprocess, value)
+            n, c, h, w = value.strides
+            # 0: after the ingest stream (DLPack); else the interface's own stream
+            return (value.pointer, value.dtype, (n, c, h, w), value.wait_stream or 0)
+        if binding.preprocess is not None and self.fused:
+            return self._frame_buffer_read(binding, value)
+        return None
 
     def _stage(self, binding: TensorBinding, array: _Array) -> Read:
-        spec = binding.spec
-        if binding.preprocess is not None and self.fused:
-            in_place = self._frame_buffer_read(binding, array)
-            if in_place is not None:  # no staging copy: the frame is already pinned
-                return in_place
-            # The frame's own bytes: the fused kernel does the rest on the stream.
+        """A host array copied into the binding's staging: a camera frame's own bytes
+        (the fused kernel does the rest on the stream), a frame pre-processed on the
+        host into the model input, or a tensor's bytes as they are."""
+        spec, preprocess = binding.spec, binding.preprocess
+        if preprocess is not None and self.fused:
             staged = binding.host.array[: array.nbytes].reshape(array.shape)
             np.copyto(staged, array)
             height, width = array.shape[:2]
-            if binding.preprocess.source in _PLANAR:
+            if preprocess.source in _PLANAR:
                 height = height * 2 // 3
             pointer = self._staged_at(binding)
             # The staged copy is dense whatever the caller's strides (a crop, a flip).
             return FrameRead(pointer, height, width, staged.strides[0], array.nbytes)
-        if binding.preprocess is not None:
+        if preprocess is not None:
             # The model input, pre-processed on the host straight into staging.
             staged = binding.host.array[: _elements(spec) * 4].view(np.float32)
-            binding.preprocess.apply(array, spec, staged.reshape(spec.shape), validate=False)
+            preprocess.apply(array, spec, staged.reshape(spec.shape), validate=False)
             array = staged.reshape(spec.shape)
             pointer = self._staged_at(binding)
             return (pointer, array.dtype, _dense_strides(spec.shape), None)

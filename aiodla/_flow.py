@@ -173,17 +173,17 @@ class Flow:
         # From now on the slot holds the request's device arrays: released with it,
         # once no kernel of it can read them.
         slot.keep, request.sources = request.sources, ()
-        if (
-            self.offload_pack
-            and self.device.staging_bytes(slot, request.arrays) > self._offload_limit
-        ):
-            self._step(request, pack(self, request, slot))  # PACKING, off the loop
-            return
+        # Staged here unless that moves more than offload_bytes on the host: then in a
+        # worker thread (PACKING, off the loop).
+        limit = self._offload_limit if self.offload_pack else None
         try:
-            self.device.write_inputs(slot, request.arrays)
+            staged = self.device.write_inputs(slot, request.arrays, limit)
         except Exception as exc:  # validated already: a failure here is a bug, kept local
             self.release(slot)
             self.finish(request, error=AiodlaError(f"packing the input failed: {exc}"))
+            return
+        if not staged:
+            self._step(request, pack(self, request, slot))
             return
         self.submit(slot, request, now)
 

@@ -252,20 +252,20 @@ class LocalDevice:
 
     # -- one slot's work (loop thread) -------------------------------------------------------
 
-    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
-        """Bytes the host copies to stage ``arrays`` (:meth:`DataPath.staging_bytes`)."""
-        return self.path.staging_bytes(slot, arrays)
-
     @property
     def detects_on_stream(self) -> bool:
         return self.path.detect is not None
 
-    def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
+    def write_inputs(self, slot: Slot, arrays: Sequence[Any], limit: int | None = None) -> bool:
         """Stage validated inputs for the slot: packed into its pinned buffers (host
-        conversion), or their bytes copied (device conversion; device arrays stay)."""
-        self.path.write_inputs(slot, arrays)
+        conversion), or their bytes copied (device conversion; device arrays stay).
+        Nothing is staged, and False returned, when that would move more than ``limit``
+        bytes on the host."""
+        if not self.path.write_inputs(slot, arrays, limit):
+            return False
         if self.trace is not None:
             self.trace.packed(slot.request)
+        return True
 
     def write_zeros(self, slot: Slot) -> None:
         """Zeros into every input: the input of a probe task."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._core_record import CoreRecord, busy_stated, follow, span
@@ -95,10 +95,6 @@ class Slot:
     pooled: list[int] = dataclasses.field(default_factory=list)
     keep: tuple[Any, ...] = ()
     ingest_event: int = 0
-    # The arrays of the request being started and the frame-buffer reads the data path
-    # found for them while weighing them (``staging_bytes``), taken by its
-    # ``write_inputs`` right after: one lookup of each frame, not two.
-    frames_found: tuple[Sequence[Any], list[Any]] | None = None
     # Graphs of the work before and after the task, by kind of request (see _graphs).
     graphs_in: dict[Hashable, Any] = dataclasses.field(default_factory=dict)
     graphs_out: dict[Hashable, Any] = dataclasses.field(default_factory=dict)

@@ -100,8 +100,10 @@ def staged_on_the_loop(engine: Engine) -> list[bool]:
     real, loop_thread = cores.write_inputs, threading.current_thread()
 
     def write_inputs(*args: Any) -> Any:
-        on_loop.append(threading.current_thread() is loop_thread)
-        return real(*args)
+        staged = real(*args)
+        if staged:  # (False: weighed on the loop and left for a worker thread)
+            on_loop.append(threading.current_thread() is loop_thread)
+        return staged
 
     cores.write_inputs = write_inputs
     return on_loop

@@ -40,17 +40,24 @@ def detector(model: bytes, convert: str = "device") -> Engine:
 
 
 class Threads:
-    """Records, per call of a device layer method, whether it ran on the loop's thread."""
+    """Records, per call of a device layer method that did its step, whether it ran on
+    the loop's thread (a staging call that returns False weighed the request and left
+    it for a worker thread)."""
 
     def __init__(self, engine: Engine, name: str) -> None:
         self.on_loop: list[bool] = []
+        self.declined = 0
         layer = engine._device
         real = getattr(layer, name)
         loop_thread = threading.current_thread()
 
         def spy(*args: Any) -> Any:
-            self.on_loop.append(threading.current_thread() is loop_thread)
-            return real(*args)
+            result = real(*args)
+            if result is False:
+                self.declined += 1
+            else:
+                self.on_loop.append(threading.current_thread() is loop_thread)
+            return result
 
         setattr(layer, name, spy)
 
@@ -134,16 +141,35 @@ async def test_a_frame_in_a_frame_buffer_is_looked_up_once(model: bytes) -> None
 
 
 @pytest.mark.asyncio
-async def test_what_was_found_for_other_arrays_is_not_used(model: bytes) -> None:
-    """The reads found while weighing one request's arrays serve those arrays only: a
-    slot staged with other arrays next looks them up itself."""
+async def test_over_the_limit_nothing_is_staged(model: bytes) -> None:
+    """Weighed over the limit, a request's arrays are left for a worker thread: the
+    slot's reads stay as they were (nothing half staged); within it, or with no limit,
+    they are staged. A frame read in place from a frame buffer weighs nothing."""
     async with detector(model) as engine:
-        first, second = engine.frame_buffers(2, (720, 1280, 3))
-        first[:], second[:] = frame(), frame()[::-1]
+        (buffer,) = engine.frame_buffers(1, (720, 1280, 3))
+        buffer[:] = frame()
         path, slot = engine._device.path, engine._device.slots[0]
-        assert path.staging_bytes(slot, [first]) == 0  # (found in place)
-        arrays = [second]
-        path.write_inputs(slot, arrays)
-        expected = path._frame_buffer_read(slot.inputs[0], second)
-        assert expected is not None and slot.reads == [expected]
-        assert slot.frames_found is None  # taken, not left for a later request
+        copy = buffer.copy()
+        before = list(slot.reads)
+        assert path.write_inputs(slot, [copy], copy.nbytes - 1) is False
+        assert slot.reads == before
+        assert path.write_inputs(slot, [copy], copy.nbytes) is True
+        assert slot.reads != before and slot.reads[0].source == 0  # staged by a copy
+        assert path.write_inputs(slot, [buffer], 0) is True
+        assert slot.reads == [path._frame_buffer_read(slot.inputs[0], buffer)]
+        assert path.write_inputs(slot, [copy]) is True  # no limit: always staged
+
+
+@pytest.mark.parametrize("convert", ["host", "device"])
+@pytest.mark.asyncio
+async def test_a_request_over_the_limit_is_staged_in_a_thread_once(
+    model: bytes, convert: str
+) -> None:
+    """The loop's call weighs the frame and declines; the thread's call stages it:
+    one staging, in the thread, and the same boxes as the next request's."""
+    async with detector(model, convert) as engine:
+        calls = Threads(engine, "write_inputs")
+        want = await engine.infer(frame())
+        assert calls.on_loop == [False] and calls.declined == 1
+        got = await engine.infer(frame())
+        assert got.boxes.tobytes() == want.boxes.tobytes() and len(got) > 5

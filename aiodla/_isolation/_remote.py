@@ -250,11 +250,8 @@ class RemoteDevice:
 
     # -- one slot's work (loop thread) -------------------------------------------------------
 
-    def staging_bytes(self, slot: Slot, arrays: Sequence[Any]) -> int:
-        return self.path.staging_bytes(slot, arrays)
-
-    def write_inputs(self, slot: Slot, arrays: Sequence[Any]) -> None:
-        self.path.write_inputs(slot, arrays)
+    def write_inputs(self, slot: Slot, arrays: Sequence[Any], limit: int | None = None) -> bool:
+        return self.path.write_inputs(slot, arrays, limit)
 
     def write_zeros(self, slot: Slot) -> None:
         self.path.write_zeros(slot)
