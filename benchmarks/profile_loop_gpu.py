@@ -8,6 +8,10 @@ how much). Needs the GPU stand-in, loaded before anything opens cuDLA::
 
     python benchmarks/profile_loop_gpu.py [--standin LIB] [--seconds 2] [--service 0.0111]
 
+``--only small`` or ``--only boxes`` runs one case; ``--no-cprofile`` skips the profiled
+pass (for a sampling profiler outside the process, such as ``py-spy record --threads
+--native``, which sees the loop thread alone and the C calls under it).
+
 ``--emulated`` runs it on the emulated runtime instead (a dry run without a GPU).
 """
 
@@ -45,6 +49,7 @@ async def measure(
     in_buffer: bool,
     seconds: float,
     make_runtime: Any,
+    profiled: bool = True,
 ) -> None:
     runtime = make_runtime()
     async with Engine(
@@ -88,6 +93,8 @@ async def measure(
             f"loop thread {1e6 * cpu / done:.0f} us CPU a request; counted per request: "
             f"{per_request}"
         )
+        if not profiled:
+            return
         profile = cProfile.Profile()
         done, cpu = await load(profile)
     print(f"under cProfile: {done} requests, loop thread {1e6 * cpu / done:.0f} us a request")
@@ -117,11 +124,29 @@ async def main(args: argparse.Namespace) -> None:
         "preprocess": {cases.FRAME.name: letterbox},
         "postprocess": Detect(head="yolov5"),
     }
-    service = args.service
-    await measure(
-        "small 32x32", cases.small(service), small_input, {}, False, args.seconds, make_runtime
-    )
-    await measure("boxes", cases.yolov5s(service), camera, boxes, True, args.seconds, make_runtime)
+    service, profiled = args.service, not args.no_cprofile
+    if args.only in (None, "small"):
+        await measure(
+            "small 32x32",
+            cases.small(service),
+            small_input,
+            {},
+            False,
+            args.seconds,
+            make_runtime,
+            profiled,
+        )
+    if args.only in (None, "boxes"):
+        await measure(
+            "boxes",
+            cases.yolov5s(service),
+            camera,
+            boxes,
+            True,
+            args.seconds,
+            make_runtime,
+            profiled,
+        )
 
 
 if __name__ == "__main__":
@@ -130,4 +155,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--service", type=float, default=0.0111)
     parser.add_argument("--emulated", action="store_true")
+    parser.add_argument("--only", choices=("small", "boxes"))
+    parser.add_argument("--no-cprofile", action="store_true")
     asyncio.run(main(parser.parse_args()))

@@ -6,6 +6,8 @@
 #     bash tests/gpu/device_run.sh                       # every step
 #     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
 #     STEPS="build pytest kernels datapath" bash tests/gpu/device_run.sh  # the data path
+#     STEPS="build profile video poolsync" bash tests/gpu/device_run.sh  # camera to boxes,
+#         the loop thread sampled; and, as below, the cameras' questions
 #     STEPS="build pytest video poolsync shared" bash tests/gpu/device_run.sh  # cameras:
 #         the open questions of "Cameras in" and issue 45 (about 9 minutes by the steps'
 #         earlier timings; not yet run as one call)
@@ -133,6 +135,17 @@ if wanted threads; then
         --profile-service 1e-3 --profile-out /tmp/profile-cuda-1000us"
 fi
 
+# Camera to boxes against the small model: each one's loop thread sampled by py-spy
+# (its wheel carried in .whl/), native frames included, so that the CUDA calls under the
+# loop's Python show (cProfile, on 3.12, profiles every thread and inflates small calls).
+if wanted profile; then
+    SPY=/tmp/site/bin/py-spy
+    step profile 150 bash -c "for case in small boxes; do $SPY record --threads --native \
+        --rate 500 --format raw -o \"$OUT/spy-\$case.txt\" -- python3 \
+        benchmarks/profile_loop_gpu.py --only \$case --no-cprofile --seconds 3 \
+        && python3 tools/spy_threads.py \"$OUT/spy-\$case.txt\" --under _run_once \
+        --idle epoll_wait --threads 1 --top 40 > \"$OUT/spy-\$case-loop.txt\"; done"
+fi
 # Cameras: where the nvdec thread's CPU goes and whether PyNvVideoCodec's Decode keeps
 # the GIL from other threads; sixteen 1080p30 streams through NVDEC and, beside them,
 # through PyAV (which lets go of the GIL while decoding).
@@ -158,7 +171,7 @@ wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu 
 echo
 echo "=== summary"
 for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads \
-    video poolsync shared; do
+    profile video poolsync shared; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
