@@ -190,14 +190,14 @@ class FrameBuffers:
         element in it; None when the array lies elsewhere (or no buffer exists)."""
         if not self._starts:
             return None
-        low, high = _bounds(array)
+        first, low, high = _bounds(array)
         at = bisect.bisect(self._starts, low) - 1
         if at < 0:
             return None
         buffer = self._buffers[at]
         if high > buffer.ptr + buffer.nbytes:
             return None
-        return buffer, int(array.__array_interface__["data"][0]) - buffer.ptr
+        return buffer, first - buffer.ptr
 
     def buffer_at(self, address: int) -> HostBuffer:
         """The buffer that starts at ``address`` (one :meth:`find` returned)."""
@@ -258,12 +258,17 @@ def _positive(value: object) -> int:
     return max(int(value), 0)
 
 
-def _bounds(array: np.ndarray[Any, Any]) -> tuple[int, int]:
-    """The first byte an array reads and one past its last (any strides)."""
-    low = high = int(array.__array_interface__["data"][0])
+def _bounds(array: np.ndarray[Any, Any]) -> tuple[int, int, int]:
+    """The address of an array's first element, the lowest byte it reads and one past
+    its highest (any strides)."""
+    # (__array_interface__ builds a dict each time: read once, on every request)
+    first = int(array.__array_interface__["data"][0])
+    if array.flags.c_contiguous:  # a whole frame: its bytes in one run
+        return first, first, first + array.nbytes
+    low = high = first
     for size, stride in zip(array.shape, array.strides, strict=True):
         if size == 0:
-            return low, low
+            return first, low, low
         reach = (size - 1) * stride
         low, high = (low + reach, high) if reach < 0 else (low, high + reach)
-    return low, high + array.itemsize
+    return first, low, high + array.itemsize

@@ -42,6 +42,7 @@ Usage::
 
     python benchmarks/bench_video.py [OUTPUT.json] [--gpu] [--repeats 5] [--frames 120]
     python benchmarks/bench_video.py --gpu --streams 16 [--seconds 10] [--decoder ffmpeg]
+        [--streams-per-core 2] [--max-frames 2]
 
 ``--gpu`` runs on the CUDA runtime with the GPU stand-in (built with nvcc, or
 ``--standin`` / ``AIODLA_STANDIN_LIB``); without it, the emulated runtime, which checks
@@ -118,6 +119,7 @@ def engine(args: argparse.Namespace, source: str) -> Engine:
     return Engine(
         detector(args.task_ms / 1e3), runtime=args.runtime, convert="device",
         cores=range(CORES), preprocess={"images": pre}, postprocess=Detect(head="yolov5"),
+        streams_per_core=args.streams_per_core,
     )  # fmt: skip
 
 
@@ -507,7 +509,7 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
             late_drops = full_drops = 0
             if video_source is not None:
                 camera = video_source(
-                    str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=2,
+                    str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=args.max_frames,
                     name=f"stream {number}",
                 )  # fmt: skip
                 await camera.__aenter__()
@@ -558,15 +560,17 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         lags: list[float] = []
         stop = asyncio.Event()
         tick = asyncio.ensure_future(ticker(lags, stop))
-        busy_before = [core.busy_time for core in opened.statistics().cores]
+
+        async def busy_fraction() -> list[float]:
+            """Each core's busy time from the streams' first slot to their last / that."""
+            await asyncio.sleep(max(0.0, begin - time.perf_counter()))
+            before = [core.busy_time for core in opened.statistics().cores]
+            await asyncio.sleep(max(0.0, end - time.perf_counter()))
+            after = [core.busy_time for core in opened.statistics().cores]
+            return [(b - a) / args.seconds for a, b in zip(before, after, strict=True)]
+
         window = Window(opened.runtime)
-        started = time.perf_counter()
-        await asyncio.gather(*(one(k) for k in range(args.streams)))
-        elapsed = time.perf_counter() - started
-        busy = [
-            (core.busy_time - before) / elapsed
-            for core, before in zip(opened.statistics().cores, busy_before, strict=True)
-        ]
+        busy, *_ = await asyncio.gather(busy_fraction(), *(one(k) for k in range(args.streams)))
         stop.set()
         await tick
         delivered = sum(len(r["latencies"]) for r in results)
@@ -586,8 +590,10 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         # because PIPELINE frames of the stream were still in flight
         "dropped_late": sum(r["late"] for r in results),
         "dropped_pipeline_full": sum(r["full"] for r in results),
-        # each core's busy time over the run (sources opening included) / its length
+        # each core's busy time from the first slot to the last / that window's length
         "core_busy_fraction": busy,
+        "streams_per_core": args.streams_per_core,
+        "max_frames": args.max_frames,
         "loop_lag_p99_ms": 1e3 * float(np.percentile(lags, 99)) if lags else None,
         # the whole run's host CPU (sources opening included) per frame delivered
         "host_us_per_frame": cpu["host_us"],
@@ -607,6 +613,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-ms", type=float, default=3.8, help="the detector's task time")
     parser.add_argument("--streams", type=int, default=0, help="N 1080p30 streams instead")
     parser.add_argument("--seconds", type=float, default=10.0, help="--streams: how long")
+    parser.add_argument(
+        "--streams-per-core", type=int, default=2, help="the engine's slots on each core"
+    )
+    parser.add_argument(
+        "--max-frames", type=int, default=2, help="--streams: decoded frames a source keeps"
+    )
     parser.add_argument(
         "--decoder",
         default="auto",

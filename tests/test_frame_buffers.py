@@ -119,15 +119,20 @@ class TestEdges:
 
         a = np.zeros((4, 10), np.uint32)
         p = a.__array_interface__["data"][0]
-        assert _bounds(a) == (p, p + 160)
-        assert _bounds(a[1:2, 3:4]) == (p + 52, p + 56)  # one element
-        assert _bounds(a[:, ::3]) == (p, p + 160)  # its last element: row 3, column 9
-        assert _bounds(a[:3, :7:2]) == (p, p + 2 * 40 + 6 * 4 + 4)
-        assert _bounds(a[::-1, ::-2]) == (p + 4, p + 160)  # negative strides
+        assert _bounds(a) == (p, p, p + 160)
+        assert _bounds(a[1:2, 3:4]) == (p + 52, p + 52, p + 56)  # one element
+        assert _bounds(a[:, ::3]) == (p, p, p + 160)  # its last element: row 3, column 9
+        assert _bounds(a[:3, :7:2]) == (p, p, p + 2 * 40 + 6 * 4 + 4)
+        # negative strides: its first element is the highest
+        assert _bounds(a[::-1, ::-2]) == (p + 3 * 40 + 9 * 4, p + 4, p + 160)
         empty = a[2:2]
         q = empty.__array_interface__["data"][0]
-        assert _bounds(empty) == (q, q)  # nothing
-        assert _bounds(a[:1]) == (p, p + 40)  # a leading size-1 dimension
+        assert _bounds(empty) == (q, q, q)  # nothing
+        assert _bounds(a[:1]) == (p, p, p + 40)  # a leading size-1 dimension
+        assert _bounds(a[1:3]) == (p + 40, p + 40, p + 120)  # contiguous, not at the start
+        empty_strided = a[:, 2:2]
+        r = empty_strided.__array_interface__["data"][0]
+        assert _bounds(empty_strided) == (r, r, r)  # nothing, not contiguous
 
     def test_a_view_that_reaches_past_its_buffer_is_not_found(self, buffers: Any) -> None:
         made, _ = buffers

@@ -57,11 +57,15 @@ def read_count(raw: Any, layout: OutputLayout) -> int:
     """The count at the start of an output buffer's bytes; a ValueError for a count
     outside 0..max_det (a failed post-processing, or a corrupt buffer)."""
     count = int(np.asarray(raw, np.uint8).reshape(-1)[:4].view(np.int32)[0])
+    _check_count(count, layout)
+    return count
+
+
+def _check_count(count: int, layout: OutputLayout) -> None:
     if count == FAILED:
         raise ValueError("the device's post-processing of this request failed")
     if not 0 <= count <= layout.max_det:
         raise ValueError(f"detector output holds a count of {count}, not 0..{layout.max_det}")
-    return count
 
 
 def read_dropped(raw: Any) -> tuple[int, int]:
@@ -76,11 +80,12 @@ def read_output(raw: Any, layout: OutputLayout) -> Detections:
     from .._detect import Detections
 
     data = np.asarray(raw, np.uint8).reshape(-1)
-    count = read_count(data, layout)
+    # The header in one read (this runs once a request, on the event loop).
+    count, outside, not_finite = data[:12].view(np.int32).tolist()
+    _check_count(count, layout)
     boxes = data[layout.boxes : layout.boxes + 16 * count].view(np.float32).reshape(count, 4)
     scores = data[layout.scores : layout.scores + 4 * count].view(np.float32)
     classes = data[layout.classes : layout.classes + 4 * count].view(np.int32)
-    outside, not_finite = read_dropped(data)
     return Detections(
         boxes.copy(), scores.copy(), classes.copy(), outside=outside, not_finite=not_finite
     )
