@@ -29,7 +29,7 @@ time is its slot on a 30 Hz clock; decoding runs ahead of it, so the decoder's C
 throughput count, its own latency does not), newest frame wins, into ``Detect`` on both
 cores; per-stream delivered frame rate and p99 capture-to-boxes. Every stream's clock
 starts together (the worst case: sixteen frames arrive at once each interval), and a
-stream keeps up to ``PIPELINE`` (3) frames in flight, as a camera app that awaits each
+stream keeps up to ``_paced.PIPELINE`` (3) frames in flight, as a camera app that awaits each
 result in its own task does: the target allows three frame intervals from capture to
 boxes, so a frame still in flight when the next is captured is no reason to drop that
 one. A frame captured while three are in flight is dropped (newest wins). The stand-in's task
@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _paced import FPS, paced
 from _reports import report_path
 from _standin_lib import load_standin
 from _thread_cpu import per_request, snapshot
@@ -78,8 +79,6 @@ from aiodla.emulator import make_loadable
 from aiodla.emulator._detector import PRESETS
 
 SIZE = (1080, 1920)
-FPS = 30
-PIPELINE = 3  # frames in flight a stream, at most: the p99 target's three intervals
 CORES = 2
 COMPUTE_THREADS = "aiodla-emulated-compute"
 
@@ -505,12 +504,10 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         end = begin + args.seconds
 
         async def one(number: int) -> None:
-            latencies: list[float] = []
-            late_drops = full_drops = 0
             if video_source is not None:
                 camera = video_source(
-                    str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=args.max_frames,
-                    name=f"stream {number}",
+                    str(clip), decoder=decoder, engine=opened, repeat=True,
+                    max_frames=args.max_frames, name=f"stream {number}",
                 )  # fmt: skip
                 await camera.__aenter__()
                 source: Any = aiter(camera)
@@ -519,41 +516,22 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
                 buffers = opened.frame_buffers(8, (SIZE[0] * 3 // 2, SIZE[1]))
                 reader = PyAVFrames(clip, buffers, 10**9)
                 source = aiter(reader)
-            in_flight: set[asyncio.Future[None]] = set()
 
-            async def boxes(frame: Any, due: float) -> None:
+            async def boxes(frame: Any) -> None:
                 try:
                     await opened.infer(frame)
                 finally:
                     if reader is not None:
                         reader.release(frame)
-                latencies.append(time.perf_counter() - due)
 
             try:
-                slot = 0
-                while (due := begin + slot / FPS) < end:
-                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                    late = int((time.perf_counter() - due) * FPS)  # whole slots missed
-                    if late:  # newest wins: the frames of the slots missed are dropped
-                        late_drops += late
-                        slot += late
-                        continue
-                    slot += 1
-                    if len(in_flight) >= PIPELINE:  # newest wins over a full pipeline
-                        full_drops += 1
-                        continue
-                    frame = await anext(source)
-                    task = asyncio.ensure_future(boxes(frame, due))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-                await asyncio.gather(*in_flight)
+                stream = await paced(lambda: anext(source), boxes, begin, end)
             finally:
                 if reader is None:
                     await camera.__aexit__(None, None, None)
                 else:
                     reader.close()
-            results.append({"fps": len(latencies) / args.seconds, "latencies": latencies,
-                            "late": late_drops, "full": full_drops})  # fmt: skip
+            results.append({**stream, "fps": len(stream["latencies"]) / args.seconds})
 
         # Which side runs short: the cores (busy all the time), the event loop (late
         # to wake), or neither (the decoders, or the way frames reach the loop).

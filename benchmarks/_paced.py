@@ -1,0 +1,56 @@
+"""A camera's pace for the stream benchmarks: frames taken on a 30 Hz clock, newest wins.
+
+A stream takes a frame at each slot of its clock (its capture time is the slot, so a
+decoder's own latency does not count, its throughput does) and starts its request
+without awaiting the previous one's, up to ``PIPELINE`` in flight, as a camera app that
+awaits each result in its own task does. A slot missed while the stream's coroutine was
+late (the loop woke a whole interval late, or the source had no frame ready) is dropped
+and counted as ``late``; a frame captured while ``PIPELINE`` are in flight is dropped
+and counted as ``full``. What a stream delivered is its latencies from capture to result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+FPS = 30
+PIPELINE = 3  # frames in flight a stream, at most: a p99 target of three intervals
+
+
+async def paced(
+    take: Callable[[], Awaitable[Any]],
+    infer: Callable[[Any], Awaitable[Any]],
+    begin: float,
+    end: float,
+) -> dict[str, Any]:
+    """One stream from ``begin`` to ``end`` (``time.perf_counter()``): each slot's
+    frame from ``take()`` into ``infer(frame)``. Its latencies (seconds), and the frames
+    dropped ``late`` and ``full``."""
+    latencies: list[float] = []
+    late_drops = full_drops = 0
+    in_flight: set[asyncio.Future[None]] = set()
+
+    async def one(frame: Any, due: float) -> None:
+        await infer(frame)
+        latencies.append(time.perf_counter() - due)
+
+    slot = 0
+    while (due := begin + slot / FPS) < end:
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        late = int((time.perf_counter() - due) * FPS)  # whole slots missed
+        if late:  # newest wins: the frames of the slots missed are dropped
+            late_drops += late
+            slot += late
+            continue
+        slot += 1
+        if len(in_flight) >= PIPELINE:  # newest wins over a full pipeline
+            full_drops += 1
+            continue
+        task = asyncio.ensure_future(one(await take(), due))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    await asyncio.gather(*in_flight)
+    return {"latencies": latencies, "late": late_drops, "full": full_drops}
