@@ -54,3 +54,14 @@ async def paced(
         task.add_done_callback(in_flight.discard)
     await asyncio.gather(*in_flight)
     return {"latencies": latencies, "late": late_drops, "full": full_drops}
+
+
+async def cores_busy(engine: Any, begin: float, end: float) -> list[float]:
+    """Each of ``engine``'s cores' busy time from ``begin`` to ``end`` (the streams'
+    window, ``time.perf_counter()``) over that window's length: aiodla's accounting,
+    in which a task counts until its completion is seen."""
+    await asyncio.sleep(max(0.0, begin - time.perf_counter()))
+    before = [core.busy_time for core in engine.statistics().cores]
+    await asyncio.sleep(max(0.0, end - time.perf_counter()))
+    after = [core.busy_time for core in engine.statistics().cores]
+    return [(b - a) / (end - begin) for a, b in zip(before, after, strict=True)]

@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _paced import FPS, paced
+from _paced import FPS, cores_busy, paced
 from _reports import report_path
 from bench_data_path import SMALL_IN, small, ticker
 
@@ -91,15 +91,9 @@ async def run_once(args: argparse.Namespace, depth: int, holders: int) -> dict[s
         async def take() -> Any:
             return x
 
-        async def busy() -> list[float]:
-            await asyncio.sleep(max(0.0, begin - time.perf_counter()))
-            before = [core.busy_time for core in engine.statistics().cores]
-            await asyncio.sleep(max(0.0, end - time.perf_counter()))
-            after = [core.busy_time for core in engine.statistics().cores]
-            return [(b - a) / args.seconds for a, b in zip(before, after, strict=True)]
-
         fractions, *streams = await asyncio.gather(
-            busy(), *(paced(take, engine.infer, begin, end) for _ in range(args.streams))
+            cores_busy(engine, begin, end),
+            *(paced(take, engine.infer, begin, end) for _ in range(args.streams)),
         )
         ticking.set()
         await tick

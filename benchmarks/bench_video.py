@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _paced import FPS, paced
+from _paced import FPS, cores_busy, paced
 from _reports import report_path
 from _standin_lib import load_standin
 from _thread_cpu import per_request, snapshot
@@ -548,7 +548,9 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
             return [(b - a) / args.seconds for a, b in zip(before, after, strict=True)]
 
         window = Window(opened.runtime)
-        busy, *_ = await asyncio.gather(busy_fraction(), *(one(k) for k in range(args.streams)))
+        busy, *_ = await asyncio.gather(
+            cores_busy(opened, begin, end), *(one(k) for k in range(args.streams))
+        )
         stop.set()
         await tick
         delivered = sum(len(r["latencies"]) for r in results)

@@ -125,28 +125,13 @@ async def main(args: argparse.Namespace) -> None:
         "postprocess": Detect(head="yolov5"),
     }
     service, profiled = args.service, not args.no_cprofile
-    if args.only in (None, "small"):
-        await measure(
-            "small 32x32",
-            cases.small(service),
-            small_input,
-            {},
-            False,
-            args.seconds,
-            make_runtime,
-            profiled,
-        )
-    if args.only in (None, "boxes"):
-        await measure(
-            "boxes",
-            cases.yolov5s(service),
-            camera,
-            boxes,
-            True,
-            args.seconds,
-            make_runtime,
-            profiled,
-        )
+    runs = {
+        "small": ("small 32x32", cases.small(service), small_input, {}, False),
+        "boxes": ("boxes", cases.yolov5s(service), camera, boxes, True),
+    }
+    for key, (name, model, x, options, in_buffer) in runs.items():
+        if args.only in (None, key):
+            await measure(name, model, x, options, in_buffer, args.seconds, make_runtime, profiled)
 
 
 if __name__ == "__main__":

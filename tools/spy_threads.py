@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             if (not args.under or any(named(f, args.under) for f in stack))
             and not (stack and named(stack[-1], args.idle))
         ]
+    threads = {thread: stacks for thread, stacks in threads.items() if stacks}  # (none left)
     total = max(1, sum(c for stacks in threads.values() for _, c in stacks))
     ranked = sorted(threads.items(), key=lambda item: -sum(c for _, c in item[1]))
     for thread, stacks in ranked[: args.threads]:
