@@ -6,6 +6,8 @@
 #     bash tests/gpu/device_run.sh                       # every step
 #     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
 #     STEPS="build pytest kernels datapath" bash tests/gpu/device_run.sh  # the data path
+#     PACK=1 STEPS="build depths poolsync" bash tests/gpu/device_run.sh  # ring depths for
+#         sixteen NVDEC streams, the pool test both ways under synccheck; one archive
 #     STEPS="build profile video poolsync" bash tests/gpu/device_run.sh  # camera to boxes,
 #         the loop thread sampled; and, as below, the cameras' questions
 #     STEPS="build pytest video poolsync shared" bash tests/gpu/device_run.sh  # cameras:
@@ -164,6 +166,15 @@ if wanted poolsync; then
         python3 -m pytest "${PYTEST_ARGS[@]}" \
         tests/gpu/test_data_path_gpu.py::TestOrderingAndMemory::test_pool_memory_goes_back_when_dropped
 fi
+# Sixteen 1080p30 NVDEC streams at two, four and eight slots a core, and with four
+# decoded frames a source: does a deeper ring give a loop that the decoders' threads
+# hold up enough room (camera guide: unmeasured on the stand-in until this runs)?
+if wanted depths; then
+    step depths 240 bash -c "for spec in '2 2' '4 2' '8 2' '4 4'; do set -- \$spec; \
+        timeout 55 python3 benchmarks/bench_video.py \"$OUT/streams-nvdec-spc\$1-mf\$2.json\" \
+        --gpu --streams 16 --seconds 8 --decoder nvdec --streams-per-core \$1 \
+        --max-frames \$2 | tail -n 30; done"
+fi
 # Two engines on one Cores on the CUDA runtime: utilisation, shares, the priority bound.
 wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu --repeats 2 \
     --json "$OUT/shared-cores-standin.json"
@@ -171,7 +182,7 @@ wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu 
 echo
 echo "=== summary"
 for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads \
-    profile video poolsync shared; do
+    profile video depths poolsync shared; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
@@ -181,3 +192,7 @@ grep -E 'x ideal|aiodla p50 / floor' "$OUT/bench.log" 2> /dev/null | sed 's/^/be
 grep -E '^target' "$OUT/detect.log" 2> /dev/null | sed 's/^/detect: /'
 grep -E 'thread|process|recovery' "$OUT/isolation.log" 2> /dev/null | sed 's/^/isolation: /'
 echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+# The device tool brings back only a few files: PACK=1 leaves one archive of them all.
+if [ "${PACK:-0}" = 1 ]; then
+    tar czf /tmp/device-out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/device-out.tgz "$OUT/"
+fi
