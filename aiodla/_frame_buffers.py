@@ -263,12 +263,12 @@ def _bounds(array: np.ndarray[Any, Any]) -> tuple[int, int, int]:
     its highest (any strides)."""
     # (__array_interface__ builds a dict each time: read once, on every request)
     first = int(array.__array_interface__["data"][0])
-    if array.flags.c_contiguous:  # a whole frame: its bytes in one run
+    # A whole frame: its bytes in one run. (numpy counts every empty array contiguous,
+    # so the strides below always have elements to reach.)
+    if array.flags.c_contiguous:
         return first, first, first + array.nbytes
     low = high = first
     for size, stride in zip(array.shape, array.strides, strict=True):
-        if size == 0:
-            return first, low, low
         reach = (size - 1) * stride
         low, high = (low + reach, high) if reach < 0 else (low, high + reach)
     return first, low, high + array.itemsize

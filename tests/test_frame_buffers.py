@@ -130,6 +130,7 @@ class TestEdges:
         assert _bounds(empty) == (q, q, q)  # nothing
         assert _bounds(a[:1]) == (p, p, p + 40)  # a leading size-1 dimension
         assert _bounds(a[1:3]) == (p + 40, p + 40, p + 120)  # contiguous, not at the start
+        assert _bounds(a[2:3, ::3]) == (p + 80, p + 80, p + 120)  # one row, strided
         empty_strided = a[:, 2:2]
         r = empty_strided.__array_interface__["data"][0]
         assert _bounds(empty_strided) == (r, r, r)  # nothing, not contiguous
