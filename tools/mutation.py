@@ -208,7 +208,7 @@ _EQUIVALENT_BY_MODULE = {
         **{
             f"x__bounds__mutmut_{n}": "an array has as many strides as dimensions: zip's "
             "strictness never acts"
-            for n in (8, 11, 12)
+            for n in (10, 13, 14)
         },
         "xǁFrameBuffersǁclose__mutmut_7": "numpy sets a flag to the truth of the value: None "
         "is False",
