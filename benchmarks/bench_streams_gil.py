@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from _paced import FPS, cores_busy, paced
 from _reports import report_path
-from bench_data_path import SMALL_IN, small, ticker
+from bench_data_path import SMALL_IN, small, summarize, ticker
 
 from aiodla import Engine
 
@@ -67,8 +67,9 @@ def hold(data: list[int], stop: threading.Event) -> None:
         next_at += 1 / FPS
 
 
-async def run_once(args: argparse.Namespace, depth: int, holders: int) -> dict[str, Any]:
-    data = calibrated(args.hold_us) if holders else []
+async def run_once(
+    args: argparse.Namespace, depth: int, holders: int, data: list[int]
+) -> dict[str, Any]:
     stop = threading.Event()
     threads = [
         threading.Thread(target=hold, args=(data, stop), daemon=True) for _ in range(holders)
@@ -128,20 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     depths = [int(d) for d in args.depths.split(",")]
     cases = [(depth, holders) for depth in depths for holders in (0, args.holders)]
     raw: dict[str, list[dict[str, Any]]] = {f"depth {d}, {h} holders": [] for d, h in cases}
+    data = calibrated(args.hold_us)  # once: every case's holders hold the lock alike
     for repeat in range(args.repeats):
         for depth, holders in cases:  # interleaved
-            result = asyncio.run(run_once(args, depth, holders))
+            result = asyncio.run(run_once(args, depth, holders, data))
             raw[f"depth {depth}, {holders} holders"].append(result)
             print(f"[{repeat + 1}/{args.repeats}] depth {depth}, {holders} holders: {result}")
     summary = {
-        name: {
-            key: {
-                "median": statistics.median(r[key] for r in runs),
-                "min": min(r[key] for r in runs),
-                "max": max(r[key] for r in runs),
-            }
-            for key in runs[0]
-        }
+        name: {key: summarize([r[key] for r in runs]) for key in runs[0]}
         for name, runs in raw.items()
     }
     report = {

@@ -539,14 +539,6 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         stop = asyncio.Event()
         tick = asyncio.ensure_future(ticker(lags, stop))
 
-        async def busy_fraction() -> list[float]:
-            """Each core's busy time from the streams' first slot to their last / that."""
-            await asyncio.sleep(max(0.0, begin - time.perf_counter()))
-            before = [core.busy_time for core in opened.statistics().cores]
-            await asyncio.sleep(max(0.0, end - time.perf_counter()))
-            after = [core.busy_time for core in opened.statistics().cores]
-            return [(b - a) / args.seconds for a, b in zip(before, after, strict=True)]
-
         window = Window(opened.runtime)
         busy, *_ = await asyncio.gather(
             cores_busy(opened, begin, end), *(one(k) for k in range(args.streams))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
+import types
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,7 @@ not a stack line
 
 @pytest.fixture(scope="module")
 def spy() -> Any:
-    spec = importlib.util.spec_from_file_location("spy_threads", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return types.SimpleNamespace(**runpy.run_path(str(TOOL)))
 
 
 def test_the_loop_alone_without_its_waits(spy: Any, tmp_path: Path, capsys: Any) -> None:
