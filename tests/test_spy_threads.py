@@ -46,3 +46,12 @@ def test_every_thread_named_by_its_marker(spy: Any, tmp_path: Path, capsys: Any)
     # one line a function, its line numbers dropped
     assert "     50  58.1 %  epoll_wait (libc.so.6)" in out
     assert "     56  65.1 %  BaseEventLoop._run_once (asyncio/base_events.py)" in out
+
+
+def test_one_thread_by_its_name(spy: Any, tmp_path: Path, capsys: Any) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(RAW)
+    spy.main([str(raw), "--thread", "aiodla-poller"])
+    out = capsys.readouterr().out
+    assert "== poller thread (0x2): aiodla-poller: 4 samples (100.0 %)" in out
+    assert "MainThread" not in out

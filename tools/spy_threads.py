@@ -8,12 +8,13 @@ with ``--native``. A thread is named by the first marker function its stacks hol
 (the event loop's ``_run_once``, the poller's ``_sweep``), else by its id::
 
     python tools/spy_threads.py spy-boxes.txt [--top 25] [--requests N]
-        [--under Engine.infer] [--idle epoll_wait]
+        [--under Engine.infer] [--idle epoll_wait] [--thread MainThread]
 
-``--under NAME`` keeps the stacks holding function NAME (``_run_once`` also names
-``BaseEventLoop._run_once``: the load, not the set-up); ``--idle NAME`` drops the
-stacks whose innermost frame is NAME (a thread waiting in a call that py-spy counts as
-running).
+``--under NAME`` keeps the stacks holding function NAME (``on_completions`` also names
+``Flow.on_completions``; give the functions of the load, since a set-up that runs as a
+coroutine is under the loop's ``_run_once`` too); ``--idle NAME`` drops the stacks
+whose innermost frame is NAME (a thread waiting in a call that py-spy counts as
+running); ``--thread TEXT`` keeps the threads whose py-spy name holds TEXT.
 
 ``--requests N`` adds each function's share per request, in samples, for comparing
 two runs of different lengths.
@@ -71,16 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=0)
     parser.add_argument("--under", action="append", default=[])
     parser.add_argument("--idle", action="append", default=[])
+    parser.add_argument("--thread", default="", help="only threads whose name holds this")
     args = parser.parse_args(argv)
-    threads = read(args.raw)
-    for thread, stacks in threads.items():
-        threads[thread] = [
+    threads: dict[str, list[tuple[list[str], int]]] = {}
+    for thread, stacks in read(args.raw).items():
+        if args.thread not in thread:
+            continue
+        kept = [
             (stack, count)
             for stack, count in stacks
             if (not args.under or any(named(f, args.under) for f in stack))
             and not (stack and named(stack[-1], args.idle))
         ]
-    threads = {thread: stacks for thread, stacks in threads.items() if stacks}  # (none left)
+        if kept:  # (a thread with no stack left is not shown)
+            threads[thread] = kept
     total = max(1, sum(c for stacks in threads.values() for _, c in stacks))
     ranked = sorted(threads.items(), key=lambda item: -sum(c for _, c in item[1]))
     for thread, stacks in ranked[: args.threads]:

@@ -140,13 +140,16 @@ fi
 # Camera to boxes against the small model: each one's loop thread sampled by py-spy
 # (its wheel carried in .whl/), native frames included, so that the CUDA calls under the
 # loop's Python show (cProfile, on 3.12, profiles every thread and inflates small calls).
+# Only the load's stacks count: the requests (the benchmark's worker) and the
+# completions reaching the loop, not the imports and the engine's opening.
 if wanted profile; then
     SPY=/tmp/site/bin/py-spy
     step profile 150 bash -c "for case in small boxes; do $SPY record --threads --native \
         --rate 500 --format raw -o \"$OUT/spy-\$case.txt\" -- python3 \
         benchmarks/profile_loop_gpu.py --only \$case --no-cprofile --seconds 3 \
-        && python3 tools/spy_threads.py \"$OUT/spy-\$case.txt\" --under _run_once \
-        --idle epoll_wait --threads 1 --top 40 > \"$OUT/spy-\$case-loop.txt\"; done"
+        && python3 tools/spy_threads.py \"$OUT/spy-\$case.txt\" --under worker \
+        --under on_completions --under _after_batch --under _post --idle epoll_wait \
+        --thread MainThread --threads 1 --top 40 > \"$OUT/spy-\$case-loop.txt\"; done"
 fi
 # Cameras: where the nvdec thread's CPU goes and whether PyNvVideoCodec's Decode keeps
 # the GIL from other threads; sixteen 1080p30 streams through NVDEC and, beside them,
