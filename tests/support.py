@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -243,6 +244,29 @@ class NoThreads:
 
     def waiting(self) -> int:
         return int(self.limiter.statistics().tasks_waiting)
+
+
+class StepThreads:
+    """Records, per call of an engine's device layer method ``name`` that did its step,
+    whether it ran on the calling (loop) thread; a staging call that returns False
+    weighed the request and left it for a worker thread, and counts as ``declined``."""
+
+    def __init__(self, engine: Any, name: str) -> None:
+        self.on_loop: list[bool] = []
+        self.declined = 0
+        layer = engine._device
+        real = getattr(layer, name)
+        loop_thread = threading.current_thread()
+
+        def spy(*args: Any) -> Any:
+            result = real(*args)
+            if result is False:
+                self.declined += 1
+            else:
+                self.on_loop.append(threading.current_thread() is loop_thread)
+            return result
+
+        setattr(layer, name, spy)
 
 
 class HeldRequest(NamedTuple):

@@ -35,7 +35,7 @@ from aiodla._isolation._shared_frames import MappedFrames, SharedFrameMemory, se
 from aiodla.emulator import make_loadable
 from aiodla.testing import DLAControls, EngineFactory
 
-from support import counts_add_up, open_fds, wait_until, worker_pid
+from support import StepThreads, counts_add_up, open_fds, wait_until, worker_pid
 
 IMAGES = TensorSpec("images", (1, 3, 48, 64), "float16", "chw16")
 OUT = TensorSpec("out", (1, 3, 48, 64), "float32", "nchw")
@@ -90,23 +90,6 @@ def spy_reads(engine: Engine) -> list[Any]:
 
     cores.submission = submission
     return sent
-
-
-def staged_on_the_loop(engine: Engine) -> list[bool]:
-    """Per request staged, whether it was staged on the loop's thread (or in a worker
-    thread, for a step that moves more than ``offload_bytes``)."""
-    cores = engine._device  # type: ignore[attr-defined]
-    on_loop: list[bool] = []
-    real, loop_thread = cores.write_inputs, threading.current_thread()
-
-    def write_inputs(*args: Any) -> Any:
-        staged = real(*args)
-        if staged:  # (False: weighed on the loop and left for a worker thread)
-            on_loop.append(threading.current_thread() is loop_thread)
-        return staged
-
-    cores.write_inputs = write_inputs
-    return on_loop
 
 
 def by_reference(entry: Any, buffer: np.ndarray[Any, Any]) -> bool:
@@ -173,7 +156,7 @@ class TestByReference:
         async with process_engine() as engine:
             (buffer,) = engine.frame_buffers(1, (720, 1280, 3))
             buffer[:] = frame(80, (720, 1280, 3))
-            on_loop = staged_on_the_loop(engine)
+            on_loop = StepThreads(engine, "write_inputs").on_loop
             got = await engine.infer(buffer)  # a reference: nothing to move on the host
             want = await engine.infer(buffer.copy())  # 2.8 MB copied: in a thread
             assert on_loop == [True, False]

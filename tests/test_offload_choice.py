@@ -6,7 +6,6 @@ frame staged by a copy, or heads read back and decoded on the host, go to a thre
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,8 @@ import pytest
 from aiodla import Detect, Detections, Engine, ImagePreprocess
 from aiodla.emulator import make_loadable
 from aiodla.emulator._detector import PRESETS
+
+from support import StepThreads
 
 INPUTS, HEADS, _ = PRESETS["yolov5s"]
 LETTERBOX = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
@@ -39,35 +40,12 @@ def detector(model: bytes, convert: str = "device") -> Engine:
     )
 
 
-class Threads:
-    """Records, per call of a device layer method that did its step, whether it ran on
-    the loop's thread (a staging call that returns False weighed the request and left
-    it for a worker thread)."""
-
-    def __init__(self, engine: Engine, name: str) -> None:
-        self.on_loop: list[bool] = []
-        self.declined = 0
-        layer = engine._device
-        real = getattr(layer, name)
-        loop_thread = threading.current_thread()
-
-        def spy(*args: Any) -> Any:
-            result = real(*args)
-            if result is False:
-                self.declined += 1
-            else:
-                self.on_loop.append(threading.current_thread() is loop_thread)
-            return result
-
-        setattr(layer, name, spy)
-
-
 @pytest.mark.asyncio
 async def test_a_frame_in_a_frame_buffer_is_staged_on_the_loop(model: bytes) -> None:
     async with detector(model) as engine:
         (buffer,) = engine.frame_buffers(1, (720, 1280, 3))
         buffer[:] = frame()
-        packs = Threads(engine, "write_inputs")
+        packs = StepThreads(engine, "write_inputs")
         in_place = await engine.infer(buffer)  # read where it lies: no copy
         cropped = await engine.infer(buffer[40:680, 100:1200])  # a view, found in place
         copied = await engine.infer(buffer.copy())  # 2.8 MB staged by a copy
@@ -85,7 +63,7 @@ async def test_detections_are_read_where_their_bytes_are_few(
     """Decoded on the stream (device conversion) the host reads back the kept boxes
     only; with host conversion it reads 3.2 MB of heads and decodes them itself."""
     async with detector(model, convert) as engine:
-        reads = Threads(engine, "read_outputs")
+        reads = StepThreads(engine, "read_outputs")
         got = [await engine.infer(frame()) for _ in range(2)]
         assert reads.on_loop == [on_loop, on_loop]
         assert got[0].boxes.tobytes() == got[1].boxes.tobytes() and len(got[0]) > 5
@@ -105,7 +83,7 @@ async def test_host_pre_processing_weighs_the_frame(shape: tuple[int, int], on_l
         preprocess={"images": LETTERBOX},
         convert="host",
     ) as engine:
-        packs = Threads(engine, "write_inputs")
+        packs = StepThreads(engine, "write_inputs")
         result = await engine.infer(frame(shape))
         assert packs.on_loop == [on_loop]
         assert result.shape == (1, 3, 16, 16)
@@ -168,7 +146,7 @@ async def test_a_request_over_the_limit_is_staged_in_a_thread_once(
     """The loop's call weighs the frame and declines; the thread's call stages it:
     one staging, in the thread, and the same boxes as the next request's."""
     async with detector(model, convert) as engine:
-        calls = Threads(engine, "write_inputs")
+        calls = StepThreads(engine, "write_inputs")
         want = await engine.infer(frame())
         assert calls.on_loop == [False] and calls.declined == 1
         got = await engine.infer(frame())

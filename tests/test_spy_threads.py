@@ -25,10 +25,15 @@ def spy() -> Any:
     return types.SimpleNamespace(**runpy.run_path(str(TOOL)))
 
 
-def test_the_loop_alone_without_its_waits(spy: Any, tmp_path: Path, capsys: Any) -> None:
-    raw = tmp_path / "raw.txt"
-    raw.write_text(RAW)
-    spy.main([str(raw), "--under", "_run_once", "--idle", "epoll_wait", "--requests", "3"])
+@pytest.fixture
+def raw(tmp_path: Path) -> str:
+    path = tmp_path / "raw.txt"
+    path.write_text(RAW)
+    return str(path)
+
+
+def test_the_loop_alone_without_its_waits(spy: Any, raw: str, capsys: Any) -> None:
+    spy.main([raw, "--under", "_run_once", "--idle", "epoll_wait", "--requests", "3"])
     out = capsys.readouterr().out
     assert "== event loop thread (0x1): MainThread: 6 samples (100.0 %)" in out
     assert "      6 100.0 %    2.000/req  cuGraphLaunch (libcuda.so)" in out
@@ -36,10 +41,8 @@ def test_the_loop_alone_without_its_waits(spy: Any, tmp_path: Path, capsys: Any)
     assert "poller" not in out  # no stack of it runs under the loop
 
 
-def test_every_thread_named_by_its_marker(spy: Any, tmp_path: Path, capsys: Any) -> None:
-    raw = tmp_path / "raw.txt"
-    raw.write_text(RAW)
-    spy.main([str(raw), "--top", "3"])
+def test_every_thread_named_by_its_marker(spy: Any, raw: str, capsys: Any) -> None:
+    spy.main([raw, "--top", "3"])
     out = capsys.readouterr().out
     assert "== event loop thread (0x1): MainThread: 86 samples (95.6 %)" in out
     assert "== poller thread (0x2): aiodla-poller: 4 samples (4.4 %)" in out
@@ -48,10 +51,8 @@ def test_every_thread_named_by_its_marker(spy: Any, tmp_path: Path, capsys: Any)
     assert "     56  65.1 %  BaseEventLoop._run_once (asyncio/base_events.py)" in out
 
 
-def test_one_thread_by_its_name(spy: Any, tmp_path: Path, capsys: Any) -> None:
-    raw = tmp_path / "raw.txt"
-    raw.write_text(RAW)
-    spy.main([str(raw), "--thread", "aiodla-poller"])
+def test_one_thread_by_its_name(spy: Any, raw: str, capsys: Any) -> None:
+    spy.main([raw, "--thread", "aiodla-poller"])
     out = capsys.readouterr().out
     assert "== poller thread (0x2): aiodla-poller: 4 samples (100.0 %)" in out
     assert "MainThread" not in out
