@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from bench_data_path import summarize
-
-ROOT = Path(__file__).resolve().parent.parent
+from compare_revisions import export, run_in
 
 # Run in the child: ``aiodla`` comes from the PYTHONPATH it was given.
 CHILD = """
@@ -43,7 +40,9 @@ raw = np.zeros(layout.size, np.uint8)
 raw[:4].view(np.int32)[0] = 40
 def best(call):
     return min(timeit.repeat(call, number=calls, repeat=tries)) / calls * 1e6
+import aiodla
 print(json.dumps({{
+    "aiodla": aiodla.__file__,
     "find a whole frame": best(lambda: frames.find(frame)),
     "find a crop": best(lambda: frames.find(crop)),
     "read 40 detections": best(lambda: read_output(raw, layout)),
@@ -51,22 +50,8 @@ print(json.dumps({{
 """
 
 
-def tree(revision: str, into: Path) -> Path:
-    """The ``aiodla`` package of ``revision``, exported into ``into``."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", revision, "aiodla"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "x", "-C", str(into)], input=archive, check=True)
-    return into
-
-
 def measure(path: Path, calls: int, tries: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(path)}
-    code = CHILD.format(calls=calls, tries=tries)
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
-    )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    return run_in(path, CHILD.format(calls=calls, tries=tries))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
     with tempfile.TemporaryDirectory() as base_dir, tempfile.TemporaryDirectory() as new_dir:
-        trees = {"base": tree(args.base, Path(base_dir)), "new": tree(args.new, Path(new_dir))}
+        trees = {"base": export(args.base, Path(base_dir)), "new": export(args.new, Path(new_dir))}
         for round_ in range(args.rounds):
             order = ("base", "new") if round_ % 2 == 0 else ("new", "base")
             for which in order:

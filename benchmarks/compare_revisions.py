@@ -57,6 +57,13 @@ def measure(source: Path, args: argparse.Namespace) -> dict[str, float]:
         seconds=args.seconds,
         requests=args.host_requests,
     )
+    return run_in(source, code)
+
+
+def run_in(source: Path, code: str) -> dict[str, float]:
+    """Run ``code`` in a fresh Python whose ``aiodla`` is the one under ``source``; the
+    JSON object its last line prints, less its ``aiodla`` key (the package's path,
+    checked to be under ``source``)."""
     env = {**os.environ, "PYTHONPATH": str(source)}
     out = subprocess.run(
         # Run from the tree itself: the current directory comes first on sys.path.
