@@ -11,6 +11,12 @@ PyNvVideoCodec lets other threads run while it decodes.
    main thread sleeps 1 ms at a time: how late it wakes (p50, p99, max) says how long
    a decoding thread keeps the interpreter from the others (an event loop beside
    sixteen cameras is such a thread); with each, ``Decode``'s wall time and CPU a frame.
+3. **PyNvVideoCodec's ThreadedDecoder** (``--threaded``), the same GIL test with each
+   thread taking pictures from a ``ThreadedDecoder`` (which demuxes and decodes on a
+   thread of its own, in C++) and copying them as aiodla does: the sleeper's lateness,
+   the Python threads' CPU a frame and the whole process's, how often a fetch found
+   nothing ready; and what it says when given an ``rtsp://`` address nobody serves
+   (does it open network streams at all, or only files?).
 
 The clip is ``bench_video``'s (1920x1080 H.264 at 30 frames/s, made with PyAV). Needs a
 GPU with NVDEC and PyNvVideoCodec::
@@ -100,25 +106,90 @@ def decode_flat_out(
     totals.append((frames, wall, cpu))
 
 
-def gil(clip: str, threads: int, seconds: float) -> dict[str, float]:
-    """The main thread's 1 ms sleeps, how late they end, beside ``threads`` decoders."""
+def take_threaded(
+    clip: str, frames_in_clip: int, stop: threading.Event, totals: list[tuple[int, float, float]]
+) -> None:
+    """Pictures from a ThreadedDecoder, each copied into a pool buffer as the ``nvdec``
+    decoder copies them; a new ThreadedDecoder when the clip's pictures are all taken
+    (what it returns at the end is not what this measures). An empty batch (nothing
+    ready yet) is counted in ``empty`` and retried after 0.5 ms."""
+    frames, wall, cpu, empty = 0, 0.0, 0.0, 0
+    pool: _DevicePool | None = None
+    while not stop.is_set():
+        decoder = nvc.ThreadedDecoder(clip, buffer_size=4, use_device_memory=True)
+        taken = 0
+        while taken < frames_in_clip and not stop.is_set():
+            began_wall, began_cpu = time.perf_counter(), time.thread_time()
+            batch = decoder.get_batch_frames(1)
+            for picture in batch:
+                meta = decoder.get_stream_metadata()
+                width, height = int(meta.width), int(meta.height)
+                if pool is None:
+                    pool = _DevicePool(width * height * 3 // 2)
+                _copied(picture, pool, width, height)
+            wall += time.perf_counter() - began_wall
+            cpu += time.thread_time() - began_cpu
+            if not batch:
+                empty += 1
+                time.sleep(5e-4)
+            taken += len(batch)
+            frames += len(batch)
+        decoder.end()
+    if pool is not None:
+        pool.close()
+    totals.append((frames, wall, cpu))
+    EMPTY.append(empty)
+
+
+EMPTY: list[int] = []
+
+
+def rtsp_answer() -> dict[str, Any]:
+    """What ThreadedDecoder does with an rtsp:// address where nothing listens."""
+    began = time.perf_counter()
+    answer = ["no answer within 15 s"]
+
+    def ask() -> None:
+        try:
+            decoder = nvc.ThreadedDecoder("rtsp://127.0.0.1:9/none", buffer_size=4)
+            batch = decoder.get_batch_frames(1)
+            answer[0] = f"opened; first batch {len(batch)} pictures"
+        except Exception as exc:
+            answer[0] = f"{type(exc).__name__}: {exc}"
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(15.0)
+    return {"answer": answer[0][:400], "seconds": time.perf_counter() - began}
+
+
+def gil(clip: str, threads: int, seconds: float, threaded: int = 0) -> dict[str, float]:
+    """The main thread's 1 ms sleeps, how late they end, beside ``threads`` decoders
+    (ThreadedDecoders when ``threaded`` is the clip's length)."""
     stop = threading.Event()
     totals: list[tuple[int, float, float]] = []
-    workers = [
-        threading.Thread(target=decode_flat_out, args=(clip, stop, totals)) for _ in range(threads)
-    ]
+    EMPTY.clear()
+    target, args = (
+        (take_threaded, (clip, threaded, stop, totals))
+        if threaded
+        else (decode_flat_out, (clip, stop, totals))
+    )
+    # Daemons, joined for a while only: a fetch that never returns must not hang the run.
+    workers = [threading.Thread(target=target, args=args, daemon=True) for _ in range(threads)]
     for worker in workers:
         worker.start()
     time.sleep(1.0)  # every decoder opened and decoding
+    process_began = time.process_time()
     late: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         due = time.perf_counter() + TICK
         time.sleep(TICK)
         late.append((time.perf_counter() - due) * 1e3)
+    process_cpu = time.process_time() - process_began
     stop.set()
     for worker in workers:
-        worker.join()
+        worker.join(10.0)
     row = {
         "late_p50_ms": float(np.percentile(late, 50)),
         "late_p99_ms": float(np.percentile(late, 99)),
@@ -129,6 +200,12 @@ def gil(clip: str, threads: int, seconds: float) -> dict[str, float]:
         row["decode_wall_us"] = sum(t[1] for t in totals) / frames * 1e6
         row["decode_cpu_us"] = sum(t[2] for t in totals) / frames * 1e6
         row["frames_per_s"] = frames / (seconds + 1.0)
+        # The window's CPU of every thread (the decoders' own C++ threads included)
+        # over the window's share of the frames.
+        row["process_cpu_us"] = process_cpu / (frames * seconds / (seconds + 1.0)) * 1e6
+    if threaded:
+        row["empty_batches"] = sum(EMPTY)
+        row["stuck_threads"] = sum(worker.is_alive() for worker in workers)
     return row
 
 
@@ -138,6 +215,9 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=300, help="the clip's length")
     parser.add_argument("--seconds", type=float, default=3.0, help="each GIL case")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--threaded", action="store_true", help="also the GIL test with ThreadedDecoder"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         clip = str(make_clip(Path(folder) / "clip.mp4", args.frames))
@@ -160,6 +240,17 @@ def main() -> None:
                 f"{threads:2} decoding threads: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in row.items())
             )
+        if args.threaded:
+            report["threaded_gil"] = {}
+            for threads in THREADS[1:]:
+                try:
+                    row = gil(clip, threads, args.seconds, threaded=args.frames)
+                except Exception as exc:  # an API this version lacks: say so, go on
+                    row = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+                report["threaded_gil"][str(threads)] = row
+                print(f"{threads:2} ThreadedDecoders: {row}", flush=True)
+            report["threaded_rtsp"] = rtsp_answer()
+            print("ThreadedDecoder given rtsp://:", report["threaded_rtsp"], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -6,8 +6,9 @@
 #     bash tests/gpu/device_run.sh                       # every step
 #     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
 #     STEPS="build pytest kernels datapath" bash tests/gpu/device_run.sh  # the data path
-#     PACK=1 STEPS="build depths poolsync" bash tests/gpu/device_run.sh  # ring depths for
-#         sixteen NVDEC streams, the pool test both ways under synccheck; one archive
+#     PACK=1 STEPS="build threaded depths poolsync" bash tests/gpu/device_run.sh  # ring
+#         depths for sixteen NVDEC streams, ThreadedDecoder's hold on the GIL, the pool
+#         test both ways under synccheck; one archive
 #     STEPS="build profile video poolsync" bash tests/gpu/device_run.sh  # camera to boxes,
 #         the loop thread sampled; and, as below, the cameras' questions
 #     STEPS="build pytest video poolsync shared" bash tests/gpu/device_run.sh  # cameras:
@@ -162,6 +163,11 @@ if wanted video; then
         && python3 benchmarks/bench_video.py '$OUT/video-16-streams-ffmpeg.json' --gpu \
         --streams 16 --seconds 8 --decoder ffmpeg"
 fi
+# PyNvVideoCodec's ThreadedDecoder (decoding on its own C++ thread): does taking its
+# pictures keep the GIL from the loop less than demux + Decode in Python does, and does
+# it open rtsp:// at all? (the first of the two ways out of sixteen streams' shortfall)
+wanted threaded && step threaded 150 python3 benchmarks/bench_nvdec_phases.py --repeats 1 \
+    --frames 150 --seconds 2 --threaded --json "$OUT/nvdec-threaded.json"
 # The pool-memory test under synccheck, whose verdict issue 45 still waits for.
 if wanted poolsync; then
     SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -185,7 +191,7 @@ wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu 
 echo
 echo "=== summary"
 for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads \
-    profile video depths poolsync shared; do
+    profile video threaded depths poolsync shared; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
