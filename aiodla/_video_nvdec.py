@@ -8,8 +8,7 @@ is copied, device to device (a few microseconds of the GPU for 1080p), plane by 
 from where the decoder's views say each plane lies and at their pitch, into a buffer
 of the stream's own pool, and handed on as a small object exposing
 ``__cuda_array_interface__`` over it (Y rows then interleaved UV rows,
-``(height * 3 // 2, width)`` bytes); the buffer returns to the pool when that object is
-gone, as host frames return to theirs (:mod:`aiodla._frame_pool`).
+``(height * 3 // 2, width)`` bytes; :mod:`aiodla._video_device_buffers`).
 ``ImagePreprocess(source="nv12")`` reads it there on the slot's stream, so the picture
 never crosses to the host.
 
@@ -20,11 +19,8 @@ frames kept while many more are decoded included, on the GPU machine.
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -35,73 +31,16 @@ from cuda.bindings import runtime as _rt
 from ._errors import VideoSourceError
 from ._video_address import Address
 from ._video_decoders import DecodeTrouble, OpenOptions, Picture
+from ._video_device_buffers import DeviceNV12, DevicePool
 from .runtime._cuda_errors import check_cuda
 
 __all__ = ["decoder"]
-
-logger = logging.getLogger("aiodla")
-
-
-class _DevicePool:
-    """Device buffers of one size for one stream's pictures: taken on the reader
-    thread, given back by whichever thread drops a picture's last array, freed once
-    both the pool is closed and the buffer is back."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self._free: list[int] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def take(self) -> int:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return int(check_cuda("cudaMalloc", _rt.cudaMalloc(self.nbytes)))
-
-    def give_back(self, pointer: int) -> None:
-        with self._lock:
-            if not self._closed:
-                self._free.append(pointer)
-                return
-        _free(pointer)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            free, self._free = self._free, []
-        for pointer in free:
-            _free(pointer)
-
-
-def _free(pointer: int) -> None:
-    try:
-        check_cuda("cudaFree", _rt.cudaFree(pointer))
-    except Exception as exc:  # on whichever thread let the picture go: never raise there
-        logger.warning("aiodla: freeing an NVDEC picture's buffer failed: %s", exc)
-
-
-class _DeviceNV12:
-    """A copied NV12 picture as a CUDA array; its buffer returns to the pool with it."""
-
-    __slots__ = ("__cuda_array_interface__", "__weakref__")
-
-    def __init__(self, pool: _DevicePool, pointer: int, width: int, height: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (height * 3 // 2, width),
-            "typestr": "|u1",
-            "data": (pointer, False),
-            "strides": None,
-            "version": 3,
-            "stream": None,  # the copy was synchronized before the picture left
-        }
-        weakref.finalize(self, pool.give_back, pointer)
 
 
 class _Picture:
     __slots__ = ("_array", "color_range", "format", "height", "on_device", "pts", "width")
 
-    def __init__(self, array: _DeviceNV12, width: int, height: int, pts: float | None) -> None:
+    def __init__(self, array: DeviceNV12, width: int, height: int, pts: float | None) -> None:
         self._array = array
         self.format: Literal["nv12", "i420"] = "nv12"
         # H.264 and H.265 cameras send limited range; NVDEC keeps the stream's levels
@@ -119,13 +58,13 @@ class _Picture:
         return self._array
 
 
-def _copied(frame: Any, pool: _DevicePool, width: int, height: int) -> _DeviceNV12:
+def _copied(frame: Any, pool: DevicePool, width: int, height: int) -> DeviceNV12:
     """The decoder's surface copied into a buffer of ``pool`` (before the next Decode
     call can overwrite it): its Y plane, then its UV plane, each from where the decoder
     put it at the decoder's own pitch, into dense rows of ``width`` bytes."""
     (luma, luma_pitch), (chroma, chroma_pitch) = _planes(frame)
     pointer = pool.take()
-    array = _DeviceNV12(pool, pointer, width, height)  # gives the buffer back if we fail
+    array = DeviceNV12(pool, pointer, width, height)  # gives the buffer back if we fail
     kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     # On the stream the decoder wrote on (0, its default), then waited for, so the
     # picture is whole for any stream that reads it afterwards.
@@ -209,14 +148,14 @@ class _Stream:
         )
         num, den = self._demuxer.GetTimebaseNum(), self._demuxer.GetTimebaseDen()
         self._time_base = num / den if den else 0.0
-        self._pool: _DevicePool | None = None
+        self._pool: DevicePool | None = None
 
     def pictures(self) -> Iterator[Picture | DecodeTrouble]:
         address, stall = self._address, self._options.stall_timeout
         last = time.monotonic()
         decoder = self._decoder
         lost: VideoSourceError | None = None
-        array: _DeviceNV12 | None = None
+        array: DeviceNV12 | None = None
         try:
             for packet in self._demuxer:
                 if address.live and time.monotonic() - last > stall:
@@ -229,7 +168,7 @@ class _Stream:
                     if self._pool is None or self._pool.nbytes != nbytes:
                         if self._pool is not None:
                             self._pool.close()
-                        self._pool = _DevicePool(nbytes)
+                        self._pool = DevicePool(nbytes)
                     pts = frame.getPTS()
                     seconds = None if pts is None or pts < 0 else pts * self._time_base
                     array = _copied(frame, self._pool, width, height)

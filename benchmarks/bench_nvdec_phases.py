@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_video import make_clip
 
-from aiodla._video_nvdec import _copied, _DevicePool
+from aiodla._video_device_buffers import DevicePool
+from aiodla._video_nvdec import _copied
 
 PHASES = ("demux", "decode", "aiodla")
 THREADS = (0, 1, 4, 16)
@@ -62,7 +63,7 @@ def phases(clip: str) -> dict[str, float]:
     """One pass: each phase's thread CPU per frame, in microseconds."""
     spent = dict.fromkeys(PHASES, 0.0)
     demuxer, decoder = opened(clip)
-    pool: _DevicePool | None = None
+    pool: DevicePool | None = None
     frames = 0
     packets = iter(demuxer)
     while True:
@@ -79,7 +80,7 @@ def phases(clip: str) -> dict[str, float]:
             began = time.thread_time()
             width, height = decoder.GetWidth(), decoder.GetHeight()
             if pool is None:
-                pool = _DevicePool(width * height * 3 // 2)
+                pool = DevicePool(width * height * 3 // 2)
             _copied(picture, pool, width, height)  # (dropped at once: back to the pool)
             spent["aiodla"] += time.thread_time() - began
             frames += 1
@@ -114,7 +115,7 @@ def take_threaded(
     (what it returns at the end is not what this measures). An empty batch (nothing
     ready yet) is counted in ``empty`` and retried after 0.5 ms."""
     frames, wall, cpu, empty = 0, 0.0, 0.0, 0
-    pool: _DevicePool | None = None
+    pool: DevicePool | None = None
     while not stop.is_set():
         decoder = nvc.ThreadedDecoder(clip, buffer_size=4, use_device_memory=True)
         taken = 0
@@ -125,7 +126,7 @@ def take_threaded(
                 meta = decoder.get_stream_metadata()
                 width, height = int(meta.width), int(meta.height)
                 if pool is None:
-                    pool = _DevicePool(width * height * 3 // 2)
+                    pool = DevicePool(width * height * 3 // 2)
                 _copied(picture, pool, width, height)
             wall += time.perf_counter() - began_wall
             cpu += time.thread_time() - began_cpu

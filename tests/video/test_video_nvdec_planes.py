@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from cuda.bindings import runtime as rt
 
+from aiodla import _video_device_buffers as device_buffers
+
 _OK = (rt.cudaError_t.cudaSuccess,)
 
 
@@ -107,11 +109,12 @@ def nvdec(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, HostCuda]:
     monkeypatch.delitem(sys.modules, "aiodla._video_nvdec")  # restored as absent afterwards
     cuda = HostCuda()
     monkeypatch.setattr(module, "_rt", cuda)
+    monkeypatch.setattr(device_buffers, "_rt", cuda)  # the pool's allocations too
     return module, cuda
 
 
 def dense_copy(module: Any, cuda: HostCuda, frame: PitchedFrame, width: int, height: int) -> Any:
-    pool = module._DevicePool(width * height * 3 // 2)
+    pool = device_buffers.DevicePool(width * height * 3 // 2)
     array = module._copied(frame, pool, width, height)
     interface = array.__cuda_array_interface__
     assert interface["shape"] == (height * 3 // 2, width) and interface["strides"] is None
@@ -162,7 +165,7 @@ def test_a_picture_without_two_planes_is_refused(nvdec: tuple[Any, HostCuda]) ->
     module, cuda = nvdec
     frame = PitchedFrame(np.zeros((4, 4), np.uint8), np.zeros((2, 4), np.uint8), 4)
     frame.views = frame.views[:1]
-    pool = module._DevicePool(24)
+    pool = device_buffers.DevicePool(24)
     with pytest.raises(TypeError, match="two planes; the decoder gave 1"):
         module._copied(frame, pool, 4, 4)
     pool.close()
