@@ -36,10 +36,12 @@ from ._video_address import Address
 
 __all__ = [
     "DECODERS",
+    "ISOLATIONS",
     "DecodeTrouble",
     "DecodedStream",
     "Decoder",
     "DecoderName",
+    "Isolation",
     "OpenOptions",
     "Picture",
     "available_decoders",
@@ -53,6 +55,9 @@ logger = logging.getLogger("aiodla")
 
 DecoderName = Literal["ffmpeg", "gstreamer", "nvdec"]
 DECODERS: tuple[DecoderName, ...] = ("ffmpeg", "gstreamer", "nvdec")
+#: Where a source's decoder runs: on its reader thread, or in a process of its own.
+Isolation = Literal["thread", "process"]
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
 
 #: The codecs every decoder takes (FFmpeg's names). USB cameras add MJPEG and raw YUYV.
 CODECS = ("h264", "hevc")
@@ -77,6 +82,10 @@ class Picture(Protocol):
     height: int
     pts: float | None
     on_device: bool
+    #: CPU seconds spent on this picture where the reader thread's clock does not see
+    #: them: a decoding process's (``isolation="process"``); 0.0 for a decoder that
+    #: runs on the reader thread.
+    cpu_elsewhere: float
 
     def write_into(self, out: np.ndarray[Any, Any]) -> None:
         """Copy a host picture into ``out`` (``(height * 3 // 2, width)`` uint8) in the
@@ -205,8 +214,14 @@ def output_format(name: DecoderName, address: Address) -> Literal["nv12", "i420"
     return "i420"
 
 
-def decoder_for(name: DecoderName) -> Decoder:
-    """An instance of decoder ``name`` (its module imported now, not at aiodla's import)."""
+def decoder_for(name: DecoderName, isolation: Isolation = "thread") -> Decoder:
+    """An instance of decoder ``name`` (its module imported now, not at aiodla's
+    import), decoding on the calling thread or, with ``isolation="process"``, in a
+    process of its own for each opening (:mod:`aiodla._video_process`)."""
+    if isolation == "process":
+        from ._video_process import ProcessDecoder
+
+        return ProcessDecoder(name)
     module = importlib.import_module(_MODULES[name])
     decoder: Decoder = module.decoder()
     return decoder

@@ -38,6 +38,7 @@ _FULL_RANGE = 2
 
 class _Picture:
     __slots__ = ("_frame", "color_range", "format", "height", "on_device", "pts", "width")
+    cpu_elsewhere = 0.0  # decoded on the reader thread, whose clock counts it
 
     def __init__(self, frame: av.VideoFrame) -> None:
         full = frame.format.name.startswith("yuvj") or frame.color_range == _FULL_RANGE

@@ -65,6 +65,7 @@ def _on_jetson() -> bool:
 
 class _Picture:
     __slots__ = ("_sample", "color_range", "format", "height", "on_device", "pts", "width")
+    cpu_elsewhere = 0.0  # its own decoding threads' CPU goes uncounted (see decode_cpu)
 
     def __init__(self, sample: Any, info: Any, fmt: Literal["nv12", "i420"]) -> None:
         self._sample = (sample, info)

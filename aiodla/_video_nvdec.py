@@ -39,6 +39,7 @@ __all__ = ["decoder"]
 
 class _Picture:
     __slots__ = ("_array", "color_range", "format", "height", "on_device", "pts", "width")
+    cpu_elsewhere = 0.0  # its own decoding threads' CPU goes uncounted (see decode_cpu)
 
     def __init__(self, array: DeviceNV12, width: int, height: int, pts: float | None) -> None:
         self._array = array

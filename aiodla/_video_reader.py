@@ -35,6 +35,7 @@ from ._video_decoders import (
     DecodedStream,
     DecoderName,
     DecodeTrouble,
+    Isolation,
     OpenOptions,
     Picture,
     decoder_for,
@@ -60,6 +61,7 @@ class ReaderSettings:
     address: Address
     name: str
     decoder: DecoderName
+    isolation: Isolation
     options: OpenOptions
     engine: Any
     max_frames: int
@@ -123,7 +125,7 @@ class Reader:
             self._call_loop(self._sink.finished)
 
     def _read_until_done(self) -> None:
-        decoder = decoder_for(self._settings.decoder)
+        decoder = decoder_for(self._settings.decoder, self._settings.isolation)
         settings = self._settings
         address = settings.address
         attempt = 0
@@ -193,7 +195,7 @@ class Reader:
                     pool, pool_shape = self._pool(shape), shape
                 array = self._lender.lend(pool, shape, picture.write_into)
             now_cpu = time.thread_time()
-            spent, cpu = now_cpu - cpu, now_cpu
+            spent, cpu = now_cpu - cpu + picture.cpu_elsewhere, now_cpu
             self.decode_cpu += spent
             frame = VideoFrame(
                 array=array,

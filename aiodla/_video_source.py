@@ -47,7 +47,13 @@ from ._errors import AiodlaError, ConfigurationError
 from ._frame_pool import Lender
 from ._trace import active_recorder, data_address
 from ._video_address import Address, parse_address
-from ._video_decoders import DecoderName, OpenOptions, choose_decoder, output_format
+from ._video_decoders import (
+    ISOLATIONS,
+    DecoderName,
+    OpenOptions,
+    choose_decoder,
+    output_format,
+)
 from ._video_frame import VideoFrame
 from ._video_reader import Reader, ReaderSettings
 
@@ -86,7 +92,9 @@ class VideoSourceStatistics:
     seconds (with ``ffmpeg``, which decodes on that thread, the whole cost of decoding
     and writing frames into their buffers; with ``gstreamer`` and ``nvdec`` the
     decoding runs on threads of theirs, and this counts the copying out and the
-    hand-over only). ``unpooled`` frames went
+    hand-over only), plus, with ``isolation="process"``, the whole CPU of the
+    decoding process (every thread of it). ``isolation`` says where the decoder
+    runs. ``unpooled`` frames went
     into plain arrays rather than the engine's frame buffers (see ``VideoSource``).
     """
 
@@ -107,6 +115,7 @@ class VideoSourceStatistics:
     fps: float
     decode_cpu: float
     unpooled: int
+    isolation: str = "thread"
 
 
 class VideoSource:
@@ -139,6 +148,16 @@ class VideoSource:
     docstring. ``repeat``: a file starts again at its end instead of ending.
     ``name``: what statistics, metrics and traces call it (default: the URI without
     credentials).
+
+    ``isolation``: ``"thread"`` (the default) decodes on the source's reader thread,
+    in this process; ``"process"`` decodes in a process of its own (a fresh one for
+    each opening), which shares neither the interpreter's lock with your event loop
+    nor its fate: with many cameras (sixteen 1080p streams on one host) decoding
+    threads hold the lock long enough to make the loop late, and a crash in a
+    decoder's native code is then a reconnect, not the end of your program. Each
+    picture then crosses once more (shared memory, or CUDA IPC for ``nvdec``'s device
+    pictures; not on a Jetson, where ``nvdec`` does not run). See
+    :mod:`aiodla._video_process`.
     """
 
     def __init__(
@@ -156,6 +175,7 @@ class VideoSource:
         repeat: bool = False,
         gpu: int = 0,
         name: str | None = None,
+        isolation: str = "thread",
     ) -> None:
         self._address: Address = parse_address(uri)
         if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames < 1:
@@ -171,6 +191,8 @@ class VideoSource:
                 raise ConfigurationError(f"{label}={value!r} must be seconds > 0")
         if max_reconnect_delay < reconnect_delay:
             raise ConfigurationError(f"{max_reconnect_delay=} must be >= {reconnect_delay=}")
+        if isolation not in ISOLATIONS:
+            raise ConfigurationError(f"isolation={isolation!r} must be one of {ISOLATIONS}")
         if engine is not None and not callable(getattr(engine, "frame_buffers", None)):
             raise ConfigurationError(
                 f"engine must be an aiodla.Engine, got {type(engine).__name__}"
@@ -182,6 +204,7 @@ class VideoSource:
             address=self._address,
             name=self._name,
             decoder=self._decoder_name,
+            isolation=isolation,  # type: ignore[arg-type]  # checked above
             options=OpenOptions(transport, float(stall_timeout), gpu),
             engine=engine,
             max_frames=max_frames,
@@ -371,6 +394,7 @@ class VideoSource:
             fps=fps,
             decode_cpu=0.0 if reader is None else reader.decode_cpu,
             unpooled=self._lender.unpooled,
+            isolation=self._settings.isolation,
         )
 
     def add_frame_listener(self, listener: Callable[[VideoFrame, float], None]) -> None:

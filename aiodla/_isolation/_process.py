@@ -1,12 +1,14 @@
-"""The worker process itself: started fresh, killed, reaped.
+"""A child process itself (the engine's worker, a video source's decoding process):
+started fresh, tied to its parent's life, killed, reaped.
 
 A fresh interpreter, never a fork (a process with CUDA state must not fork); the set of
-workers not reaped yet keeps their ``Popen`` objects alive until they are.
+children not reaped yet keeps their ``Popen`` objects alive until they are.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -16,8 +18,13 @@ import sys
 _WORKER_MAIN = "from aiodla._isolation._worker import main; main()"
 
 
-def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """A fresh interpreter running the worker, with one end of a socketpair.
+_PR_SET_PDEATHSIG = 1
+
+
+def _spawn(main: str = _WORKER_MAIN) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A fresh interpreter running ``main`` (Python source; by default the engine's
+    worker), with one end of a socketpair: ``main`` finds that end's descriptor and
+    the parent's pid in ``sys.argv[1:3]``.
 
     Started from the loop's thread: the kernel's parent-death signal follows the
     thread that started the process, and the loop's thread lives as long as the engine.
@@ -29,7 +36,7 @@ def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_root, env.get("PYTHONPATH"))))
     try:
         process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_MAIN, str(theirs.fileno()), str(os.getpid())],
+            [sys.executable, "-c", main, str(theirs.fileno()), str(os.getpid())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,
@@ -59,3 +66,14 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         if process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)
+
+
+def die_with(parent: int) -> None:
+    """In a child: have the kernel kill this process when its parent dies (Linux); if
+    the parent is gone already, go now. The channel's end-of-file is the portable
+    second check."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import pickle
 import select
-import signal
 import socket
 import sys
 import threading
@@ -39,6 +37,7 @@ from .._poller import Poller
 from ..runtime._protocol import FaultControls, HostRegistration, Runtime
 from ..runtime._select import load_library, loaded_libraries, select_runtime
 from ._channel import frame, parse_frames, receive_blocking, receive_with_fds, send_blocking
+from ._process import die_with
 from ._shared_frames import MappedFrames
 from ._staging import SharedStaging, StagingRuntime
 
@@ -66,7 +65,6 @@ RUNTIME_CONTROLS = FAULT_INJECTIONS | {"hold", "core_tasks", "core_busy_time", "
 SETUP_CONTROLS = frozenset({"fail_call", "fail_next_task", "hang_core", "bind_compute"})
 # ... and on a gate the worker holds for them.
 GATE_CONTROLS = frozenset({"release", "held", "released"})
-_PR_SET_PDEATHSIG = 1
 # Light load (the worker holds one task): the application's next submission follows
 # that task's completion by a round trip. The receiving thread waits for it awake from
 # AWAKE_BEFORE ahead of the task's expected end until AWAKE_AFTER past its completion
@@ -106,7 +104,7 @@ def runtime_controls(runtime: Runtime) -> dict[str, Callable[..., Any]]:
 def main() -> None:
     """Entry point: ``python -c '...main()' CHANNEL_FD PARENT_PID``."""
     fd, parent = int(sys.argv[1]), int(sys.argv[2])
-    _die_with(parent)
+    die_with(parent)
     sock = socket.socket(fileno=fd)
     try:
         opened = _open(sock)
@@ -138,16 +136,6 @@ def left_alive(runtime: Runtime) -> dict[str, int]:
             if count is not None:
                 counts.update(count())
     return {name: value for name, value in counts.items() if value}
-
-
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this process when its parent dies (Linux); if the parent
-    is gone already, go now. The channel's end-of-file is the portable second check."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(0)
 
 
 def _open(
