@@ -42,7 +42,11 @@ Usage::
 
     python benchmarks/bench_video.py [OUTPUT.json] [--gpu] [--repeats 5] [--frames 120]
     python benchmarks/bench_video.py --gpu --streams 16 [--seconds 10] [--decoder ffmpeg]
-        [--streams-per-core 2] [--max-frames 2]
+        [--streams-per-core 2] [--max-frames 2] [--isolation process]
+
+``--isolation process`` decodes each source in a process of its own
+(``VideoSource(isolation="process")``); ``host us`` then adds the decoding processes'
+CPU (each reaped as its source closes, inside the window).
 
 ``--gpu`` runs on the CUDA runtime with the GPU stand-in (built with nvcc, or
 ``--standin`` / ``AIODLA_STANDIN_LIB``); without it, the emulated runtime, which checks
@@ -57,6 +61,7 @@ import asyncio
 import json
 import os
 import queue
+import resource
 import statistics
 import sys
 import tempfile
@@ -215,9 +220,17 @@ async def drive(
     return count
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended and been reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Window:
     """Host CPU over a window: the process's, less the emulated device's, per frame,
-    and where it went (the loop's thread, aiodla's poller, each other thread by name)."""
+    and where it went (the loop's thread, aiodla's poller, each other thread by name);
+    plus the CPU of child processes that ended within it (decoding processes, with
+    ``--isolation process``: each is reaped as its source closes)."""
 
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
@@ -225,6 +238,7 @@ class Window:
         self.started = time.perf_counter()
         self.device = float(getattr(runtime, "device_time", 0.0))
         self.before = snapshot()
+        self.children = children_cpu()
 
     def per_frame(self, frames: int) -> dict[str, Any]:
         after = snapshot()
@@ -233,14 +247,22 @@ class Window:
         groups, by_name = per_request(self.before, after, frames, self.loop_id)
         emulated = sum(us for name, us in by_name.items() if name.startswith(COMPUTE_THREADS))
         threads = {name: us for name, us in by_name.items() if not name.startswith(COMPUTE_THREADS)}
+        children = 1e6 * (children_cpu() - self.children) / frames
         return {
-            "host_us": groups["process"] - emulated - 1e6 * device / frames,
+            "host_us": groups["process"] - emulated - 1e6 * device / frames + children,
+            "children_us": children,
             "loop_us": groups["loop"],
             "poller_us": groups["poller"],
             "frames": frames,
             "fps": frames / elapsed,
             "threads_us": threads,  # the rest, by thread (emulated device threads apart)
         }
+
+
+def isolation(args: argparse.Namespace) -> dict[str, str]:
+    """VideoSource's isolation argument, left out where it is the default (so that a
+    revision from before the argument runs too)."""
+    return {} if args.isolation == "thread" else {"isolation": args.isolation}
 
 
 async def taken(frames: AsyncIterator[Any], count: int) -> AsyncIterator[Any]:
@@ -259,7 +281,7 @@ async def all_in(args: argparse.Namespace, clip: Path, decoder: str) -> dict[str
         if video_source is not None:
             camera = video_source(
                 str(clip), decoder=decoder, engine=opened, repeat=True, max_frames=4,
-                name=f"{decoder} clip",
+                name=f"{decoder} clip", **isolation(args),
             )  # fmt: skip
             await camera.__aenter__()
             frames: AsyncIterator[Any] = aiter(camera)
@@ -500,14 +522,24 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
     video_source = getattr(aiodla, "VideoSource", None)
     async with engine(args, source_format) as opened:
         results: list[dict[str, Any]] = []
-        begin = time.perf_counter() + 1.0  # every stream's clock starts together
-        end = begin + args.seconds
+        # Every stream's clock starts together, once every source is open (a decoding
+        # process takes a second or so to start: its opening is no stream's lateness).
+        all_open = asyncio.Event()
+        clock: dict[str, float] = {}
+        opening = [args.streams]
+
+        def opened_one() -> None:
+            opening[0] -= 1
+            if opening[0] == 0:
+                clock["begin"] = time.perf_counter() + 0.5
+                clock["end"] = clock["begin"] + args.seconds
+                all_open.set()
 
         async def one(number: int) -> None:
             if video_source is not None:
                 camera = video_source(
                     str(clip), decoder=decoder, engine=opened, repeat=True,
-                    max_frames=args.max_frames, name=f"stream {number}",
+                    max_frames=args.max_frames, name=f"stream {number}", **isolation(args),
                 )  # fmt: skip
                 await camera.__aenter__()
                 source: Any = aiter(camera)
@@ -525,7 +557,9 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
                         reader.release(frame)
 
             try:
-                stream = await paced(lambda: anext(source), boxes, begin, end)
+                opened_one()
+                await all_open.wait()
+                stream = await paced(lambda: anext(source), boxes, clock["begin"], clock["end"])
             finally:
                 if reader is None:
                     await camera.__aexit__(None, None, None)
@@ -540,9 +574,12 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         tick = asyncio.ensure_future(ticker(lags, stop))
 
         window = Window(opened.runtime)
-        busy, *_ = await asyncio.gather(
-            cores_busy(opened, begin, end), *(one(k) for k in range(args.streams))
-        )
+
+        async def busy() -> list[float]:
+            await all_open.wait()
+            return await cores_busy(opened, clock["begin"], clock["end"])
+
+        busy_fraction, *_ = await asyncio.gather(busy(), *(one(k) for k in range(args.streams)))
         stop.set()
         await tick
         delivered = sum(len(r["latencies"]) for r in results)
@@ -551,6 +588,7 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
     p99 = [1e3 * float(np.percentile(r["latencies"], 99)) for r in results if r["latencies"]]
     return {
         "decoder": decoder,
+        "isolation": args.isolation,
         "streams": args.streams,
         "task_ms": args.task_ms,
         "capacity_per_s": CORES / (args.task_ms / 1e3),
@@ -563,13 +601,14 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         "dropped_late": sum(r["late"] for r in results),
         "dropped_pipeline_full": sum(r["full"] for r in results),
         # each core's busy time from the first slot to the last / that window's length
-        "core_busy_fraction": busy,
+        "core_busy_fraction": busy_fraction,
         "streams_per_core": args.streams_per_core,
         "max_frames": args.max_frames,
         "loop_lag_p99_ms": 1e3 * float(np.percentile(lags, 99)) if lags else None,
         # the whole run's host CPU (sources opening included) per frame delivered
         "host_us_per_frame": cpu["host_us"],
-        "host_cores": cpu["host_us"] * delivered / 1e6 / (args.seconds + 1.0),
+        # over the whole run: the sources' opening, the streams, their closing
+        "host_cores": cpu["host_us"] * cpu["frames"] / 1e6 / (cpu["frames"] / cpu["fps"]),
         "targets": "each stream >= 29.5 frames/s; p99 <= 3 frame intervals (100 ms)",
     }
 
@@ -596,6 +635,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         choices=("auto", "nvdec", "ffmpeg", "gstreamer"),
         help="--streams: the streams' decoder (auto: nvdec where present, else ffmpeg)",
+    )
+    parser.add_argument(
+        "--isolation",
+        default="thread",
+        choices=("thread", "process"),
+        help="where each source decodes: its reader thread, or a process of its own",
     )
     args = parser.parse_args(argv)
     args.runtime = "cuda" if args.gpu else "emulated"

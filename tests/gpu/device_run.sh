@@ -6,6 +6,8 @@
 #     bash tests/gpu/device_run.sh                       # every step
 #     STEPS="build sanitize" bash tests/gpu/device_run.sh  # only those (build first)
 #     STEPS="build pytest kernels datapath" bash tests/gpu/device_run.sh  # the data path
+#     PACK=1 STEPS="build isolated" bash tests/gpu/device_run.sh  # decoding processes:
+#         NVDEC's pictures across CUDA IPC, sixteen streams against reader threads
 #     PACK=1 STEPS="build threaded depths poolsync" bash tests/gpu/device_run.sh  # ring
 #         depths for sixteen NVDEC streams, ThreadedDecoder's hold on the GIL, the pool
 #         test both ways under synccheck; one archive
@@ -168,6 +170,18 @@ fi
 # it open rtsp:// at all? (the first of the two ways out of sixteen streams' shortfall)
 wanted threaded && step threaded 150 python3 benchmarks/bench_nvdec_phases.py --repeats 1 \
     --frames 150 --seconds 2 --threaded --json "$OUT/nvdec-threaded.json"
+# Decoding processes (VideoSource(isolation="process")): NVDEC's pictures across CUDA
+# IPC equal the ffmpeg decoder's, then sixteen 1080p30 streams decoded in processes of
+# their own against the same on reader threads, interleaved, nvdec twice each way, and
+# ffmpeg in processes once.
+if wanted isolated; then
+    step isolated 420 bash -c "python3 -m pytest tests/gpu/test_video_nvdec_gpu.py \
+        ${PYTEST_ARGS[*]} -q; for run in nvdec-thread-1 nvdec-process-1 ffmpeg-process-1 \
+        nvdec-thread-2 nvdec-process-2; do IFS=- read decoder isolation _ <<< \$run; \
+        timeout 60 python3 benchmarks/bench_video.py \"$OUT/streams-\$run.json\" --gpu \
+        --streams 16 --seconds 8 --decoder \$decoder --isolation \$isolation \
+        | grep -E '\"(isolation|decoder|median|loop_lag_p99_ms|host_cores)\"'; done"
+fi
 # The pool-memory test under synccheck, whose verdict issue 45 still waits for.
 if wanted poolsync; then
     SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -191,7 +205,7 @@ wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu 
 echo
 echo "=== summary"
 for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads \
-    profile video threaded depths poolsync shared; do
+    profile video threaded isolated depths poolsync shared; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"

@@ -59,15 +59,18 @@ def as_nv12(i420: np.ndarray[Any, Any], width: int, height: int) -> np.ndarray[A
 # surface's planes lie at a pitch and offset of the decoder's own, which the copy must
 # follow (``tests/video/test_video_nvdec_planes.py`` holds that without a GPU).
 @pytest.mark.parametrize("size", [(640, 360), (330, 186)], ids=["640x360", "330x186"])
+# In a decoding process of its own, the pictures cross by CUDA IPC and are copied into
+# the application's own buffers: they must stay valid after that process has gone.
+@pytest.mark.parametrize("isolation", ["thread", "process"])
 async def test_nvdec_pixels_equal_ffmpeg_and_stay_valid_while_held(
-    tmp_path: Path, codec: Any, suffix: str, size: tuple[int, int]
+    tmp_path: Path, codec: Any, suffix: str, size: tuple[int, int], isolation: str
 ) -> None:
     clip = encode_clip(tmp_path / f"clip.{suffix}", codec, frames=40, size=size)
     async with VideoSource(clip, "ffmpeg", max_frames=64) as cpu:
         reference = [frame async for frame in cpu]
-    async with VideoSource(clip, "nvdec", max_frames=64) as gpu:
+    async with VideoSource(clip, "nvdec", max_frames=64, isolation=isolation) as gpu:
         held = [frame async for frame in gpu]  # every frame kept until the end
-        assert gpu.statistics().decoder == "nvdec"
+        assert (gpu.statistics().decoder, gpu.statistics().isolation) == ("nvdec", isolation)
     assert len(held) == len(reference) == 40
     for got, want in zip(held, reference, strict=True):
         assert got.on_device and got.format == "nv12"
