@@ -451,11 +451,11 @@ def serve(sock: socket.socket, decoders: Callable[[DecoderName], Decoder] = deco
             nbytes = item.height * 3 // 2 * item.width
             if slots is None:
                 slots = _Slots(send, nbytes, item.on_device, options.gpu)
-                for index in range(SLOTS):
-                    free.put(index)
+                for number in range(SLOTS):
+                    free.put(number)
             elif nbytes != slots.nbytes or item.on_device != slots.on_device:
                 raise _loss(address, "changed its picture size mid-stream", "size changed")
-            index = free.get() if not stop.is_set() else None
+            index = free.get()  # None: the application said stop
             if index is None:
                 return
             slots.fill(index, item)

@@ -175,7 +175,7 @@ class VideoSource:
         repeat: bool = False,
         gpu: int = 0,
         name: str | None = None,
-        isolation: str = "thread",
+        isolation: Literal["thread", "process"] = "thread",
     ) -> None:
         self._address: Address = parse_address(uri)
         if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames < 1:
@@ -204,7 +204,7 @@ class VideoSource:
             address=self._address,
             name=self._name,
             decoder=self._decoder_name,
-            isolation=isolation,  # type: ignore[arg-type]  # checked above
+            isolation=isolation,
             options=OpenOptions(transport, float(stall_timeout), gpu),
             engine=engine,
             max_frames=max_frames,
