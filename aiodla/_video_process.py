@@ -29,9 +29,9 @@ size and time; a packet it could not decode; the error that ended the stream (it
 reason and whether retrying can help, as the decoder classified it); the stream's end.
 A decoding process that dies (a crash in a decoder's native code, the kernel's OOM
 killer) or stops talking is a loss the source reconnects from, with a new process. It
-dies with the application (``PR_SET_PDEATHSIG``, and its socket's end of file). A
-picture whose size changes mid-stream is a loss too: the stream is opened again, with
-slots of the new size.
+dies with the application (``PR_SET_PDEATHSIG``, and its socket's end of file). When
+the stream's picture size changes, the decoding process waits for every slot to come
+back and announces slots of the new size.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ SLOTS = 3
 OPEN_GRACE = 30.0
 #: Seconds a closing decoding process may take to go before it is killed.
 CLOSE_GRACE = 1.0
+#: Seconds between looks at the reader's stop while waiting for the decoding process.
+_STOP_CHECK = 0.1
 _IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
 _MAIN = "from aiodla._video_process import main; main()"
 
@@ -96,32 +98,36 @@ def _loss(address: Address, what: str, reason: str) -> VideoSourceError:
 class ProcessDecoder:
     """Decoder ``name``, run in a process of its own for each opening."""
 
-    def __init__(self, name: DecoderName) -> None:
+    def __init__(self, name: DecoderName, stop: threading.Event) -> None:
         self.name = name
+        self._stop = stop  # the reader's: set, a wait for the decoding process ends
 
     def open(self, address: Address, options: OpenOptions) -> DecodedStream:
-        return _ProcessStream(self.name, address, options)
+        return _ProcessStream(self.name, address, options, self._stop)
 
 
 class _Inbox:
     """Messages from the decoding process, read on the reader thread, with the
     descriptors that came with them."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, stop: threading.Event) -> None:
         self._sock = sock
+        self._stop = stop
         self._buffer = bytearray()
         self._messages: collections.deque[Any] = collections.deque()
         self.fds: collections.deque[int] = collections.deque()
 
     def next(self, timeout: float) -> Any:
-        """The next message, None when none came within ``timeout`` seconds;
-        EOFError once the decoding process's end is closed."""
+        """The next message; None when none came within ``timeout`` seconds, or once
+        the reader is told to stop; EOFError once the decoding process's end is
+        closed."""
         deadline = time.monotonic() + timeout
         while not self._messages:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._stop.is_set():
                 return None
-            ready, _, _ = select.select([self._sock], [], [], left)
+            # In slices: a source closed while its decoding process hangs stops at once.
+            ready, _, _ = select.select([self._sock], [], [], min(left, _STOP_CHECK))
             if not ready:
                 continue
             data, fds = receive_with_fds(self._sock)
@@ -149,6 +155,10 @@ class _OpenedSlots:
         self._pool: DevicePool | None = None  # made with the first device slot
 
     def add(self, index: int, nbytes: int, where: Any, inbox: _Inbox) -> None:
+        """Slot ``index``'s memory, announced by the decoding process: at the start,
+        and again, of a new size, when the stream's picture size changed (every slot
+        is back with it then)."""
+        self._drop(index)
         if where == "host":
             fd = inbox.fds.popleft()
             try:
@@ -164,8 +174,17 @@ class _OpenedSlots:
         self._device[index] = int(
             check_cuda("cudaIpcOpenMemHandle", _rt.cudaIpcOpenMemHandle(handle, flags))
         )
-        if self._pool is None:
+        if self._pool is None or self._pool.nbytes != nbytes:
+            if self._pool is not None:
+                self._pool.close()  # buffers still in frames are freed as those go
             self._pool = DevicePool(nbytes)
+
+    def _drop(self, index: int) -> None:
+        if index in self._host:
+            mapping, _ = self._host.pop(index)
+            _unmap([mapping])
+        if index in self._device:
+            _rt.cudaIpcCloseMemHandle(self._device.pop(index))
 
     def write_into(self, index: int, out: np.ndarray[Any, Any]) -> None:
         out[...] = self._host[index][1][: out.size].reshape(out.shape)
@@ -235,19 +254,27 @@ class _SlotPicture:
 class _ProcessStream:
     """One opening of a source, decoded in a fresh process (see the module docstring)."""
 
-    def __init__(self, name: DecoderName, address: Address, options: OpenOptions) -> None:
+    def __init__(
+        self, name: DecoderName, address: Address, options: OpenOptions, stop: threading.Event
+    ) -> None:
         self._address = address
+        self._stop = stop
         # Silence longer than this, while the application waits for a picture, means
-        # the decoding process hangs: its decoder would have reported a stall first.
-        self._quiet_limit = 2 * options.stall_timeout + CLOSE_GRACE
+        # the decoding process hangs: a live stream's decoder would have reported a
+        # stall first; a file's never stalls, but a picture may take a while to come
+        # (slow storage, the first picture of a hardware decoder).
+        quiet = 2 * options.stall_timeout + CLOSE_GRACE
+        self._quiet_limit = quiet if address.live else max(quiet, OPEN_GRACE)
         self._slots = _OpenedSlots(options.gpu)
         self._cpu = 0.0  # the decoding process's CPU not yet handed on with a picture
         self._closed = False
         self._process, self._sock = _spawn(_MAIN)
-        self._inbox = _Inbox(self._sock)
+        self._inbox = _Inbox(self._sock, stop)
         try:
             send_blocking(self._sock, ("open", name, address, options))
             message = self._next(OPEN_GRACE + options.stall_timeout, "did not open")
+            if message is None:
+                raise _loss(address, "was closed while opening", "closed")
             if message[0] != "opened":
                 raise self._ended_with(message)
             self._cpu += message[-1]
@@ -266,6 +293,8 @@ class _ProcessStream:
                 f"lost its decoding process (exit status {status})",
                 "decoder process ended",
             ) from None
+        if message is None and self._stop.is_set():
+            return None  # the source is closing: nothing more is wanted
         if message is None:
             raise _loss(
                 self._address,
@@ -292,6 +321,8 @@ class _ProcessStream:
     def pictures(self) -> Iterator[Picture | DecodeTrouble]:
         while True:
             message = self._next(self._quiet_limit, "stalled")
+            if message is None:
+                return
             kind = message[0]
             if kind == "slot":
                 self._slots.add(message[1], message[2], message[3], self._inbox)
@@ -300,12 +331,14 @@ class _ProcessStream:
             if kind == "picture":
                 picture = _SlotPicture(self._slots, message, self._cpu)
                 self._cpu = 0.0
+                self.codec = message[8]  # some decoders know it only once decoding
                 try:
                     yield picture
                 finally:  # copied out or dropped: the slot may be written again
                     self._give_back(message[1])
             elif kind == "trouble":
-                yield DecodeTrouble(message[1])
+                yield DecodeTrouble(message[1], self._cpu)
+                self._cpu = 0.0
             elif kind == "ended":
                 return
             else:
@@ -395,23 +428,23 @@ def _listen(
     """The application's word: slots given back, and when to stop (its close, or its
     end of the socket)."""
     buffer = bytearray()
-    while True:
-        try:
-            data = sock.recv(1 << 12)
-        except OSError:
-            data = b""
-        if not data:
-            break
-        buffer += data
-        for message in parse_frames(buffer):
-            if message[0] == "free":
-                free.put(message[1])
-            elif message[0] == "close":
-                stop.set()
-                free.put(None)
+    try:
+        while True:
+            try:
+                data = sock.recv(1 << 12)
+            except OSError:
                 return
-    stop.set()
-    free.put(None)
+            if not data:
+                return
+            buffer += data
+            for message in parse_frames(buffer):
+                if message[0] == "free":
+                    free.put(message[1])
+                elif message[0] == "close":
+                    return
+    finally:  # whatever ended the listening (a message it could not read included)
+        stop.set()
+        free.put(None)
 
 
 def serve(sock: socket.socket, decoders: Callable[[DecoderName], Decoder] = decoder_for) -> None:
@@ -449,18 +482,23 @@ def serve(sock: socket.socket, decoders: Callable[[DecoderName], Decoder] = deco
                 send(("trouble", item.message))
                 continue
             nbytes = item.height * 3 // 2 * item.width
-            if slots is None:
-                slots = _Slots(send, nbytes, item.on_device, options.gpu)
+            if slots is None or nbytes != slots.nbytes or item.on_device != slots.on_device:
+                # The first picture, or the stream's size changed: slots of this size,
+                # once the application has given every old one back.
+                if slots is not None:
+                    if not _all_back(free):
+                        return
+                    slots.close()
+                    slots = None
+                slots = _new_slots(address, send, nbytes, item.on_device, options.gpu)
                 for number in range(SLOTS):
                     free.put(number)
-            elif nbytes != slots.nbytes or item.on_device != slots.on_device:
-                raise _loss(address, "changed its picture size mid-stream", "size changed")
             index = free.get()  # None: the application said stop
             if index is None:
                 return
             slots.fill(index, item)
             send(("picture", index, item.format, item.color_range, item.width, item.height,
-                  item.pts, item.on_device))  # fmt: skip
+                  item.pts, item.on_device, stream.codec))  # fmt: skip
         send(("ended",))
     except VideoSourceError as exc:
         send(("failed", str(exc), exc.reason, exc.retryable))
@@ -470,9 +508,31 @@ def serve(sock: socket.socket, decoders: Callable[[DecoderName], Decoder] = deco
     except Exception as exc:
         send(("crashed", f"{type(exc).__name__}: {address.redact(str(exc))}"))
     finally:
-        stream.close()
+        # Nothing raised here may reach this process's stderr unredacted, nor stop
+        # the other release.
+        with contextlib.suppress(Exception):
+            stream.close()
         if slots is not None:
-            slots.close()
+            with contextlib.suppress(Exception):
+                slots.close()
+
+
+def _all_back(free: queue.SimpleQueue[int | None]) -> bool:
+    """Wait until the application has given every slot back; False if told to stop."""
+    return all(free.get() is not None for _ in range(SLOTS))
+
+
+def _new_slots(
+    address: Address, send: Callable[..., None], nbytes: int, on_device: bool, gpu: int
+) -> _Slots:
+    """Slots for pictures of ``nbytes``; memory that cannot be had now (a full device,
+    no shared memory left) is a loss to retry, not the source's end."""
+    try:
+        return _Slots(send, nbytes, on_device, gpu)
+    except OSError:
+        raise  # the socket to the application: not the memory
+    except Exception as exc:
+        raise _loss(address, f"could not allocate its picture slots: {exc}", "no memory") from None
 
 
 def main() -> None:

@@ -125,7 +125,7 @@ class Reader:
             self._call_loop(self._sink.finished)
 
     def _read_until_done(self) -> None:
-        decoder = decoder_for(self._settings.decoder, self._settings.isolation)
+        decoder = decoder_for(self._settings.decoder, self._settings.isolation, self.stop)
         settings = self._settings
         address = settings.address
         attempt = 0
@@ -181,10 +181,12 @@ class Reader:
                 return
             if isinstance(item, DecodeTrouble):
                 self.decode_errors += 1
+                self.decode_cpu += item.cpu_elsewhere
                 continue
             if not self._room():
                 self.decoded += 1
                 self.dropped_unsent += 1
+                self.decode_cpu += item.cpu_elsewhere  # decoded all the same
                 continue
             picture: Picture = item
             shape = (picture.height * 3 // 2, picture.width)
