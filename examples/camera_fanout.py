@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -196,10 +196,12 @@ async def run(
     decoder: str = "auto",
     save: str | None = None,
     trace: str | None = None,
+    isolation: Literal["thread", "process"] = "thread",
 ) -> list[StreamStatistics]:
     """Run every camera for ``duration`` seconds; print and return each one's
     statistics. With ``save``, write an annotated video per camera into that directory;
-    with ``trace``, the engine's timeline there (``aiodla trace-plot`` draws it)."""
+    with ``trace``, the engine's timeline there (``aiodla trace-plot`` draws it); with
+    ``isolation="process"``, each camera decodes in a process of its own."""
     detector = Detect(head="yolov5", classes=80, conf=0.25, iou=0.45)
     formats = {VideoSource(uri, decoder).format for uri in uris}
     if len(formats) != 1:  # one pre-processing an engine: one layout of its frames
@@ -210,7 +212,9 @@ async def run(
         folder.mkdir(parents=True, exist_ok=True)
     async with Engine(model, preprocess={"images": letterbox}, postprocess=detector) as engine:
         sources = [
-            VideoSource(uri, decoder, engine=engine, name=f"cam{i}", repeat=True)
+            VideoSource(
+                uri, decoder, engine=engine, name=f"cam{i}", repeat=True, isolation=isolation
+            )
             for i, uri in enumerate(uris)
         ]
         streams = [LatestFrameStream(engine, name=f"cam{i}") for i in range(len(uris))]
@@ -251,6 +255,12 @@ def main(argv: Sequence[str] | None = None) -> list[StreamStatistics]:
     parser.add_argument("--save", metavar="DIR", help="write an annotated video per camera")
     parser.add_argument("--trace", metavar="RUN.json", help="write the engine's timeline")
     parser.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        default="thread",
+        help="where each camera decodes: a thread, or a process of its own (many cameras)",
+    )
+    parser.add_argument(
         "--latency",
         type=float,
         # Frames pre-processed with numpy (the emulated runtime, no GPU) cost the host a
@@ -265,7 +275,13 @@ def main(argv: Sequence[str] | None = None) -> list[StreamStatistics]:
             own_cameras(args.cameras, CLIP_SIZE, args.duration, Path(workdir))
         )
         run_it = run(
-            model, uris, args.duration, decoder=args.decoder, save=args.save, trace=args.trace
+            model,
+            uris,
+            args.duration,
+            decoder=args.decoder,
+            save=args.save,
+            trace=args.trace,
+            isolation=args.isolation,
         )
         return asyncio.run(run_it)
 
