@@ -464,6 +464,8 @@ def serve(sock: socket.socket, decoders: Callable[[DecoderName], Decoder] = deco
             send_blocking(sock, message, fds)
 
     threading.Thread(target=_listen, args=(sock, free, stop), daemon=True).start()
+    if name == "nvdec":
+        _block_on_waits(options.gpu)
     try:
         stream = decoders(name).open(address, options)
     except VideoSourceError as exc:
@@ -515,6 +517,15 @@ def serve(sock: socket.socket, decoders: Callable[[DecoderName], Decoder] = deco
         if slots is not None:
             with contextlib.suppress(Exception):
                 slots.close()
+
+
+def _block_on_waits(gpu: int) -> None:
+    """Have this process's CUDA context sleep in its waits (each picture's copy is
+    waited for) rather than spin: CUDA spins by default while it has fewer contexts
+    than CPUs, and sixteen decoding processes spinning would take a CPU each. Set
+    before anything creates the context; where one exists already, it stays as it is."""
+    _rt.cudaSetDevice(gpu)
+    _rt.cudaSetDeviceFlags(_rt.cudaDeviceScheduleBlockingSync)
 
 
 def _all_back(free: queue.SimpleQueue[int | None]) -> bool:

@@ -6,7 +6,9 @@ without awaiting the previous one's, up to ``PIPELINE`` in flight, as a camera a
 awaits each result in its own task does. A slot missed while the stream's coroutine was
 late (the loop woke a whole interval late, or the source had no frame ready) is dropped
 and counted as ``late``; a frame captured while ``PIPELINE`` are in flight is dropped
-and counted as ``full``. What a stream delivered is its latencies from capture to result.
+and counted as ``full``. What a stream delivered is its latencies from capture to result;
+``waits`` are how long each ``take()`` took (a source with no frame ready makes its
+stream late, as a late loop does).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ async def paced(
 ) -> dict[str, Any]:
     """One stream from ``begin`` to ``end`` (``time.perf_counter()``): each slot's
     frame from ``take()`` into ``infer(frame)``. Its latencies (seconds), and the frames
-    dropped ``late`` and ``full``."""
+    dropped ``late`` and ``full``, and how long each ``take()`` waited (``waits``)."""
     latencies: list[float] = []
+    waits: list[float] = []
     late_drops = full_drops = 0
     in_flight: set[asyncio.Future[None]] = set()
 
@@ -49,11 +52,14 @@ async def paced(
         if len(in_flight) >= PIPELINE:  # newest wins over a full pipeline
             full_drops += 1
             continue
-        task = asyncio.ensure_future(one(await take(), due))
+        asked = time.perf_counter()
+        frame = await take()
+        waits.append(time.perf_counter() - asked)
+        task = asyncio.ensure_future(one(frame, due))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
     await asyncio.gather(*in_flight)
-    return {"latencies": latencies, "late": late_drops, "full": full_drops}
+    return {"latencies": latencies, "late": late_drops, "full": full_drops, "waits": waits}
 
 
 async def cores_busy(engine: Any, begin: float, end: float) -> list[float]:

@@ -605,6 +605,11 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         "streams_per_core": args.streams_per_core,
         "max_frames": args.max_frames,
         "loop_lag_p99_ms": 1e3 * float(np.percentile(lags, 99)) if lags else None,
+        # how long a stream's take() waited for its source's next frame, p99 per stream
+        # (median and max over the streams): a source behind makes its stream late
+        "take_wait_p99_ms": summarize(
+            [1e3 * float(np.percentile(r["waits"], 99)) for r in results if r["waits"]]
+        ),
         # the whole run's host CPU (sources opening included) per frame delivered
         "host_us_per_frame": cpu["host_us"],
         # over the whole run: the sources' opening, the streams, their closing
