@@ -174,10 +174,11 @@ wanted threaded && step threaded 150 python3 benchmarks/bench_nvdec_phases.py --
 # IPC equal the ffmpeg decoder's, then sixteen 1080p30 streams: each decoder on reader
 # threads and in processes of their own, and NVDEC on threads again with the task at
 # 3.0 ms instead of 3.8 (room on the cores: is the shortfall the cores' or the host's?).
+# RUNS="decoder-isolation-task ..." runs those only.
 if wanted isolated; then
     step isolated 420 bash -c "python3 -m pytest tests/gpu/test_video_nvdec_gpu.py \
-        ${PYTEST_ARGS[*]} -q; for run in nvdec-thread-3.8 nvdec-thread-3.0 \
-        ffmpeg-thread-3.8 ffmpeg-process-3.8 nvdec-process-3.8; do \
+        ${PYTEST_ARGS[*]} -q; for run in \${RUNS:-nvdec-thread-3.8 nvdec-thread-3.0 \
+        ffmpeg-thread-3.8 ffmpeg-process-3.8 nvdec-process-3.8}; do \
         IFS=- read decoder isolation task <<< \$run; \
         timeout 60 python3 benchmarks/bench_video.py \"$OUT/streams-\$run.json\" --gpu \
         --streams 16 --seconds 8 --decoder \$decoder --isolation \$isolation \
