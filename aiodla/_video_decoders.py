@@ -26,7 +26,6 @@ import functools
 import importlib
 import importlib.util
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 
@@ -216,17 +215,8 @@ def output_format(name: DecoderName, address: Address) -> Literal["nv12", "i420"
     return "i420"
 
 
-def decoder_for(
-    name: DecoderName, isolation: Isolation = "thread", stop: threading.Event | None = None
-) -> Decoder:
-    """An instance of decoder ``name`` (its module imported now, not at aiodla's
-    import), decoding on the calling thread or, with ``isolation="process"``, in a
-    process of its own for each opening (:mod:`aiodla._video_process`), whose waits
-    end early once ``stop`` is set."""
-    if isolation == "process":
-        from ._video_process import ProcessDecoder
-
-        return ProcessDecoder(name, stop or threading.Event())
+def decoder_for(name: DecoderName) -> Decoder:
+    """An instance of decoder ``name`` (its module imported now, not at aiodla's import)."""
     module = importlib.import_module(_MODULES[name])
     decoder: Decoder = module.decoder()
     return decoder

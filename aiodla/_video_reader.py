@@ -33,6 +33,7 @@ from ._frame_pool import FramePool, Lender, pool_for
 from ._video_address import Address
 from ._video_decoders import (
     DecodedStream,
+    Decoder,
     DecoderName,
     DecodeTrouble,
     Isolation,
@@ -41,6 +42,7 @@ from ._video_decoders import (
     decoder_for,
 )
 from ._video_frame import VideoFrame
+from ._video_process import ProcessDecoder
 
 __all__ = ["Reader", "ReaderSettings", "Sink"]
 
@@ -125,7 +127,11 @@ class Reader:
             self._call_loop(self._sink.finished)
 
     def _read_until_done(self) -> None:
-        decoder = decoder_for(self._settings.decoder, self._settings.isolation, self.stop)
+        decoder: Decoder = (
+            ProcessDecoder(self._settings.decoder, self.stop)  # a process for each opening
+            if self._settings.isolation == "process"
+            else decoder_for(self._settings.decoder)
+        )
         settings = self._settings
         address = settings.address
         attempt = 0
