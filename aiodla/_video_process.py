@@ -52,7 +52,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from cuda.bindings import runtime as _rt
 
 from ._errors import VideoSourceError
 from ._isolation._channel import parse_frames, receive_blocking, receive_with_fds, send_blocking
@@ -67,8 +66,6 @@ from ._video_decoders import (
     Picture,
     decoder_for,
 )
-from ._video_device_buffers import DeviceNV12, DevicePool
-from .runtime._cuda_errors import check_cuda
 
 __all__ = ["SLOTS", "ProcessDecoder", "main", "serve"]
 
@@ -84,6 +81,20 @@ CLOSE_GRACE = 1.0
 _STOP_CHECK = 0.1
 _IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
 _MAIN = "from aiodla._video_process import main; main()"
+
+
+def _cuda() -> Any:
+    """CUDA's runtime API, loaded only for device pictures: an application whose
+    sources decode on the host never loads CUDA through them."""
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+def check_cuda(call: str, result: Any) -> Any:
+    from .runtime._cuda_errors import check_cuda as check
+
+    return check(call, result)
 
 
 def _loss(address: Address, what: str, reason: str) -> VideoSourceError:
@@ -152,7 +163,7 @@ class _OpenedSlots:
         self._gpu = gpu
         self._host: dict[int, tuple[mmap.mmap, np.ndarray[Any, Any]]] = {}
         self._device: dict[int, int] = {}
-        self._pool: DevicePool | None = None  # made with the first device slot
+        self._pool: Any = None  # a DevicePool, made with the first device slot
 
     def add(self, index: int, nbytes: int, where: Any, inbox: _Inbox) -> None:
         """Slot ``index``'s memory, announced by the decoding process: at the start,
@@ -167,13 +178,15 @@ class _OpenedSlots:
                 os.close(fd)
             self._host[index] = (mapping, np.frombuffer(mapping, np.uint8, nbytes))
             return
-        check_cuda("cudaSetDevice", _rt.cudaSetDevice(self._gpu))
-        handle = _rt.cudaIpcMemHandle_t()
+        check_cuda("cudaSetDevice", _cuda().cudaSetDevice(self._gpu))
+        handle = _cuda().cudaIpcMemHandle_t()
         ctypes.memmove(handle.getPtr(), bytes(where), _IPC_HANDLE_SIZE)
-        flags = _rt.cudaIpcMemLazyEnablePeerAccess
+        flags = _cuda().cudaIpcMemLazyEnablePeerAccess
         self._device[index] = int(
-            check_cuda("cudaIpcOpenMemHandle", _rt.cudaIpcOpenMemHandle(handle, flags))
+            check_cuda("cudaIpcOpenMemHandle", _cuda().cudaIpcOpenMemHandle(handle, flags))
         )
+        from ._video_device_buffers import DevicePool
+
         if self._pool is None or self._pool.nbytes != nbytes:
             if self._pool is not None:
                 self._pool.close()  # buffers still in frames are freed as those go
@@ -184,24 +197,27 @@ class _OpenedSlots:
             mapping, _ = self._host.pop(index)
             _unmap([mapping])
         if index in self._device:
-            _rt.cudaIpcCloseMemHandle(self._device.pop(index))
+            _cuda().cudaIpcCloseMemHandle(self._device.pop(index))
 
     def write_into(self, index: int, out: np.ndarray[Any, Any]) -> None:
         out[...] = self._host[index][1][: out.size].reshape(out.shape)
 
-    def copied_out(self, index: int, width: int, height: int) -> DeviceNV12:
+    def copied_out(self, index: int, width: int, height: int) -> Any:
+        from ._video_device_buffers import DeviceNV12
+
         pool = self._pool
         assert pool is not None, "a device picture before its slot"
         pointer = pool.take()
         array = DeviceNV12(pool, pointer, width, height)  # gives it back if we fail
-        kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        kind = _cuda().cudaMemcpyKind.cudaMemcpyDeviceToDevice
         nbytes = width * height * 3 // 2
         check_cuda(
-            "cudaMemcpyAsync", _rt.cudaMemcpyAsync(pointer, self._device[index], nbytes, kind, 0)
+            "cudaMemcpyAsync",
+            _cuda().cudaMemcpyAsync(pointer, self._device[index], nbytes, kind, 0),
         )
         # Whole before the slot goes back to be written again, and before any stream
         # reads the picture.
-        check_cuda("cudaStreamSynchronize", _rt.cudaStreamSynchronize(0))
+        check_cuda("cudaStreamSynchronize", _cuda().cudaStreamSynchronize(0))
         return array
 
     def close(self) -> None:
@@ -209,7 +225,7 @@ class _OpenedSlots:
         self._host.clear()
         _unmap(mappings)
         for pointer in self._device.values():
-            _rt.cudaIpcCloseMemHandle(pointer)
+            _cuda().cudaIpcCloseMemHandle(pointer)
         self._device.clear()
         if self._pool is not None:
             self._pool.close()  # buffers still in pictures are freed as those go
@@ -380,12 +396,12 @@ class _Slots:
         self._host: list[tuple[mmap.mmap, np.ndarray[Any, Any]]] = []
         self._device: list[int] = []
         if on_device:
-            check_cuda("cudaSetDevice", _rt.cudaSetDevice(gpu))
+            check_cuda("cudaSetDevice", _cuda().cudaSetDevice(gpu))
         for index in range(SLOTS):
             if on_device:
-                pointer = int(check_cuda("cudaMalloc", _rt.cudaMalloc(nbytes)))
+                pointer = int(check_cuda("cudaMalloc", _cuda().cudaMalloc(nbytes)))
                 self._device.append(pointer)
-                handle = check_cuda("cudaIpcGetMemHandle", _rt.cudaIpcGetMemHandle(pointer))
+                handle = check_cuda("cudaIpcGetMemHandle", _cuda().cudaIpcGetMemHandle(pointer))
                 send(("slot", index, nbytes, ctypes.string_at(handle.getPtr(), _IPC_HANDLE_SIZE)))
             else:
                 fd = os.memfd_create("aiodla-video-slot", os.MFD_CLOEXEC)
@@ -406,20 +422,20 @@ class _Slots:
         dense = interface.get("strides") in (None, (shape[1], 1))
         if tuple(interface["shape"]) != shape or not dense:
             raise TypeError(f"a device picture must be {shape} dense rows, got {interface}")
-        kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        kind = _cuda().cudaMemcpyKind.cudaMemcpyDeviceToDevice
         source = interface["data"][0]
         check_cuda(
             "cudaMemcpyAsync",
-            _rt.cudaMemcpyAsync(self._device[index], source, self.nbytes, kind, 0),
+            _cuda().cudaMemcpyAsync(self._device[index], source, self.nbytes, kind, 0),
         )
-        check_cuda("cudaStreamSynchronize", _rt.cudaStreamSynchronize(0))
+        check_cuda("cudaStreamSynchronize", _cuda().cudaStreamSynchronize(0))
 
     def close(self) -> None:
         mappings = [mapping for mapping, _ in self._host]
         self._host.clear()
         _unmap(mappings)
         for pointer in self._device:
-            _rt.cudaFree(pointer)
+            _cuda().cudaFree(pointer)
 
 
 def _listen(
@@ -524,8 +540,8 @@ def _block_on_waits(gpu: int) -> None:
     waited for) rather than spin: CUDA spins by default while it has fewer contexts
     than CPUs, and sixteen decoding processes spinning would take a CPU each. Set
     before anything creates the context; where one exists already, it stays as it is."""
-    _rt.cudaSetDevice(gpu)
-    _rt.cudaSetDeviceFlags(_rt.cudaDeviceScheduleBlockingSync)
+    _cuda().cudaSetDevice(gpu)
+    _cuda().cudaSetDeviceFlags(_cuda().cudaDeviceScheduleBlockingSync)
 
 
 def _all_back(free: queue.SimpleQueue[int | None]) -> bool:

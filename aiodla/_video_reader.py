@@ -42,7 +42,6 @@ from ._video_decoders import (
     decoder_for,
 )
 from ._video_frame import VideoFrame
-from ._video_process import ProcessDecoder
 
 __all__ = ["Reader", "ReaderSettings", "Sink"]
 
@@ -127,11 +126,13 @@ class Reader:
             self._call_loop(self._sink.finished)
 
     def _read_until_done(self) -> None:
-        decoder: Decoder = (
-            ProcessDecoder(self._settings.decoder, self.stop)  # a process for each opening
-            if self._settings.isolation == "process"
-            else decoder_for(self._settings.decoder)
-        )
+        decoder: Decoder
+        if self._settings.isolation == "process":  # a process for each opening
+            from ._video_process import ProcessDecoder  # (sockets, and CUDA for NVDEC)
+
+            decoder = ProcessDecoder(self._settings.decoder, self.stop)
+        else:
+            decoder = decoder_for(self._settings.decoder)
         settings = self._settings
         address = settings.address
         attempt = 0
