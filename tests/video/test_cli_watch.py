@@ -47,6 +47,25 @@ def test_two_cameras_reported_every_interval(clips: dict[str, Path], detector: P
     assert any(line.startswith("host CPU ") for line in lines)
 
 
+def test_cameras_decoded_in_processes_report_those_processes_cpu(
+    clips: dict[str, Path], detector: Path
+) -> None:
+    result = CliRunner().invoke(
+        _cli.cli,
+        ["watch", str(clips["h264.mp4"]), "--model", str(detector), "--seconds", "2.5",
+         "--interval", "0.5", "--decoder", "ffmpeg", "--isolation", "process"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "decoded by ffmpeg in processes of their own" in result.output.splitlines()[0]
+    shares = [
+        float(line.split("decoding processes ")[1].split("%")[0])
+        for line in result.output.splitlines()
+        if line.startswith("host CPU ")
+    ]
+    assert len(shares) >= 4, result.output
+    assert max(shares) > 0  # the decoding process's CPU, which process_time never sees
+
+
 def test_a_full_range_camera_is_read_as_full_range(
     tmp_path: Path, detector: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
