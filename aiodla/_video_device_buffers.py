@@ -19,7 +19,7 @@ from cuda.bindings import runtime as _rt
 
 from .runtime._cuda_errors import check_cuda
 
-__all__ = ["DeviceNV12", "DevicePool"]
+__all__ = ["DeviceNV12", "DevicePool", "copy_within_device"]
 
 logger = logging.getLogger("aiodla")
 
@@ -79,3 +79,11 @@ class DeviceNV12:
             "stream": None,  # the copy into it was synchronized before it left
         }
         weakref.finalize(self, pool.give_back, pointer)
+
+
+def copy_within_device(dst: int, src: int, nbytes: int) -> None:
+    """Copy ``nbytes`` from ``src`` to ``dst`` in device memory, on the legacy default
+    stream, and wait for it: the copy is whole before either side is used again."""
+    kind = _rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+    check_cuda("cudaMemcpyAsync", _rt.cudaMemcpyAsync(dst, src, nbytes, kind, 0))
+    check_cuda("cudaStreamSynchronize", _rt.cudaStreamSynchronize(0))

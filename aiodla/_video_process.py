@@ -39,7 +39,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import mmap
+import functools
 import os
 import queue
 import select
@@ -56,6 +56,7 @@ import numpy as np
 from ._errors import VideoSourceError
 from ._isolation._channel import parse_frames, receive_blocking, receive_with_fds, send_blocking
 from ._isolation._process import _kill, _spawn, _wait, die_with
+from ._isolation._staging import map_staging
 from ._video_address import Address
 from ._video_decoders import (
     DecodedStream,
@@ -66,6 +67,7 @@ from ._video_decoders import (
     Picture,
     decoder_for,
 )
+from .runtime._cuda_errors import check_cuda
 
 __all__ = ["SLOTS", "ProcessDecoder", "main", "serve"]
 
@@ -83,6 +85,7 @@ _IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
 _MAIN = "from aiodla._video_process import main; main()"
 
 
+@functools.cache
 def _cuda() -> Any:
     """CUDA's runtime API, loaded only for device pictures: an application whose
     sources decode on the host never loads CUDA through them."""
@@ -91,10 +94,12 @@ def _cuda() -> Any:
     return runtime
 
 
-def check_cuda(call: str, result: Any) -> Any:
-    from .runtime._cuda_errors import check_cuda as check
+@functools.cache
+def _device_buffers() -> Any:
+    """:mod:`aiodla._video_device_buffers` (which loads CUDA), for device pictures only."""
+    from . import _video_device_buffers
 
-    return check(call, result)
+    return _video_device_buffers
 
 
 def _loss(address: Address, what: str, reason: str) -> VideoSourceError:
@@ -161,7 +166,8 @@ class _OpenedSlots:
 
     def __init__(self, gpu: int) -> None:
         self._gpu = gpu
-        self._host: dict[int, tuple[mmap.mmap, np.ndarray[Any, Any]]] = {}
+        # Host slots as arrays over their mappings: a slot is unmapped once dropped.
+        self._host: dict[int, np.ndarray[Any, Any]] = {}
         self._device: dict[int, int] = {}
         self._pool: Any = None  # a DevicePool, made with the first device slot
 
@@ -169,74 +175,45 @@ class _OpenedSlots:
         """Slot ``index``'s memory, announced by the decoding process: at the start,
         and again, of a new size, when the stream's picture size changed (every slot
         is back with it then)."""
-        self._drop(index)
+        self._host.pop(index, None)
+        if index in self._device:
+            _cuda().cudaIpcCloseMemHandle(self._device.pop(index))
         if where == "host":
-            fd = inbox.fds.popleft()
-            try:
-                mapping = mmap.mmap(fd, nbytes)
-            finally:
-                os.close(fd)
-            self._host[index] = (mapping, np.frombuffer(mapping, np.uint8, nbytes))
+            self._host[index] = map_staging(inbox.fds.popleft(), nbytes)
             return
-        check_cuda("cudaSetDevice", _cuda().cudaSetDevice(self._gpu))
-        handle = _cuda().cudaIpcMemHandle_t()
+        runtime = _cuda()
+        check_cuda("cudaSetDevice", runtime.cudaSetDevice(self._gpu))
+        handle = runtime.cudaIpcMemHandle_t()
         ctypes.memmove(handle.getPtr(), bytes(where), _IPC_HANDLE_SIZE)
-        flags = _cuda().cudaIpcMemLazyEnablePeerAccess
+        flags = runtime.cudaIpcMemLazyEnablePeerAccess
         self._device[index] = int(
-            check_cuda("cudaIpcOpenMemHandle", _cuda().cudaIpcOpenMemHandle(handle, flags))
+            check_cuda("cudaIpcOpenMemHandle", runtime.cudaIpcOpenMemHandle(handle, flags))
         )
-        from ._video_device_buffers import DevicePool
-
         if self._pool is None or self._pool.nbytes != nbytes:
             if self._pool is not None:
                 self._pool.close()  # buffers still in frames are freed as those go
-            self._pool = DevicePool(nbytes)
-
-    def _drop(self, index: int) -> None:
-        if index in self._host:
-            mapping, _ = self._host.pop(index)
-            _unmap([mapping])
-        if index in self._device:
-            _cuda().cudaIpcCloseMemHandle(self._device.pop(index))
+            self._pool = _device_buffers().DevicePool(nbytes)
 
     def write_into(self, index: int, out: np.ndarray[Any, Any]) -> None:
-        out[...] = self._host[index][1][: out.size].reshape(out.shape)
+        out[...] = self._host[index][: out.size].reshape(out.shape)
 
     def copied_out(self, index: int, width: int, height: int) -> Any:
-        from ._video_device_buffers import DeviceNV12
-
-        pool = self._pool
+        buffers, pool = _device_buffers(), self._pool
         assert pool is not None, "a device picture before its slot"
         pointer = pool.take()
-        array = DeviceNV12(pool, pointer, width, height)  # gives it back if we fail
-        kind = _cuda().cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        nbytes = width * height * 3 // 2
-        check_cuda(
-            "cudaMemcpyAsync",
-            _cuda().cudaMemcpyAsync(pointer, self._device[index], nbytes, kind, 0),
-        )
+        array = buffers.DeviceNV12(pool, pointer, width, height)  # gives it back if we fail
         # Whole before the slot goes back to be written again, and before any stream
         # reads the picture.
-        check_cuda("cudaStreamSynchronize", _cuda().cudaStreamSynchronize(0))
+        buffers.copy_within_device(pointer, self._device[index], width * height * 3 // 2)
         return array
 
     def close(self) -> None:
-        mappings = [mapping for mapping, _ in self._host.values()]
         self._host.clear()
-        _unmap(mappings)
         for pointer in self._device.values():
             _cuda().cudaIpcCloseMemHandle(pointer)
         self._device.clear()
         if self._pool is not None:
             self._pool.close()  # buffers still in pictures are freed as those go
-
-
-def _unmap(mappings: list[mmap.mmap]) -> None:
-    """Unmap slots whose array views are dropped (a view still held elsewhere keeps
-    its mapping until that view is collected)."""
-    for mapping in mappings:
-        with contextlib.suppress(BufferError):
-            mapping.close()
 
 
 class _SlotPicture:
@@ -393,7 +370,7 @@ class _Slots:
     def __init__(self, send: Callable[..., None], nbytes: int, on_device: bool, gpu: int) -> None:
         self.nbytes = nbytes
         self.on_device = on_device
-        self._host: list[tuple[mmap.mmap, np.ndarray[Any, Any]]] = []
+        self._host: list[np.ndarray[Any, Any]] = []  # unmapped once dropped
         self._device: list[int] = []
         if on_device:
             check_cuda("cudaSetDevice", _cuda().cudaSetDevice(gpu))
@@ -407,33 +384,25 @@ class _Slots:
                 fd = os.memfd_create("aiodla-video-slot", os.MFD_CLOEXEC)
                 try:
                     os.ftruncate(fd, nbytes)
-                    mapping = mmap.mmap(fd, nbytes)
-                    self._host.append((mapping, np.frombuffer(mapping, np.uint8, nbytes)))
                     send(("slot", index, nbytes, "host"), fds=(fd,))
-                finally:
+                except BaseException:
                     os.close(fd)
+                    raise
+                self._host.append(map_staging(fd, nbytes))  # (closes the descriptor)
 
     def fill(self, index: int, picture: Picture) -> None:
         shape = (picture.height * 3 // 2, picture.width)
         if not self.on_device:
-            picture.write_into(self._host[index][1][: shape[0] * shape[1]].reshape(shape))
+            picture.write_into(self._host[index][: shape[0] * shape[1]].reshape(shape))
             return
         interface = picture.device_array().__cuda_array_interface__
         dense = interface.get("strides") in (None, (shape[1], 1))
         if tuple(interface["shape"]) != shape or not dense:
             raise TypeError(f"a device picture must be {shape} dense rows, got {interface}")
-        kind = _cuda().cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        source = interface["data"][0]
-        check_cuda(
-            "cudaMemcpyAsync",
-            _cuda().cudaMemcpyAsync(self._device[index], source, self.nbytes, kind, 0),
-        )
-        check_cuda("cudaStreamSynchronize", _cuda().cudaStreamSynchronize(0))
+        _device_buffers().copy_within_device(self._device[index], interface["data"][0], self.nbytes)
 
     def close(self) -> None:
-        mappings = [mapping for mapping, _ in self._host]
         self._host.clear()
-        _unmap(mappings)
         for pointer in self._device:
             _cuda().cudaFree(pointer)
 

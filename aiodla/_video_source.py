@@ -50,6 +50,7 @@ from ._video_address import Address, parse_address
 from ._video_decoders import (
     ISOLATIONS,
     DecoderName,
+    Isolation,
     OpenOptions,
     choose_decoder,
     output_format,
@@ -152,12 +153,13 @@ class VideoSource:
     ``isolation``: ``"thread"`` (the default) decodes on the source's reader thread,
     in this process; ``"process"`` decodes in a process of its own (a fresh one for
     each opening), which shares neither the interpreter's lock with your event loop
-    nor its fate: with many cameras (sixteen 1080p streams on one host) decoding
-    threads hold the lock long enough to make the loop late, and a crash in a
-    decoder's native code is then a reconnect, not the end of your program. Each
-    picture then crosses once more (shared memory, or CUDA IPC for ``nvdec``'s device
-    pictures; not on a Jetson, where ``nvdec`` does not run). See
-    :mod:`aiodla._video_process`.
+    nor its fate: a crash in a decoder's native code is then a reconnect, not the end
+    of your program. Each picture then crosses once more (shared memory, or CUDA IPC
+    for ``nvdec``'s device pictures; not on a Jetson, where ``nvdec`` does not run).
+    Measured with sixteen 1080p streams on one GPU machine: the event loop's lag
+    halved with ``nvdec`` in processes, but the decoding processes' CUDA contexts
+    slowed the engine's GPU work, so there ``nvdec`` is better left on threads (see
+    the camera guide). See :mod:`aiodla._video_process`.
     """
 
     def __init__(
@@ -175,7 +177,7 @@ class VideoSource:
         repeat: bool = False,
         gpu: int = 0,
         name: str | None = None,
-        isolation: Literal["thread", "process"] = "thread",
+        isolation: Isolation = "thread",
     ) -> None:
         self._address: Address = parse_address(uri)
         if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames < 1:

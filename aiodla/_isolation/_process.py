@@ -26,8 +26,10 @@ def _spawn(main: str = _WORKER_MAIN) -> tuple[subprocess.Popen[bytes], socket.so
     worker), with one end of a socketpair: ``main`` finds that end's descriptor and
     the parent's pid in ``sys.argv[1:3]``.
 
-    Started from the loop's thread: the kernel's parent-death signal follows the
-    thread that started the process, and the loop's thread lives as long as the engine.
+    Start it from a thread that lives as long as the child is wanted: the kernel's
+    parent-death signal follows the thread that started the process (the engine's
+    worker starts from the loop's thread, which lives as long as the engine; a
+    decoding process from its source's reader thread).
     """
     mine, theirs = socket.socketpair()
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -31,6 +31,8 @@ from aiodla import ConfigurationError, VideoSource, VideoSourceError
 from aiodla import _video_process as video_process
 from aiodla._video_decoders import DecodeTrouble, OpenOptions
 
+from support import alive
+
 pytest.importorskip("av", reason="the video tests need PyAV (pip install 'aiodla[video]')")
 
 pytestmark = pytest.mark.asyncio
@@ -240,17 +242,9 @@ class TestLeaks:
         children = [int(line) for line in done.stdout.split()]
         assert children, done.stderr
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert not any(_alive(pid) for pid in children)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        assert not any(alive(pid) for pid in children)
 
 
 # -- a decoding process's own code, on a thread, with a scripted decoder ---------------------
