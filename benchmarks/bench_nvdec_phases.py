@@ -108,14 +108,19 @@ def decode_flat_out(
 
 
 def take_threaded(
-    clip: str, frames_in_clip: int, stop: threading.Event, totals: list[tuple[int, float, float]]
+    clip: str,
+    frames_in_clip: int,
+    stop: threading.Event,
+    totals: list[tuple[int, float, float]],
+    empties: list[int],
 ) -> None:
     """Pictures from a ThreadedDecoder, each copied into a pool buffer as the ``nvdec``
     decoder copies them; a new ThreadedDecoder when the clip's pictures are all taken
     (what it returns at the end is not what this measures). An empty batch (nothing
-    ready yet) is counted in ``empty`` and retried after 0.5 ms."""
+    ready yet) is counted in ``empties`` and retried after 0.5 ms."""
     frames, wall, cpu, empty = 0, 0.0, 0.0, 0
     pool: DevicePool | None = None
+    width = height = 0
     while not stop.is_set():
         decoder = nvc.ThreadedDecoder(clip, buffer_size=4, use_device_memory=True)
         taken = 0
@@ -123,9 +128,9 @@ def take_threaded(
             began_wall, began_cpu = time.perf_counter(), time.thread_time()
             batch = decoder.get_batch_frames(1)
             for picture in batch:
-                meta = decoder.get_stream_metadata()
-                width, height = int(meta.width), int(meta.height)
-                if pool is None:
+                if pool is None:  # the clip's size, once (6accc63 read it every picture)
+                    meta = decoder.get_stream_metadata()
+                    width, height = int(meta.width), int(meta.height)
                     pool = DevicePool(width * height * 3 // 2)
                 _copied(picture, pool, width, height)
             wall += time.perf_counter() - began_wall
@@ -139,10 +144,7 @@ def take_threaded(
     if pool is not None:
         pool.close()
     totals.append((frames, wall, cpu))
-    EMPTY.append(empty)
-
-
-EMPTY: list[int] = []
+    empties.append(empty)
 
 
 def rtsp_answer() -> dict[str, Any]:
@@ -169,9 +171,9 @@ def gil(clip: str, threads: int, seconds: float, threaded: int = 0) -> dict[str,
     (ThreadedDecoders when ``threaded`` is the clip's length)."""
     stop = threading.Event()
     totals: list[tuple[int, float, float]] = []
-    EMPTY.clear()
+    empties: list[int] = []
     target, args = (
-        (take_threaded, (clip, threaded, stop, totals))
+        (take_threaded, (clip, threaded, stop, totals, empties))
         if threaded
         else (decode_flat_out, (clip, stop, totals))
     )
@@ -205,7 +207,7 @@ def gil(clip: str, threads: int, seconds: float, threaded: int = 0) -> dict[str,
         # over the window's share of the frames.
         row["process_cpu_us"] = process_cpu / (frames * seconds / (seconds + 1.0)) * 1e6
     if threaded:
-        row["empty_batches"] = sum(EMPTY)
+        row["empty_batches"] = sum(empties)
         row["stuck_threads"] = sum(worker.is_alive() for worker in workers)
     return row
 
