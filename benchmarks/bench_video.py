@@ -76,7 +76,7 @@ from _paced import FPS, cores_busy, paced
 from _reports import report_path
 from _standin_lib import load_standin
 from _thread_cpu import per_request, snapshot
-from bench_data_path import device_floor, ticker
+from bench_data_path import device_floor, summarize, ticker
 
 import aiodla
 from aiodla import Detect, Engine, ImagePreprocess, VideoFrame
@@ -409,10 +409,6 @@ async def probe_format(clip: Path, decoder: str) -> str:
         async for frame in camera:
             return str(frame.format)
     raise RuntimeError(f"the {decoder} decoder gave no frame of {clip}")
-
-
-def summarize(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def case_summary(results: list[dict[str, Any]]) -> dict[str, Any]:

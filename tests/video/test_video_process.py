@@ -31,7 +31,7 @@ from aiodla import ConfigurationError, VideoSource, VideoSourceError
 from aiodla import _video_process as video_process
 from aiodla._video_decoders import DecodeTrouble, OpenOptions
 
-from support import alive
+from support import alive, open_fds
 
 pytest.importorskip("av", reason="the video tests need PyAV (pip install 'aiodla[video]')")
 
@@ -200,12 +200,12 @@ class TestLeaks:
                 await take(source, 1)  # and frames in flight as it closes
 
         await cycle()  # imports and the first lazily made objects
-        fds = len(os.listdir("/proc/self/fd"))
+        fds = open_fds()
         threads = threading.active_count()
         for _ in range(20):
             await cycle()
         assert decoding_processes() == set()
-        assert len(os.listdir("/proc/self/fd")) == fds
+        assert open_fds() == fds
         assert threading.active_count() == threads
 
     async def test_the_decoding_process_dies_with_the_application(
