@@ -192,6 +192,20 @@ if wanted poolsync; then
         python3 -m pytest "${PYTEST_ARGS[@]}" \
         tests/gpu/test_data_path_gpu.py::TestOrderingAndMemory::test_pool_memory_goes_back_when_dropped
 fi
+# Whether a CUDA call under compute-sanitizer keeps its Python caller's caller's frame
+# (and so that frame's locals) alive: frame_probe.py plain and under two tools, with and
+# without host backtraces, then the pool-memory test again without them.
+if wanted frames; then
+    SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+    step frames 200 bash -c "echo '--- plain'; python3 tests/gpu/sanitize/frame_probe.py; \
+        for tool in synccheck memcheck; do for trace in yes no; do \
+        echo \"--- \$tool, --show-backtrace \$trace\"; '$SAN' --tool \$tool \
+        --show-backtrace \$trace python3 tests/gpu/sanitize/frame_probe.py | grep -v '^====='; \
+        done; done; echo '--- poolsync, --show-backtrace no'; '$SAN' --tool synccheck \
+        --show-backtrace no --target-processes all python3 -m pytest ${PYTEST_ARGS[*]} -q \
+        tests/gpu/test_data_path_gpu.py::TestOrderingAndMemory::test_pool_memory_goes_back_when_dropped \
+        | tail -n 5"
+fi
 # Sixteen 1080p30 NVDEC streams at two, four and eight slots a core, and with four
 # decoded frames a source: does a deeper ring give a loop that the decoders' threads
 # hold up enough room? (At 6accc63: no, 25.8 to 27.2 frames/s at every depth.)
@@ -208,7 +222,7 @@ wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu 
 echo
 echo "=== summary"
 for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads \
-    profile video threaded isolated depths poolsync shared; do
+    profile video threaded isolated depths poolsync frames shared; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
