@@ -8,7 +8,8 @@ late (the loop woke a whole interval late, or the source had no frame ready) is 
 and counted as ``late``; a frame captured while ``PIPELINE`` are in flight is dropped
 and counted as ``full``. What a stream delivered is its latencies from capture to result;
 ``waits`` are how long each ``take()`` took (a source with no frame ready makes its
-stream late, as a late loop does).
+stream late, as a late loop does), and ``woke`` how late the stream's coroutine woke for
+each slot (the loop's share of its lateness: a whole interval drops a frame).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ async def paced(
 ) -> dict[str, Any]:
     """One stream from ``begin`` to ``end`` (``time.perf_counter()``): each slot's
     frame from ``take()`` into ``infer(frame)``. Its latencies (seconds), and the frames
-    dropped ``late`` and ``full``, and how long each ``take()`` waited (``waits``)."""
+    dropped ``late`` and ``full``, how long each ``take()`` waited (``waits``) and how
+    late the stream woke for each slot (``woke``, seconds)."""
     latencies: list[float] = []
     waits: list[float] = []
+    woke: list[float] = []
     late_drops = full_drops = 0
     in_flight: set[asyncio.Future[None]] = set()
 
@@ -43,7 +46,9 @@ async def paced(
     slot = 0
     while (due := begin + slot / FPS) < end:
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
-        late = int((time.perf_counter() - due) * FPS)  # whole slots missed
+        lateness = time.perf_counter() - due
+        woke.append(lateness)
+        late = int(lateness * FPS)  # whole slots missed
         if late:  # newest wins: the frames of the slots missed are dropped
             late_drops += late
             slot += late
@@ -59,7 +64,13 @@ async def paced(
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
     await asyncio.gather(*in_flight)
-    return {"latencies": latencies, "late": late_drops, "full": full_drops, "waits": waits}
+    return {
+        "latencies": latencies,
+        "late": late_drops,
+        "full": full_drops,
+        "waits": waits,
+        "woke": woke,
+    }
 
 
 async def cores_busy(engine: Any, begin: float, end: float) -> list[float]:

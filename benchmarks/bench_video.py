@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import queue
@@ -74,6 +75,7 @@ from typing import Any
 import numpy as np
 from _paced import FPS, cores_busy, paced
 from _reports import report_path
+from _stalls import CollectorPauses, LockProbe, SlowCallbacks, tail
 from _standin_lib import load_standin
 from _thread_cpu import per_request, snapshot
 from bench_data_path import device_floor, summarize, ticker
@@ -527,8 +529,11 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         def opened_one() -> None:
             opening[0] -= 1
             if opening[0] == 0:
+                if args.gc_freeze:  # what an application may do once it has started
+                    gc.freeze()
                 clock["begin"] = time.perf_counter() + 0.5
                 clock["end"] = clock["begin"] + args.seconds
+                probe.begin = collector.begin = slow.begin = clock["begin"]
                 all_open.set()
 
         async def one(number: int) -> None:
@@ -555,7 +560,12 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
             try:
                 opened_one()
                 await all_open.wait()
-                stream = await paced(lambda: anext(source), boxes, clock["begin"], clock["end"])
+                # --stagger: each camera's clock at its own phase, as independent
+                # cameras run, instead of all sixteen frames arriving at once
+                phase = number / args.streams / FPS if args.stagger else 0.0
+                stream = await paced(
+                    lambda: anext(source), boxes, clock["begin"] + phase, clock["end"] + phase
+                )
             finally:
                 if reader is None:
                     await camera.__aexit__(None, None, None)
@@ -575,7 +585,8 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
             await all_open.wait()
             return await cores_busy(opened, clock["begin"], clock["end"])
 
-        busy_fraction, *_ = await asyncio.gather(busy(), *(one(k) for k in range(args.streams)))
+        with LockProbe() as probe, CollectorPauses() as collector, SlowCallbacks() as slow:
+            busy_fraction, *_ = await asyncio.gather(busy(), *(one(k) for k in range(args.streams)))
         stop.set()
         await tick
         delivered = sum(len(r["latencies"]) for r in results)
@@ -611,6 +622,16 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         # over the whole run: the sources' opening, the streams, their closing (host CPU
         # a frame times frames a second of that run)
         "host_cores": cpu["host_us"] * cpu["fps"] / 1e6,
+        # Where long stalls come from (see _stalls): how late the streams woke for each
+        # slot, how late a thread of the bench's own woke from 1 ms sleeps (a stall it
+        # shares is the whole process's), and the garbage collector's pauses.
+        "stagger": args.stagger,
+        "gc_freeze": args.gc_freeze,
+        "switch_interval_ms": 1e3 * sys.getswitchinterval(),
+        "streams_woke": tail([w for r in results for w in r["woke"]], 1 / FPS),
+        "lock_probe_late": tail(probe.late, 1 / FPS),
+        "collector": collector.report(1 / FPS),
+        "slow_callbacks": slow.report(),
         "targets": "each stream >= 29.5 frames/s; p99 <= 3 frame intervals (100 ms)",
     }
 
@@ -644,7 +665,18 @@ def main(argv: list[str] | None = None) -> int:
         choices=("thread", "process"),
         help="where each source decodes: its reader thread, or a process of its own",
     )
+    parser.add_argument(
+        "--stagger", action="store_true", help="--streams: each camera's clock at its own phase"
+    )
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="--streams: gc.freeze() once sources are open"
+    )
+    parser.add_argument(
+        "--switch-interval-ms", type=float, help="--streams: sys.setswitchinterval, ms"
+    )
     args = parser.parse_args(argv)
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     args.runtime = "cuda" if args.gpu else "emulated"
     if args.gpu:
         load_standin(args.standin)

@@ -185,6 +185,24 @@ if wanted isolated; then
         --task-ms \$task | grep -E '\"(isolation|decoder|task_ms|median|loop_lag_p99_ms|host_cores)\"'; \
         done"
 fi
+# Where sixteen streams' frames are lost: each run reports how late the streams woke,
+# a thread of its own's lateness, the collector's pauses and the loop's long callbacks
+# (benchmarks/_stalls.py), with every camera's clock aligned (the worst case) and
+# staggered as independent cameras run, and with the levers an application holds
+# (gc.freeze, the interpreter's switch interval). STALLS="name:decoder:flags;..." overrides.
+if wanted stalls; then
+    step stalls 480 bash -c "IFS=';' read -ra runs <<< \"\${STALLS:-aligned:nvdec:;\
+staggered:nvdec:--stagger;frozen:nvdec:--stagger --gc-freeze;\
+switch1ms:nvdec:--stagger --switch-interval-ms 1;ffmpeg:ffmpeg:--stagger;\
+ffmpeg-process:ffmpeg:--stagger --isolation process}\"; for run in \"\${runs[@]}\"; do \
+        IFS=: read name decoder flags <<< \"\$run\"; echo \"--- \$name\"; \
+        timeout 70 python3 benchmarks/bench_video.py \"$OUT/stalls-\$name.json\" --gpu \
+        --streams 16 --seconds 8 --decoder \$decoder \$flags > /dev/null; python3 -c \
+        \"import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('fps', \
+        'dropped_late', 'dropped_pipeline_full', 'core_busy_fraction', 'host_cores')}); \
+        [print(k, d[k]) for k in ('streams_woke', 'lock_probe_late', 'collector')]; \
+        [print(' ', c) for c in d['slow_callbacks'][:6]]\" \"$OUT/stalls-\$name.json\"; done"
+fi
 # The pool-memory test under synccheck, whose verdict issue 45 still waits for.
 if wanted poolsync; then
     SAN="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -222,7 +240,7 @@ wanted shared && step shared 150 python3 benchmarks/bench_shared_cores.py --gpu 
 echo
 echo "=== summary"
 for name in wheels build pytest sanitize bench kernels detect datapath faults isolation threads \
-    profile video threaded isolated depths poolsync frames shared; do
+    profile video threaded isolated depths stalls poolsync frames shared; do
     [ -n "${STATUS[$name]+set}" ] && printf '%-8s exit %s\n' "$name" "${STATUS[$name]}"
 done
 echo "pytest:   $(grep -E '^=+ .* in [0-9.]+s' "$OUT/pytest.log" 2> /dev/null | tail -n 1)"
