@@ -106,8 +106,9 @@ fi
 # compute-sanitizer memcheck (leak checking), racecheck and synccheck over a plain C
 # cuDLA program and over tests/gpu: fails on any report outside the deliberate trap.
 if wanted sanitize && [ -n "${AIODLA_STANDIN_LIB:-}" ]; then
-    step sanitize 330 bash tests/gpu/sanitize/sanitize.sh "$AIODLA_STANDIN_LIB" \
-        "$OUT/sanitizer" 270
+    # SAN_LIMIT: each sanitized command's bound (s); TOOLS (sanitize.sh) picks the tools.
+    step sanitize $((${SAN_LIMIT:-270} + 60)) bash tests/gpu/sanitize/sanitize.sh \
+        "$AIODLA_STANDIN_LIB" "$OUT/sanitizer" "${SAN_LIMIT:-270}"
     tar czf "$OUT/sanitizer-logs.tgz" -C "$OUT" sanitizer && rm -rf "$OUT/sanitizer"
 fi
 

@@ -88,7 +88,9 @@ sanitized() {  # sanitized NAME TOOL [OPTION...] -- COMMAND...: one log a proces
 # one core) outlasts any bound under it while it can show racecheck nothing the other
 # tests do not. It runs under memcheck and synccheck.
 RACECHECK_SKIP="many_threads_on_one_core"
-for tool in memcheck racecheck synccheck; do
+# TOOLS="memcheck synccheck" runs those only (the verdict then reads their logs alone).
+TOOLS="${TOOLS:-memcheck racecheck synccheck}"
+for tool in $TOOLS; do
     skip="$TRAP_TEST or $FRAME_BOUND"
     [ "$tool" = racecheck ] && skip="$skip or $RACECHECK_SKIP"
     options=()
@@ -103,7 +105,9 @@ for tool in memcheck racecheck synccheck; do
 done
 wait
 
-python3 "$HERE/verdict.py" "$LOGS"/c-memcheck "$LOGS"/c-racecheck "$LOGS"/c-synccheck \
-    "$LOGS"/gpu-memcheck "$LOGS"/gpu-racecheck "$LOGS"/gpu-synccheck "$LOGS"/frames-memcheck \
-    "$LOGS"/frames-racecheck "$LOGS"/frames-synccheck --trap "$LOGS"/trap-memcheck --trap "$LOGS"/trap-racecheck \
-    --trap "$LOGS"/trap-synccheck
+logs=() traps=()
+for tool in $TOOLS; do
+    logs+=("$LOGS/c-$tool" "$LOGS/gpu-$tool" "$LOGS/frames-$tool")
+    traps+=(--trap "$LOGS/trap-$tool")
+done
+python3 "$HERE/verdict.py" "${logs[@]}" "${traps[@]}"
