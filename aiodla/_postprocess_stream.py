@@ -35,7 +35,7 @@ import numpy as np
 from ._detect import Detections
 from ._device_arrays import DeviceTensor
 from ._errors import PostprocessError
-from .runtime._detect_output import HEADER, read_count, read_dropped, read_output
+from .runtime._detect_output import HEADER, OutputReader, read_count, read_dropped
 
 if TYPE_CHECKING:
     from ._frame_plan import Geometry
@@ -50,12 +50,13 @@ Allocate = Callable[[str, Callable[..., Any], Callable[..., Any], Any], Any]
 
 
 class _Buffers:
-    __slots__ = ("host", "out", "work")
+    __slots__ = ("host", "out", "reader", "work")
 
-    def __init__(self, work: int, out: int, host: HostBuffer) -> None:
+    def __init__(self, work: int, out: int, host: HostBuffer, reader: OutputReader) -> None:
         self.work = work
         self.out = out  # where the kernels write: device memory, or the mapped host buffer
         self.host = host
+        self.reader = reader  # the Detections in ``host``, by views made once
 
 
 class _SharedRelease:
@@ -108,7 +109,8 @@ class StreamDetect:
         else:
             out = allocate("detector output", runtime.malloc, runtime.free, nbytes)
             host = allocate("detector output", runtime.host_alloc, runtime.host_free, nbytes)
-        self._buffers[id(slot)] = _Buffers(work, out, host)
+        reader = OutputReader(host.array[: self.layout.size], self.layout)
+        self._buffers[id(slot)] = _Buffers(work, out, host, reader)
 
     def graph_key(self, slot: Slot) -> tuple[int, ...]:
         """What makes the slot's work after its task differ between requests of host
@@ -147,7 +149,7 @@ class StreamDetect:
                 (pointer,), slot.pooled = slot.pooled, []
                 header = buffers.host.array
                 return self._on_device(pointer, read_count(header, self.layout), header)
-            found = read_output(buffers.host.array[: self.layout.size], self.layout)
+            found = buffers.reader.read()
             if device:  # a runtime without device memory: host-backed, as its outputs are
                 found = Detections(
                     *(_host_backed(a) for a in (found.boxes, found.scores, found.classes)),

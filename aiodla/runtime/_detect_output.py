@@ -15,16 +15,16 @@ alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .._detect import Detections
+from .._detect import Detections
 
 __all__ = [
     "FAILED",
     "OutputLayout",
+    "OutputReader",
     "output_layout",
     "read_count",
     "read_dropped",
@@ -77,18 +77,37 @@ def read_dropped(raw: Any) -> tuple[int, int]:
 def read_output(raw: Any, layout: OutputLayout) -> Detections:
     """The Detections in an output buffer's bytes (a uint8 array of ``layout.size``),
     copied out of it; ValueError as :func:`read_count`."""
-    from .._detect import Detections
+    return OutputReader(raw, layout).read()
 
-    data = np.asarray(raw, np.uint8).reshape(-1)
-    # The header in one read (this runs once a request, on the event loop).
-    count, outside, not_finite = data[:12].view(np.int32).tolist()
-    _check_count(count, layout)
-    boxes = data[layout.boxes : layout.boxes + 16 * count].view(np.float32).reshape(count, 4)
-    scores = data[layout.scores : layout.scores + 4 * count].view(np.float32)
-    classes = data[layout.classes : layout.classes + 4 * count].view(np.int32)
-    return Detections(
-        boxes.copy(), scores.copy(), classes.copy(), outside=outside, not_finite=not_finite
-    )
+
+class OutputReader:
+    """Views of one output buffer's bytes, made once (a slot's, when it opens), so that
+    reading a request's Detections out of it takes a slice and a copy of each array:
+    this runs once a request, on the event loop."""
+
+    __slots__ = ("boxes", "classes", "header", "layout", "scores")
+
+    def __init__(self, raw: Any, layout: OutputLayout) -> None:
+        data = np.asarray(raw, np.uint8).reshape(-1)
+        self.layout = layout
+        self.header = data[:12].view(np.int32)
+        max_det = layout.max_det
+        self.boxes = data[layout.boxes : layout.scores].view(np.float32).reshape(max_det, 4)
+        self.scores = data[layout.scores : layout.classes].view(np.float32)
+        self.classes = data[layout.classes : layout.classes + 4 * max_det].view(np.int32)
+
+    def read(self) -> Detections:
+        """The Detections the buffer holds now, copied out of it; ValueError as
+        :func:`read_count`."""
+        count, outside, not_finite = self.header.tolist()  # the header in one read
+        _check_count(count, self.layout)
+        return Detections(
+            self.boxes[:count].copy(),
+            self.scores[:count].copy(),
+            self.classes[:count].copy(),
+            outside=outside,
+            not_finite=not_finite,
+        )
 
 
 def write_output(detections: Detections | None, layout: OutputLayout, raw: Any) -> None:
