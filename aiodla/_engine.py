@@ -546,6 +546,10 @@ def _validated(
         if inputs.dtype == spec.numpy_dtype and inputs.shape == spec.shape:
             return (inputs,)  # the common case, valid as it stands
         return (spec.check_array(inputs, casting=casting),)
+    if len(specs) == 1 and preprocessing and isinstance(inputs, np.ndarray):
+        pre = preprocessing[0]
+        if pre is not None:  # a camera frame in a host array (an engine frame buffer, say)
+            return (pre.check_frame(inputs, specs[0]),)  # as the loop below checks it
     taken: list[Any] = []
     try:
         values = inputs_in_order(specs, names, inputs)
