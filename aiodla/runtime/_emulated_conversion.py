@@ -10,6 +10,7 @@ the device path's logic: which buffers, which pointers and strides, in which ord
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -113,7 +114,7 @@ class EmulatedConversion:
         self._timeline.cuda("unpack")
         self._check_prepared("unpack", spec, result)
         raw = self._memory.device_range(src, spec.size, "unpack")
-        nbytes = int(np.prod(spec.shape)) * result.itemsize
+        nbytes = int(math.prod(spec.shape)) * result.itemsize
         target = self._memory.device_range(dst, nbytes, "unpack").view(result).reshape(spec.shape)
         queue = self._timeline.stream(stream, "unpack")
         self._memory.counts.conversions += 1
@@ -149,7 +150,7 @@ class EmulatedConversion:
         else:
             channels = len(pre.source)
             shape, strides = (height, width, channels), (pitch, channels, 1)
-        extent = (shape[0] - 1) * pitch + int(np.prod(shape[1:]))
+        extent = (shape[0] - 1) * pitch + int(math.prod(shape[1:]))
         image = np.ndarray(
             shape, np.uint8, self._memory.device_range(frame, extent, "preprocess"), 0, strides
         )
