@@ -336,15 +336,20 @@ class DevicePath:
         ``offload_bytes``: the caller stages them in a worker thread instead)."""
         found: list[Read | None] = []
         copied = 0
+        staged = False
         for binding, value in zip(slot.inputs, arrays, strict=True):
             read = self._read_in_place(binding, value)
             if read is None:
+                staged = True
                 copied += value.nbytes
                 if binding.preprocess is not None and not self.fused:
                     copied += _elements(binding.spec) * 4  # (the float32 model input)
             found.append(read)
         if limit is not None and copied > limit:
             return False
+        if not staged:  # every input read where it lies: nothing to copy on the host
+            slot.reads = found  # type: ignore[assignment]  # (no None in it)
+            return True
         slot.reads = [
             self._stage(binding, value) if read is None else read
             for binding, value, read in zip(slot.inputs, arrays, found, strict=True)
@@ -397,19 +402,16 @@ class DevicePath:
         if found is None:
             return None
         buffer, offset = found
-        pitch, row = (
-            array.strides[0],
-            array.shape[1] * array.itemsize * (array.shape[2] if array.ndim == 3 else 1),
-        )
-        packed = array.strides[-1] == array.itemsize and (
-            array.ndim == 2 or array.strides[1] == array.shape[2] * array.itemsize
-        )
+        shape, strides, itemsize = array.shape, array.strides, array.itemsize  # (read once)
+        pixel = itemsize * shape[2] if len(shape) == 3 else itemsize
+        pitch, row = strides[0], shape[1] * pixel
+        packed = strides[-1] == itemsize and (len(shape) == 2 or strides[1] == pixel)
         if not packed or pitch < row:
             return None
-        height, width = array.shape[:2]
+        height, width = shape[0], shape[1]
         if binding.preprocess is not None and binding.preprocess.source in _PLANAR:
             height = height * 2 // 3
-        span = (array.shape[0] - 1) * pitch + row
+        span = (shape[0] - 1) * pitch + row
         if self.zero_copy and buffer.device_ptr:
             return FrameRead(buffer.device_ptr + offset, height, width, pitch, span)
         if offset + span > binding.host.nbytes:
