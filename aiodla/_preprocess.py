@@ -340,8 +340,13 @@ class ImagePreprocess:
         name = spec.name
         frame_height, frame_width = self._frame_size(name, shape)
         # Either orientation: a camera turned to portrait fits the same staging buffer.
-        largest, other = max(self.max_frame), min(self.max_frame)
-        if max(frame_height, frame_width) > largest or min(frame_height, frame_width) > other:
+        # (The larger side within the larger limit and the smaller within the smaller,
+        # written without min and max: this runs once a request.)
+        limit_a, limit_b = self.max_frame
+        if not (
+            (frame_height <= limit_a and frame_width <= limit_b)
+            or (frame_height <= limit_b and frame_width <= limit_a)
+        ):
             raise InputValueError(
                 f"input {name!r}: a {frame_height}x{frame_width} frame is larger than "
                 f"max_frame={self.max_frame} (height, width; or turned by 90 degrees)"
