@@ -1,8 +1,12 @@
 """Instructions per request of the host's threads, counted by callgrind: the figure a
 shared machine does not blur (its CPU times vary by tens of percent with the load).
 
-Runs ``host_cost_once.py`` (bench_engine's host-cost workload: the emulated runtime, two
-zero-latency cores, 64 requests in flight) under callgrind, in segments of ``--size``
+Runs ``host_cost_once.py`` (``--workload engine``, the default: bench_engine's host-cost
+workload, the emulated runtime, two zero-latency cores, 64 requests in flight; ``boxes``:
+bench_data_path's camera to boxes, a 1080p frame buffer letterboxed on the device into
+the YOLOv5s-shaped model and ``Detect``, 16 in flight; ``small``: the same engine set-up
+with the small model, the reference a boxes figure is divided by to tell a change to the
+camera path from one to every request's) under callgrind, in segments of ``--size``
 requests after a warm-up; callgrind dumps its counters at each segment's end, so every
 segment is a measurement and start-up cancels out. Each tree is run ``--runs`` times,
 the trees interleaved (A B, B A, ...), and the figures are the medians over all
@@ -27,19 +31,30 @@ and what holds them together now:
   comes first; it moved tens of thousands of instructions per request between the
   threads. ``--device excluded`` (the default) leaves it out of the counts, as
   ``bench_engine``'s host cost leaves out its CPU time: on a Jetson the DLA and the
-  copy engines do that work;
+  copy engines do that work (on the boxes path the device's letterbox and ``Detect``
+  too). ``--device skipped`` does not run it at all, for boxes runs a few times
+  shorter; its figures compare between trees only (see
+  ``host_cost_once.skip_device_work``);
 - callgrind's thread scheduling: ``--fair-sched=yes`` hands the CPU in turn to the
   runnable threads, so the poller and the loop interleave alike from run to run.
 
 Usage::
 
     python benchmarks/count_instructions.py [--rev REV ...] [--tree PATH ...] [--runs 3]
-        [--size 500]
+        [--workload engine|boxes|small] [--size 500]
         [--segments 5] [--warmup 300] [--gc frozen] [--json PATH] [--keep DIR]
 
 For example, the restructure against the commit before it::
 
     nice -n 10 python benchmarks/count_instructions.py --rev 2d2fa9a --rev main
+
+and camera to boxes against the same base, with the small model beside it (a boxes
+request costs a few times a small one under callgrind: shorter segments)::
+
+    nice -n 10 python benchmarks/count_instructions.py --rev 8afbbf9 --rev main \\
+        --workload boxes --device skipped --warmup 100 --size 200 --segments 3
+    nice -n 10 python benchmarks/count_instructions.py --rev 8afbbf9 --rev main \\
+        --workload small --warmup 100 --size 200 --segments 3
 
 ``--rev``: a git revision whose ``aiodla`` is measured (exported with ``git archive``);
 ``--tree``: a checkout's. Give two or more to compare (default: this checkout). ``--keep``: leave callgrind's files there (for
@@ -103,6 +118,7 @@ def count(tree: Path, scratch: Path, args: argparse.Namespace) -> tuple[list[int
         *callgrind(prefix),
         sys.executable,  # the venv's own: its site-packages come with it
         str(HERE / "host_cost_once.py"),
+        f"--workload={args.workload}",
         f"--warmup={args.warmup}",
         f"--size={args.size}",
         f"--segments={args.segments}",
@@ -165,6 +181,12 @@ def main() -> None:
     parser.add_argument("--rev", action="append", default=[], help="(repeatable)")
     parser.add_argument("--tree", type=Path, action="append", default=[], help="(repeatable)")
     parser.add_argument("--runs", type=int, default=3, help="processes per tree")
+    parser.add_argument(
+        "--workload",
+        choices=("engine", "boxes", "small"),
+        default="engine",
+        help="what each request does (see host_cost_once.py)",
+    )
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--size", type=int, default=500, help="requests per segment")
     parser.add_argument("--segments", type=int, default=5, help="segments per run")
@@ -172,7 +194,7 @@ def main() -> None:
     parser.add_argument("--hash-seed", type=int, default=0)
     parser.add_argument(
         "--device",
-        choices=("excluded", "counted"),
+        choices=("excluded", "counted", "skipped"),
         default="excluded",
         help="the emulated device's work in the counts or not (see host_cost_once.py)",
     )

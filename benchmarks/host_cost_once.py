@@ -25,23 +25,44 @@ DLA and the copy engines do it) runs inside ``sys.call_tracing``, which callgrin
 ``--toggle-collect=sys_call_tracing`` leaves out. Which thread looks first depends on
 timing, so counted in, it moved tens of thousands of instructions per request between
 the loop and the poller from run to run. It is what ``bench_engine``'s host cost
-subtracts as ``device_time`` too.
+subtracts as ``device_time`` too. ``--device skipped`` leaves it out and does not run it
+either (``skip_device_work``): callgrind runs what it does not count all the same, and
+on the boxes path that is most of a run's time.
+
+``--workload engine`` (the default) is bench_engine's host-cost workload above.
+``--workload boxes`` is ``bench_data_path``'s camera to boxes (``--only boxes``, the
+engine + buffers case): a 1080p BGR frame in an engine frame buffer, letterboxed on the
+device into the YOLOv5s-shaped model, ``Detect`` on the device, two cores with four
+streams each and 16 requests in flight. It takes paths the engine workload never does
+(the frame-buffer read, the pre-processing's frame check, the detections' unpack), so
+changes to those show only there. ``--workload small`` is the same engine set-up with
+bench_data_path's small model (a 3x32x32 input, no pre- or post-processing): boxes /
+small tells a change to the camera path from one to the path every request takes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import sys
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_data_path
 import bench_engine
+import numpy as np
 
-from aiodla import Engine
+from aiodla import Detect, Engine, ImagePreprocess
+
+WORKLOADS = ("engine", "boxes", "small")
+CONCURRENCY = {"engine": 64, "boxes": 16, "small": 16}  # bench_data_path runs 16 workers
 
 
 def set_apart(runtime: object) -> None:
@@ -50,22 +71,110 @@ def set_apart(runtime: object) -> None:
     ``--toggle-collect=sys_call_tracing`` leaves it out of every thread's count.
 
     The work is the timeline's ``advance`` (the runtime's ``_advance`` in trees from
-    before the timeline became an object of its own)."""
+    before the timeline became an object of its own). Only a thread's outermost call
+    goes through ``sys.call_tracing``: each entry and each exit of it toggles the
+    collection, so an ``advance`` entered again from the work it runs would turn the
+    counting back on for the inner work (and toggles out of step would leave the rest
+    of a run counted as device work). The emulator's paths measured here do not nest
+    it today (an unguarded boxes run counted as a guarded one): the guard keeps the
+    figures right should one come to."""
     owner = getattr(runtime, "_timeline", None)
     name = "advance"
     if owner is None:
         owner, name = runtime, "_advance"
     work = getattr(owner, name)
-    setattr(owner, name, lambda stream, now: sys.call_tracing(work, (stream, now)))
+    inside = threading.local()
+
+    def advance(stream: object, now: float) -> None:
+        if getattr(inside, "set", False):
+            work(stream, now)
+            return
+        inside.set = True
+        try:
+            sys.call_tracing(work, (stream, now))
+        finally:
+            inside.set = False
+
+    setattr(owner, name, advance)
+
+
+def skip_device_work() -> None:
+    """Make every stream operation but a task's a no-op: the emulated copies, the
+    device's letterbox and its ``Detect`` are not run at all (a task's op still is, as
+    its timing comes with it).
+
+    Set apart, that work is not counted, but callgrind still runs it, slowly: on the
+    boxes path (a 1080p frame letterboxed, three heads decoded a request) a run of
+    ``--warmup 100 --size 200 --segments 3`` took six minutes. Skipped, the outputs are
+    not written, so what the host reads back differs (the detections' buffer stays as
+    it was), and the device finishing at once changes how requests batch on the loop:
+    its figures compare between trees, not with ``excluded``'s."""
+    from aiodla.runtime import _timeline
+
+    operation = _timeline._Operation
+    init = operation.__init__
+
+    def __init__(self: Any, effect: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, effect if hasattr(effect, "hung") else _nothing, *args, **kwargs)
+
+    operation.__init__ = __init__  # type: ignore[method-assign]
+
+
+def _nothing() -> None:
+    pass
+
+
+async def open_workload(
+    name: str, stack: contextlib.AsyncExitStack
+) -> tuple[Engine, Callable[[], Awaitable[Any]]]:
+    """The engine of workload ``name``, open on ``stack``, and one request of it."""
+    if name == "engine":
+        x: Any = bench_engine.sample()
+        engine = await stack.enter_async_context(
+            Engine(
+                bench_engine.model_bytes(0.0),
+                cores=range(bench_engine.CORES),
+                runtime="emulated",
+            )
+        )
+        return engine, lambda: engine.infer(x)
+    if name == "small":
+        model, x, options = (
+            bench_data_path.small(0.0),
+            np.ones(bench_data_path.SMALL_IN.shape, np.float16),
+            {},
+        )
+    else:  # boxes: bench_data_path's "boxes: engine + buffers"
+        model = bench_data_path.yolov5s(0.0)
+        x = np.random.default_rng(1).integers(0, 256, (1080, 1920, 3)).astype(np.uint8)
+        letterbox = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+        options = {
+            "convert": "device",
+            "preprocess": {bench_data_path.FRAME.name: letterbox},
+            "postprocess": Detect(head="yolov5"),
+        }
+    engine = await stack.enter_async_context(
+        Engine(model, runtime="emulated", cores=range(2), streams_per_core=4, **options)
+    )
+    if name == "boxes":  # the camera writes into an engine frame buffer
+        (frame,) = engine.frame_buffers(1, x.shape, x.dtype)
+        frame[:] = x
+        x = frame
+    return engine, lambda: engine.infer(x)
 
 
 async def segments(
-    warmup: int, size: int, count: int, concurrency: int, collect: str, device: str
+    workload: str,
+    warmup: int,
+    size: int,
+    count: int,
+    concurrency: int,
+    collect: str,
+    device: str,
 ) -> None:
-    x = bench_engine.sample()
-    model = bench_engine.model_bytes(0.0)
-    async with Engine(model, cores=range(bench_engine.CORES), runtime="emulated") as engine:
-        if device == "excluded":
+    async with contextlib.AsyncExitStack() as stack:
+        engine, infer = await open_workload(workload, stack)
+        if device != "counted":
             set_apart(engine.runtime)
         remaining = 0
 
@@ -73,7 +182,7 @@ async def segments(
             nonlocal remaining
             while remaining > 0:
                 remaining -= 1
-                await engine.infer(x)
+                await infer()
 
         async def run(requests: int) -> None:
             nonlocal remaining
@@ -98,12 +207,26 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--size", type=int, default=500, help="requests per segment")
     parser.add_argument("--segments", type=int, default=5)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--workload", choices=WORKLOADS, default="engine")
+    parser.add_argument(
+        "--concurrency", type=int, help="requests in flight (default: 64 engine, 16 others)"
+    )
     parser.add_argument("--gc", choices=("on", "frozen", "off"), default="frozen")
-    parser.add_argument("--device", choices=("counted", "excluded"), default="excluded")
+    parser.add_argument("--device", choices=("counted", "excluded", "skipped"), default="excluded")
     args = parser.parse_args()
+    if args.device == "skipped":
+        skip_device_work()
+    concurrency = args.concurrency or CONCURRENCY[args.workload]
     asyncio.run(
-        segments(args.warmup, args.size, args.segments, args.concurrency, args.gc, args.device)
+        segments(
+            args.workload,
+            args.warmup,
+            args.size,
+            args.segments,
+            concurrency,
+            args.gc,
+            args.device,
+        )
     )
 
 
