@@ -217,9 +217,7 @@ async def measure(
     async with Engine(model, cores=range(CORES), streams_per_core=4, **options) as engine:
         x = make_input()
         if in_buffer:
-            (buffer,) = engine.frame_buffers(1, x.shape, x.dtype)
-            buffer[:] = x
-            x = buffer
+            x = in_frame_buffer(engine, x)
         for _ in range(8):
             await engine.infer(x if prepare is None else prepare(x))
         # Two windows under the same load: CPU and throughput with no ticker running,
@@ -336,6 +334,35 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def small_input() -> np.ndarray[Any, Any]:
+    """The small model's request: its input as the engine takes it."""
+    return np.ones(SMALL_IN.shape, np.float16)
+
+
+def camera_frame() -> np.ndarray[Any, Any]:
+    """A 1920x1080 BGR frame, as OpenCV decodes a camera's."""
+    return np.random.default_rng(1).integers(0, 256, (1080, 1920, 3)).astype(np.uint8)
+
+
+def letterbox_options(convert: str) -> dict[str, Any]:
+    """Engine options that letterbox a BGR camera frame into the model's input."""
+    letterbox = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+    return {"convert": convert, "preprocess": {FRAME.name: letterbox}}
+
+
+def boxes_options() -> dict[str, Any]:
+    """Camera to boxes ("boxes: engine + buffers"): letterboxed on the device, ``Detect``
+    on the slots' streams, with :func:`yolov5s` and the frame in a frame buffer."""
+    return {**letterbox_options("device"), "postprocess": Detect(head="yolov5")}
+
+
+def in_frame_buffer(engine: Engine, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``x`` copied into one of ``engine``'s frame buffers, as a camera writes it."""
+    (buffer,) = engine.frame_buffers(1, x.shape, x.dtype)
+    buffer[:] = x
+    return buffer
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     runtime = "cuda" if args.gpu else "emulated"
     # The GPU stand-in runs a task as one block of threads: for a 640x640 input and a
@@ -351,7 +378,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     inputs = frames(args.gpu)
     cases: list[tuple[str, bytes, Any, dict[str, Any], Any]] = [
-        ("small 32x32", small(service), lambda: np.ones(SMALL_IN.shape, np.float16), {}, None),
+        ("small 32x32", small(service), small_input, {}, None),
     ]
     for convert in ("host", "device"):
         for name, value in inputs.items():
@@ -366,12 +393,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     None,
                 )
             )
-    camera = np.random.default_rng(1).integers(0, 256, (1080, 1920, 3)).astype(np.uint8)
-    letterbox = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
+    camera = camera_frame()
     for convert in ("host", "device"):
-        options = {"convert": convert, "preprocess": {FRAME.name: letterbox}}
         cases.append(
-            (f"{convert} / 1080p frames", detector(service), lambda: camera, options, None)
+            (
+                f"{convert} / 1080p frames",
+                detector(service),
+                lambda: camera,
+                letterbox_options(convert),
+                None,
+            )
         )
     try:
         import cv2
@@ -382,13 +413,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except ImportError:
         print("OpenCV is not installed: no host pre-processing baseline", flush=True)
     # Camera to boxes: 1080p BGR frames -> YOLOv5s-shaped heads -> Detections.
-    boxes_options = {"convert": "device", "preprocess": {FRAME.name: letterbox}}
     cases.append(
         (
             "boxes: engine + buffers",
             yolov5s(service),
             lambda: camera,
-            {**boxes_options, "postprocess": Detect(head="yolov5"), "frame_buffer": True},
+            {**boxes_options(), "frame_buffer": True},
             None,
         )
     )
@@ -400,7 +430,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "boxes: heads + host NMS",
                 yolov5s(service),
                 lambda: camera,
-                {**boxes_options, "finish": HostDecode(camera.shape[:2])},
+                {**letterbox_options("device"), "finish": HostDecode(camera.shape[:2])},
                 None,
             )
         )

@@ -48,7 +48,6 @@ import contextlib
 import gc
 import os
 import sys
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -57,9 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_data_path
 import bench_engine
-import numpy as np
 
-from aiodla import Detect, Engine, ImagePreprocess
+from aiodla import Engine
 
 WORKLOADS = ("engine", "boxes", "small")
 CONCURRENCY = {"engine": 64, "boxes": 16, "small": 16}  # bench_data_path runs 16 workers
@@ -71,31 +69,13 @@ def set_apart(runtime: object) -> None:
     ``--toggle-collect=sys_call_tracing`` leaves it out of every thread's count.
 
     The work is the timeline's ``advance`` (the runtime's ``_advance`` in trees from
-    before the timeline became an object of its own). Only a thread's outermost call
-    goes through ``sys.call_tracing``: each entry and each exit of it toggles the
-    collection, so an ``advance`` entered again from the work it runs would turn the
-    counting back on for the inner work (and toggles out of step would leave the rest
-    of a run counted as device work). The emulator's paths measured here do not nest
-    it today (an unguarded boxes run counted as a guarded one): the guard keeps the
-    figures right should one come to."""
+    before the timeline became an object of its own)."""
     owner = getattr(runtime, "_timeline", None)
     name = "advance"
     if owner is None:
         owner, name = runtime, "_advance"
     work = getattr(owner, name)
-    inside = threading.local()
-
-    def advance(stream: object, now: float) -> None:
-        if getattr(inside, "set", False):
-            work(stream, now)
-            return
-        inside.set = True
-        try:
-            sys.call_tracing(work, (stream, now))
-        finally:
-            inside.set = False
-
-    setattr(owner, name, advance)
+    setattr(owner, name, lambda stream, now: sys.call_tracing(work, (stream, now)))
 
 
 def skip_device_work() -> None:
@@ -139,27 +119,21 @@ async def open_workload(
         )
         return engine, lambda: engine.infer(x)
     if name == "small":
-        model, x, options = (
-            bench_data_path.small(0.0),
-            np.ones(bench_data_path.SMALL_IN.shape, np.float16),
-            {},
-        )
+        model, x, options = bench_data_path.small(0.0), bench_data_path.small_input(), {}
     else:  # boxes: bench_data_path's "boxes: engine + buffers"
-        model = bench_data_path.yolov5s(0.0)
-        x = np.random.default_rng(1).integers(0, 256, (1080, 1920, 3)).astype(np.uint8)
-        letterbox = ImagePreprocess(source="bgr", order="rgb", resize="letterbox")
-        options = {
-            "convert": "device",
-            "preprocess": {bench_data_path.FRAME.name: letterbox},
-            "postprocess": Detect(head="yolov5"),
-        }
+        model, x = bench_data_path.yolov5s(0.0), bench_data_path.camera_frame()
+        options = bench_data_path.boxes_options()
     engine = await stack.enter_async_context(
-        Engine(model, runtime="emulated", cores=range(2), streams_per_core=4, **options)
+        Engine(
+            model,
+            runtime="emulated",
+            cores=range(bench_data_path.CORES),
+            streams_per_core=4,
+            **options,
+        )
     )
     if name == "boxes":  # the camera writes into an engine frame buffer
-        (frame,) = engine.frame_buffers(1, x.shape, x.dtype)
-        frame[:] = x
-        x = frame
+        x = bench_data_path.in_frame_buffer(engine, x)
     return engine, lambda: engine.infer(x)
 
 
