@@ -7,9 +7,9 @@ PyNvVideoCodec lets other threads run while it decodes.
    views, the two device-to-device copies into a buffer of the source's pool, and the
    synchronize before the picture leaves). Thread CPU (``time.thread_time``) per frame, ``--repeats``
    passes over the clip, median and min..max.
-2. **The GIL**: 0, 1, 4 and 16 threads demux and decode the clip flat out while the
-   a thread of its own sleeps 1 ms at a time: how late it wakes (p50, p99, max) says how long
-   a decoding thread keeps the interpreter from the others (an event loop beside
+2. **The GIL**: 0, 1, 4 and 16 threads demux and decode the clip flat out while a
+   thread of the benchmark's sleeps 1 ms at a time: how late it wakes (p50, p99, max) says
+   how long a decoding thread keeps the interpreter from the others (an event loop beside
    sixteen cameras is such a thread); with each, ``Decode``'s wall time and CPU a frame.
 3. **PyNvVideoCodec's ThreadedDecoder** (``--threaded``), the same GIL test with each
    thread taking pictures from a ``ThreadedDecoder`` (which demuxes and decodes on a
