@@ -336,18 +336,16 @@ class DevicePath:
         ``offload_bytes``: the caller stages them in a worker thread instead)."""
         found: list[Read | None] = []
         copied = 0
-        staged = False
         for binding, value in zip(slot.inputs, arrays, strict=True):
             read = self._read_in_place(binding, value)
             if read is None:
-                staged = True
                 copied += value.nbytes
                 if binding.preprocess is not None and not self.fused:
                     copied += _elements(binding.spec) * 4  # (the float32 model input)
             found.append(read)
         if limit is not None and copied > limit:
             return False
-        if not staged:  # every input read where it lies: nothing to copy on the host
+        if None not in found:  # every input read where it lies: nothing to copy on the host
             slot.reads = found  # type: ignore[assignment]  # (no None in it)
             return True
         slot.reads = [

@@ -541,15 +541,13 @@ def _validated(
     numpy arrays, :class:`DeviceSource` for device arrays, camera frames for inputs with
     pre-processing (``preprocessing``). On an error, the device arrays taken so far are
     released."""
-    if type(inputs) is np.ndarray and len(specs) == 1 and not any(preprocessing):
-        spec = specs[0]
+    if type(inputs) is np.ndarray and len(specs) == 1:  # the common case: one host array
+        spec, pre = specs[0], preprocessing[0] if preprocessing else None
+        if pre is not None:  # a camera frame (in an engine frame buffer, say)
+            return (pre.check_frame(inputs, spec),)  # as the loop below checks it
         if inputs.dtype == spec.numpy_dtype and inputs.shape == spec.shape:
-            return (inputs,)  # the common case, valid as it stands
+            return (inputs,)  # valid as it stands
         return (spec.check_array(inputs, casting=casting),)
-    if len(specs) == 1 and preprocessing and isinstance(inputs, np.ndarray):
-        pre = preprocessing[0]
-        if pre is not None:  # a camera frame in a host array (an engine frame buffer, say)
-            return (pre.check_frame(inputs, specs[0]),)  # as the loop below checks it
     taken: list[Any] = []
     try:
         values = inputs_in_order(specs, names, inputs)

@@ -50,9 +50,6 @@ class Postprocess:
         self._preprocess = preprocess
         self._size = plan.input_size
         self._geometries: dict[tuple[int, int], Geometry] = {}  # by frame size
-        # The last frame's array shape and what frame_of said of it: a camera's frames
-        # keep their size, so most requests find it here (frame_of runs once a request).
-        self._last: tuple[tuple[int, ...], tuple[Geometry, tuple[int, int]]] | None = None
 
     def run(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> Detections:
         """Detections of one request: ``outputs`` (logical arrays, model order) and the
@@ -72,19 +69,13 @@ class Postprocess:
         pre = self._preprocess
         if pre is None or pre.resize is None:
             return None
-        shape = tuple(inputs[self._frame_input].shape)
-        last = self._last
-        if last is not None and last[0] == shape:
-            return last[1]
-        size = pre._frame_size("frame", shape)
+        size = pre._frame_size("frame", tuple(inputs[self._frame_input].shape))
         geometry = self._geometries.get(size)
         if geometry is None:
             if len(self._geometries) >= _GEOMETRIES_KEPT:
                 self._geometries.clear()
             geometry = self._geometries[size] = pre.geometry(*size, *self._size)
-        found = geometry, size
-        self._last = shape, found
-        return found
+        return geometry, size
 
 
 def open_postprocess(
