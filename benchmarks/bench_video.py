@@ -42,7 +42,13 @@ Usage::
 
     python benchmarks/bench_video.py [OUTPUT.json] [--gpu] [--repeats 5] [--frames 120]
     python benchmarks/bench_video.py --gpu --streams 16 [--seconds 10] [--decoder ffmpeg]
-        [--streams-per-core 2] [--max-frames 2] [--isolation process]
+        [--streams-per-core 2] [--max-frames 2] [--isolation process] [--stagger]
+        [--gc-freeze] [--switch-interval-ms MS]
+
+``--streams`` also reports what delays the streams (``benchmarks/_stalls.py``);
+``--stagger`` gives each camera's clock its own phase (independent cameras) instead of
+every stream's frame arriving at once, and ``--gc-freeze`` / ``--switch-interval-ms``
+try the collector's and the interpreter lock's levers an application holds.
 
 ``--isolation process`` decodes each source in a process of its own
 (``VideoSource(isolation="process")``); ``host us`` then adds the decoding processes'
@@ -624,7 +630,8 @@ async def streams(args: argparse.Namespace, clip: Path) -> dict[str, Any]:
         "host_cores": cpu["host_us"] * cpu["fps"] / 1e6,
         # Where long stalls come from (see _stalls): how late the streams woke for each
         # slot, how late a thread of the bench's own woke from 1 ms sleeps (a stall it
-        # shares is the whole process's), and the garbage collector's pauses.
+        # shares is the whole process's), the garbage collector's pauses and the loop's
+        # callbacks of 10 ms or more.
         "stagger": args.stagger,
         "gc_freeze": args.gc_freeze,
         "switch_interval_ms": 1e3 * sys.getswitchinterval(),
